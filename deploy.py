@@ -1,0 +1,24 @@
+"""Converge GPU inference hosts to a healthy SGLang server, stage by stage.
+
+    pyinfra inventory/lab.py deploy.py          # converge every host
+    pyinfra inventory/lab.py deploy.py --dry    # show, per host, what would change
+
+Every host's data is validated before any host is touched.
+"""
+
+from pyinfra import host, inventory
+
+from operations.mlenv import mlenv
+from operations.nvidia import nvidia
+from operations.p2p import p2p
+from operations.preflight import preflight
+from operations.server import sglang_server
+from operations.settings import for_inventory
+
+settings = for_inventory((h.name, h.data.dict()) for h in inventory)[host.name]
+
+preflight(settings)
+nvidia(settings)
+venv_changes = mlenv(settings)
+p2p_changes = p2p(settings)
+sglang_server(settings, inputs=[*venv_changes, *p2p_changes])

@@ -1,0 +1,17 @@
+"""Defaults for every host of every inventory.
+
+Each key is one row of the README's host data table; the values not set here take the
+defaults in operations/settings.py, which are the reference lab's (../shared/reference-lab.md).
+Set a key here to change it for the whole fleet, in an inventory's host data for one host.
+"""
+
+# The server profile: GLM-5-NVFP4 on SGLang at tensor parallel size 8, as launched in the
+# reference lab.
+gpuhost_model = "lukealonso/GLM-5-NVFP4"
+gpuhost_served_model_name = "glm-5"
+gpuhost_tensor_parallel_size = 8
+
+# The driver branch and the CUDA toolkit: branch 580 supports both CUDA 12.8 and Blackwell.
+gpuhost_driver_branch = "580"
+gpuhost_cuda_toolkit = "12.8"
+gpuhost_lock = "locks/cuda12.8.txt"

@@ -1,0 +1,40 @@
+"""The sandbox lab on this machine: hosts booted by ``python -m sandbox up``.
+
+Only inventory data differs from a real lab: the NVIDIA repository and package index are the
+sandbox's stand-ins on each host's link, and the lock is the stand-ins' own.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+_root = Path(__file__).resolve().parent.parent
+_status = subprocess.run(
+    [sys.executable, "-m", "sandbox", "status", "--json"],
+    cwd=_root, capture_output=True, text=True, check=False,
+)
+if _status.returncode != 0:
+    raise SystemExit(f"inventory/sandbox.py: python -m sandbox status failed: {_status.stderr}")
+_hosts = json.loads(_status.stdout)
+if not _hosts:
+    raise SystemExit("inventory/sandbox.py: no sandbox hosts: run python -m sandbox up")
+
+sandbox = [
+    (
+        h["name"],
+        {
+            "ssh_hostname": h["address"],
+            "ssh_user": "root",
+            "ssh_key": h["ssh_key"],
+            "ssh_strict_host_key_checking": "no",
+            "ssh_known_hosts_file": "/dev/null",
+            "gpuhost_cuda_repo_url": h["cuda_repo_url"],
+            "gpuhost_cuda_keyring_sha256": h["cuda_keyring_sha256"],
+            "gpuhost_pip_index_url": h["pip_index_url"],
+            "gpuhost_lock": h["lock"],
+            **h.get("host_data", {}),
+        },
+    )
+    for h in _hosts
+]

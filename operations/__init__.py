@@ -1,0 +1,1 @@
+"""gpuhost's pyinfra operations and facts: one module per concern."""

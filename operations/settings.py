@@ -1,0 +1,312 @@
+"""Typed, validated host settings read once from pyinfra host data.
+
+Every public key has the prefix ``gpuhost_``, a default below and a row in the README's table.
+A wrong value raises :class:`SettingsError` naming the host, the key, the value and what is
+allowed, before any operation is planned for any host.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Final
+
+from packaging.version import InvalidVersion, Version
+from pyinfra.api.exceptions import PyinfraError
+
+PREFIX: Final = "gpuhost_"
+REPO_ROOT: Final = Path(__file__).resolve().parent.parent
+
+#: CUDA toolkits this toolkit installs, each with the minimum Linux driver it needs (the
+#: "CUDA Toolkit and Corresponding Driver Versions" table of NVIDIA's CUDA release notes,
+#: https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/, Table 3, ">= driver" column).
+CUDA_MIN_DRIVER: Final[Mapping[str, str]] = {
+    "12.8": "570.26",
+    "13.0": "580.65.06",
+}
+
+#: Driver branches known to this toolkit (NVIDIA's production and new-feature branches that ship
+#: open kernel modules in the CUDA repository for Ubuntu 24.04 and Debian 12).
+DRIVER_BRANCHES: Final = ("570", "575", "580", "590")
+
+#: Compute capability from which NVIDIA supports only the open kernel modules (Blackwell, per
+#: NVIDIA's driver installation guide, "Recommendation: use the open GPU kernel modules").
+OPEN_MODULE_ONLY_FROM: Final = (10, 0)
+
+DRIVER_FLAVOURS: Final = ("open", "proprietary")
+P2P_OVERRIDES: Final = ("on", "off")
+
+
+class SettingsError(PyinfraError):
+    """Host data that cannot be used: the message names host, key, value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One host's settings. Field ``x`` is host data key ``gpuhost_x``."""
+
+    # The host
+    gpu_count: int = 8
+    compute_capability: str = "12.0"
+    # NVIDIA driver and CUDA
+    driver_branch: str = "580"
+    driver_version: str | None = None
+    driver_flavour: str = "open"
+    allow_driver_change: bool = False
+    cuda_toolkit: str = "12.8"
+    cuda_repo_url: str = "https://developer.download.nvidia.com/compute/cuda/repos"
+    cuda_keyring_sha256: str | None = None
+    # The ML venv
+    venv_path: str = "/opt/gpuhost/venv"
+    lock: str = "locks/cuda12.8.txt"
+    pip_index_url: str = "https://pypi.org/simple"
+    max_jobs: int | None = None
+    nvcc_threads: int | None = None
+    # P2P
+    p2p_override: str | None = None
+    # The server
+    model: str = "lukealonso/GLM-5-NVFP4"
+    served_model_name: str = "glm-5"
+    tensor_parallel_size: int = 8
+    mem_fraction_static: float = 0.92
+    max_running_requests: int = 64
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = "modelopt_fp4"
+    attention_backend: str | None = "flashinfer"
+    fp8_gemm_backend: str | None = "cutlass"
+    nsa_decode_backend: str | None = "trtllm"
+    nsa_prefill_backend: str | None = "trtllm"
+    moe_runner_backend: str | None = "flashinfer_trtllm"
+    reasoning_parser: str | None = "glm45"
+    tool_call_parser: str | None = "glm47"
+    trust_remote_code: bool = True
+    enable_flashinfer_allreduce_fusion: bool = True
+    server_host: str = "127.0.0.1"
+    server_port: int = 8000
+    server_extra_args: tuple[str, ...] = ()
+    server_env: Mapping[str, str] = field(
+        default_factory=lambda: {"OMP_NUM_THREADS": "8", "SAFETENSORS_FAST_GPU": "1"}
+    )
+    health_timeout: int = 1800
+
+    @property
+    def cuda_home(self) -> str:
+        """The toolkit's prefix, as NVIDIA's cuda-toolkit-X-Y packages install it."""
+        return f"/usr/local/cuda-{self.cuda_toolkit}"
+
+    @property
+    def cuda_arch(self) -> str:
+        """The architecture number nvcc and FLASH_ATTN_CUDA_ARCHS take ("12.0" gives "120")."""
+        major, minor = self.compute_capability.split(".")
+        return f"{major}{minor}"
+
+    @property
+    def lock_path(self) -> Path:
+        path = Path(self.lock)
+        return path if path.is_absolute() else REPO_ROOT / path
+
+
+@dataclass(frozen=True)
+class _Rule:
+    check: Callable[[Any], bool]
+    allowed: str
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_between(low: int, high: int) -> _Rule:
+    return _Rule(lambda v: _is_int(v) and low <= v <= high, f"an integer from {low} to {high}")
+
+
+def _one_of(choices: Iterable[str], optional: bool = False) -> _Rule:
+    options = tuple(choices)
+    text = ", ".join(options) + (", or None" if optional else "")
+    return _Rule(lambda v: (optional and v is None) or v in options, f"one of {text}")
+
+
+def _text(pattern: str, allowed: str, optional: bool = False) -> _Rule:
+    regex = re.compile(pattern)
+    return _Rule(
+        lambda v: (optional and v is None) or (isinstance(v, str) and bool(regex.fullmatch(v))),
+        allowed + (", or None" if optional else ""),
+    )
+
+
+def _is_driver_version(value: Any) -> bool:
+    if not isinstance(value, str) or not re.fullmatch(r"\d{3}\.\d{2,3}(\.\d{2})?", value):
+        return False
+    try:
+        Version(value)
+    except InvalidVersion:
+        return False
+    return True
+
+
+def _is_host(value: Any) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_env(value: Any) -> bool:
+    return isinstance(value, Mapping) and all(
+        isinstance(k, str) and re.fullmatch(r"[A-Z_][A-Z0-9_]*", k) and isinstance(v, str)
+        for k, v in value.items()
+    )
+
+
+_BOOL = _Rule(lambda v: isinstance(v, bool), "True or False")
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_.\-]*"
+
+RULES: Final[Mapping[str, _Rule]] = {
+    "gpu_count": _int_between(1, 64),
+    "compute_capability": _text(r"\d{1,2}\.\d", 'a compute capability such as "9.0" or "12.0"'),
+    "driver_branch": _one_of(DRIVER_BRANCHES),
+    "driver_version": _Rule(
+        lambda v: v is None or _is_driver_version(v),
+        'a driver version such as "580.95.05", or None for the newest of the branch',
+    ),
+    "driver_flavour": _one_of(DRIVER_FLAVOURS),
+    "allow_driver_change": _BOOL,
+    "cuda_toolkit": _one_of(CUDA_MIN_DRIVER),
+    "cuda_repo_url": _text(r"https?://\S+[^/]", "an http(s) URL without a trailing slash"),
+    "cuda_keyring_sha256": _text(r"[0-9a-f]{64}", "a sha256 hex digest", optional=True),
+    "venv_path": _text(r"/[^\s'\"]*[^/\s'\"]", "an absolute path without spaces or quotes"),
+    "lock": _text(r"[^\s]+\.txt", "a path to a lock file (.txt) in locks/ or absolute"),
+    "pip_index_url": _text(r"https?://\S+", "an http(s) URL of a PEP 503 simple index"),
+    "max_jobs": _Rule(lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1, or None"),
+    "nvcc_threads": _Rule(
+        lambda v: v is None or (_is_int(v) and 1 <= v <= 16), "an integer from 1 to 16, or None"
+    ),
+    "p2p_override": _one_of(P2P_OVERRIDES, optional=True),
+    "model": _text(r"[^\s'\"]+", "a Hugging Face repository id or an absolute path"),
+    "served_model_name": _text(_NAME, "a non-empty name of letters, digits, '_', '.', '-'"),
+    "tensor_parallel_size": _int_between(1, 64),
+    "mem_fraction_static": _Rule(
+        lambda v: isinstance(v, float) and 0.0 < v < 1.0, "a float strictly between 0 and 1"
+    ),
+    "max_running_requests": _int_between(1, 65536),
+    "kv_cache_dtype": _text(_NAME, "a kv cache dtype such as auto, fp8_e4m3"),
+    "quantization": _text(_NAME, "a quantization method name", optional=True),
+    "attention_backend": _text(_NAME, "an attention backend name", optional=True),
+    "fp8_gemm_backend": _text(_NAME, "an FP8 GEMM backend name", optional=True),
+    "nsa_decode_backend": _text(_NAME, "an NSA decode backend name", optional=True),
+    "nsa_prefill_backend": _text(_NAME, "an NSA prefill backend name", optional=True),
+    "moe_runner_backend": _text(_NAME, "a MoE runner backend name", optional=True),
+    "reasoning_parser": _text(_NAME, "a reasoning parser name", optional=True),
+    "tool_call_parser": _text(_NAME, "a tool call parser name", optional=True),
+    "trust_remote_code": _BOOL,
+    "enable_flashinfer_allreduce_fusion": _BOOL,
+    "server_host": _Rule(_is_host, "an IP address such as 127.0.0.1"),
+    "server_port": _int_between(1, 65535),
+    "server_extra_args": _Rule(
+        lambda v: isinstance(v, (list, tuple)) and all(isinstance(a, str) for a in v),
+        "a list of strings",
+    ),
+    "server_env": _Rule(_is_env, "a dict of UPPER_CASE names to string values"),
+    "health_timeout": _int_between(10, 86400),
+}
+
+_FIELDS: Final = {f.name for f in fields(Settings)}
+assert _FIELDS == set(RULES), "every setting needs exactly one rule"
+
+
+def _fail(host: str, key: str, value: Any, allowed: str) -> SettingsError:
+    return SettingsError(f"host {host}: {PREFIX}{key} = {value!r} is not allowed: {allowed}.")
+
+
+def from_host_data(host: str, data: Mapping[str, Any]) -> Settings:
+    """Build one host's :class:`Settings` from its merged host data.
+
+    + host: the host's name, for messages
+    + data: pyinfra host data (inventory, group_data and defaults merged)
+
+    Raises :class:`SettingsError` for an unknown ``gpuhost_`` key (with the closest known key),
+    a value of the wrong type or outside what is allowed, or settings that contradict each
+    other (a tensor parallel size that does not divide the GPU count, the proprietary driver
+    flavour on Blackwell).
+    """
+    values: dict[str, Any] = {}
+    known = sorted(f"{PREFIX}{name}" for name in _FIELDS)
+    for key, value in data.items():
+        if not key.startswith(PREFIX):
+            if f"{PREFIX}{key}" in known:
+                raise SettingsError(
+                    f"host {host}: unknown key {key}: did you mean {PREFIX}{key}?"
+                )
+            continue
+        name = key[len(PREFIX):]
+        if name not in _FIELDS:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" did you mean {close[0]}?" if close else f" known keys: {', '.join(known)}"
+            raise SettingsError(f"host {host}: unknown key {key}:{hint}")
+        rule = RULES[name]
+        if not rule.check(value):
+            raise _fail(host, name, value, rule.allowed)
+        values[name] = tuple(value) if name == "server_extra_args" else value
+
+    settings = Settings(**values)
+    _check_together(host, settings)
+    return settings
+
+
+def _check_together(host: str, s: Settings) -> None:
+    if s.tensor_parallel_size > s.gpu_count or s.gpu_count % s.tensor_parallel_size:
+        divisors = [n for n in range(1, s.gpu_count + 1) if s.gpu_count % n == 0]
+        raise _fail(
+            host,
+            "tensor_parallel_size",
+            s.tensor_parallel_size,
+            f"a divisor of {PREFIX}gpu_count ({s.gpu_count}): "
+            + ", ".join(str(n) for n in divisors),
+        )
+    major, minor = (int(p) for p in s.compute_capability.split("."))
+    if s.driver_flavour != "open" and (major, minor) >= OPEN_MODULE_ONLY_FROM:
+        raise _fail(
+            host,
+            "driver_flavour",
+            s.driver_flavour,
+            f"only 'open' on compute capability {s.compute_capability}: NVIDIA supports "
+            "Blackwell and newer GPUs with the open kernel modules only",
+        )
+    minimum = Version(CUDA_MIN_DRIVER[s.cuda_toolkit])
+    branch_ok = Version(s.driver_branch) >= Version(str(minimum.major))
+    if not branch_ok:
+        raise _fail(
+            host,
+            "driver_branch",
+            s.driver_branch,
+            f"a branch that supports CUDA {s.cuda_toolkit} (driver >= {minimum}): "
+            + ", ".join(b for b in DRIVER_BRANCHES if Version(b) >= Version(str(minimum.major))),
+        )
+    if s.driver_version is not None:
+        if not s.driver_version.startswith(f"{s.driver_branch}."):
+            raise _fail(
+                host,
+                "driver_version",
+                s.driver_version,
+                f"a version of driver branch {s.driver_branch} ({PREFIX}driver_branch)",
+            )
+        if Version(s.driver_version) < minimum:
+            raise _fail(
+                host,
+                "driver_version",
+                s.driver_version,
+                f"a driver >= {minimum}, the minimum for CUDA {s.cuda_toolkit}",
+            )
+    if not s.lock_path.is_file():
+        raise _fail(host, "lock", s.lock, f"an existing lock file (not found: {s.lock_path})")
+
+
+def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, Settings]:
+    """Validate every host's settings at once, so one bad host stops the run before any host
+    is touched. Takes ``(name, data)`` pairs; returns settings by host name."""
+    return {name: from_host_data(name, data) for name, data in hosts}

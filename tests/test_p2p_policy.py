@@ -1,0 +1,81 @@
+"""The P2P decision table (operations/p2p_policy.py)."""
+
+import pytest
+
+from operations.p2p_policy import NO_P2P_ENV, decide, env_file
+
+
+def m(n, code):
+    return [["X" if i == j else code for j in range(n)] for i in range(n)]
+
+
+def test_single_gpu_has_no_pairs():
+    d = decide(m(1, "OK"), m(1, "OK"))
+    assert d.p2p == "n/a" and "no GPU pairs" in d.reason
+    assert d.server_args == ()
+
+
+def test_reference_vm_all_ns_gives_the_reference_launch():
+    d = decide(m(8, "NS"), m(8, "NS"))
+    assert d.p2p == "off"
+    assert d.env == {
+        "NCCL_IB_DISABLE": "1",
+        "NCCL_P2P_LEVEL": "PHB",
+        "NCCL_ALLOC_P2P_NET_LL_BUFFERS": "1",
+        "NCCL_MIN_NCHANNELS": "8",
+    }
+    assert d.server_args == ("--disable-custom-all-reduce",)
+    assert "NS" in d.reason
+
+
+@pytest.mark.parametrize("code", ["CNS", "GNS", "TNS", "NS", "U"])
+def test_any_unsupported_code_turns_p2p_off(code):
+    read = m(4, "OK")
+    read[1][2] = read[2][1] = code
+    d = decide(read, m(4, "OK"))
+    assert d.p2p == "off" and code in d.reason
+
+
+def test_write_matrix_counts_too():
+    d = decide(m(2, "OK"), m(2, "CNS"))
+    assert d.p2p == "off"
+
+
+def test_all_ok():
+    d = decide(m(8, "OK"), m(8, "OK"), verified=True)
+    assert d.p2p == "on" and d.server_args == () and "NCCL_P2P_LEVEL" not in d.env
+    assert "verified" in d.reason
+
+
+def test_ok_but_verification_failed_warns_with_causes():
+    d = decide(m(2, "OK"), m(2, "OK"), verified=False)
+    assert d.p2p == "off" and d.env == NO_P2P_ENV
+    assert any("ACS" in w and "x-nv-gpudirect-clique" in w for w in d.warnings)
+
+
+def test_override_contradicting_measurement_warns():
+    d = decide(m(2, "NS"), m(2, "NS"), override="on")
+    assert d.p2p == "on"
+    assert any("contradicts the measurement" in w for w in d.warnings)
+    d = decide(m(2, "OK"), m(2, "OK"), verified=True, override="off")
+    assert d.p2p == "off" and d.server_args == ("--disable-custom-all-reduce",)
+
+
+def test_override_agreeing_is_silent():
+    d = decide(m(2, "NS"), m(2, "NS"), override="off")
+    assert d.warnings == ()
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="square"):
+        decide(m(2, "OK"), m(3, "OK"))
+    with pytest.raises(ValueError, match="allowed are 'on', 'off' or None"):
+        decide(m(2, "OK"), m(2, "OK"), override="yes")
+
+
+def test_env_file_splits_flags_into_one_variable():
+    text = env_file(decide(m(8, "NS"), m(8, "NS")))
+    assert "NCCL_P2P_LEVEL=PHB\n" in text
+    assert "GPUHOST_P2P_SERVER_ARGS=--disable-custom-all-reduce\n" in text
+    text = env_file(decide(m(8, "OK"), m(8, "OK")))
+    assert "GPUHOST_P2P_SERVER_ARGS=\n" in text

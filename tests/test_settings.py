@@ -1,0 +1,110 @@
+"""Host data validation: every bad value names the host, the key, the value and what is
+allowed."""
+
+import pytest
+
+from operations.settings import Settings, SettingsError, for_inventory, from_host_data
+
+LOCK = "pkg==1.0 --hash=sha256:" + "0" * 64 + "\n"
+
+
+@pytest.fixture
+def lock(tmp_path):
+    path = tmp_path / "lock.txt"
+    path.write_text(LOCK)
+    return str(path)
+
+
+def settings(lock, **data):
+    return from_host_data("gpu1", {"gpuhost_lock": lock, **data})
+
+
+def test_defaults_are_the_reference_launch(lock):
+    s = settings(lock)
+    assert s.tensor_parallel_size == 8 and s.gpu_count == 8
+    assert s.mem_fraction_static == 0.92
+    assert s.moe_runner_backend == "flashinfer_trtllm"
+    assert s.nsa_decode_backend == s.nsa_prefill_backend == "trtllm"
+    assert s.cuda_home == "/usr/local/cuda-12.8"
+    assert s.cuda_arch == "120"
+    assert s.server_host == "127.0.0.1"
+
+
+def test_pyinfra_keys_are_left_alone(lock):
+    s = settings(lock, ssh_hostname="10.0.0.1", _sudo=True, ssh_user="root")
+    assert isinstance(s, Settings)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"gpuhost_tensor_paralel_size": 8},
+         "unknown key gpuhost_tensor_paralel_size: did you mean gpuhost_tensor_parallel_size?"),
+        ({"tensor_parallel_size": 8}, "unknown key tensor_parallel_size: did you mean "
+                                      "gpuhost_tensor_parallel_size?"),
+        ({"gpuhost_tensor_parallel_size": "8"},
+         "gpuhost_tensor_parallel_size = '8' is not allowed: an integer from 1 to 64"),
+        ({"gpuhost_tensor_parallel_size": 3},
+         "gpuhost_tensor_parallel_size = 3 is not allowed: a divisor of gpuhost_gpu_count (8): "
+         "1, 2, 4, 8"),
+        ({"gpuhost_tensor_parallel_size": 16},
+         "gpuhost_tensor_parallel_size = 16 is not allowed: a divisor"),
+        ({"gpuhost_trust_remote_code": "yes"},
+         "gpuhost_trust_remote_code = 'yes' is not allowed: True or False"),
+        ({"gpuhost_mem_fraction_static": 1.2},
+         "gpuhost_mem_fraction_static = 1.2 is not allowed: a float strictly between 0 and 1"),
+        ({"gpuhost_mem_fraction_static": 0},
+         "gpuhost_mem_fraction_static = 0 is not allowed"),
+        ({"gpuhost_server_port": 70000},
+         "gpuhost_server_port = 70000 is not allowed: an integer from 1 to 65535"),
+        ({"gpuhost_served_model_name": ""},
+         "gpuhost_served_model_name = '' is not allowed: a non-empty name"),
+        ({"gpuhost_driver_branch": "535"},
+         "gpuhost_driver_branch = '535' is not allowed: one of 570, 575, 580, 590"),
+        ({"gpuhost_driver_flavour": "proprietary"},
+         "gpuhost_driver_flavour = 'proprietary' is not allowed: only 'open' on compute "
+         "capability 12.0"),
+        ({"gpuhost_driver_flavour": "closed"},
+         "gpuhost_driver_flavour = 'closed' is not allowed: one of open, proprietary"),
+        ({"gpuhost_driver_version": "580.x"},
+         "gpuhost_driver_version = '580.x' is not allowed: a driver version"),
+        ({"gpuhost_driver_version": "570.172.08"},
+         "gpuhost_driver_version = '570.172.08' is not allowed: a version of driver branch 580"),
+        ({"gpuhost_cuda_toolkit": "12.4"},
+         "gpuhost_cuda_toolkit = '12.4' is not allowed: one of 12.8, 13.0"),
+        ({"gpuhost_cuda_toolkit": "13.0", "gpuhost_driver_branch": "570"},
+         "gpuhost_driver_branch = '570' is not allowed: a branch that supports CUDA 13.0"),
+        ({"gpuhost_compute_capability": "sm120"},
+         "gpuhost_compute_capability = 'sm120' is not allowed: a compute capability"),
+        ({"gpuhost_server_host": "everywhere"},
+         "gpuhost_server_host = 'everywhere' is not allowed: an IP address"),
+        ({"gpuhost_server_env": {"nccl_debug": "INFO"}},
+         "gpuhost_server_env = {'nccl_debug': 'INFO'} is not allowed"),
+        ({"gpuhost_p2p_override": "maybe"},
+         "gpuhost_p2p_override = 'maybe' is not allowed: one of on, off, or None"),
+        ({"gpuhost_max_jobs": 0}, "gpuhost_max_jobs = 0 is not allowed: an integer >= 1"),
+        ({"gpuhost_lock": "locks/nope.txt"},
+         "gpuhost_lock = 'locks/nope.txt' is not allowed: an existing lock file"),
+    ],
+)
+def test_bad_host_data(lock, data, message):
+    with pytest.raises(SettingsError) as err:
+        settings(lock, **data)
+    assert str(err.value).startswith("host gpu1: ")
+    assert message in str(err.value)
+
+
+def test_driver_version_of_the_branch(lock):
+    s = settings(lock, gpuhost_driver_version="580.95.05")
+    assert s.driver_version == "580.95.05"
+
+
+def test_proprietary_allowed_before_blackwell(lock):
+    s = settings(lock, gpuhost_compute_capability="9.0", gpuhost_driver_flavour="proprietary")
+    assert s.driver_flavour == "proprietary"
+
+
+def test_inventory_stops_on_first_bad_host(lock):
+    good = {"gpuhost_lock": lock}
+    with pytest.raises(SettingsError, match="host b: "):
+        for_inventory([("a", good), ("b", {**good, "gpuhost_gpu_count": 0})])
