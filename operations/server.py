@@ -34,6 +34,25 @@ def systemd_quote(arg: str) -> str:
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def env_context(settings: Settings) -> dict:
+    """What templates/server.env.j2 is rendered with."""
+    return {"cuda_home": settings.cuda_home, "venv": settings.venv_path,
+            "env": dict(settings.server_env)}
+
+
+def unit_context(settings: Settings) -> dict:
+    """What templates/sglang.service.j2 is rendered with."""
+    return {
+        "model": settings.model,
+        "served_model_name": settings.served_model_name,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "server_env_file": SERVER_ENV_FILE,
+        "p2p_env_file": P2P_ENV_FILE,
+        "venv": settings.venv_path,
+        "exec_args": " ".join(systemd_quote(a) for a in server_args(settings)),
+    }
+
+
 @operation(is_idempotent=False)
 def ready(url: str, model: str, timeout: int):
     """Wait until the server answers /health and /v1/models lists ``model``.
@@ -64,22 +83,14 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
         src=str(REPO_ROOT / "templates" / "server.env.j2"),
         dest=SERVER_ENV_FILE,
         mode="600",
-        cuda_home=settings.cuda_home,
-        venv=settings.venv_path,
-        env=dict(settings.server_env),
+        **env_context(settings),
     )
     unit = files.template(
         name=f"Unit {UNIT}",
         src=str(REPO_ROOT / "templates" / "sglang.service.j2"),
         dest=UNIT_PATH,
         mode="644",
-        model=settings.model,
-        served_model_name=settings.served_model_name,
-        tensor_parallel_size=settings.tensor_parallel_size,
-        server_env_file=SERVER_ENV_FILE,
-        p2p_env_file=P2P_ENV_FILE,
-        venv=settings.venv_path,
-        exec_args=" ".join(systemd_quote(a) for a in server_args(settings)),
+        **unit_context(settings),
     )
     files.put(name="Ship health_check.py", src=str(REPO_ROOT / "operations/files/health_check.py"),
               dest=f"{LIB_DIR}/health_check.py", mode="644")

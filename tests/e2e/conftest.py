@@ -1,0 +1,26 @@
+import os
+import shutil
+
+import pytest
+
+from tests.e2e import lab
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    if os.geteuid() != 0:
+        reason = "end-to-end tests boot sandbox hosts: they need root"
+    elif not shutil.which("ip"):
+        reason = "end-to-end tests need iproute2"
+    if reason:
+        for item in items:
+            if "e2e" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="module")
+def reference_host():
+    """One fresh sandbox host of the reference lab scenario, removed afterwards."""
+    (host,) = lab.up(hosts=1, scenario="reference-lab")
+    yield host
+    lab.sandbox("down", check=False)

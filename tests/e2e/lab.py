@@ -1,0 +1,89 @@
+"""Helpers for end-to-end tests: the sandbox lab through its CLI, the deploy through pyinfra's
+CLI, and checks through plain ssh (never through pyinfra, so the code under test does not
+confirm itself)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PYINFRA = ROOT / ".venv" / "bin" / "pyinfra"
+
+
+def sandbox(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sandbox", *args], cwd=ROOT, text=True,
+                          capture_output=True, check=check)
+
+
+@dataclass
+class Host:
+    name: str
+    address: str
+    ssh_key: str
+
+    def ssh(self, command: str, check: bool = True) -> str:
+        result = subprocess.run(
+            ["ssh", "-i", self.ssh_key, "-o", "StrictHostKeyChecking=no",
+             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+             "-o", "BatchMode=yes", f"root@{self.address}", command],
+            text=True, capture_output=True, timeout=120, check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"ssh {self.name} {command!r} exited {result.returncode}: "
+                                 f"{result.stdout}{result.stderr}")
+        return result.stdout
+
+    def http_get(self, url: str) -> str:
+        """GET a URL from inside the host (the server binds the host's 127.0.0.1)."""
+        script = f"import urllib.request; print(urllib.request.urlopen({url!r}).read().decode())"
+        return self.ssh(f"python3 -c {json.dumps(script)}")
+
+    def main_pid(self, unit: str = "sglang.service") -> int:
+        return int(self.ssh(f"systemctl show -p MainPID --value {unit}").strip())
+
+    def process_env(self, pid: int) -> dict[str, str]:
+        raw = self.ssh(f"tr '\\0' '\\n' < /proc/{pid}/environ")
+        return dict(line.split("=", 1) for line in raw.splitlines() if "=" in line)
+
+    def process_args(self, pid: int) -> list[str]:
+        return self.ssh(f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
+
+
+def up(hosts: int = 1, scenario: str = "reference-lab") -> list[Host]:
+    result = sandbox("up", "--hosts", str(hosts), "--scenario", scenario, check=False)
+    if result.returncode != 0:
+        raise AssertionError(f"sandbox up failed:\n{result.stdout}\n{result.stderr}")
+    return status()
+
+
+def status() -> list[Host]:
+    listed = json.loads(sandbox("status", "--json").stdout)
+    return [Host(h["name"], h["address"], h["ssh_key"]) for h in listed]
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+    results: dict | None
+
+
+def deploy(*extra: str, inventory: str = "inventory/sandbox.py") -> Run:
+    """Run the deploy as a user would; with --json, also return pyinfra's run results."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(
+        [str(PYINFRA), "-y", *extra, inventory, "deploy.py"],
+        cwd=ROOT, text=True, capture_output=True, env=env, check=False,
+    )
+    payload = None
+    if "--json" in extra:
+        try:
+            payload = json.loads(result.stdout)
+        except ValueError:
+            payload = None
+    return Run(result.returncode, result.stdout + result.stderr, payload)

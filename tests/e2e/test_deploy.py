@@ -1,0 +1,57 @@
+"""The main job, end to end: a fresh sandbox host converges to a serving GLM-5 unit, and a
+second run changes nothing."""
+
+import json
+
+import pytest
+
+from tests.e2e import lab
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+NO_P2P_ENV = {
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_P2P_LEVEL": "PHB",
+    "NCCL_ALLOC_P2P_NET_LL_BUFFERS": "1",
+    "NCCL_MIN_NCHANNELS": "8",
+}
+
+
+def changed_operations(run: lab.Run) -> list[str]:
+    """Operations that pyinfra's --json results report as changed (or failed) on any host."""
+    assert run.results is not None, run.output[-3000:]
+    return [
+        f"{op['name']}: changed on {op['success']}, failed on {op['error']}"
+        for op in run.results["results"]["operations"]
+        if op["success"] or op["error"]
+    ]
+
+
+def test_fresh_host_converges_then_nothing_changes(reference_host):
+    host = reference_host
+    first = lab.deploy()
+    assert first.returncode == 0, first.output[-6000:]
+
+    assert host.ssh("systemctl is-active sglang.service").strip() == "active"
+    assert host.ssh("systemctl is-enabled sglang.service").strip() == "enabled"
+    pid = host.main_pid()
+    env = host.process_env(pid)
+    for key, value in NO_P2P_ENV.items():
+        assert env.get(key) == value, (key, env)
+    assert env["CUDA_HOME"] == "/usr/local/cuda-12.8"
+    args = host.process_args(pid)
+    assert "--disable-custom-all-reduce" in args
+    assert args[args.index("--tp") + 1] == "8"
+    assert args[args.index("--moe-runner-backend") + 1] == "flashinfer_trtllm"
+    models = json.loads(host.http_get("http://127.0.0.1:8000/v1/models"))
+    assert [m["id"] for m in models["data"]] == ["glm-5"]
+    assert host.ssh("stat -c %a /etc/gpuhost/server.env").strip() == "600"
+    assert "580." in host.ssh("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+    assert "release 12.8" in host.ssh("/usr/local/cuda-12.8/bin/nvcc --version")
+    held = host.ssh("apt-mark showhold").split()
+    assert "nvidia-open" in held and "cuda-toolkit-12-8" in held
+
+    second = lab.deploy("--json")
+    assert second.returncode == 0, second.output[-6000:]
+    assert changed_operations(second) == []
+    assert host.main_pid() == pid
