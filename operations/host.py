@@ -46,10 +46,10 @@ class HostResources(FactBase[Resources]):
             raise FactProcessError(f"nproc and /proc/meminfo: cannot read {output!r}") from exc
 
 
-class HeldPackages(FactBase[frozenset[str]]):
+class HeldPackages(FactBase[set[str]]):
     """Packages on hold (``apt-mark showhold``), as a set of names."""
 
-    default = frozenset
+    default = set
 
     @override
     def requires_command(self) -> str:
@@ -60,8 +60,8 @@ class HeldPackages(FactBase[frozenset[str]]):
         return "apt-mark showhold"
 
     @override
-    def process(self, output: list[str]) -> frozenset[str]:
-        return frozenset(line.strip() for line in output if line.strip())
+    def process(self, output: list[str]) -> set[str]:
+        return {line.strip() for line in output if line.strip()}
 
 
 class AptListsPresent(FactBase[bool]):

@@ -7,8 +7,10 @@ from operations.settings import Settings
 
 def server_args(settings: Settings) -> list[str]:
     """``python -m sglang.launch_server`` arguments, in the reference launch's order
-    (../shared/reference-lab.md). Flags whose setting is None are left out; P2P-dependent
-    flags (--disable-custom-all-reduce) come from the P2P decision, not from here."""
+    (../shared/reference-lab.md), with ``--tensor-parallel-size`` spelled out (the reference's
+    ``--tp`` works only as an argparse abbreviation of ``--tp-size``). Flags whose setting is
+    None are left out; P2P-dependent flags (--disable-custom-all-reduce) come from the P2P
+    decision, not from here."""
     s = settings
     args = ["--model", s.model, "--served-model-name", s.served_model_name]
     optional = [
@@ -19,7 +21,7 @@ def server_args(settings: Settings) -> list[str]:
     if s.trust_remote_code:
         args.append("--trust-remote-code")
     args += [
-        "--tp", str(s.tensor_parallel_size),
+        "--tensor-parallel-size", str(s.tensor_parallel_size),
         "--mem-fraction-static", repr(s.mem_fraction_static),
         "--max-running-requests", str(s.max_running_requests),
         "--kv-cache-dtype", s.kv_cache_dtype,

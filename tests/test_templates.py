@@ -42,6 +42,8 @@ def test_unit_is_the_reference_launch(settings):
     assert words[-1] == "$GPUHOST_P2P_SERVER_ARGS"
     reference = shlex.split(REFERENCE)[1:]
     reference.remove("--disable-custom-all-reduce")  # from the P2P decision, not host data
+    # The full name: --tp works only through argparse's prefix matching of --tp-size.
+    reference[reference.index("--tp")] = "--tensor-parallel-size"
     assert words[1:-1] == reference
 
 

@@ -41,7 +41,7 @@ def test_fresh_host_converges_then_nothing_changes(reference_host):
     assert env["CUDA_HOME"] == "/usr/local/cuda-12.8"
     args = host.process_args(pid)
     assert "--disable-custom-all-reduce" in args
-    assert args[args.index("--tp") + 1] == "8"
+    assert args[args.index("--tensor-parallel-size") + 1] == "8"
     assert args[args.index("--moe-runner-backend") + 1] == "flashinfer_trtllm"
     models = json.loads(host.http_get("http://127.0.0.1:8000/v1/models"))
     assert [m["id"] for m in models["data"]] == ["glm-5"]
