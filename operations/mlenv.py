@@ -211,6 +211,8 @@ def mlenv(settings: Settings):
             "MAX_JOBS": str(parallel.max_jobs),
             "NVCC_THREADS": str(parallel.nvcc_threads),
             "FLASH_ATTN_CUDA_ARCHS": settings.cuda_arch,
+            # Build here: without it flash-attn's setup.py fetches a prebuilt wheel instead.
+            "FLASH_ATTENTION_FORCE_BUILD": "TRUE",
             "CUDA_HOME": cuda,
             "PATH": f"{cuda}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         },

@@ -18,7 +18,8 @@ from pyinfra.operations.util import any_changed
 
 from operations.gpu import NvidiaDriver
 from operations.host import AptListsPresent, HeldPackages, reboot
-from operations.settings import REPO_ROOT, Settings
+from operations import REPO_ROOT
+from operations.settings import Settings
 
 #: NVIDIA's repository folder per (os-release ID, VERSION_ID) and per machine architecture
 #: (https://developer.download.nvidia.com/compute/cuda/repos/: ubuntu2404/x86_64, .../sbsa).

@@ -13,7 +13,8 @@ from pyinfra.operations import files
 
 from operations.gpu import NvidiaDriver
 from operations.host import FileText
-from operations.settings import REPO_ROOT, Settings
+from operations import REPO_ROOT
+from operations.settings import Settings
 
 LIB_DIR: Final = "/opt/gpuhost/lib"
 ENV_FILE: Final = "/etc/gpuhost/p2p.env"

@@ -16,7 +16,8 @@ from pyinfra.operations import files, systemd
 
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
-from operations.settings import REPO_ROOT, Settings
+from operations import REPO_ROOT
+from operations.settings import Settings
 from operations.sglang import server_args
 
 UNIT: Final = "sglang.service"

@@ -18,8 +18,11 @@ from typing import Any, Final
 from packaging.version import InvalidVersion, Version
 from pyinfra.api.exceptions import PyinfraError
 
+from operations import REPO_ROOT
+from operations.lock import LockError, read_lock
+from operations.sglang import FlagError, check_server_args, load_parser_spec, server_args
+
 PREFIX: Final = "gpuhost_"
-REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 
 #: CUDA toolkits this toolkit installs, each with the minimum Linux driver it needs (the
 #: "CUDA Toolkit and Corresponding Driver Versions" table of NVIDIA's CUDA release notes,
@@ -304,6 +307,24 @@ def _check_together(host: str, s: Settings) -> None:
             )
     if not s.lock_path.is_file():
         raise _fail(host, "lock", s.lock, f"an existing lock file (not found: {s.lock_path})")
+    _check_server_flags(host, s)
+
+
+def _check_server_flags(host: str, s: Settings) -> None:
+    try:
+        lock = read_lock(s.lock_path)
+    except LockError as exc:
+        raise _fail(host, "lock", s.lock, f"a lock that parses ({exc})") from None
+    sglang = lock.get("sglang")
+    if sglang is None:
+        raise _fail(host, "lock", s.lock, "a lock that pins sglang")
+    try:
+        check_server_args(server_args(s), load_parser_spec(sglang.version))
+    except FlagError as exc:
+        raise SettingsError(
+            f"host {host}: the server's flags (gpuhost_* server keys, "
+            f"gpuhost_server_extra_args) do not fit the locked sglang: {exc}"
+        ) from None
 
 
 def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, Settings]:

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from operations.settings import Settings
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from operations import REPO_ROOT
+
+if TYPE_CHECKING:
+    from operations.settings import Settings
+
+LOCKS: Final = REPO_ROOT / "locks"
 
 
 def server_args(settings: Settings) -> list[str]:
@@ -39,3 +50,131 @@ def server_args(settings: Settings) -> list[str]:
         args.append("--enable-flashinfer-allreduce-fusion")
     args += ["--host", s.server_host, "--port", str(s.server_port), *s.server_extra_args]
     return args
+
+
+class FlagError(ValueError):
+    """A server flag the locked sglang does not accept: names the flag, the value, the sglang
+    version and, where one exists, the replacement."""
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One argument of sglang's parser, as tools/sglang_args.py reads it from the wheel."""
+
+    flags: tuple[str, ...]
+    action: str
+    choices: tuple[str, ...] | None
+    nargs: str | int | None
+    type: str | None
+
+
+@dataclass(frozen=True)
+class ParserSpec:
+    """sglang's launch_server arguments for one version (locks/sglang-<version>.args.json),
+    with the renames later versions made (locks/sglang-flag-renames.json)."""
+
+    version: str
+    arguments: tuple[ArgSpec, ...]
+    renames: dict[str, str]
+
+    def by_flag(self) -> dict[str, ArgSpec]:
+        return {flag: arg for arg in self.arguments for flag in arg.flags}
+
+
+#: Actions that take no value (argparse's store_true, store_false, store_const, count).
+_NO_VALUE = {"store_true", "store_false", "store_const", "count", "help", "version"}
+
+
+def load_parser_spec(version: str, locks: Path = LOCKS) -> ParserSpec:
+    """Read the argument data of an sglang version. Raises FlagError where the repository has
+    no data for it (run tools/sglang_args.py <version>)."""
+    path = locks / f"sglang-{version}.args.json"
+    if not path.is_file():
+        known = sorted(p.name[len("sglang-"):-len(".args.json")]
+                       for p in locks.glob("sglang-*.args.json"))
+        raise FlagError(f"no argument data for sglang {version} ({path.name}); known: "
+                        f"{', '.join(known)}; make it with tools/sglang_args.py {version}")
+    data = json.loads(path.read_text())
+    arguments = tuple(
+        ArgSpec(tuple(a["flags"]), a.get("action") or "store",
+                tuple(a["choices"]) if a.get("choices") is not None else None,
+                a.get("nargs"), a.get("type"))
+        for a in data["arguments"]
+    )
+    renames_path = locks / "sglang-flag-renames.json"
+    renames = json.loads(renames_path.read_text()).get("renames", {}) if renames_path.is_file() \
+        else {}
+    return ParserSpec(data["version"], arguments, renames)
+
+
+def _resolve(flag: str, spec: ParserSpec, by_flag: dict[str, ArgSpec]) -> ArgSpec:
+    if flag in by_flag:
+        return by_flag[flag]
+    # argparse's allow_abbrev: a unique prefix of a long option is that option.
+    matches = {id(a): a for f, a in by_flag.items() if f.startswith(flag)}
+    if len(matches) == 1:
+        return next(iter(matches.values()))
+    if matches:
+        names = sorted(f for f, a in by_flag.items() if f.startswith(flag))
+        raise FlagError(f"{flag} is ambiguous for sglang {spec.version}: it could be "
+                        f"{', '.join(names[:6])}")
+    hint = ""
+    if flag in spec.renames:
+        hint = f"; its replacement is {spec.renames[flag]}"
+    else:
+        for old, new in spec.renames.items():
+            if new.split("=")[0] == flag:
+                hint = f"; sglang {spec.version} calls it {old}"
+    close = difflib.get_close_matches(flag, list(by_flag), n=1)
+    if not hint and close:
+        hint = f"; did you mean {close[0]}?"
+    raise FlagError(f"sglang {spec.version} has no flag {flag}{hint}")
+
+
+def _check_value(flag: str, value: str, arg: ArgSpec, version: str) -> None:
+    if arg.choices is not None and value not in arg.choices:
+        raise FlagError(f"{flag} {value}: sglang {version} allows only "
+                        f"{', '.join(arg.choices)}")
+    kinds = {"int": (int, "an integer"), "float": (float, "a number")}
+    if arg.type in kinds:
+        convert, what = kinds[arg.type]
+        try:
+            convert(value)
+        except ValueError:
+            raise FlagError(f"{flag} {value}: sglang {version} wants {what}") from None
+
+
+def check_server_args(args: list[str], spec: ParserSpec) -> None:
+    """Check a launch_server command line as sglang's own argparse parser would, without
+    sglang: every flag known (or a unique prefix of one), a value where one is needed, values
+    within a flag's choices and of its type. Raises FlagError for the first problem."""
+    by_flag = spec.by_flag()
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if not token.startswith("--"):
+            raise FlagError(f"{token!r} is not a flag (sglang {spec.version} takes no "
+                            "positional arguments)")
+        flag, eq, inline = token.partition("=")
+        arg = _resolve(flag, spec, by_flag)
+        i += 1
+        if arg.action in _NO_VALUE:
+            if eq:
+                raise FlagError(f"{flag} takes no value in sglang {spec.version}")
+            continue
+        if eq:
+            values = [inline]
+        elif arg.nargs in ("+", "*", "?"):
+            values = []
+            while i < len(args) and not args[i].startswith("--"):
+                values.append(args[i])
+                i += 1
+            if arg.nargs == "+" and not values:
+                raise FlagError(f"{flag} needs at least one value (sglang {spec.version})")
+        else:
+            if i >= len(args) or args[i].startswith("--"):
+                raise FlagError(f"{flag} needs a value (sglang {spec.version})")
+            values = [args[i]]
+            i += 1
+        for value in values:
+            _check_value(flag, value, arg, spec.version)

@@ -5,7 +5,7 @@ import pytest
 
 from operations.settings import Settings, SettingsError, for_inventory, from_host_data
 
-LOCK = "pkg==1.0 --hash=sha256:" + "0" * 64 + "\n"
+LOCK = "sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n"
 
 
 @pytest.fixture
@@ -108,3 +108,50 @@ def test_inventory_stops_on_first_bad_host(lock):
     good = {"gpuhost_lock": lock}
     with pytest.raises(SettingsError, match="host b: "):
         for_inventory([("a", good), ("b", {**good, "gpuhost_gpu_count": 0})])
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"gpuhost_moe_runner_backend": "flashinfer_magic"},
+         "--moe-runner-backend flashinfer_magic: sglang 0.5.9 allows only auto, deep_gemm"),
+        ({"gpuhost_server_extra_args": ["--dsa-decode-backend", "trtllm"]},
+         "sglang 0.5.9 has no flag --dsa-decode-backend; sglang 0.5.9 calls it "
+         "--nsa-decode-backend"),
+        ({"gpuhost_server_extra_args": ["--cuda-graph-max-bs"]},
+         "--cuda-graph-max-bs needs a value (sglang 0.5.9)"),
+        ({"gpuhost_server_extra_args": ["--enable-torch-compile=yes"]},
+         "--enable-torch-compile takes no value"),
+        ({"gpuhost_tool_call_parser": "glm99"}, "--tool-call-parser glm99: sglang 0.5.9 allows"),
+    ],
+)
+def test_server_flags_checked_against_the_locked_sglang(lock, data, message):
+    with pytest.raises(SettingsError, match="do not fit the locked sglang") as err:
+        settings(lock, **data)
+    assert message in str(err.value)
+
+
+def test_flags_for_a_newer_sglang_name_the_replacement(tmp_path):
+    lock = tmp_path / "lock.txt"
+    lock.write_text("sglang==0.5.23 --hash=sha256:" + "0" * 64 + "\n")
+    with pytest.raises(SettingsError, match="sglang 0.5.23 has no flag --nsa-decode-backend; "
+                                            "its replacement is --dsa-decode-backend"):
+        from_host_data("gpu1", {"gpuhost_lock": str(lock)})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("sglang>=0.5 --hash=sha256:00\n", "is not pinned with =="),
+        ("sglang==0.5.9\n", "sglang has no --hash"),
+        ("this is not a requirement\n", "is not a requirement"),
+        ("", "no requirements in it"),
+        ("torch==2.9.1 --hash=sha256:00\n", "a lock that pins sglang"),
+    ],
+)
+def test_bad_lock(tmp_path, text, message):
+    lock = tmp_path / "lock.txt"
+    lock.write_text(text)
+    with pytest.raises(SettingsError, match="gpuhost_lock") as err:
+        from_host_data("gpu1", {"gpuhost_lock": str(lock)})
+    assert message in str(err.value)

@@ -22,7 +22,7 @@ REFERENCE = """python3 -m sglang.launch_server --model lukealonso/GLM-5-NVFP4 --
 @pytest.fixture
 def settings(tmp_path):
     lock = tmp_path / "lock.txt"
-    lock.write_text("pkg==1.0 --hash=sha256:" + "0" * 64 + "\n")
+    lock.write_text("sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n")
     return lambda **data: from_host_data("gpu1", {"gpuhost_lock": str(lock), **data})
 
 
