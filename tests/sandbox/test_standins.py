@@ -1,0 +1,786 @@
+"""The sandbox lab's stand-ins, without root or hosts: scenarios, the nvidia-smi stand-in against
+the real outputs in tests/fixtures/h200-1gpu, the NVIDIA apt repository, the package index, and
+the torch / sglang / flash-attn stand-ins."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from sandbox import nvidia_repo, pypi_index, scenarios
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "h200-1gpu"
+PYTHON = sys.executable
+
+
+def fixture_output(name: str, command: str) -> str:
+    """What a fixture recorded for `$ command`, up to its `# rc=` line, newlines kept."""
+    lines = (FIXTURES / name).read_text().splitlines(keepends=True)
+    start = lines.index(f"$ {command}\n") + 1
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("# rc="))
+    return "".join(lines[start:end])
+
+
+# --- scenarios ---------------------------------------------------------------------------------
+
+
+def test_scenario_names():
+    assert {"reference-lab", "bare-metal-p2p", "q35-cns", "single-gpu"} <= set(scenarios.names())
+    for name in scenarios.names():
+        assert json.loads(scenarios.hardware_json(name))["scenario"] == name
+
+
+def test_unknown_scenario_names_it_and_the_allowed_ones():
+    with pytest.raises(scenarios.ScenarioError) as exc:
+        scenarios.hardware_json("h100-lab")
+    assert "'h100-lab'" in str(exc.value)
+    for name in scenarios.names():
+        assert name in str(exc.value)
+
+
+def test_reference_lab_is_the_reference_lab():
+    hw = json.loads(scenarios.hardware_json("reference-lab"))
+    assert len(hw["gpus"]) == 8
+    for gpu in hw["gpus"]:
+        assert gpu["name"] == "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+        assert (gpu["compute_cap"], gpu["memory_total_mib"], gpu["power_limit_w"]) == (
+            "12.0",
+            97887,
+            600.0,
+        )
+        assert gpu["clocks_max_sm_mhz"] == 2430
+    off_diagonal = {v for i, row in enumerate(hw["topology"]) for j, v in enumerate(row) if i != j}
+    assert off_diagonal == {"PHB"}
+    for kind in ("r", "w"):
+        assert {
+            v for i, row in enumerate(hw["p2p"][kind]) for j, v in enumerate(row) if i != j
+        } == {"NS"}
+    assert hw["virtualization"]["systemd_detect_virt"] == "kvm"
+    assert hw["virtualization"]["dmi"]["sys_vendor"] == "QEMU"
+
+
+def test_p2p_scenarios():
+    bare = json.loads(scenarios.hardware_json("bare-metal-p2p"))
+    assert len(bare["gpus"]) == 8
+    assert {v for i, row in enumerate(bare["p2p"]["r"]) for j, v in enumerate(row) if i != j} == {
+        "OK"
+    }
+    cns = json.loads(scenarios.hardware_json("q35-cns"))
+    assert len(cns["gpus"]) == 2 and cns["p2p"]["r"][0][1] == cns["p2p"]["w"][1][0] == "CNS"
+
+
+def test_a_bad_scenario_file_is_named(tmp_path, monkeypatch):
+    raw = json.loads((scenarios.SCENARIO_DIR / "q35-cns.json").read_text())
+    raw["topology"][0][1] = "PCIE"
+    (tmp_path / "broken.json").write_text(json.dumps(raw))
+    monkeypatch.setattr(scenarios, "SCENARIO_DIR", tmp_path)
+    with pytest.raises(
+        scenarios.ScenarioError, match=r"scenario 'broken': topology\[0\]\[1\] = 'PCIE'"
+    ):
+        scenarios.load("broken")
+
+
+# --- nvidia-smi --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def smi(tmp_path):
+    """Run the nvidia-smi stand-in of a driver version against a scenario, loaded as asked."""
+
+    def run(*args, scenario="single-gpu", version="580.159.04", loaded="580.159.04", flavour=None):
+        script = tmp_path / f"nvidia-smi-{version}"
+        script.write_text(nvidia_repo.render("nvidia-smi", VERSION=version))
+        (tmp_path / "hardware.json").write_text(scenarios.hardware_json(scenario))
+        state = tmp_path / "run"
+        shutil.rmtree(state, ignore_errors=True)
+        state.mkdir()
+        if loaded:
+            (state / "loaded-version").write_text(loaded + "\n")
+        if flavour:
+            (state / "loaded-flavour").write_text(flavour + "\n")
+        env = dict(
+            os.environ,
+            GPUHOST_SANDBOX_HARDWARE=str(tmp_path / "hardware.json"),
+            GPUHOST_SANDBOX_LOADED=str(state / "loaded-version"),
+        )
+        return subprocess.run(
+            [PYTHON, str(script), *args], capture_output=True, text=True, env=env, check=False
+        )
+
+    return run
+
+
+def test_summary_table_is_the_real_one(smi):
+    out = smi()
+    assert out.returncode == 0
+    real = fixture_output("nvidia-smi.txt", "nvidia-smi").splitlines(keepends=True)
+    lines = out.stdout.splitlines(keepends=True)
+    # the first line is the time, "Sun Nov 29 09:50:26 2026" and 7 spaces
+    assert re.fullmatch(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4} {7}\n", lines[0])
+    assert lines[1:] == real[1:]
+
+
+def test_list_query_topology_are_the_real_ones(smi):
+    assert smi("-L").stdout == fixture_output("nvidia-smi-L.txt", "nvidia-smi -L")
+    fields = (
+        "index,name,uuid,pci.bus_id,driver_version,memory.total,power.limit,"
+        "power.max_limit,power.draw,clocks.sm,clocks.max.sm,utilization.gpu,"
+        "temperature.gpu,compute_cap,persistence_mode"
+    )
+    command = f"nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits"
+    assert smi(f"--query-gpu={fields}", "--format=csv,noheader,nounits").stdout == fixture_output(
+        "query-gpu.txt", command
+    )
+    topo = smi("topo", "-m").stdout
+    assert topo == fixture_output("topo-m.txt", "nvidia-smi topo -m")
+    assert topo.startswith("\t\x1b[4mGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n")
+    for kind in "rwnap":
+        assert smi("topo", "-p2p", kind).stdout == fixture_output(
+            "topo-p2p.txt", f"nvidia-smi topo -p2p {kind}"
+        )
+
+
+def test_version_and_header_with_units(smi):
+    # shared/fixtures/h200-1gpu/system2.txt, "== nvidia-smi version" and "== query extra"
+    assert smi("--version").stdout == (
+        "NVIDIA-SMI version  : 580.159.04\nNVML version        : 580.159\n"
+        "DRIVER version      : 580.159.04\nCUDA Version        : 13.0\n"
+    )
+    out = smi(
+        "--query-gpu=index,pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,"
+        "pcie.link.width.current,pcie.link.width.max,clocks_throttle_reasons.active,"
+        "power.draw,enforced.power.limit,memory.used,ecc.mode.current,mig.mode.current,"
+        "vbios_version",
+        "--format=csv",
+    ).stdout.splitlines()
+    assert out[0] == (
+        "index, pci.bus_id, pcie.link.gen.current, pcie.link.gen.max, "
+        "pcie.link.width.current, pcie.link.width.max, clocks_event_reasons.active, "
+        "power.draw [W], enforced.power.limit [W], memory.used [MiB], "
+        "ecc.mode.current, mig.mode.current, vbios_version"
+    )
+    assert out[1] == (
+        "0, 00000000:00:06.0, 5, 5, 16, 16, 0x0000000000000001, 136.42 W, "
+        "700.00 W, 0 MiB, Enabled, Disabled, 96.00.A5.00.1A"
+    )
+
+
+def test_eight_gpus_of_the_reference_lab(smi):
+    p2p = smi("topo", "-p2p", "r", scenario="reference-lab").stdout.splitlines()
+    assert p2p[0] == " \t\x1b[4m" + "".join(f"GPU{i}\t" for i in range(8)) + "\x1b[0m"
+    for i in range(8):
+        assert p2p[1 + i] == f" GPU{i}\t" + "".join("X\t" if j == i else "NS\t" for j in range(8))
+    topo = smi("topo", "-m", scenario="reference-lab").stdout.splitlines()
+    assert topo[1] == "GPU0\t X \t" + "PHB\t" * 7 + "0-127\t0\t\tN/A"
+    csv = smi(
+        "--query-gpu=index,name,compute_cap,memory.total,power.limit,clocks.max.sm",
+        "--format=csv",
+        scenario="reference-lab",
+    ).stdout.splitlines()
+    assert (
+        csv[0]
+        == "index, name, compute_cap, memory.total [MiB], power.limit [W], clocks.max.sm [MHz]"
+    )
+    assert csv[1:] == [
+        f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0, 97887 MiB, 600.00 W, 2430 MHz"
+        for i in range(8)
+    ]
+    table = smi(scenario="reference-lab").stdout.splitlines()
+    assert (
+        "|   7  NVIDIA RTX PRO 6000 Blac...    On  |   00000000:08:00.0 Off |"
+        "                    0 |" in table
+    )
+    assert len([line for line in table if "RTX PRO 6000" in line]) == 8
+    assert all(len(line) == 91 for line in table[1:] if line)
+
+
+def test_driver_library_mismatch(smi):
+    out = smi(version="580.105.08", loaded="580.95.05")
+    assert out.returncode == 18
+    assert out.stdout == (
+        "Failed to initialize NVML: Driver/library version mismatch\n"
+        "NVML library version: 580.105\n"
+    )
+
+
+def test_no_driver_loaded(smi):
+    out = smi("-L", loaded=None)
+    assert out.returncode == 9
+    assert out.stdout == (
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+        "driver. Make sure that the latest NVIDIA driver is installed and "
+        "running.\n"
+    )
+
+
+def test_proprietary_module_sees_no_blackwell(smi):
+    out = smi(scenario="reference-lab", flavour="proprietary")
+    assert (out.returncode, out.stdout) == (6, "No devices were found\n")
+    assert smi("-L", flavour="proprietary").returncode == 0  # Hopper runs either flavour
+
+
+def test_bad_arguments(smi):
+    out = smi("--query-gpu=index,bogus", "--format=csv")
+    assert (out.returncode, out.stdout) == (2, 'Field "bogus" is not a valid field to query.\n')
+    out = smi("--bogus")
+    assert out.returncode == 2 and "--bogus is not recognized" in out.stdout
+    assert smi("topo", "-p2p", "x").returncode == 2
+
+
+# --- the NVIDIA repository ---------------------------------------------------------------------
+
+needs_repo_tools = pytest.mark.skipif(
+    any(shutil.which(t) is None for t in ("dpkg-deb", "apt-ftparchive", "gpg", "gpgv")),
+    reason="needs dpkg-deb, apt-ftparchive (apt-utils), gpg and gpgv",
+)
+KERNEL = "6.1.0-99-amd64"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    base = tmp_path_factory.mktemp("repo")
+    result = nvidia_repo.build(base / "www", KERNEL, gnupg_home=base / "gnupg", apt_archives=None)
+    return base, result, base / "www" / nvidia_repo.CUDA_REPO_PATH.strip("/")
+
+
+def _stanzas(text: str) -> list[dict[str, str]]:
+    out = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(re.findall(r"^([A-Za-z-]+): (.*)$", block, flags=re.MULTILINE))
+        out.append(fields)
+    return out
+
+
+@needs_repo_tools
+def test_repository_lists_every_package(repo):
+    _, result, repo_dir = repo
+    listed = {(s["Package"], s["Version"]) for s in _stanzas((repo_dir / "Packages").read_text())}
+    keyring = (repo_dir / "cuda-archive-keyring.gpg").read_bytes()
+    expected = {(d.name, d.version) for d in nvidia_repo.packages(KERNEL, keyring)}
+    assert listed == expected
+    for name in (
+        "nvidia-open",
+        "nvidia-driver",
+        "libnvidia-ml1",
+        "nvidia-smi",
+        "nvidia-kernel-open-dkms",
+        "nvidia-kernel-dkms",
+    ):
+        for version in ("570.172.08-1", "580.95.05-1", "580.105.08-1"):
+            assert (name, version) in listed
+    for pkg in (
+        ("cuda-keyring", "1.1-1"),
+        ("cuda-toolkit-12-8", "12.8.1-1"),
+        ("cuda-toolkit-13-0", "13.0.2-1"),
+        (f"linux-headers-{KERNEL}", "6.1.0-1"),
+    ):
+        assert pkg in listed
+    assert result["keyring_sha256"] == hashlib.sha256(keyring).hexdigest()
+
+
+@needs_repo_tools
+def test_repository_is_signed_and_cached(repo):
+    base, result, repo_dir = repo
+    keyring = str(repo_dir / "cuda-archive-keyring.gpg")
+    for args in (["InRelease"], ["Release.gpg", "Release"]):
+        subprocess.run(
+            ["gpgv", "--keyring", keyring, *[str(repo_dir / a) for a in args]],
+            check=True,
+            capture_output=True,
+        )
+    release = (repo_dir / "Release").read_text()
+    assert "Label: NVIDIA CUDA" in release
+    assert hashlib.sha256((repo_dir / "Packages.gz").read_bytes()).hexdigest() in release
+    before = (repo_dir / "InRelease").stat().st_mtime_ns, (repo_dir / "InRelease").read_bytes()
+    assert (
+        nvidia_repo.build(base / "www", KERNEL, gnupg_home=base / "gnupg", apt_archives=None)
+        == result
+    )
+    assert (
+        (repo_dir / "InRelease").stat().st_mtime_ns,
+        (repo_dir / "InRelease").read_bytes(),
+    ) == before
+
+
+@needs_repo_tools
+def test_debs_are_reproducible(repo, tmp_path):
+    base, result, repo_dir = repo
+    # a host's apt cache holding one stale stand-in and one current one
+    archives = tmp_path / "apt-archives"
+    archives.mkdir()
+    (archives / "nvidia-smi_580.95.05-1_amd64.deb").write_bytes(b"an older stand-in")
+    current = archives / "cuda-keyring_1.1-1_all.deb"
+    current.write_bytes((repo_dir / current.name).read_bytes())
+    again = nvidia_repo.build(
+        tmp_path / "www", KERNEL, gnupg_home=base / "gnupg", apt_archives=archives
+    )
+    assert again == result
+    other = tmp_path / "www" / nvidia_repo.CUDA_REPO_PATH.strip("/")
+    for deb in repo_dir.glob("*.deb"):
+        assert (other / deb.name).read_bytes() == deb.read_bytes(), deb.name
+    assert [p.name for p in archives.iterdir()] == [current.name]
+
+
+@needs_repo_tools
+def test_installed_standins_answer(repo, tmp_path):
+    _, _, repo_dir = repo
+    root = tmp_path / "root"
+    for deb in (
+        "nvidia-smi_580.105.08-1_amd64.deb",
+        "cuda-nvcc-12-8_12.8.93-1_amd64.deb",
+        "cuda-nvcc-13-0_13.0.88-1_amd64.deb",
+        "cuda-keyring_1.1-1_all.deb",
+        f"linux-headers-{KERNEL}_6.1.0-1_amd64.deb",
+    ):
+        subprocess.run(["dpkg-deb", "-x", str(repo_dir / deb), str(root)], check=True)
+    nvcc = subprocess.run(
+        [str(root / "usr/local/cuda-12.8/bin/nvcc"), "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert nvcc.splitlines()[3] == "Cuda compilation tools, release 12.8, V12.8.93"
+    nvcc13 = subprocess.run(
+        [str(root / "usr/local/cuda-13.0/bin/nvcc"), "-V"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert nvcc13 == fixture_like_nvcc_13()
+    (tmp_path / "hw.json").write_text(scenarios.hardware_json("q35-cns"))
+    (tmp_path / "loaded").write_text("580.105.08\n")
+    out = subprocess.run(
+        [str(root / "usr/bin/nvidia-smi"), "-L"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(
+            os.environ,
+            GPUHOST_SANDBOX_HARDWARE=str(tmp_path / "hw.json"),
+            GPUHOST_SANDBOX_LOADED=str(tmp_path / "loaded"),
+        ),
+    )
+    assert out.returncode == 0 and out.stdout.count("NVIDIA RTX PRO 6000") == 2
+    source = (root / "etc/apt/sources.list.d/cuda-debian12-x86_64.list").read_text()
+    assert source.startswith("deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] http://")
+    assert source.rstrip().endswith("/compute/cuda/repos/debian12/x86_64/ /")
+    assert (root / "lib/modules" / KERNEL / "build").is_symlink()
+
+
+def fixture_like_nvcc_13() -> str:
+    # shared/fixtures/h200-1gpu/system.txt, "== nvcc"
+    return (
+        "nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2025 NVIDIA Corporation\n"
+        "Built on Wed_Aug_20_01:58:59_PM_PDT_2025\n"
+        "Cuda compilation tools, release 13.0, V13.0.88\n"
+        "Build cuda_13.0.r13.0/compiler.36424714_0\n"
+    )
+
+
+@needs_repo_tools
+def test_kernel_module_postinst_needs_the_headers(tmp_path):
+    script = tmp_path / "postinst"
+    script.write_text(
+        nvidia_repo.render(
+            "kernel-module.postinst",
+            PACKAGE="nvidia-kernel-open-dkms",
+            VERSION="580.95.05-1",
+            DRIVER="580.95.05",
+            FLAVOUR="open",
+        )
+    )
+    release = os.uname().release
+    if (
+        Path(f"/lib/modules/{release}/build").is_dir()
+        or Path(f"/usr/src/linux-headers-{release}").is_dir()
+    ):
+        pytest.skip("this machine has its kernel's headers")
+    out = subprocess.run(
+        ["sh", str(script), "configure"], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 1
+    assert f"Your kernel headers for kernel {release} cannot be found" in out.stderr
+
+
+def test_kernel_release_must_name_a_package(tmp_path):
+    with pytest.raises(ValueError, match="cannot name a linux-headers package"):
+        nvidia_repo.build(tmp_path, "5.15.0-WSL2", gnupg_home=tmp_path / "g", apt_archives=None)
+
+
+# --- the package index -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    """The index built offline: the real wheels replaced by small files of the same names."""
+    base = tmp_path_factory.mktemp("index")
+    cache = base / "cache"
+    cache.mkdir()
+    fakes = []
+    for wheel in pypi_index.REAL_WHEELS:
+        data = f"not really {wheel.filename}".encode()
+        (cache / wheel.filename).write_bytes(data)
+        fakes.append(
+            pypi_index.RealWheel(
+                wheel.name, wheel.version, wheel.filename, hashlib.sha256(data).hexdigest()
+            )
+        )
+    saved = pypi_index.REAL_WHEELS
+    pypi_index.REAL_WHEELS = tuple(fakes)
+    try:
+        pypi_index.build(base / "www", cache, base / "lock.txt")
+    finally:
+        pypi_index.REAL_WHEELS = saved
+    return base
+
+
+def test_index_hashes_match_the_files(index):
+    simple = index / "www" / "simple"
+    projects = re.findall(r'href="([^"/]+)/"', (simple / "index.html").read_text())
+    assert set(projects) == {
+        "torch",
+        "flash-attn",
+        "flashinfer-python",
+        "flashinfer-cubin",
+        "sgl-kernel",
+        "sglang",
+        "setuptools",
+        "wheel",
+        "packaging",
+    }
+    for project in projects:
+        page = (simple / project / "index.html").read_text()
+        links = re.findall(r'href="([^"#]+)#sha256=([0-9a-f]{64})"', page)
+        assert links, project
+        for filename, digest in links:
+            assert hashlib.sha256((simple / project / filename).read_bytes()).hexdigest() == digest
+
+
+def test_lock_pins_every_file_by_hash(index):
+    lock = (index / "lock.txt").read_text()
+    assert lock.startswith("# Stand-in lock")
+    assert "do not edit" in lock.splitlines()[0]
+    pins = dict(re.findall(r"^([a-z0-9-]+)==(\S+) \\$", lock, flags=re.MULTILINE))
+    assert pins == {
+        "torch": "2.9.1",
+        "flash-attn": "2.8.3.post2",
+        "flashinfer-python": "0.6.3",
+        "flashinfer-cubin": "0.6.3",
+        "sgl-kernel": "0.3.21",
+        "sglang": "0.5.9",
+        "setuptools": "84.2.1",
+        "wheel": "0.48.0",
+        "packaging": "26.4",
+    }
+    simple = index / "www" / "simple"
+    hashes = set(re.findall(r"--hash=sha256:([0-9a-f]{64})", lock))
+    files = {
+        hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in simple.rglob("*")
+        if f.is_file() and f.name != "index.html"
+    }
+    assert hashes == files
+
+
+def test_standin_wheels_are_reproducible_and_well_formed(index, tmp_path):
+    for dist in pypi_index.STANDIN_DISTS:
+        if dist.sdist:
+            continue
+        path = pypi_index.build_wheel(dist, tmp_path)
+        served = index / "www" / "simple" / pypi_index.normalize(dist.name) / path.name
+        assert path.read_bytes() == served.read_bytes()
+        with zipfile.ZipFile(path) as zf:
+            info = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+            record = zf.read(info).decode().splitlines()
+            assert len(record) == len(zf.namelist())
+            metadata = zf.read(info.replace("RECORD", "METADATA")).decode()
+            assert f"Name: {dist.name}\nVersion: {dist.version}\n" in metadata
+
+
+def _unpack(index: Path, target: Path, *projects: str) -> Path:
+    for project in projects:
+        for wheel in (index / "www" / "simple" / project).glob("*.whl"):
+            with zipfile.ZipFile(wheel) as zf:
+                zf.extractall(target)
+    return target
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def sglang_env(index, tmp_path):
+    site = _unpack(index, tmp_path / "site", "sglang", "torch")
+
+    def env(scenario="single-gpu", loaded="580.159.04", **extra):
+        (tmp_path / "hw.json").write_text(scenarios.hardware_json(scenario))
+        (tmp_path / "loaded").write_text(loaded + "\n")
+        (tmp_path / "libcuda").write_text("580.159.04\n")
+        return dict(
+            os.environ,
+            PYTHONPATH=str(site),
+            GPUHOST_SANDBOX_HARDWARE=str(tmp_path / "hw.json"),
+            GPUHOST_SANDBOX_LOADED=str(tmp_path / "loaded"),
+            GPUHOST_SANDBOX_LIBCUDA=str(tmp_path / "libcuda"),
+            **extra,
+        )
+
+    return env
+
+
+def test_sglang_rejects_an_unknown_flag(sglang_env):
+    out = subprocess.run(
+        [PYTHON, "-m", "sglang.launch_server", "--model", "x", "--no-such-flag"],
+        capture_output=True,
+        text=True,
+        env=sglang_env(),
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in out.stderr
+
+
+def test_sglang_accepts_the_reference_launch_and_counts_gpus(sglang_env):
+    launch = (Path(__file__).resolve().parents[2] / "locks" / "reference-launch.txt").read_text()
+    argv = " ".join(line for line in launch.splitlines() if not line.startswith("#")).split()
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    # the reference launch asks for 8 GPUs: one H200 is not enough, and it says so
+    out = subprocess.run(
+        [PYTHON, *argv[1:]],
+        capture_output=True,
+        text=True,
+        env=sglang_env("single-gpu"),
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 1
+    assert "not enough GPUs" in out.stderr and "torch.cuda.device_count() is 1" in out.stderr
+    # a driver/library mismatch leaves torch without CUDA
+    out = subprocess.run(
+        [PYTHON, "-m", "sglang.launch_server", "--model", "x"],
+        capture_output=True,
+        text=True,
+        env=sglang_env(loaded="580.95.05"),
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 1 and "CUDA is not available" in out.stderr
+
+
+def test_sglang_serves(sglang_env):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "sglang.launch_server",
+            "--model",
+            "x",
+            "--served-model-name",
+            "glm-5",
+            "--tp",
+            "8",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--api-key",
+            "k",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=sglang_env("reference-lab"),
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.1)
+        headers = {"Authorization": "Bearer k", "Content-Type": "application/json"}
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(url + "/v1/models", timeout=5)
+        assert exc.value.code == 401
+        req = urllib.request.Request(url + "/v1/models", headers=headers)
+        models = json.load(urllib.request.urlopen(req, timeout=5))
+        assert models["object"] == "list"
+        assert models["data"][0]["id"] == "glm-5" and models["data"][0]["owned_by"] == "sglang"
+        body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": "Hi"}]})
+        req = urllib.request.Request(
+            url + "/v1/chat/completions", data=body.encode(), headers=headers
+        )
+        answer = json.load(urllib.request.urlopen(req, timeout=5))
+        assert answer["object"] == "chat.completion"
+        assert answer["choices"][0]["message"]["content"]
+        assert answer["choices"][0]["finish_reason"] == "stop"
+        stream = json.dumps(
+            {"model": "glm-5", "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+        )
+        req = urllib.request.Request(
+            url + "/v1/chat/completions", data=stream.encode(), headers=headers
+        )
+        events = urllib.request.urlopen(req, timeout=5).read().decode().split("\n\n")
+        assert events[-2] == "data: [DONE]"
+        chunks = [json.loads(e[len("data: ") :]) for e in events[:-2]]
+        text = "".join(
+            c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
+        )
+        assert text == answer["choices"][0]["message"]["content"]
+        req = urllib.request.Request(url + "/get_server_info", headers=headers)
+        info = json.load(urllib.request.urlopen(req, timeout=5))
+        assert info["tp_size"] == 8 and info["served_model_name"] == "glm-5"
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert "The server is fired up and ready to roll!" in err
+
+
+def test_torch_reads_the_scenario(index, tmp_path):
+    site = _unpack(index, tmp_path / "site", "torch")
+    (tmp_path / "hw.json").write_text(scenarios.hardware_json("bare-metal-p2p"))
+    (tmp_path / "v").write_text("580.105.08\n")
+    (tmp_path / "old").write_text("580.95.05\n")
+    code = (
+        "import torch, json; print(json.dumps([torch.__version__, torch.version.cuda, "
+        "torch.cuda.is_available(), torch.cuda.device_count(), "
+        "torch.cuda.get_device_capability(0), torch.cuda.get_device_name(1), "
+        "torch.cuda.can_device_access_peer(0, 7)]))"
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(site),
+        GPUHOST_SANDBOX_HARDWARE=str(tmp_path / "hw.json"),
+        GPUHOST_SANDBOX_LOADED=str(tmp_path / "v"),
+        GPUHOST_SANDBOX_LIBCUDA=str(tmp_path / "v"),
+    )
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert json.loads(out.stdout) == [
+        "2.9.1+cu128",
+        "12.8",
+        True,
+        8,
+        [12, 0],
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        True,
+    ]
+    env["GPUHOST_SANDBOX_LOADED"] = str(tmp_path / "old")  # upgraded, not rebooted
+    out = subprocess.run(
+        [PYTHON, "-c", "import torch; print(torch.cuda.is_available())"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    assert out.stdout.strip() == "False" and "Error 803" in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_stack_installs_from_the_index_and_flash_attn_records_its_build(tmp_path):
+    """As the product installs it: the lock without flash-attn (--require-hashes --no-deps),
+    then flash-attn's sdist without build isolation, against the stand-in torch and nvcc."""
+    www, lock = tmp_path / "www", tmp_path / "lock.txt"
+    pypi_index.build(www, tmp_path / "cache", lock)  # fetches setuptools, wheel, packaging
+    pins = re.split(r"\n(?=[a-z])", lock.read_text().split("\n", 5)[-1])
+    (tmp_path / "stack.txt").write_text(
+        "\n".join(p for p in pins if not p.startswith("flash-attn"))
+    )
+    (tmp_path / "flash.txt").write_text(next(p for p in pins if p.startswith("flash-attn")))
+    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else PYTHON
+    venv = tmp_path / "venv"
+    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    pip = [
+        str(venv / "bin/python"),
+        "-m",
+        "pip",
+        "install",
+        "--require-hashes",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--index-url",
+        (www / "simple").as_uri(),
+    ]
+    subprocess.run([*pip, "-r", str(tmp_path / "stack.txt")], check=True, capture_output=True)
+    cuda = tmp_path / "cuda-12.8"
+    (cuda / "bin").mkdir(parents=True)
+    nvcc = cuda / "bin" / "nvcc"
+    nvcc.write_text(
+        nvidia_repo.render(
+            "nvcc",
+            RELEASE="12.8",
+            NVCC_VERSION="12.8.93",
+            BUILT_ON="Fri_Feb_21_20:23:50_PST_2025",
+            BUILD="cuda_12.8.r12.8/compiler.35583870_0",
+        )
+    )
+    nvcc.chmod(0o755)
+    (tmp_path / "hw.json").write_text(scenarios.hardware_json("reference-lab"))
+    env = dict(
+        os.environ,
+        CUDA_HOME=str(cuda),
+        FLASH_ATTENTION_FORCE_BUILD="TRUE",
+        GPUHOST_SANDBOX_HARDWARE=str(tmp_path / "hw.json"),
+    )
+    env.pop("MAX_JOBS", None)
+    flash = [*pip, "--no-build-isolation", "-r", str(tmp_path / "flash.txt")]
+    # The reference lab's 128 cores: MAX_JOBS unset means 64 jobs, more than its memory bears
+    out = subprocess.run(flash, capture_output=True, text=True, env=env, check=False)
+    assert out.returncode != 0
+    assert "Killed signal terminated program cc1plus" in out.stdout + out.stderr
+    out = subprocess.run(
+        flash,
+        capture_output=True,
+        text=True,
+        env=dict(env, MAX_JOBS="20", NVCC_THREADS="4", FLASH_ATTN_CUDA_ARCHS="120"),
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = subprocess.run(
+        [
+            str(venv / "bin/python"),
+            "-c",
+            "import flash_attn, json; print(json.dumps(flash_attn.build_env()))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    recorded = json.loads(got.stdout)
+    assert (recorded["MAX_JOBS"], recorded["NVCC_THREADS"], recorded["FLASH_ATTN_CUDA_ARCHS"]) == (
+        "20",
+        "4",
+        "120",
+    )
+    assert (recorded["nvcc_release"], recorded["torch_cuda"]) == ("12.8", "12.8")
+    listed = json.loads(
+        subprocess.run(
+            [str(venv / "bin/python"), "-m", "pip", "list", "--format=json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    versions = {p["name"].lower().replace("_", "-"): p["version"] for p in listed}
+    assert versions["flash-attn"] == "2.8.3.post2" and versions["torch"] == "2.9.1"
