@@ -3,7 +3,8 @@
     pyinfra inventory/lab.py deploy.py          # converge every host
     pyinfra inventory/lab.py deploy.py --dry    # show, per host, what would change
 
-Every host's data is validated before any host is touched.
+Every host's data is validated before any host is touched. A stage that must not run on a host
+is refused while planning: --dry shows why, and a real run stops before any change.
 """
 
 from pyinfra import host, inventory
@@ -11,6 +12,7 @@ from pyinfra import host, inventory
 from operations.mlenv import mlenv
 from operations.nvidia import nvidia
 from operations.p2p import p2p
+from operations.plan import stop_if_refused
 from operations.preflight import preflight
 from operations.server import sglang_server
 from operations.settings import for_inventory
@@ -22,3 +24,4 @@ nvidia(settings)
 venv_changes = mlenv(settings)
 p2p_changes = p2p(settings)
 sglang_server(settings, inputs=[*venv_changes, *p2p_changes])
+stop_if_refused()

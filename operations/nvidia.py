@@ -10,7 +10,6 @@ from typing import Final
 
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
-from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Arch, LinuxDistribution, OsVersion
 from pyinfra.operations import apt, files, server
@@ -18,6 +17,7 @@ from pyinfra.operations.util import any_changed
 
 from operations.gpu import NvidiaDriver
 from operations.host import AptListsPresent, HeldPackages, reboot
+from operations.plan import PlanError, refuse
 from operations import REPO_ROOT
 from operations.settings import Settings
 
@@ -40,10 +40,6 @@ DRIVER_PACKAGES: Final = {
 }
 
 
-class PlanError(PyinfraError):
-    """A host whose state forbids the planned change; the message says what to do."""
-
-
 def repo_folder(os_id: str, version_id: str, arch: str) -> str:
     """The repository folder for an OS and architecture, for example "ubuntu2404/x86_64".
 
@@ -52,10 +48,10 @@ def repo_folder(os_id: str, version_id: str, arch: str) -> str:
     distro = REPO_DISTROS.get((os_id, version_id))
     if distro is None:
         known = ", ".join(f"{i} {v}" for i, v in REPO_DISTROS)
-        raise PlanError(f"host {host.name}: no NVIDIA CUDA repository for {os_id} {version_id}; "
+        raise PlanError(f"no NVIDIA CUDA repository for {os_id} {version_id}; "
                         f"supported: {known}")
     if arch not in REPO_ARCHES:
-        raise PlanError(f"host {host.name}: no NVIDIA CUDA repository for {arch}; "
+        raise PlanError(f"no NVIDIA CUDA repository for {arch}; "
                         f"supported: {', '.join(REPO_ARCHES)}")
     return f"{distro}/{REPO_ARCHES[arch]}"
 
@@ -108,13 +104,17 @@ def nvidia(settings: Settings):
 
     + settings: the host's validated settings
 
-    Raises PlanError at plan time for an OS without NVIDIA's repository, or an installed
-    driver that differs from the wanted one while ``gpuhost_allow_driver_change`` is False.
+    Refuses (operations.plan) an OS without NVIDIA's repository, or an installed driver that
+    differs from the wanted one while ``gpuhost_allow_driver_change`` is False.
     """
     distro = host.get_fact(LinuxDistribution)
     meta = distro.get("release_meta", {})
-    folder = repo_folder(meta.get("ID", "").lower(), meta.get("VERSION_ID", ""),
-                         host.get_fact(Arch))
+    try:
+        folder = repo_folder(meta.get("ID", "").lower(), meta.get("VERSION_ID", ""),
+                             host.get_fact(Arch))
+    except PlanError as exc:
+        refuse("NVIDIA", str(exc))
+        return
     repo_url = f"{settings.cuda_repo_url}/{folder}/"
     debs = host.get_fact(DebPackages)
     state = host.get_fact(NvidiaDriver)
@@ -132,11 +132,13 @@ def nvidia(settings: Settings):
 
     change = bool(installed) and not any(fnmatch.fnmatch(v, target) for v in installed)
     if change and not settings.allow_driver_change:
-        raise PlanError(
-            f"host {host.name}: driver {', '.join(installed)} is installed, host data asks for "
-            f"{target} (gpuhost_driver_branch/gpuhost_driver_version). A driver change reboots "
-            "the host and restarts the server: set gpuhost_allow_driver_change = True to allow it."
+        refuse(
+            "NVIDIA",
+            f"driver {', '.join(installed)} is installed, host data asks for {target} "
+            "(gpuhost_driver_branch, gpuhost_driver_version). A driver change reboots the host "
+            "and restarts the server: set gpuhost_allow_driver_change = True to allow it",
         )
+        return
 
     keyring = files.download(
         name="NVIDIA repository signing key",

@@ -9,7 +9,8 @@ from typing_extensions import override
 
 from operations.gpu import NvidiaDriver
 from operations.host import HostResources
-from operations.nvidia import PlanError, repo_folder
+from operations.nvidia import repo_folder
+from operations.plan import PlanError, refuse
 from operations.settings import Settings
 
 
@@ -29,14 +30,31 @@ class Virtualization(FactBase[str]):
         return answer[0].strip() if answer else "unknown"
 
 
+class InitSystem(FactBase[str]):
+    """The name of PID 1 (/proc/1/comm): "systemd" on a VM or bare metal; something else in
+    some containers and microVMs (the lent GPU machine's is "process_api")."""
+
+    @override
+    def command(self) -> str:
+        return "cat /proc/1/comm"
+
+    @override
+    def process(self, output: list[str]) -> str:
+        return output[0].strip()
+
+
 @deploy("Preflight")
 def preflight(settings: Settings) -> None:
     """Facts only: OS and architecture supported by NVIDIA's repository, the GPUs (when the
-    driver already answers) matching host data. Raises PlanError, with what to do, before any
-    change to the host."""
+    driver already answers) matching host data. Refuses (operations.plan), with what to do,
+    before any change to the host."""
     meta = host.get_fact(LinuxDistribution).get("release_meta", {})
     os_id, version_id = meta.get("ID", "").lower(), meta.get("VERSION_ID", "")
-    folder = repo_folder(os_id, version_id, host.get_fact(Arch))
+    try:
+        folder = repo_folder(os_id, version_id, host.get_fact(Arch))
+    except PlanError as exc:
+        refuse("Preflight", str(exc))
+        folder = "unsupported"
     driver = host.get_fact(NvidiaDriver)
     resources = host.get_fact(HostResources)
     virt = host.get_fact(Virtualization)
@@ -44,21 +62,18 @@ def preflight(settings: Settings) -> None:
     if driver.status == "ok":
         count = len(driver.gpus)
         if count != settings.gpu_count:
-            raise PlanError(
-                f"host {host.name}: nvidia-smi lists {count} GPU(s), host data says "
-                f"gpuhost_gpu_count = {settings.gpu_count}: correct the inventory"
-            )
+            refuse("Preflight", f"nvidia-smi lists {count} GPU(s), host data says "
+                                f"gpuhost_gpu_count = {settings.gpu_count}: correct the inventory")
         capabilities = sorted({g.compute_capability for g in driver.gpus})
         if capabilities != [settings.compute_capability]:
-            raise PlanError(
-                f"host {host.name}: the GPUs have compute capability {', '.join(capabilities)}, "
-                f"host data says gpuhost_compute_capability = {settings.compute_capability!r}"
-            )
+            refuse("Preflight", f"the GPUs have compute capability {', '.join(capabilities)}, "
+                                "host data says gpuhost_compute_capability = "
+                                f"{settings.compute_capability!r}")
         gpus = f"{count} x {driver.gpus[0].name}, driver {driver.driver_version}"
     else:
         gpus = f"driver {driver.status}"
     logger.info(
         f"{host.print_prefix}{os_id} {version_id} ({folder}), kernel {host.get_fact(OsVersion)}, "
-        f"virtualisation {virt}, {resources.cores} cores, {resources.mem_available_gib:.1f} GiB "
-        f"available; {gpus}"
+        f"virtualisation {virt}, PID 1 {host.get_fact(InitSystem)}, {resources.cores} cores, "
+        f"{resources.mem_available_gib:.1f} GiB available; {gpus}"
     )

@@ -16,6 +16,8 @@ from pyinfra.operations import files, systemd
 
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
+from operations.plan import refuse
+from operations.preflight import InitSystem
 from operations import REPO_ROOT
 from operations.settings import Settings
 from operations.sglang import server_args
@@ -77,6 +79,11 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     + inputs: operations of earlier stages whose change means a restart (the venv, the P2P
       decision)
     """
+    init = host.get_fact(InitSystem)
+    if init != "systemd":
+        refuse("SGLang server", f"PID 1 is {init!r}, not systemd: the server runs as a systemd "
+                                "unit")
+        return
     was_running = bool(host.get_fact(SystemdStatus).get(UNIT))
     files.directory(name="gpuhost config folder", path="/etc/gpuhost", mode="755")
     env = files.template(

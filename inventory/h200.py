@@ -1,0 +1,19 @@
+"""The lent GPU machine (the device tool's nvidia-h200): one H200, compute capability 9.0, driver
+580.159.04 mounted from the hypervisor, reached with pyinfra's @local connector on the machine
+itself. Used for dry runs only: nothing can be installed there (no package index reachable).
+
+    pyinfra inventory/h200.py deploy.py --dry
+"""
+
+gpu_hosts = [
+    (
+        "@local",
+        {
+            "gpuhost_gpu_count": 1,
+            "gpuhost_compute_capability": "9.0",
+            "gpuhost_tensor_parallel_size": 1,
+            # nvidia-smi there reports CUDA 13.0 (driver 580): the 12.8 stack runs on it too.
+            "gpuhost_cuda_toolkit": "12.8",
+        },
+    ),
+]
