@@ -1,0 +1,62 @@
+"""python -m sandbox up [--hosts N] [--scenario NAME] | status [--json] | down"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from sandbox.lab import BOOT_TIMEOUT_S, LabError, down, status, up
+from sandbox.layout import DEFAULT_SCENARIO, MAX_HOSTS, SSH_KEY
+from sandbox.network import NetworkError
+from sandbox.rootfs import RootfsError
+from sandbox.services import ServiceError
+from sandbox.tools import ToolError
+
+
+def _print_status(hosts: list[dict[str, object]]) -> None:
+    if not hosts:
+        print("no sandbox lab is up (python -m sandbox up)")
+        return
+    for h in hosts:
+        print(f"{h['name']:<8} {h['address']:<14} {h['state']}")
+    print(f"ssh key: {SSH_KEY}   (ssh -i {SSH_KEY} root@ADDRESS)")
+
+
+def _host_count(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= MAX_HOSTS:
+        raise argparse.ArgumentTypeError(f"must be 1..{MAX_HOSTS}")
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sandbox", description="The sandbox lab: sandbox/README.md."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="fresh hosts gpu1..gpuN, booted (takes down any previous lab)")
+    p_up.add_argument("--hosts", type=_host_count, default=1, metavar="N")
+    p_up.add_argument("--scenario", default=DEFAULT_SCENARIO, metavar="NAME")
+    p_up.add_argument("--boot-timeout", type=float, default=BOOT_TIMEOUT_S, metavar="SECONDS")
+    p_status = sub.add_parser("status", help="name, address, state, SSH key path")
+    p_status.add_argument("--json", action="store_true", help="the list inventory/sandbox.py reads")
+    sub.add_parser("down", help="stop hosts, services, namespaces; remove the host trees")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            _print_status(up(args.hosts, args.scenario, args.boot_timeout))
+        elif args.command == "down":
+            down()
+        elif args.json:
+            print(json.dumps(status(), indent=2))
+        else:
+            _print_status(status())
+    except (LabError, ToolError, RootfsError, NetworkError, ServiceError) as exc:
+        print(f"sandbox: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,379 @@
+"""Bring the sandbox lab up and down, and say what is running (sandbox/README.md is the contract).
+
+`up` gives fresh hosts every time: it first takes down any previous lab, then extracts a new
+root filesystem per host from the cached tarball, links it to this machine through its own
+network namespace, starts the services on the links, boots the hosts and waits for their sshd.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import importlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from sandbox import network, procs, rootfs, scenarios, services
+from sandbox.layout import (
+    DEFAULT_SCENARIO,
+    HOSTS_DIR,
+    KNOWN_HOSTS,
+    LOCK_FILE,
+    PYPI_CACHE,
+    SERVICES_DIR,
+    SSH_DIR,
+    SSH_KEY,
+    SSH_PORT,
+    STATE_DIR,
+    STATE_FILE,
+    TRASH,
+    WWW,
+    HostSpec,
+    host_from_name,
+    host_specs,
+)
+from sandbox.tools import ensure_tools
+
+STATE_VERSION = 1
+BOOT_TIMEOUT_S = 180.0
+POWEROFF_TIMEOUT_S = 30.0
+
+
+class LabError(RuntimeError):
+    """The lab could not be brought up or down; the message says what to look at."""
+
+
+def _say(message: str) -> None:
+    print(f"sandbox: {message}", file=sys.stderr, flush=True)
+
+
+def require_root(action: str) -> None:
+    """Raise LabError unless running as root (namespaces, nspawn and mounts need it)."""
+    if os.geteuid() != 0:
+        raise LabError(
+            f"`{action}` needs root (network namespaces, systemd-nspawn): "
+            f"run it as root, e.g. sudo {sys.executable} -m sandbox {action}"
+        )
+
+
+@contextlib.contextmanager
+def _exclusive() -> Iterator[None]:
+    """One `up` or `down` at a time."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / ".lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LabError(f"another `up` or `down` holds {STATE_DIR / '.lock'}") from None
+        yield
+
+
+def load_state() -> dict[str, Any] | None:
+    """The state file's content, or None when no lab was brought up."""
+    try:
+        return json.loads(STATE_FILE.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _save_state(state: dict[str, Any]) -> None:
+    tmp = STATE_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1) + "\n")
+    os.replace(tmp, STATE_FILE)
+
+
+def ensure_ssh_key() -> str:
+    """The lab's root key (ed25519, made once); returns the public key line."""
+    SSH_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not SSH_KEY.exists():
+        rootfs.ssh_keygen(SSH_KEY, "ed25519", "gpuhost-sandbox")
+    return SSH_KEY.with_suffix(".pub").read_text().strip()
+
+
+def ssh_command(spec: HostSpec, *remote: str, connect_timeout: int = 5) -> list[str]:
+    """ssh as root to `spec` with the lab key, checking the host keys `up` generated."""
+    return [
+        "ssh",
+        "-i", str(SSH_KEY),
+        "-o", "BatchMode=yes",
+        "-o", "IdentitiesOnly=yes",
+        "-o", f"UserKnownHostsFile={KNOWN_HOSTS}",
+        "-o", "StrictHostKeyChecking=yes",
+        "-o", f"ConnectTimeout={connect_timeout}",
+        "-o", "LogLevel=ERROR",
+        f"root@{spec.address}",
+        *remote,
+    ]  # fmt: skip
+
+
+def _hardware_json(scenario: str) -> str:
+    try:
+        return scenarios.hardware_json(scenario)
+    except ValueError as exc:
+        raise LabError(str(exc)) from exc
+
+
+def _optional_module(name: str) -> Any | None:
+    """A colleague's builder module, or None while it is not written yet."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        _say(f"{name.replace('.', '/')}.py does not exist yet: not building what it serves")
+        return None
+
+
+def build_www(kernel_release: str) -> str | None:
+    """Fill the HTTP root: NVIDIA's repository and the package index; returns the repository
+    keyring's sha256 (None when the repository builder is missing)."""
+    WWW.mkdir(parents=True, exist_ok=True)
+    PYPI_CACHE.mkdir(parents=True, exist_ok=True)
+    keyring_sha256 = None
+    nvidia_repo = _optional_module("sandbox.nvidia_repo")
+    if nvidia_repo is not None:
+        keyring_sha256 = nvidia_repo.build(WWW, kernel_release)["keyring_sha256"]
+    pypi_index = _optional_module("sandbox.pypi_index")
+    if pypi_index is not None:
+        pypi_index.build(WWW, PYPI_CACHE, LOCK_FILE)
+    return keyring_sha256
+
+
+def _prepare_host(spec: HostSpec, authorized_key: str, hardware_json: str) -> list[str]:
+    """A fresh root filesystem and link for `spec`; returns its SSH host public keys."""
+    rootfs.extract(spec.root)
+    keys = rootfs.personalise(spec, spec.root, authorized_key, hardware_json)
+    rootfs.seed_apt_archives(spec.root)
+    network.create(spec)
+    return keys
+
+
+def _console_tail(spec: HostSpec, lines: int = 30) -> str:
+    try:
+        text = spec.console_log.read_text(errors="replace")
+    except FileNotFoundError:
+        return "(no console log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _wait_ssh(spec: HostSpec, supervisor: procs.Proc, deadline: float) -> float:
+    """Wait until `ssh root@host true` succeeds; returns when, raises LabError at the deadline."""
+    error = ""
+    while True:
+        if not procs.alive(supervisor):
+            raise LabError(
+                f"{spec.name} stopped while booting; {spec.console_log} ends with:\n"
+                + _console_tail(spec)
+            )
+        if _sshd_answers(spec):
+            proc = subprocess.run(
+                ssh_command(spec, "true", connect_timeout=2),
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+            if proc.returncode == 0:
+                return time.monotonic()
+            error = proc.stderr.strip()
+        if time.monotonic() > deadline:
+            raise LabError(
+                f"{spec.name}: no ssh on {spec.address}:{SSH_PORT} in time"
+                + (f" (ssh said: {error})" if error else "")
+                + f"; {spec.console_log} ends with:\n{_console_tail(spec)}"
+                + "\n(the lab is left as it is for a look; `python -m sandbox down` removes it)"
+            )
+        time.sleep(0.2)
+
+
+def _sshd_answers(spec: HostSpec, timeout: float = 0.5) -> bool:
+    """True when something on the host's port 22 sends an SSH banner."""
+    try:
+        with socket.create_connection((spec.address, SSH_PORT), timeout=timeout) as s:
+            s.settimeout(timeout)
+            return s.recv(4).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def up(
+    hosts: int = 1, scenario: str = DEFAULT_SCENARIO, boot_timeout: float = BOOT_TIMEOUT_S
+) -> list[dict[str, Any]]:
+    """Fresh hosts gpu1..gpuN, booted and answering ssh; returns `status()`.
+
+    Raises LabError (root needed, unknown scenario, a host that does not boot: the message
+    carries the console log's tail), ValueError for a host count outside 1..254.
+    """
+    require_root("up")
+    specs = host_specs(hosts)
+    hardware = _hardware_json(scenario)
+    started = time.monotonic()
+    with _exclusive():
+        ensure_tools()
+        _down(defer_removal=True)
+        authorized_key = ensure_ssh_key()
+        if rootfs.ensure_tarball():
+            _say(f"root filesystem built in {time.monotonic() - started:.0f}s")
+        state: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "scenario": scenario,
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "cuda_keyring_sha256": None,
+            "httpd": None,
+            "hosts": [
+                {
+                    "name": s.name,
+                    "address": s.address,
+                    "gateway": s.gateway,
+                    "supervisor": None,
+                    "proxy": None,
+                }
+                for s in specs
+            ],
+        }
+        _save_state(state)
+        _prepare(specs, state, authorized_key, hardware)
+        _start_services(specs, state)
+        _boot(specs, state, boot_timeout)
+        _say(f"lab up in {time.monotonic() - started:.1f}s")
+        if TRASH.exists():
+            removing = time.monotonic()
+            _remove_trees([TRASH])
+            _say(f"previous host trees removed in {time.monotonic() - removing:.1f}s")
+    return status()
+
+
+def _prepare(
+    specs: list[HostSpec], state: dict[str, Any], authorized_key: str, hardware: str
+) -> None:
+    """Host trees and links in parallel, the HTTP root alongside; writes known_hosts."""
+    began = time.monotonic()
+    workers = max(2, min(len(specs), 2 * (os.cpu_count() or 1)))
+    with ThreadPoolExecutor(max_workers=workers + 1) as pool:
+        www = pool.submit(build_www, os.uname().release)
+        prepared = [pool.submit(_prepare_host, s, authorized_key, hardware) for s in specs]
+        host_keys = [f.result() for f in prepared]
+        state["cuda_keyring_sha256"] = www.result()
+    _save_state(state)
+    KNOWN_HOSTS.write_text(
+        "".join(f"{s.address} {key}\n" for s, keys in zip(specs, host_keys) for key in keys)
+    )
+    _say(f"{len(specs)} host tree(s) and link(s) ready in {time.monotonic() - began:.1f}s")
+
+
+def _start_services(specs: list[HostSpec], state: dict[str, Any]) -> None:
+    state["httpd"] = services.start_httpd(specs).to_json()
+    _save_state(state)
+    for entry, spec in zip(state["hosts"], specs):
+        entry["proxy"] = services.start_proxy(spec).to_json()
+        _save_state(state)
+
+
+def _boot(specs: list[HostSpec], state: dict[str, Any], timeout: float) -> None:
+    """Start every host's supervisor, then wait for all their sshd at once."""
+    began = time.monotonic()
+    supervisors = []
+    for entry, spec in zip(state["hosts"], specs):
+        supervisors.append(services.start_supervisor(spec))
+        entry["supervisor"] = supervisors[-1].to_json()
+        _save_state(state)
+    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
+        waits = [pool.submit(_wait_ssh, s, p, began + timeout) for s, p in zip(specs, supervisors)]
+        for spec, wait in zip(specs, waits):
+            _say(f"{spec.name} ({spec.address}) answers ssh {wait.result() - began:.1f}s into boot")
+
+
+def _host_state(entry: dict[str, Any]) -> str:
+    if not procs.alive(procs.Proc.from_json(entry.get("supervisor"))):
+        return "stopped"
+    return "running" if _sshd_answers(host_from_name(entry["name"])) else "booting"
+
+
+def status() -> list[dict[str, Any]]:
+    """The hosts of the lab, as inventory/sandbox.py reads them (sandbox/README.md, Inventory):
+    name, address, gateway, state (running / booting / stopped), ssh_key, cuda_repo_url,
+    cuda_keyring_sha256, pip_index_url, lock (the stand-in lock's path). [] when no lab is up."""
+    state = load_state()
+    if state is None:
+        return []
+    out = []
+    for entry in state["hosts"]:
+        spec = host_from_name(entry["name"])
+        out.append(
+            {
+                "name": spec.name,
+                "address": spec.address,
+                "gateway": spec.gateway,
+                "state": _host_state(entry),
+                "ssh_key": str(SSH_KEY),
+                "cuda_repo_url": spec.cuda_repo_url,
+                "cuda_keyring_sha256": state.get("cuda_keyring_sha256"),
+                "pip_index_url": spec.pip_index_url,
+                "lock": str(LOCK_FILE),
+            }
+        )
+    return out
+
+
+def down() -> None:
+    """Stop every host (orderly poweroff, then SIGKILL), the services, remove the namespaces,
+    links and host trees. Idempotent: with no lab up it does nothing."""
+    require_root("down")
+    with _exclusive():
+        _down()
+
+
+def _down(defer_removal: bool = False) -> None:
+    """Take the lab down; with `defer_removal` the host trees are only moved into TRASH, for
+    `up` to delete once its new hosts answer (this machine's ext4 has no journal: inodes freed
+    in the last minute make creating new ones slow, so extracting right after a delete crawls)."""
+    state = load_state() or {}
+    entries = state.get("hosts", [])
+    supervisors = [procs.Proc.from_json(e.get("supervisor")) for e in entries]
+    procs.stop(supervisors, POWEROFF_TIMEOUT_S)
+    service_procs = [procs.Proc.from_json(state.get("httpd"))]
+    service_procs += [procs.Proc.from_json(e.get("proxy")) for e in entries]
+    procs.stop(service_procs, 5)
+    stubborn = procs.empty_cgroup()
+    for ns in network.lab_namespaces():
+        for pid in network.namespace_pids(ns):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            stubborn.add(pid)
+    deadline = time.monotonic() + 5
+    while stubborn and time.monotonic() < deadline:
+        stubborn = {pid for pid in stubborn if Path(f"/proc/{pid}").exists()}
+        time.sleep(0.1)
+    if stubborn:
+        raise LabError(f"processes of the lab would not die: {sorted(stubborn)}")
+    network.remove_all()
+    trees = sorted(p for p in HOSTS_DIR.glob("gpu*") if p.is_dir()) if HOSTS_DIR.is_dir() else []
+    for tree in trees:
+        rootfs.harvest_apt_archives(tree / "root")
+    if defer_removal:
+        rootfs.set_aside(trees, TRASH)
+    else:
+        _remove_trees([*trees, TRASH])
+    shutil.rmtree(SERVICES_DIR, ignore_errors=True)
+    KNOWN_HOSTS.unlink(missing_ok=True)
+    STATE_FILE.unlink(missing_ok=True)
+    if entries or trees:
+        _say(f"lab down ({', '.join(p.name for p in trees) or 'no host trees'})")
+
+
+def _remove_trees(trees: list[Path]) -> None:
+    trees = [t for t in trees if t.exists()]
+    if trees:
+        with ThreadPoolExecutor(max_workers=len(trees)) as pool:
+            list(pool.map(rootfs.remove_tree, trees))

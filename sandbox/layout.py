@@ -1,0 +1,119 @@
+"""Names, addresses and paths of the sandbox lab, as sandbox/README.md fixes them.
+
+Pure data: nothing here touches the machine, so unit tests and the inventory can use it freely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE = Path("/var/cache/gpuhost-sandbox")
+STATE_DIR = Path("/var/lib/gpuhost-sandbox")
+
+ROOTFS_TAR = CACHE / "rootfs-bookworm.tar"
+APT_ARCHIVES = CACHE / "apt-archives"
+PYPI_CACHE = CACHE / "pypi"
+
+STATE_FILE = STATE_DIR / "state.json"
+SSH_DIR = STATE_DIR / "ssh"
+SSH_KEY = SSH_DIR / "id_ed25519"
+KNOWN_HOSTS = SSH_DIR / "known_hosts"
+HOSTS_DIR = STATE_DIR / "hosts"
+TRASH = STATE_DIR / "trash"
+WWW = STATE_DIR / "www"
+LOCK_FILE = STATE_DIR / "lock.txt"
+SERVICES_DIR = STATE_DIR / "services"
+
+HTTP_PORT = 8080
+PROXY_PORT = 8888
+SSH_PORT = 22
+
+SUBNET_PREFIX = "10.213"
+MAX_HOSTS = 254
+DEFAULT_SCENARIO = "reference-lab"
+
+# The base URL, as NVIDIA's own .../compute/cuda/repos: the product appends <distro>/<arch>/.
+CUDA_REPO_PATH = "/compute/cuda/repos"
+PIP_INDEX_PATH = "/simple/"
+
+GUEST_APT_ARCHIVES = "/var/cache/apt/archives"
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One sandbox host's names and link addresses (host N is gpuN on 10.213.N.0/24)."""
+
+    index: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.index <= MAX_HOSTS:
+            raise ValueError(f"host index must be 1..{MAX_HOSTS}, not {self.index}")
+
+    @property
+    def name(self) -> str:
+        return f"gpu{self.index}"
+
+    @property
+    def netns(self) -> str:
+        return f"gpuhost-{self.name}"
+
+    @property
+    def netns_path(self) -> Path:
+        return Path("/run/netns") / self.netns
+
+    @property
+    def veth(self) -> str:
+        """This machine's end of the link; the namespace's end is always eth0."""
+        return f"gh{self.index}"
+
+    @property
+    def subnet(self) -> str:
+        return f"{SUBNET_PREFIX}.{self.index}.0/24"
+
+    @property
+    def gateway(self) -> str:
+        """This machine's address on the link: where the proxy and the HTTP server listen."""
+        return f"{SUBNET_PREFIX}.{self.index}.1"
+
+    @property
+    def address(self) -> str:
+        return f"{SUBNET_PREFIX}.{self.index}.2"
+
+    @property
+    def dir(self) -> Path:
+        return HOSTS_DIR / self.name
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+    @property
+    def console_log(self) -> Path:
+        return self.dir / "console.log"
+
+    @property
+    def cuda_repo_url(self) -> str:
+        return f"http://{self.gateway}:{HTTP_PORT}{CUDA_REPO_PATH}"
+
+    @property
+    def pip_index_url(self) -> str:
+        return f"http://{self.gateway}:{HTTP_PORT}{PIP_INDEX_PATH}"
+
+    @property
+    def proxy_url(self) -> str:
+        return f"http://{self.gateway}:{PROXY_PORT}"
+
+
+def host_specs(count: int) -> list[HostSpec]:
+    """Hosts gpu1..gpuN; raises ValueError when N is outside 1..254 (one /24 per host)."""
+    if not 1 <= count <= MAX_HOSTS:
+        raise ValueError(f"--hosts must be 1..{MAX_HOSTS}, not {count}")
+    return [HostSpec(i) for i in range(1, count + 1)]
+
+
+def host_from_name(name: str) -> HostSpec:
+    """The spec of `gpuN`; raises ValueError for any other name."""
+    if not name.startswith("gpu") or not name[3:].isdigit():
+        raise ValueError(f"not a sandbox host name: {name!r}")
+    return HostSpec(int(name[3:]))

@@ -1,0 +1,324 @@
+"""The sandbox lab: its pure parts (no root needed) and one end-to-end boot (root, e2e).
+
+The end-to-end checks go through plain ssh and the CLI, never through the lab's own helpers, so
+the lab does not confirm itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sandbox import __main__ as cli
+from sandbox import httpd, lab, network, procs, rootfs, services, supervisor
+from sandbox.layout import HostSpec, host_from_name, host_specs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- addresses and names ---------------------------------------------------------------------
+
+
+def test_host_n_gets_its_own_24():
+    spec = HostSpec(7)
+    assert (spec.name, spec.netns, spec.veth) == ("gpu7", "gpuhost-gpu7", "gh7")
+    assert (spec.gateway, spec.address, spec.subnet) == (
+        "10.213.7.1",
+        "10.213.7.2",
+        "10.213.7.0/24",
+    )
+    assert spec.netns_path == Path("/run/netns/gpuhost-gpu7")
+    assert spec.root == Path("/var/lib/gpuhost-sandbox/hosts/gpu7/root")
+    assert spec.console_log == Path("/var/lib/gpuhost-sandbox/hosts/gpu7/console.log")
+    assert spec.cuda_repo_url == "http://10.213.7.1:8080/compute/cuda/repos"
+    assert spec.pip_index_url == "http://10.213.7.1:8080/simple/"
+    assert spec.proxy_url == "http://10.213.7.1:8888"
+
+
+def test_hosts_are_numbered_from_one():
+    assert [s.name for s in host_specs(3)] == ["gpu1", "gpu2", "gpu3"]
+    assert host_specs(254)[-1].address == "10.213.254.2"
+
+
+@pytest.mark.parametrize("count", [0, 255, -1])
+def test_host_count_outside_one_octet_is_refused(count):
+    with pytest.raises(ValueError, match="1..254"):
+        host_specs(count)
+
+
+def test_names_round_trip():
+    assert host_from_name("gpu12") == HostSpec(12)
+    for bad in ("gpu", "gpux", "node1", "gpu0"):
+        with pytest.raises(ValueError):
+            host_from_name(bad)
+
+
+def test_link_commands_put_gateway_outside_and_address_inside():
+    cmds = [" ".join(c) for c in network.link_commands(HostSpec(3))]
+    assert cmds[0] == "netns add gpuhost-gpu3"
+    assert "link add gh3 type veth peer name eth0 netns gpuhost-gpu3" in cmds
+    assert "addr add 10.213.3.1/24 dev gh3" in cmds
+    assert "-n gpuhost-gpu3 addr add 10.213.3.2/24 dev eth0" in cmds
+    assert "-n gpuhost-gpu3 link set lo up" in cmds
+    assert cmds[-1] == "-n gpuhost-gpu3 route add default via 10.213.3.1"
+
+
+# --- nspawn, supervisor ----------------------------------------------------------------------
+
+
+def test_nspawn_command_line_is_the_readme_one():
+    cmd = supervisor.nspawn_command(HostSpec(2))
+    assert cmd[0] == "systemd-nspawn"
+    for flag in (
+        "--boot",
+        "--register=no",
+        "--keep-unit",
+        "--resolv-conf=off",
+        "--link-journal=no",
+    ):
+        assert flag in cmd
+    assert cmd[cmd.index("-D") + 1] == "/var/lib/gpuhost-sandbox/hosts/gpu2/root"
+    assert cmd[cmd.index("-M") + 1] == "gpu2"
+    assert "--network-namespace-path=/run/netns/gpuhost-gpu2" in cmd
+    # The shared .deb cache is seeded into each host, not bind-mounted (one apt lock per host).
+    assert not any(arg.startswith("--bind") for arg in cmd)
+
+
+@pytest.fixture
+def restore_signals():
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def test_supervisor_boots_again_after_reboot_and_stops_otherwise(
+    tmp_path, monkeypatch, restore_signals
+):
+    boots = tmp_path / "boots"
+    script = f'echo x >> {boots}; [ "$(wc -l < {boots})" -lt 3 ] && exit 133; exit 0'
+    monkeypatch.setattr(supervisor, "nspawn_command", lambda spec: ["sh", "-c", script])
+    assert supervisor.supervise(HostSpec(1)) == 0
+    assert len(boots.read_text().splitlines()) == 3
+
+
+def test_supervisor_stops_on_sigterm(tmp_path, monkeypatch, restore_signals):
+    # The stand-in for nspawn asks its parent, the supervisor, to stop, as `down` would.
+    monkeypatch.setattr(
+        supervisor, "nspawn_command", lambda spec: ["sh", "-c", "kill -TERM $PPID; exec sleep 30"]
+    )
+    started = time.monotonic()
+    rc = supervisor.supervise(HostSpec(1))
+    assert rc == -signal.SIGTERM
+    assert time.monotonic() - started < 10
+
+
+# --- root filesystem -------------------------------------------------------------------------
+
+
+def test_image_is_minimal_cloud_vm():
+    cmd = rootfs.mmdebstrap_command(Path("/tmp/x.tar"))
+    assert cmd[:3] == ["mmdebstrap", "--variant=minbase", "--format=tar"]
+    included = next(a for a in cmd if a.startswith("--include=")).split("=", 1)[1].split(",")
+    assert {"systemd", "systemd-sysv", "dbus", "openssh-server", "python3"} <= set(included)
+    for product_installs_these in ("curl", "python3-venv", "build-essential", "gcc"):
+        assert product_installs_these not in included
+
+
+def test_personalise_writes_what_a_host_needs(tmp_path):
+    root = tmp_path / "root"
+    (root / "etc/ssh").mkdir(parents=True)
+    (root / "etc/ssh/ssh_host_ed25519_key").write_text("old image key")
+    keys = rootfs.personalise(HostSpec(4), root, "ssh-ed25519 AAAA lab", '{"schema": 1}\n')
+    assert (root / "etc/hostname").read_text() == "gpu4\n"
+    assert "127.0.1.1\tgpu4" in (root / "etc/hosts").read_text()
+    assert (root / "etc/machine-id").read_text() == ""
+    assert (root / "root/.ssh/authorized_keys").read_text() == "ssh-ed25519 AAAA lab\n"
+    assert (root / "root/.ssh/authorized_keys").stat().st_mode & 0o777 == 0o600
+    proxy = (root / "etc/apt/apt.conf.d/80sandbox-proxy").read_text()
+    assert 'Acquire::http::Proxy "http://10.213.4.1:8888";' in proxy
+    assert 'Acquire::http::Proxy::10.213.4.1 "DIRECT";' in proxy
+    assert (root / "etc/gpuhost-sandbox/hardware.json").read_text() == '{"schema": 1}\n'
+    assert (
+        "PermitRootLogin prohibit-password"
+        in (root / "etc/ssh/sshd_config.d/50-gpuhost-sandbox.conf").read_text()
+    )
+    assert os.readlink(root / "etc/systemd/system/systemd-networkd.service") == "/dev/null"
+    assert (root / "etc/ssh/ssh_host_ed25519_key").read_text() != "old image key"
+    assert sorted(k.split()[0] for k in keys) == ["ecdsa-sha2-nistp256", "ssh-ed25519", "ssh-rsa"]
+
+
+def test_apt_cache_is_seeded_per_host_and_harvested_back(tmp_path):
+    pool, root = tmp_path / "pool", tmp_path / "root"
+    pool.mkdir()
+    (pool / "a_1_all.deb").write_text("a")
+    assert rootfs.seed_apt_archives(root, pool) == 1
+    archives = root / "var/cache/apt/archives"
+    assert (archives / "partial").is_dir()
+    assert os.path.samefile(archives / "a_1_all.deb", pool / "a_1_all.deb")
+    (archives / "b_2_all.deb").write_text("b")
+    assert rootfs.harvest_apt_archives(root, pool) == 1
+    assert (pool / "b_2_all.deb").read_text() == "b"
+    assert sorted(p.name for p in pool.iterdir()) == ["a_1_all.deb", "b_2_all.deb"]
+
+
+def test_remove_tree_refuses_a_tree_with_mounts(tmp_path, monkeypatch):
+    tree = tmp_path / "gpu1"
+    (tree / "root").mkdir(parents=True)
+    monkeypatch.setattr(rootfs, "_mounts_below", lambda path: [str(tree / "root/proc")])
+    with pytest.raises(rootfs.RootfsError, match="still mounted"):
+        rootfs.remove_tree(tree)
+    assert tree.exists()
+
+
+# --- services, processes ---------------------------------------------------------------------
+
+
+def test_proxy_listens_on_the_link_only_and_admits_its_subnet(tmp_path):
+    conf = services.proxy_conf(HostSpec(5), tmp_path)
+    assert "Listen 10.213.5.1\n" in conf
+    assert "Port 8888\n" in conf
+    assert "Allow 10.213.5.0/24\n" in conf
+    assert f'PidFile "{tmp_path}/proxy-gpu5.pid"' in conf
+
+
+def test_httpd_serves_files(tmp_path):
+    (tmp_path / "simple").mkdir()
+    (tmp_path / "simple/index.html").write_text("<a href='x/'>x</a>")
+    handler = functools.partial(httpd.Handler, directory=str(tmp_path))
+    server = httpd.Server(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/simple/"
+        assert urllib.request.urlopen(url, timeout=5).read() == b"<a href='x/'>x</a>"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_recorded_process_is_recognised_by_pid_and_start_time():
+    me = procs.identify(os.getpid())
+    assert procs.alive(me)
+    assert not procs.alive(procs.Proc(me.pid, me.start + 1))
+    assert not procs.alive(None)
+    child = subprocess.Popen(["true"])
+    child.wait()
+    assert not procs.alive(procs.Proc(child.pid, 0))
+
+
+def test_status_without_a_lab_is_empty(tmp_path, monkeypatch):
+    monkeypatch.setattr(lab, "STATE_FILE", tmp_path / "state.json")
+    assert lab.status() == []
+
+
+def test_up_and_down_refuse_non_root(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert cli.main(["up"]) == 1
+    assert cli.main(["down"]) == 1
+    assert "needs root" in capsys.readouterr().err
+
+
+# --- end to end ------------------------------------------------------------------------------
+
+
+def _sandbox(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "sandbox", *args],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"sandbox {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
+    return proc
+
+
+def _ssh(host: dict, command: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ssh", "-i", host["ssh_key"], "-o", "StrictHostKeyChecking=no",
+         "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes",
+         "-o", "ConnectTimeout=3", f"root@{host['address']}", command],
+        text=True, capture_output=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def _ok(host: dict, command: str) -> str:
+    proc = _ssh(host, command)
+    assert proc.returncode == 0, f"{command!r} exited {proc.returncode}: {proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="boots sandbox hosts: needs root")
+
+
+@pytest.fixture(scope="module")
+def lab_host():
+    _sandbox("up", "--hosts", "1")
+    (host,) = json.loads(_sandbox("status", "--json").stdout)
+    yield host
+    _sandbox("down", check=False)
+
+
+@pytest.mark.e2e
+@needs_root
+def test_host_boots_with_systemd_as_pid_1(lab_host):
+    assert lab_host["name"] == "gpu1" and lab_host["address"] == "10.213.1.2"
+    assert lab_host["state"] == "running"
+    assert _ok(lab_host, "cat /proc/1/comm").strip() == "systemd"
+    state = _ssh(lab_host, "systemctl is-system-running --wait").stdout.strip()
+    assert state in ("running", "degraded")
+    assert _ok(lab_host, "cat /etc/gpuhost-sandbox/hardware.json").lstrip().startswith("{")
+
+
+@pytest.mark.e2e
+@needs_root
+def test_debian_packages_install_through_the_proxy(lab_host):
+    # The host has no resolver: deb.debian.org is reachable only through the link's proxy.
+    out = _ok(
+        lab_host,
+        "apt-get update && DEBIAN_FRONTEND=noninteractive "
+        "apt-get install -y --no-install-recommends python3-venv && python3 -m venv /tmp/venv",
+    )
+    assert "deb.debian.org" in out
+    assert _ok(lab_host, "/tmp/venv/bin/python -c 'print(42)'").strip() == "42"
+
+
+@pytest.mark.e2e
+@needs_root
+def test_reboot_brings_the_host_back_with_a_new_boot_id(lab_host):
+    before = _ok(lab_host, "cat /proc/sys/kernel/random/boot_id").strip()
+    _ssh(lab_host, "reboot", timeout=30)
+    deadline = time.monotonic() + 120
+    after = before
+    while after == before and time.monotonic() < deadline:
+        time.sleep(0.5)
+        proc = _ssh(lab_host, "cat /proc/sys/kernel/random/boot_id", timeout=30)
+        if proc.returncode == 0:
+            after = proc.stdout.strip()
+    assert after != before, "the host did not come back from reboot in 120 s"
+    (host,) = json.loads(_sandbox("status", "--json").stdout)
+    assert host["state"] in ("running", "booting")
+
+
+@pytest.mark.e2e
+@needs_root
+def test_down_leaves_nothing_and_is_idempotent(lab_host):
+    _sandbox("down")
+    _sandbox("down")
+    assert json.loads(_sandbox("status", "--json").stdout) == []
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    assert "gpuhost-gpu" not in netns.stdout
+    assert not Path("/var/lib/gpuhost-sandbox/hosts/gpu1").exists()
+    assert procs.cgroup_pids() == set()
+    assert _ssh(lab_host, "true", timeout=30).returncode != 0
