@@ -104,23 +104,23 @@ def reboot(timeout: int = 600, interval: float = 2.0):
     """
     before: list[str] = []
 
-    def record(state, host_):
-        status, out = host_.run_shell_command("cat /proc/sys/kernel/random/boot_id")
+    def record(state, host):
+        status, out = host.run_shell_command("cat /proc/sys/kernel/random/boot_id")
         before.append(out.stdout.strip())
 
-    def wait(state, host_):
-        host_.disconnect()
+    def wait(state, host):
+        host.disconnect()
         deadline = monotonic() + timeout
         sleep(interval)
         while monotonic() < deadline:
-            host_.connect(show_errors=False)
-            if host_.connected:
-                status, out = host_.run_shell_command("cat /proc/sys/kernel/random/boot_id")
+            host.connect(show_errors=False)
+            if host.connected:
+                status, out = host.run_shell_command("cat /proc/sys/kernel/random/boot_id")
                 now = out.stdout.strip() if status else ""
                 if now and now != before[0]:
-                    logger.info(f"{host_.print_prefix}back after reboot (boot id {now[:8]})")
+                    logger.info(f"{host.print_prefix}back after reboot (boot id {now[:8]})")
                     return
-                host_.disconnect()
+                host.disconnect()
             sleep(interval)
         raise OperationError(f"host did not come back with a new boot id within {timeout} s")
 

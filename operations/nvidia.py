@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import fnmatch
-import shlex
+import re
 from io import StringIO
 from pathlib import Path
 from typing import Final
 
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.api.exceptions import OperationValueError
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Arch, LinuxDistribution, OsVersion
 from pyinfra.operations import apt, files, server
@@ -31,6 +32,9 @@ REPO_DISTROS: Final = {
 REPO_ARCHES: Final = {"x86_64": "x86_64", "aarch64": "sbsa"}
 
 KEYRING: Final = "/usr/share/keyrings/cuda-archive-keyring.gpg"
+#: What fetching the repository's key needs on a minimal image (pyinfra's files.download runs
+#: curl or wget on the host).
+PREREQUISITES: Final = ("ca-certificates", "curl")
 
 #: The packages of each driver flavour in NVIDIA's repository, and the one that carries the
 #: kernel module (its version is the installed driver's).
@@ -89,9 +93,12 @@ def driver_answers(version_glob: str):
     """Check that nvidia-smi answers and the loaded driver matches ``version_glob``
     (an apt-style pattern such as "580.*"). Fails the host otherwise."""
     pattern = version_glob.split("-")[0]
+    if not re.fullmatch(r"[0-9.*]+", pattern):
+        raise OperationValueError(f"driver version pattern {version_glob!r}: digits, '.', '*'")
+    # Unquoted on purpose: the shell's case matches it as a glob; checked above.
     yield StringCommand(
         "v=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1) "
-        f"&& case \"$v\" in {shlex.quote(pattern)}) echo \"driver $v loaded\";; "
+        f"&& case \"$v\" in {pattern}) echo \"driver $v loaded\";; "
         f"*) echo \"loaded driver $v, expected {pattern}\" >&2; exit 1;; esac"
     )
 
@@ -140,6 +147,10 @@ def nvidia(settings: Settings):
         )
         return
 
+    lists_present = host.get_fact(AptListsPresent)
+    tools = [p for p in PREREQUISITES if p not in debs]
+    apt.packages(name="Download tools", packages=list(PREREQUISITES), no_recommends=True,
+                 update=bool(tools) or not lists_present)
     keyring = files.download(
         name="NVIDIA repository signing key",
         src=f"{repo_url}cuda-archive-keyring.gpg",
@@ -165,7 +176,7 @@ def nvidia(settings: Settings):
     headers = f"linux-headers-{kernel}"
     toolkit = toolkit_package(settings.cuda_toolkit)
     missing = [p for p in (headers, *packages, toolkit) if p not in debs]
-    stale_lists = bool(missing) or change or not host.get_fact(AptListsPresent)
+    stale_lists = bool(missing) or change or not lists_present
     apt.update(name="Update apt lists", _if=lambda: stale_lists or any_changed(keyring, source, pin)())
     files.put(
         name="Keep unattended-upgrades off the driver and CUDA",

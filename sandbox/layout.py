@@ -35,6 +35,8 @@ DEFAULT_SCENARIO = "reference-lab"
 
 # The base URL, as NVIDIA's own .../compute/cuda/repos: the product appends <distro>/<arch>/.
 CUDA_REPO_PATH = "/compute/cuda/repos"
+#: Where NVIDIA keeps the Debian 12 x86_64 repository under the base URL (its layout).
+CUDA_REPO_DIR = CUDA_REPO_PATH + "/debian12/x86_64/"
 PIP_INDEX_PATH = "/simple/"
 
 GUEST_APT_ARCHIVES = "/var/cache/apt/archives"

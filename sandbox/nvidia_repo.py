@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox.layout import APT_ARCHIVES, CUDA_REPO_PATH, HTTP_PORT, STATE_DIR
+from sandbox.layout import APT_ARCHIVES, CUDA_REPO_DIR, HTTP_PORT, STATE_DIR
 
 GNUPG_HOME = STATE_DIR / "gnupg"
 KEY_UID = "gpuhost sandbox CUDA repository (stand-in) <sandbox@gpuhost.invalid>"
@@ -160,7 +160,7 @@ def build(
         if shutil.which(tool) is None:
             raise RepoError(f"{tool} is not installed (Debian packages: dpkg, apt-utils, gnupg)")
     www = Path(www)
-    repo = www / CUDA_REPO_PATH.strip("/")
+    repo = www / CUDA_REPO_DIR.strip("/")
     try:
         fingerprint = _signing_key(Path(gnupg_home))
         keyring = _run(
@@ -224,7 +224,7 @@ def render(template: str, **values: str) -> str:
 
 def _cuda_keyring(keyring: bytes) -> Deb:
     # The host part is filled in by the postinst: each host reaches the lab at its gateway.
-    url = f"http://sandbox-gateway.invalid:{HTTP_PORT}{CUDA_REPO_PATH}"
+    url = f"http://sandbox-gateway.invalid:{HTTP_PORT}{CUDA_REPO_DIR}"
     source = f"deb [signed-by={KEYRING_PATH}] {url} /\n"
     return Deb(
         "cuda-keyring",

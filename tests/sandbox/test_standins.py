@@ -252,7 +252,7 @@ KERNEL = "6.1.0-99-amd64"
 def repo(tmp_path_factory):
     base = tmp_path_factory.mktemp("repo")
     result = nvidia_repo.build(base / "www", KERNEL, gnupg_home=base / "gnupg", apt_archives=None)
-    return base, result, base / "www" / nvidia_repo.CUDA_REPO_PATH.strip("/")
+    return base, result, base / "www" / nvidia_repo.CUDA_REPO_DIR.strip("/")
 
 
 def _stanzas(text: str) -> list[dict[str, str]]:
@@ -327,7 +327,7 @@ def test_debs_are_reproducible(repo, tmp_path):
         tmp_path / "www", KERNEL, gnupg_home=base / "gnupg", apt_archives=archives
     )
     assert again == result
-    other = tmp_path / "www" / nvidia_repo.CUDA_REPO_PATH.strip("/")
+    other = tmp_path / "www" / nvidia_repo.CUDA_REPO_DIR.strip("/")
     for deb in repo_dir.glob("*.deb"):
         assert (other / deb.name).read_bytes() == deb.read_bytes(), deb.name
     assert [p.name for p in archives.iterdir()] == [current.name]
