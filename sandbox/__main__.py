@@ -1,4 +1,4 @@
-"""python -m sandbox up [--hosts N] [--scenario NAME] | status [--json] | down"""
+"""python -m sandbox up [--hosts N] [--scenario NAME] | status [--json] | ask | down"""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from sandbox.ask import ask
 from sandbox.lab import BOOT_TIMEOUT_S, LabError, down, status, up
 from sandbox.layout import DEFAULT_SCENARIO, MAX_HOSTS, SSH_KEY
 from sandbox.network import NetworkError
@@ -42,12 +43,19 @@ def main(argv: list[str] | None = None) -> int:
     p_status = sub.add_parser("status", help="name, address, state, SSH key path")
     p_status.add_argument("--json", action="store_true", help="the list inventory/sandbox.py reads")
     sub.add_parser("down", help="stop hosts, services, namespaces; remove the host trees")
+    p_ask = sub.add_parser("ask", help="print each host's /v1/models and one chat answer")
+    p_ask.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
             _print_status(up(args.hosts, args.scenario, args.boot_timeout))
         elif args.command == "down":
             down()
+        elif args.command == "ask":
+            for result in ask(args.port):
+                models = [m["id"] for m in result["models"]["data"]]
+                print(f"{result['host']}: /v1/models lists {', '.join(models)}")
+                print(f"{result['host']}: {models[0]} says: {result['answer']}")
         elif args.json:
             print(json.dumps(status(), indent=2))
         else:

@@ -307,6 +307,7 @@ def status() -> list[dict[str, Any]]:
     state = load_state()
     if state is None:
         return []
+    host_data = _scenario_host_data(state.get("scenario", DEFAULT_SCENARIO))
     out = []
     for entry in state["hosts"]:
         spec = host_from_name(entry["name"])
@@ -321,9 +322,22 @@ def status() -> list[dict[str, Any]]:
                 "cuda_keyring_sha256": state.get("cuda_keyring_sha256"),
                 "pip_index_url": spec.pip_index_url,
                 "lock": str(LOCK_FILE),
+                "known_hosts": str(KNOWN_HOSTS),
+                "host_data": host_data,
             }
         )
     return out
+
+
+def _scenario_host_data(scenario: str) -> dict[str, Any]:
+    """What an inventory says of the scenario's hardware: its GPU count and compute capability,
+    and a tensor parallel size that uses every GPU."""
+    gpus = json.loads(scenarios.hardware_json(scenario))["gpus"]
+    return {
+        "gpuhost_gpu_count": len(gpus),
+        "gpuhost_compute_capability": gpus[0]["compute_cap"],
+        "gpuhost_tensor_parallel_size": len(gpus),
+    }
 
 
 def down() -> None:
