@@ -5,11 +5,24 @@ Pure data: nothing here touches the machine, so unit tests and the inventory can
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+
+def _lab_number() -> int:
+    """GPUHOST_SANDBOX_LAB (0 to 9, default 0): several labs side by side on one machine, each
+    with its own state, namespaces and subnets, so that test runs do not take each other's
+    hosts down."""
+    text = os.environ.get("GPUHOST_SANDBOX_LAB", "0")
+    if not text.isdigit() or not 0 <= int(text) <= 9:
+        raise SystemExit(f"GPUHOST_SANDBOX_LAB = {text!r}: allowed are 0 to 9")
+    return int(text)
+
+
+LAB = _lab_number()
 CACHE = Path("/var/cache/gpuhost-sandbox")
-STATE_DIR = Path("/var/lib/gpuhost-sandbox")
+STATE_DIR = Path("/var/lib/gpuhost-sandbox" + (f"-lab{LAB}" if LAB else ""))
 
 ROOTFS_TAR = CACHE / "rootfs-bookworm.tar"
 APT_ARCHIVES = CACHE / "apt-archives"
@@ -29,7 +42,7 @@ HTTP_PORT = 8080
 PROXY_PORT = 8888
 SSH_PORT = 22
 
-SUBNET_PREFIX = "10.213"
+SUBNET_PREFIX = f"10.{213 + LAB}"
 MAX_HOSTS = 254
 DEFAULT_SCENARIO = "reference-lab"
 
@@ -44,7 +57,8 @@ GUEST_APT_ARCHIVES = "/var/cache/apt/archives"
 
 @dataclass(frozen=True)
 class HostSpec:
-    """One sandbox host's names and link addresses (host N is gpuN on 10.213.N.0/24)."""
+    """One sandbox host's names and link addresses (host N is gpuN on 10.213.N.0/24; in lab L
+    on 10.(213+L).N.0/24)."""
 
     index: int
 
@@ -58,7 +72,7 @@ class HostSpec:
 
     @property
     def netns(self) -> str:
-        return f"gpuhost-{self.name}"
+        return f"gpuhost{LAB or ''}-{self.name}"
 
     @property
     def netns_path(self) -> Path:
@@ -67,7 +81,7 @@ class HostSpec:
     @property
     def veth(self) -> str:
         """This machine's end of the link; the namespace's end is always eth0."""
-        return f"gh{self.index}"
+        return f"gh{LAB}x{self.index}" if LAB else f"gh{self.index}"
 
     @property
     def subnet(self) -> str:

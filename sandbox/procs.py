@@ -15,7 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-CGROUP_NAME = "gpuhost-sandbox"
+from sandbox.layout import LAB
+
+CGROUP_NAME = "gpuhost-sandbox" + (f"-lab{LAB}" if LAB else "")
 
 
 @dataclass(frozen=True)
