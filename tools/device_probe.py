@@ -26,14 +26,17 @@ from pyinfra.facts.server import Arch, LinuxDistribution, OsVersion  # noqa: E40
 from operations.gpu import NvidiaDriver  # noqa: E402
 from operations.host import AptListsPresent, HeldPackages, HostResources  # noqa: E402
 from operations.mlenv import build_parallelism  # noqa: E402
-from operations.preflight import Virtualization  # noqa: E402
+from operations.preflight import InitSystem, Virtualization  # noqa: E402
 
 FACTS = [LinuxDistribution, OsVersion, Arch, DebPackages, HeldPackages, AptListsPresent,
-         HostResources, Virtualization, NvidiaDriver]
+         HostResources, Virtualization, InitSystem, NvidiaDriver]
 RAW = {
     "topo-m": "nvidia-smi topo -m",
     "topo-p2p-r": "nvidia-smi topo -p2p r",
     "topo-p2p-w": "nvidia-smi topo -p2p w",
+    "nvidia-smi-owner": 'dpkg -S "$(command -v nvidia-smi)"',
+    "proc-driver-version": "cat /proc/driver/nvidia/version",
+    "pid1": "cat /proc/1/comm",
 }
 
 
