@@ -329,5 +329,19 @@ def _check_server_flags(host: str, s: Settings) -> None:
 
 def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, Settings]:
     """Validate every host's settings at once, so one bad host stops the run before any host
-    is touched. Takes ``(name, data)`` pairs; returns settings by host name."""
-    return {name: from_host_data(name, data) for name, data in hosts}
+    is touched. Takes ``(name, data)`` pairs; returns settings by host name.
+
+    Also raises :class:`SettingsError` when two hosts claim one address (``ssh_hostname``, or
+    the host's name where it has none): one machine would be converged twice, concurrently.
+    """
+    pairs = list(hosts)
+    claimed: dict[str, str] = {}
+    for name, data in pairs:
+        address = str(data.get("ssh_hostname") or name)
+        if address in claimed and not name.startswith("@"):
+            raise SettingsError(
+                f"hosts {claimed[address]} and {name} both claim the address {address} "
+                "(ssh_hostname): each host of an inventory must be a different machine"
+            )
+        claimed[address] = name
+    return {name: from_host_data(name, data) for name, data in pairs}

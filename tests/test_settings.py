@@ -155,3 +155,9 @@ def test_bad_lock(tmp_path, text, message):
     with pytest.raises(SettingsError, match="gpuhost_lock") as err:
         from_host_data("gpu1", {"gpuhost_lock": str(lock)})
     assert message in str(err.value)
+
+
+def test_two_hosts_one_address(lock):
+    a = {"gpuhost_lock": lock, "ssh_hostname": "10.0.0.5"}
+    with pytest.raises(SettingsError, match="hosts a and b both claim the address 10.0.0.5"):
+        for_inventory([("a", a), ("b", dict(a))])
