@@ -4,21 +4,27 @@ source with a capped build parallelism."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from io import StringIO
 from typing import Final
 from urllib.parse import urlsplit
 
-from pyinfra import host
+from packaging.version import Version
+from pyinfra import host, logger
 from pyinfra.api import FactBase, StringCommand, deploy, operation
 from pyinfra.api.exceptions import FactProcessError, PyinfraError
 from pyinfra.operations import apt, files, pip
 from typing_extensions import override
 
-from operations.host import HostResources
+from operations.flash_attn import STAMP_NAME, BuildPlan, built_wheel, read_stamp, stale_reasons
+from operations.gpu import NvidiaDriver
+from operations.host import FileText, HostResources
 from operations.lock import Lock, read_lock
-from operations.settings import Settings
+from operations.plan import refuse
+from operations.settings import CUDA_MIN_DRIVER, Settings
 
 #: Memory one nvcc thread takes while compiling flash-attn's kernels, in GiB (flash-attn's
 #: README: "ninja ... without ... enough RAM ... MAX_JOBS"; about 5 GiB per thread is what the
@@ -133,9 +139,30 @@ def drift(installed: dict[str, str], wanted: dict[str, str]) -> dict[str, tuple[
     return out
 
 
+#: Distributions a venv may hold beyond its lock: pip itself, which ``python -m venv`` puts
+#: there and which installs the lock.
+UNLOCKED_ALLOWED: Final = frozenset({"pip"})
+
+
+def unlocked(installed: dict[str, str], locked: Iterable[str]) -> dict[str, str]:
+    """Installed distributions the lock does not name (pip aside): name -> installed version."""
+    known = set(locked) | UNLOCKED_ALLOWED
+    return {name: version for name, version in sorted(installed.items()) if name not in known}
+
+
+def describe_drift(changed: dict[str, tuple[str | None, str]], extra: dict[str, str]) -> str:
+    """One line per difference, for the deploy's output: ``torch 2.9.0 -> 2.9.1 (lock)``,
+    ``sgl-kernel missing -> 0.3.21 (lock)``, ``foo 1.0 not in the lock: removed``."""
+    lines = [f"{name} {have or 'missing'} -> {version} (lock)"
+             for name, (have, version) in sorted(changed.items())]
+    lines += [f"{name} {version} not in the lock: removed" for name, version in extra.items()]
+    return "\n".join(lines)
+
+
 @operation()
 def locked_packages(venv: str, requirements: str, wanted: dict[str, str], index_url: str,
-                    env: dict[str, str] | None = None, build_isolation: bool = True):
+                    env: dict[str, str] | None = None, build_isolation: bool = True,
+                    remove_unlocked: Iterable[str] | None = None):
     """Install a venv's distributions from a lock file on the host, only those that drifted.
 
     + venv: the venv's path
@@ -144,10 +171,26 @@ def locked_packages(venv: str, requirements: str, wanted: dict[str, str], index_
     + index_url: the PEP 503 index to install from
     + env: environment for the install (a build's MAX_JOBS, CUDA_HOME, PATH prefix)
     + build_isolation: False to build sdists against the venv's own torch
+    + remove_unlocked: every name the lock holds (``wanted`` and the rest); installed
+      distributions outside it, pip aside, are uninstalled. None leaves them alone.
+
+    What differs is printed per host before anything runs (in ``--dry`` too): each drifted
+    distribution with its installed and locked version, each unlocked one.
     """
-    changes = drift(host.get_fact(VenvPackages, venv=venv), wanted)
-    if not changes:
+    installed = host.get_fact(VenvPackages, venv=venv)
+    changes = drift(installed, wanted)
+    extra = unlocked(installed, remove_unlocked) if remove_unlocked is not None else {}
+    if not changes and not extra:
         host.noop(f"{', '.join(sorted(wanted))} at the locked versions")
+        return
+    if installed:
+        logger.warning(f"{host.print_prefix}venv {venv} differs from its lock "
+                       f"({len(changes)} to install, {len(extra)} to remove):\n    "
+                       + describe_drift(changes, extra).replace("\n", "\n    "))
+    if extra:
+        yield StringCommand(f"{venv}/bin/python", "-m", "pip", "uninstall", "--yes",
+                            "--disable-pip-version-check", *extra)
+    if not changes:
         return
     command = []
     if env:
@@ -160,16 +203,123 @@ def locked_packages(venv: str, requirements: str, wanted: dict[str, str], index_
     yield StringCommand(*command)
 
 
+class VenvPython(FactBase[str | None]):
+    """The venv's Python as major.minor ("3.12"): the venv's own where it exists, else the
+    ``python3`` that would create it; None where neither exists.
+
+    .. code:: python
+
+        "3.12"
+    """
+
+    @override
+    def command(self, venv: str) -> str:
+        q = shlex.quote(venv)
+        version = "import sys; print('%d.%d' % sys.version_info[:2])"
+        return (f"if [ -x {q}/bin/python ]; then {q}/bin/python -c \"{version}\"; "
+                f"elif command -v python3 >/dev/null; then python3 -c \"{version}\"; fi")
+
+    @override
+    def process(self, output: list[str]) -> str | None:
+        return output[-1].strip() if output and output[-1].strip() else None
+
+
+def build_memory_max(mem_available_gib: float) -> int:
+    """The build unit's MemoryMax in bytes: the host's available memory (GiB) less the headroom
+    kept for sshd and the rest of the host, at least 1 GiB."""
+    return int(max(1.0, mem_available_gib - BUILD_HEADROOM_GIB) * 2**30)
+
+
+def _cuda_from_local(version: str) -> str | None:
+    # torch's local version: +cu128 is CUDA 12.8, +cu130 is 13.0
+    match = re.search(r"\+cu(\d+)(\d)$", version)
+    return f"{int(match.group(1))}.{match.group(2)}" if match else None
+
+
+def venv_cuda(versions: Mapping[str, str]) -> tuple[str, str] | None:
+    """The CUDA version a venv (or a lock) needs, and where it was read: ``("12.8", "torch
+    2.9.1+cu128")``. Sources: torch's local version (+cu128), the CUDA runtime wheel
+    (nvidia-cuda-runtime-cu12 12.8.90 gives 12.8), any other *-cu13 wheel (at least 13.0).
+    The newest wins; None where nothing names a CUDA version."""
+    found: list[tuple[Version, str, str]] = []
+    torch = versions.get("torch")
+    if torch and (cuda := _cuda_from_local(torch)):
+        found.append((Version(cuda), cuda, f"torch {torch}"))
+    for name, version in versions.items():
+        runtime = re.fullmatch(r"nvidia-cuda-runtime(-cu\d+)?", name)
+        if runtime and re.match(r"\d+\.\d+", version):
+            cuda = ".".join(version.split(".")[:2])
+            found.append((Version(cuda), cuda, f"{name} {version}"))
+        elif re.search(r"-cu(\d+)$", name):
+            major = re.search(r"-cu(\d+)$", name).group(1)
+            found.append((Version(f"{major}.0"), f"{major}.0", f"{name} {version}"))
+    if not found:
+        return None
+    _, cuda, source = max(found)
+    return cuda, source
+
+
+def min_driver_for(cuda: str) -> str | None:
+    """The minimum Linux driver for a CUDA major.minor (operations/settings.CUDA_MIN_DRIVER):
+    its own entry, else the nearest older entry of the same major version; None if unknown."""
+    if cuda in CUDA_MIN_DRIVER:
+        return CUDA_MIN_DRIVER[cuda]
+    wanted = Version(cuda)
+    older = [Version(k) for k in CUDA_MIN_DRIVER
+             if Version(k).major == wanted.major and Version(k) <= wanted]
+    return CUDA_MIN_DRIVER[str(max(older))] if older else None
+
+
+def driver_problem(cuda: str, source: str, driver: str) -> str | None:
+    """Why ``driver`` (a version such as "570.124.06", or a branch "570") cannot run a venv
+    that needs CUDA ``cuda``; None when it can. The message names both."""
+    minimum = min_driver_for(cuda)
+    if minimum is None:
+        return (f"the venv needs CUDA {cuda} ({source}), for which no minimum driver is known "
+                "(operations/settings.CUDA_MIN_DRIVER)")
+    have = Version(driver)
+    ok = have >= Version(minimum) if "." in driver else have.major >= Version(minimum).major
+    if ok:
+        return None
+    supported = [k for k, v in CUDA_MIN_DRIVER.items()
+                 if ("." in driver and have >= Version(v))
+                 or ("." not in driver and have.major >= Version(v).major)]
+    upto = f"CUDA {max(supported, key=Version)} at most" if supported else "no CUDA this toolkit knows"
+    return (f"the venv needs CUDA {cuda} ({source}), which needs NVIDIA driver >= {minimum}; "
+            f"driver {driver} supports {upto}: install a newer driver (gpuhost_driver_branch) "
+            "or use a lock for an older CUDA (gpuhost_lock)")
+
+
+def check_driver_for_venv(settings: Settings, lock: Lock, installed: Mapping[str, str]) -> None:
+    """Refuse the ML venv stage when the CUDA the venv needs (what is installed, else the lock)
+    is newer than the host's driver supports: the installed driver as nvidia-smi reports it,
+    else the driver this deploy installs (gpuhost_driver_version or gpuhost_driver_branch)."""
+    needed = venv_cuda(installed) or venv_cuda(lock.versions())
+    if needed is None:
+        return
+    state = host.get_fact(NvidiaDriver)
+    driver = (state.driver_version if state.status == "ok" and state.driver_version
+              else settings.driver_version or settings.driver_branch)
+    problem = driver_problem(*needed, driver)
+    if problem:
+        refuse("ML venv", problem)
+
+
 @deploy("ML venv")
 def mlenv(settings: Settings):
-    """Converge the venv at ``gpuhost_venv_path`` to the lock ``gpuhost_lock``, then build
-    flash-attn from source for the GPUs' compute capability with MAX_JOBS capped by memory.
+    """Converge the venv at ``gpuhost_venv_path`` to the lock ``gpuhost_lock`` (distributions
+    the lock does not name are removed, pip aside), then install flash-attn: the wheel cached on
+    the controller for (flash-attn, torch, CUDA, Python, architectures), or else a build from
+    source on the host, detached under systemd-run with MAX_JOBS capped by memory, whose wheel
+    is cached for the rest of the fleet (operations/flash_attn.py). A stamp in the venv records
+    what flash-attn was built against; a change of any of these rebuilds it.
 
     + settings: the host's validated settings
 
     Returns the operations whose change means the server must restart. Raises LockError for
     a lock that does not parse, BuildError for a MAX_JOBS or NVCC_THREADS above the host's
-    safe bound (both before any change).
+    safe bound (both before any change). Refuses the stage (operations/plan.refuse) when the
+    CUDA the venv needs is newer than the installed (or planned) driver supports.
     """
     lock: Lock = read_lock(settings.lock_path)
     resources = host.get_fact(HostResources)
@@ -179,6 +329,8 @@ def mlenv(settings: Settings):
     except BuildError as exc:
         raise BuildError(f"host {host.name}: {exc}") from None
     venv = settings.venv_path
+    installed = host.get_fact(VenvPackages, venv=venv)
+    check_driver_for_venv(settings, lock, installed)
 
     apt.packages(name="Python venv and build tools", packages=list(BUILD_PACKAGES),
                  no_recommends=True)
@@ -192,29 +344,32 @@ def mlenv(settings: Settings):
         requirements=f"{LOCK_DIR}/stack.txt",
         wanted={p.name: p.version for p in lock.pins if p.name != FLASH_ATTN},
         index_url=settings.pip_index_url,
+        remove_unlocked=[p.name for p in lock.pins],
     )
     flash = lock.get(FLASH_ATTN)
     if flash is None:
         return [stack]
     files.put(name="Lock flash-attn", src=StringIO(flash.line + "\n"),
               dest=f"{LOCK_DIR}/flash-attn.txt", mode="644")
-    cuda = settings.cuda_home
-    built = locked_packages(
-        name=(f"flash-attn {flash.version} from source (MAX_JOBS={parallel.max_jobs}, "
-              f"NVCC_THREADS={parallel.nvcc_threads}, arch {settings.cuda_arch})"),
-        venv=venv,
-        requirements=f"{LOCK_DIR}/flash-attn.txt",
-        wanted={FLASH_ATTN: flash.version},
-        index_url=settings.pip_index_url,
-        build_isolation=False,
-        env={
-            "MAX_JOBS": str(parallel.max_jobs),
-            "NVCC_THREADS": str(parallel.nvcc_threads),
-            "FLASH_ATTN_CUDA_ARCHS": settings.cuda_arch,
-            # Build here: without it flash-attn's setup.py fetches a prebuilt wheel instead.
-            "FLASH_ATTENTION_FORCE_BUILD": "TRUE",
-            "CUDA_HOME": cuda,
-            "PATH": f"{cuda}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        },
+    torch = lock.get("torch")
+    stamp_text = host.get_fact(FileText, path=f"{venv}/{STAMP_NAME}")
+    reasons = stale_reasons(
+        read_stamp(stamp_text), installed.get(FLASH_ATTN), flash_attn=flash.version,
+        torch_locked=torch.version if torch else "", torch_installed=installed.get("torch"),
+        cuda=settings.cuda_toolkit, python=host.get_fact(VenvPython, venv=venv),
+        archs=settings.cuda_arch)
+    built = built_wheel(
+        name=(f"flash-attn {flash.version}: the fleet's cached wheel, or a build "
+              f"(MAX_JOBS={parallel.max_jobs}, NVCC_THREADS={parallel.nvcc_threads}, "
+              f"arch {settings.cuda_arch})"),
+        plan=BuildPlan(
+            venv=venv, requirements=f"{LOCK_DIR}/flash-attn.txt",
+            index_url=settings.pip_index_url, flash_attn=flash.version,
+            archs=settings.cuda_arch, cuda_home=settings.cuda_home,
+            max_jobs=parallel.max_jobs, nvcc_threads=parallel.nvcc_threads,
+            memory_max_bytes=build_memory_max(resources.mem_available_gib),
+            cache_root=settings.wheel_cache),
+        reasons=reasons,
+        sudo=bool(host.data.get("_sudo")),
     )
     return [stack, built]

@@ -69,6 +69,7 @@ class Settings:
     pip_index_url: str = "https://pypi.org/simple"
     max_jobs: int | None = None
     nvcc_threads: int | None = None
+    wheel_cache: str = "~/.cache/gpuhost/wheels"
     # P2P
     p2p_override: str | None = None
     # The server
@@ -189,6 +190,7 @@ RULES: Final[Mapping[str, _Rule]] = {
     "nvcc_threads": _Rule(
         lambda v: v is None or (_is_int(v) and 1 <= v <= 16), "an integer from 1 to 16, or None"
     ),
+    "wheel_cache": _text(r"(~|/)[^\s'\"]*", "a path on the controller, absolute or under ~"),
     "p2p_override": _one_of(P2P_OVERRIDES, optional=True),
     "model": _text(r"[^\s'\"]+", "a Hugging Face repository id or an absolute path"),
     "served_model_name": _text(_NAME, "a non-empty name of letters, digits, '_', '.', '-'"),

@@ -1,0 +1,447 @@
+"""Build flash-attn once per fleet: a detached, memory-capped build on one host, its wheel kept in
+a cache on the controller, the cached wheel installed everywhere else, and a stamp on each host of
+what was built against what."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from io import StringIO
+from pathlib import Path
+from typing import Any, Final
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, operation
+from pyinfra.api.exceptions import OperationError
+
+#: The transient systemd unit the build runs in (``systemd-run``), detached from SSH.
+BUILD_UNIT: Final = "gpuhost-flash-attn-build.service"
+#: Where the build runs on the host: ``build.log`` and ``wheels/``.
+BUILD_DIR: Final = "/opt/gpuhost/build/flash-attn"
+#: Where a wheel to install is put on the host.
+WHEEL_DIR: Final = "/opt/gpuhost/wheels"
+#: The stamp, inside the venv (a new venv has none, so it builds or installs again).
+STAMP_NAME: Final = "gpuhost-flash-attn.json"
+#: Seconds between polls of the build: the first, and the most as the build goes on.
+POLL_FIRST_S: Final = 2.0
+POLL_MAX_S: Final = 30.0
+#: Seconds a build may take before the deploy gives up on it (the unit is stopped).
+BUILD_TIMEOUT_S: Final = 6 * 3600
+#: Lines of the build log shown when the build fails.
+LOG_TAIL_LINES: Final = 25
+
+
+@dataclass(frozen=True)
+class BuildKey:
+    """What a flash-attn wheel was built from and for: the controller cache's key and the stamp.
+
+    ``flash_attn`` its version; ``torch`` torch.__version__ in the venv ("2.9.1+cu128");
+    ``cuda`` nvcc's release ("12.8"); ``python`` the venv's major.minor ("3.12"); ``archs``
+    FLASH_ATTN_CUDA_ARCHS ("120").
+    """
+
+    flash_attn: str
+    torch: str
+    cuda: str
+    python: str
+    archs: str
+
+    def slug(self) -> str:
+        """A folder name for the key: ``flash_attn-2.8.3.post2-torch2.9.1+cu128-cu12.8-py3.12-sm120``."""
+        raw = (f"flash_attn-{self.flash_attn}-torch{self.torch}-cu{self.cuda}-py{self.python}"
+               f"-sm{self.archs}")
+        return re.sub(r"[^A-Za-z0-9.+_-]", "_", raw)
+
+    def describe(self) -> str:
+        return (f"flash-attn {self.flash_attn} for torch {self.torch}, CUDA {self.cuda}, "
+                f"Python {self.python}, architectures {self.archs}")
+
+    @classmethod
+    def from_stamp(cls, stamp: Mapping[str, Any]) -> BuildKey | None:
+        try:
+            return cls(**{f.name: str(stamp[f.name]) for f in fields(cls)})
+        except (KeyError, TypeError):
+            return None
+
+
+def read_stamp(text: str | None) -> dict[str, Any] | None:
+    """The stamp's JSON object, or None for no stamp or one that does not parse."""
+    if not text:
+        return None
+    try:
+        stamp = json.loads(text)
+    except ValueError:
+        return None
+    return stamp if isinstance(stamp, dict) else None
+
+
+def stale_reasons(stamp: Mapping[str, Any] | None, installed: str | None, *, flash_attn: str,
+                  torch_locked: str, torch_installed: str | None, cuda: str,
+                  python: str | None, archs: str) -> list[str]:
+    """Why the host's flash-attn must be built or installed again; [] when its stamp matches.
+
+    + stamp: the host's stamp (see :func:`read_stamp`), None where there is none
+    + installed: the flash-attn version ``pip list`` shows in the venv, None where absent
+    + flash_attn, torch_locked: the lock's versions of flash-attn and torch
+    + torch_installed: torch's version in the venv now (with its local part), None where absent
+    + cuda: the CUDA toolkit the build uses ("12.8"); python: the venv's major.minor, None
+      where unknown; archs: FLASH_ATTN_CUDA_ARCHS
+    """
+    key = BuildKey.from_stamp(stamp) if stamp else None
+    if key is None:
+        return ["no stamp of a flash-attn build in the venv"]
+    reasons = []
+    if installed != flash_attn:
+        reasons.append(f"flash-attn {installed or 'missing'} in the venv, the lock has "
+                       f"{flash_attn}")
+    if key.flash_attn != flash_attn:
+        reasons.append(f"built flash-attn {key.flash_attn}, the lock has {flash_attn}")
+    if key.torch.split("+")[0] != torch_locked:
+        reasons.append(f"torch changed: built against {key.torch}, the lock has {torch_locked}")
+    elif torch_installed is not None and (
+            # PyPI's torch is "2.9.1" to pip and "2.9.1+cu128" to itself: a local part is
+            # compared only where pip shows one
+            torch_installed.split("+")[0] != key.torch.split("+")[0]
+            or ("+" in torch_installed and torch_installed != key.torch)):
+        reasons.append(f"torch changed: built against {key.torch}, the venv has "
+                       f"{torch_installed}")
+    if key.cuda != cuda:
+        reasons.append(f"CUDA changed: built with nvcc {key.cuda}, the toolkit is {cuda}")
+    if python is not None and key.python != python:
+        reasons.append(f"Python changed: built for {key.python}, the venv has {python}")
+    if key.archs != archs:
+        reasons.append(f"architectures changed: built for {key.archs}, wanted {archs}")
+    return reasons
+
+
+# --- the controller's cache -------------------------------------------------------------------
+
+
+class WheelCache:
+    """Built wheels on the controller: ``<root>/<key slug>/<wheel>`` beside ``key.json`` (the
+    key, the wheel's name and sha256, the host that built it). Entries are written to a
+    temporary folder and renamed into place, so a reader never sees half a wheel."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(os.path.expanduser(str(root)))
+
+    def lookup(self, key: BuildKey) -> tuple[Path, str] | None:
+        """The cached wheel and its sha256, or None. A wheel whose sha256 differs from its
+        entry's is ignored (and rebuilt)."""
+        folder = self.root / key.slug()
+        try:
+            meta = json.loads((folder / "key.json").read_text())
+            wheel = folder / meta["wheel"]
+            digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return (wheel, digest) if digest == meta.get("sha256") else None
+
+    def store(self, key: BuildKey, wheel: Path, built_on: str) -> tuple[Path, str]:
+        """Move a fetched wheel into the cache; returns its cached path and sha256."""
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        final = self.root / key.slug()
+        tmp = self.root / f".{key.slug()}.{os.getpid()}.{built_on}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        os.replace(wheel, tmp / wheel.name)
+        meta = {**asdict(key), "wheel": wheel.name, "sha256": digest, "built_on": built_on,
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        (tmp / "key.json").write_text(json.dumps(meta, indent=2) + "\n")
+        if final.exists():
+            old = self.root / f".{key.slug()}.old.{os.getpid()}"
+            os.replace(final, old)
+            _remove_tree(old)
+        os.replace(tmp, final)
+        return final / wheel.name, digest
+
+    @contextmanager
+    def claimed(self, key: BuildKey, holder: str, poll_s: float = 2.0) -> Iterator[None]:
+        """Hold the key while one host builds or installs it, so that hosts converging
+        together (greenlets of one pyinfra run, or several runs on this controller) wait for
+        the first host's wheel instead of compiling it again. An flock(2) on
+        ``<root>/<slug>.lock``, polled so that other hosts' greenlets keep running."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / f"{key.slug()}.lock"
+        with open(path, "a+") as fh:
+            waited = False
+            while True:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not waited:
+                        fh.seek(0)
+                        other = fh.read().strip() or "another deploy"
+                        logger.info(f"{host.print_prefix}flash-attn: waiting for {other}, "
+                                    f"which holds {key.describe()}")
+                        waited = True
+                    time.sleep(poll_s)  # gevent's, under pyinfra's CLI
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"host {holder}\n")
+            fh.flush()
+            try:
+                yield
+            finally:
+                fh.truncate(0)
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _remove_tree(path: Path) -> None:
+    for child in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        child.rmdir() if child.is_dir() else child.unlink()
+    path.rmdir()
+
+
+# --- on the host --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything the execution of a flash-attn build or install needs."""
+
+    venv: str
+    requirements: str
+    index_url: str
+    flash_attn: str
+    archs: str
+    cuda_home: str
+    max_jobs: int
+    nvcc_threads: int
+    memory_max_bytes: int
+    cache_root: str
+
+
+class _Remote:
+    """Commands on one host through its connector (new SSH channel per command)."""
+
+    def __init__(self, host_, sudo: bool):
+        self.host, self.args = host_, ({"_sudo": True} if sudo else {})
+
+    def run(self, command: str, what: str) -> str:
+        ok, out = self.host.run_shell_command(command, **self.args)
+        if not ok:
+            raise OperationError(f"{what} failed: {out.stdout}\n{out.stderr}".strip())
+        return out.stdout
+
+    def put(self, src, dest: str) -> None:
+        if not self.host.put_file(src, dest, **self.args):
+            raise OperationError(f"could not send {dest}")
+
+    def get(self, src: str, dest: str) -> None:
+        if not self.host.get_file(src, dest, **self.args):
+            raise OperationError(f"could not fetch {src}")
+
+
+def parse_nvcc_release(text: str) -> str | None:
+    """"12.8" from ``nvcc --version``'s "Cuda compilation tools, release 12.8, V12.8.93"."""
+    match = re.search(r"release (\d+\.\d+)", text)
+    return match.group(1) if match else None
+
+
+def check_nvcc(nvcc: str | None, torch_cuda: str | None, torch_version: str, cuda_home: str) -> None:
+    """Refuse a build whose nvcc cannot build for the venv's torch, before it starts (torch's own
+    check fails the same way, but only minutes into the build). Raises OperationError naming
+    both versions where the major versions differ or either is unknown."""
+    if nvcc is None:
+        raise OperationError(f"no nvcc release from {cuda_home}/bin/nvcc --version: is the CUDA "
+                             f"toolkit installed in {cuda_home}?")
+    if torch_cuda in (None, "None"):
+        raise OperationError(f"torch {torch_version} in the venv is not a CUDA build "
+                             "(torch.version.cuda is None): flash-attn cannot build against it")
+    if nvcc.split(".")[0] != torch_cuda.split(".")[0]:
+        raise OperationError(
+            f"nvcc {nvcc} ({cuda_home}) does not match torch.version.cuda {torch_cuda} "
+            f"(torch {torch_version}): flash-attn must be built with the CUDA torch was built "
+            "with; set gpuhost_cuda_toolkit or use a lock with a matching torch")
+    if nvcc != ".".join(torch_cuda.split(".")[:2]):
+        logger.warning(f"{host.print_prefix}flash-attn: nvcc {nvcc} and torch.version.cuda "
+                       f"{torch_cuda} differ in the minor version (torch accepts this)")
+
+
+def _probe(remote: _Remote, plan: BuildPlan) -> BuildKey:
+    script = ("import sys, torch; print('%d.%d' % sys.version_info[:2]); "
+              "print(torch.__version__); print(torch.version.cuda)")
+    out = remote.run(f"{shlex.quote(plan.venv)}/bin/python -c {shlex.quote(script)} && "
+                     f"{shlex.quote(plan.cuda_home)}/bin/nvcc --version",
+                     "reading torch and nvcc on the host").splitlines()
+    python, torch_version, torch_cuda = (line.strip() for line in out[:3])
+    nvcc = parse_nvcc_release("\n".join(out[3:]))
+    check_nvcc(nvcc, torch_cuda, torch_version, plan.cuda_home)
+    return BuildKey(plan.flash_attn, torch_version, nvcc or "", python, plan.archs)
+
+
+def build_command(plan: BuildPlan) -> str:
+    """The ``systemd-run`` command that starts the build detached from the SSH session, in a
+    transient unit whose MemoryMax makes the kernel kill the build, not sshd, when it runs out
+    of memory. The unit stays loaded after it ends (RemainAfterExit) so its result is read."""
+    cuda = plan.cuda_home
+    env = {
+        "MAX_JOBS": str(plan.max_jobs),
+        "NVCC_THREADS": str(plan.nvcc_threads),
+        "FLASH_ATTN_CUDA_ARCHS": plan.archs,
+        # Build here: without it flash-attn's setup.py fetches a prebuilt wheel instead.
+        "FLASH_ATTENTION_FORCE_BUILD": "TRUE",
+        "CUDA_HOME": cuda,
+        "PATH": f"{cuda}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    }
+    from operations.mlenv import pip_index_args  # mlenv imports this module
+
+    pip = [f"{plan.venv}/bin/python", "-m", "pip", "wheel", "--no-deps", "--require-hashes",
+           "--no-build-isolation", "--no-cache-dir", "--disable-pip-version-check",
+           *pip_index_args(plan.index_url), "-r", plan.requirements,
+           "--wheel-dir", f"{BUILD_DIR}/wheels"]
+    command = [
+        "systemd-run", f"--unit={BUILD_UNIT}",
+        f"--description=flash-attn {plan.flash_attn} build (gpuhost)",
+        f"--property=MemoryMax={plan.memory_max_bytes}", "--property=MemorySwapMax=0",
+        "--property=RemainAfterExit=yes",
+        f"--property=StandardOutput=truncate:{BUILD_DIR}/build.log",
+        "--property=StandardError=inherit",
+        f"--working-directory={BUILD_DIR}",
+        *(f"--setenv={k}={v}" for k, v in env.items()),
+        *pip,
+    ]
+    return " ".join(shlex.quote(c) for c in command)
+
+
+def _unit_state(remote: _Remote) -> tuple[dict[str, str], str]:
+    out = remote.run(
+        f"systemctl show -p LoadState -p ActiveState -p SubState -p Result -p ExecMainStatus "
+        f"{BUILD_UNIT}; echo ---; tail -n 1 {BUILD_DIR}/build.log 2>/dev/null || true",
+        "reading the build's state")
+    head, _, tail = out.partition("---")
+    state = dict(line.split("=", 1) for line in head.splitlines() if "=" in line)
+    return state, tail.strip()
+
+
+def _build(remote: _Remote, plan: BuildPlan) -> str:
+    """Start (or join) the build, poll it until it ends, return the built wheel's path on the
+    host. Raises OperationError with the log's tail when it fails."""
+    state, _ = _unit_state(remote)
+    if state.get("SubState") == "running":
+        logger.info(f"{host.print_prefix}flash-attn: a build is already running "
+                    f"({BUILD_UNIT}): following it")
+    else:
+        remote.run(f"systemctl stop {BUILD_UNIT} 2>/dev/null; "
+                   f"systemctl reset-failed {BUILD_UNIT} 2>/dev/null; "
+                   f"rm -rf {BUILD_DIR} && mkdir -p {BUILD_DIR}/wheels && {build_command(plan)}",
+                   "starting the build with systemd-run")
+        logger.info(f"{host.print_prefix}flash-attn: build started in {BUILD_UNIT} "
+                    f"(MAX_JOBS={plan.max_jobs}, NVCC_THREADS={plan.nvcc_threads}, "
+                    f"MemoryMax={plan.memory_max_bytes / 2**30:.1f} GiB, log "
+                    f"{BUILD_DIR}/build.log)")
+    start = time.monotonic()
+    interval = POLL_FIRST_S
+    while True:
+        time.sleep(interval)
+        elapsed = time.monotonic() - start
+        state, last = _unit_state(remote)
+        sub = state.get("SubState", "?")
+        logger.info(f"{host.print_prefix}flash-attn build: {elapsed:.0f} s, {sub}: "
+                    f"{last[:160] or '(no output yet)'}")
+        if sub != "running" and state.get("ActiveState") != "activating":
+            break
+        if elapsed > BUILD_TIMEOUT_S:
+            remote.run(f"systemctl stop {BUILD_UNIT}", "stopping the build")
+            raise OperationError(f"flash-attn build still running after {elapsed:.0f} s: "
+                                 f"stopped; see {BUILD_DIR}/build.log")
+        interval = min(POLL_MAX_S, interval * 1.5)
+    ok = (state.get("SubState") == "exited" and state.get("Result") == "success"
+          and state.get("ExecMainStatus") == "0")
+    if not ok:
+        tail = remote.run(f"tail -n {LOG_TAIL_LINES} {BUILD_DIR}/build.log 2>/dev/null || true",
+                          "reading the build log")
+        result = state.get("Result", "?")
+        why = (" (out of memory: lower gpuhost_max_jobs or gpuhost_nvcc_threads)"
+               if result == "oom-kill" else "")
+        raise OperationError(
+            f"flash-attn build failed: {BUILD_UNIT} ended with result {result}, exit status "
+            f"{state.get('ExecMainStatus', '?')}{why}; last lines of {BUILD_DIR}/build.log:\n"
+            + "\n".join(f"    {line}" for line in tail.splitlines()))
+    wheels = remote.run(f"ls {BUILD_DIR}/wheels/*.whl", "finding the built wheel").split()
+    if len(wheels) != 1:
+        raise OperationError(f"the build left {len(wheels)} wheels in {BUILD_DIR}/wheels")
+    remote.run(f"systemctl stop {BUILD_UNIT}", "unloading the finished build unit")
+    return wheels[0]
+
+
+def _install(remote: _Remote, plan: BuildPlan, local: Path, digest: str) -> str:
+    dest = f"{WHEEL_DIR}/{local.name}"
+    remote.run(f"mkdir -p {WHEEL_DIR}", "making the wheel folder")
+    remote.put(str(local), dest)
+    remote.run(f"echo {digest}' '{shlex.quote(dest)} | sha256sum --check --quiet",
+               f"checking the sha256 of {dest}")
+    remote.run(f"{shlex.quote(plan.venv)}/bin/python -m pip install --no-deps --no-index "
+               f"--force-reinstall --disable-pip-version-check {shlex.quote(dest)}",
+               f"installing {local.name}")
+    return dest
+
+
+def converge(state, host, plan: BuildPlan, sudo: bool = False) -> bool:
+    """Execution time: probe the venv's torch and nvcc, then install the controller's cached
+    wheel for that key or, where there is none, build it on this host (one host per key at a
+    time), fetch it into the cache and install it; write the stamp last. Returns False (the
+    host fails, its error printed) on an OperationError."""
+    try:
+        _converge(host, plan, sudo)
+    except OperationError as exc:
+        host.log_styled(f"flash-attn: {exc}", fg="red", log_func=logger.error)
+        return False
+    return True
+
+
+def _converge(host, plan: BuildPlan, sudo: bool) -> None:
+    remote = _Remote(host, sudo)
+    key = _probe(remote, plan)
+    cache = WheelCache(plan.cache_root)
+    with cache.claimed(key, host.name):
+        found = cache.lookup(key)
+        if found is not None:
+            source = f"controller cache {found[0]}"
+            logger.info(f"{host.print_prefix}flash-attn: installing the cached wheel "
+                        f"{found[0].name} ({key.describe()})")
+        else:
+            built = _build(remote, plan)
+            fetch_dir = cache.root / f".fetch.{host.name}.{os.getpid()}"
+            fetch_dir.mkdir(parents=True, exist_ok=True)
+            fetched = fetch_dir / Path(built).name
+            remote.get(built, str(fetched))
+            found = cache.store(key, fetched, host.name)
+            fetch_dir.rmdir()
+            source = f"built on {host.name}"
+            logger.info(f"{host.print_prefix}flash-attn: built {found[0].name}, cached at "
+                        f"{found[0]}")
+        wheel, digest = found
+        _install(remote, plan, wheel, digest)
+    stamp = {**asdict(key), "source": source, "wheel": wheel.name, "sha256": digest,
+             "max_jobs": plan.max_jobs, "nvcc_threads": plan.nvcc_threads}
+    remote.put(StringIO(json.dumps(stamp, indent=2, sort_keys=True) + "\n"),
+               f"{plan.venv}/{STAMP_NAME}")
+
+
+@operation()
+def built_wheel(plan: BuildPlan, reasons: list[str], sudo: bool = False):
+    """flash-attn in the venv, built once per fleet (see :func:`converge`).
+
+    + plan: what to build, with which parallelism and memory limit, and where the controller's
+      cache is
+    + reasons: why the stamp does not match (from :func:`stale_reasons`); [] means nothing to do
+    + sudo: run the host's commands with sudo (host data ``_sudo``)
+
+    Raises OperationError (failing the host) for nvcc not matching torch.version.cuda, a failed
+    build (with the log's last lines) or a wheel whose sha256 does not match.
+    """
+    if not reasons:
+        host.noop(f"flash-attn {plan.flash_attn} built for the venv's torch (stamp matches)")
+        return
+    logger.info(f"{host.print_prefix}flash-attn {plan.flash_attn}: " + "; ".join(reasons))
+    yield FunctionCommand(converge, (plan,), {"sudo": sudo})
