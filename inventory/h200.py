@@ -14,6 +14,8 @@ gpu_hosts = [
             "gpuhost_tensor_parallel_size": 1,
             # nvidia-smi there reports CUDA 13.0 (driver 580): the 12.8 stack runs on it too.
             "gpuhost_cuda_toolkit": "12.8",
+            # The driver there is mounted from the hypervisor, installed by no package.
+            "gpuhost_unpackaged_driver": "keep",
         },
     ),
 ]

@@ -163,7 +163,8 @@ class WheelCache:
         return final / wheel.name, digest
 
     @contextmanager
-    def claimed(self, key: BuildKey, holder: str, poll_s: float = 2.0) -> Iterator[None]:
+    def claimed(self, key: BuildKey, holder: str, poll_s: float = 2.0,
+                log_prefix: str = "") -> Iterator[None]:
         """Hold the key while one host builds or installs it, so that hosts converging
         together (greenlets of one pyinfra run, or several runs on this controller) wait for
         the first host's wheel instead of compiling it again. An flock(2) on
@@ -180,7 +181,7 @@ class WheelCache:
                     if not waited:
                         fh.seek(0)
                         other = fh.read().strip() or "another deploy"
-                        logger.info(f"{host.print_prefix}flash-attn: waiting for {other}, "
+                        logger.info(f"{log_prefix}flash-attn: waiting for {other}, "
                                     f"which holds {key.describe()}")
                         waited = True
                     time.sleep(poll_s)  # gevent's, under pyinfra's CLI
@@ -403,7 +404,7 @@ def _converge(host, plan: BuildPlan, sudo: bool) -> None:
     remote = _Remote(host, sudo)
     key = _probe(remote, plan)
     cache = WheelCache(plan.cache_root)
-    with cache.claimed(key, host.name):
+    with cache.claimed(key, host.name, log_prefix=host.print_prefix):
         found = cache.lookup(key)
         if found is not None:
             source = f"controller cache {found[0]}"

@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
 from typing import Final
 
+from packaging.version import Version
 from pyinfra import host, logger
-from pyinfra.api import StringCommand, deploy, operation
-from pyinfra.api.exceptions import OperationValueError
+from pyinfra.api import FactBase, FunctionCommand, StringCommand, deploy, operation
+from pyinfra.api.exceptions import OperationError, OperationValueError
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.server import Arch, LinuxDistribution, OsVersion
-from pyinfra.operations import apt, files, server
+from pyinfra.facts.server import Arch, LinuxDistribution
+from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
+from typing_extensions import override
 
+from operations import REPO_ROOT
 from operations.gpu import NvidiaDriver
 from operations.host import AptListsPresent, HeldPackages, reboot
+from operations.nvsmi import DriverState
 from operations.plan import PlanError, refuse
-from operations import REPO_ROOT
-from operations.settings import Settings
+from operations.settings import CUDA_MIN_DRIVER, Settings
 
 #: NVIDIA's repository folder per (os-release ID, VERSION_ID) and per machine architecture
 #: (https://developer.download.nvidia.com/compute/cuda/repos/: ubuntu2404/x86_64, .../sbsa).
@@ -33,8 +38,8 @@ REPO_ARCHES: Final = {"x86_64": "x86_64", "aarch64": "sbsa"}
 
 KEYRING: Final = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 #: What fetching the repository's key needs on a minimal image (pyinfra's files.download runs
-#: curl or wget on the host).
-PREREQUISITES: Final = ("ca-certificates", "curl")
+#: curl or wget on the host), and lspci, which says which kernel driver holds each GPU.
+PREREQUISITES: Final = ("ca-certificates", "curl", "pciutils")
 
 #: The packages of each driver flavour in NVIDIA's repository, and the one that carries the
 #: kernel module (its version is the installed driver's).
@@ -42,6 +47,13 @@ DRIVER_PACKAGES: Final = {
     "open": (("nvidia-open",), "nvidia-kernel-open-dkms"),
     "proprietary": (("nvidia-driver", "nvidia-kernel-dkms"), "nvidia-kernel-dkms"),
 }
+
+#: The server unit (operations/server.py) that must never run across a driver change.
+SERVER_UNIT: Final = "sglang.service"
+
+#: PCI vendor id of NVIDIA, and the PCI class of display controllers (0300 VGA, 0302 3D):
+#: the GPUs, as opposed to the HDMI audio functions of the same cards (pci.ids).
+NVIDIA_VENDOR: Final = "10de"
 
 
 def repo_folder(os_id: str, version_id: str, arch: str) -> str:
@@ -60,6 +72,13 @@ def repo_folder(os_id: str, version_id: str, arch: str) -> str:
     return f"{distro}/{REPO_ARCHES[arch]}"
 
 
+def source_file(folder: str) -> str:
+    """The source list of the repository: the file name NVIDIA's cuda-keyring package uses
+    (/etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list), so that both never make two
+    entries."""
+    return f"/etc/apt/sources.list.d/cuda-{folder.replace('/', '-')}.list"
+
+
 def driver_version_glob(settings: Settings) -> str:
     """The apt version pattern of the wanted driver: "580.95.05-*" for an exact version,
     "580.*" for the newest of a branch."""
@@ -71,6 +90,371 @@ def driver_version_glob(settings: Settings) -> str:
 def toolkit_package(cuda: str) -> str:
     """NVIDIA's package name of a CUDA toolkit: "12.8" gives "cuda-toolkit-12-8"."""
     return "cuda-toolkit-" + cuda.replace(".", "-")
+
+
+def upstream(version: str) -> str:
+    """A Debian package version without epoch and revision: "580.95.05-1" gives "580.95.05"."""
+    return version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+# --- facts -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Headers:
+    """The running kernel (``uname -r``), whether its build tree
+    (/lib/modules/<kernel>/build, what DKMS compiles against) exists, and apt's candidate for
+    ``linux-headers-<kernel>`` (None: apt knows no installable version)."""
+
+    kernel: str
+    build_tree: bool
+    candidate: str | None
+
+
+class KernelHeaders(FactBase[Headers]):
+    """Headers for the running kernel, installed or installable.
+
+    .. code:: python
+
+        Headers(kernel="6.1.0-26-amd64", build_tree=False, candidate="6.1.112-1")
+    """
+
+    @override
+    def command(self) -> str:
+        return (
+            'k=$(uname -r); echo "kernel=$k"; '
+            'if [ -e "/lib/modules/$k/build" ]; then echo build=yes; else echo build=no; fi; '
+            "if command -v apt-cache >/dev/null 2>&1; then "
+            'apt-cache policy "linux-headers-$k" 2>/dev/null '
+            "| sed -n 's/^ *Candidate: */candidate=/p'; fi"
+        )
+
+    @override
+    def process(self, output: list[str]) -> Headers:
+        values = dict(line.split("=", 1) for line in output if "=" in line)
+        candidate = values.get("candidate", "").strip()
+        return Headers(
+            kernel=values.get("kernel", "").strip(),
+            build_tree=values.get("build") == "yes",
+            candidate=None if candidate in ("", "(none)") else candidate,
+        )
+
+
+@dataclass(frozen=True)
+class DriverFiles:
+    """Where the driver on a host came from: the path of ``nvidia-smi`` (None: not on PATH), the
+    package that installed it (None: no package did, as with NVIDIA's runfile or a driver mounted
+    from the hypervisor), and the loaded kernel module's version from
+    /proc/driver/nvidia/version (None: no module loaded)."""
+
+    smi_path: str | None
+    smi_package: str | None
+    module_version: str | None
+
+    @property
+    def present(self) -> bool:
+        return self.smi_path is not None or self.module_version is not None
+
+
+class NvidiaDriverFiles(FactBase[DriverFiles]):
+    """nvidia-smi's path and owning package (``dpkg-query -S``), and the loaded module's version.
+
+    .. code:: python
+
+        DriverFiles(smi_path="/usr/local/nvidia/bin/nvidia-smi", smi_package=None,
+                    module_version="580.159.04")
+
+    The module line is NVIDIA's: "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64
+    580.159.04  Release Build ..." (../shared/fixtures/h200-1gpu/system.txt).
+    """
+
+    @override
+    def command(self) -> str:
+        return (
+            "if p=$(command -v nvidia-smi 2>/dev/null); then echo \"smi=$p\"; "
+            'r=$(readlink -f "$p"); '
+            'echo "package=$(dpkg-query -S "$r" 2>/dev/null | grep -v "^diversion" '
+            '| head -n 1 | cut -d: -f1)"; fi; '
+            "if [ -r /proc/driver/nvidia/version ]; then "
+            "sed -n 's/^NVRM version:.*  \\([0-9][0-9.]*\\)  .*/module=\\1/p' "
+            "/proc/driver/nvidia/version; fi; echo ."
+        )
+
+    @override
+    def process(self, output: list[str]) -> DriverFiles:
+        values = dict(line.split("=", 1) for line in output if "=" in line)
+        return DriverFiles(
+            smi_path=values.get("smi") or None,
+            smi_package=(values.get("package") or "").strip() or None,
+            module_version=(values.get("module") or "").strip() or None,
+        )
+
+
+@dataclass(frozen=True)
+class AptSource:
+    """One apt source entry: the file it is in and its URI (``deb`` lines of .list files,
+    ``URIs:`` of deb822 .sources files, sources.list(5))."""
+
+    file: str
+    uri: str
+
+
+class AptSources(FactBase[list[AptSource]]):
+    """Every ``deb`` entry of /etc/apt/sources.list, sources.list.d/*.list and *.sources.
+
+    .. code:: python
+
+        [AptSource(file="/etc/apt/sources.list.d/cuda-debian12-x86_64.list",
+                   uri="https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/")]
+    """
+
+    default = list
+
+    @override
+    def command(self) -> str:
+        return (
+            "grep -sH -E '^[[:space:]]*deb[[:space:]]' /etc/apt/sources.list "
+            "/etc/apt/sources.list.d/*.list; "
+            "grep -sH -i -E '^[[:space:]]*URIs:' /etc/apt/sources.list.d/*.sources; true"
+        )
+
+    @override
+    def process(self, output: list[str]) -> list[AptSource]:
+        entries = []
+        for line in output:
+            path, _, text = line.partition(":")
+            words = re.sub(r"\[[^]]*\]", " ", text).split()
+            if not words:
+                continue
+            if words[0].lower() == "uris:":
+                entries.extend(AptSource(path, uri) for uri in words[1:])
+            elif words[0] == "deb" and len(words) > 1:
+                entries.append(AptSource(path, words[1]))
+        return entries
+
+
+@dataclass(frozen=True)
+class PciGpu:
+    """One NVIDIA display controller as ``lspci -Dnnk`` shows it: PCI address
+    ("0000:01:00.0") and the kernel driver in use (None: no driver bound)."""
+
+    address: str
+    driver: str | None
+
+
+class PciGpus(FactBase["tuple[PciGpu, ...] | None"]):
+    """NVIDIA GPUs on the PCI bus and their kernel driver, from ``lspci -Dnnk -d 10de:``; None
+    where lspci is not installed (pciutils).
+
+    .. code:: python
+
+        (PciGpu(address="0000:01:00.0", driver="nouveau"),)
+
+    lspci's format (pciutils, lspci(8)): a device line "0000:01:00.0 3D controller [0302]:
+    NVIDIA Corporation GH100 [H200 SXM 141GB] [10de:2335] (rev a1)", then tab-indented lines,
+    among them "Kernel driver in use: nvidia". Only class 03xx (display controllers) count.
+    """
+
+    @override
+    def command(self) -> str:
+        return (f"if command -v lspci >/dev/null 2>&1; then lspci -Dnnk -d {NVIDIA_VENDOR}: ; "
+                'echo "rc=$?"; else echo rc=127; fi')
+
+    @override
+    def process(self, output: list[str]) -> tuple[PciGpu, ...] | None:
+        return parse_lspci(output)
+
+
+def parse_lspci(output: list[str]) -> tuple[PciGpu, ...] | None:
+    """Parse :class:`PciGpus`' output (``lspci -Dnnk`` lines, then ``rc=N``); None for rc=127."""
+    if output and output[-1].strip() == "rc=127":
+        return None
+    gpus: list[PciGpu] = []
+    current: str | None = None
+    driver: str | None = None
+    for line in output:
+        if re.match(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:", line):
+            if current:
+                gpus.append(PciGpu(current, driver))
+            current = line.split()[0] if re.search(r"\[03[0-9a-fA-F]{2}\]:", line) else None
+            driver = None
+        elif current and line.strip().startswith("Kernel driver in use:"):
+            driver = line.split(":", 1)[1].strip() or None
+    if current:
+        gpus.append(PciGpu(current, driver))
+    return tuple(gpus)
+
+
+# --- the plan ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DriverPlan:
+    """What the nvidia stage will do on one host, decided from facts before any change.
+
+    ``installed``: the kernel-module package's installed versions; ``target``: the apt version
+    pattern host data asks for; ``install``: the driver packages will be installed or changed;
+    ``change``: an installed driver changes version (an upgrade or a downgrade);
+    ``reboot_reasons``: why a reboot follows (empty: none); ``refusals``: why the stage must not
+    run (empty: it may); ``warnings``: what is reported and left alone; ``keep_present``: a
+    driver no package installed is used as it is.
+    """
+
+    installed: tuple[str, ...]
+    target: str
+    install: bool
+    change: bool
+    toolkit_installed: str | None
+    toolkit_target: str
+    reboot_reasons: tuple[str, ...] = ()
+    refusals: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    keep_present: bool = False
+    headers_unknown: bool = False
+
+    def summary(self) -> str:
+        """One line for the log and --dry: installed and target versions, what follows."""
+        driver = ", ".join(upstream(v) for v in self.installed) or "none"
+        tk = upstream(self.toolkit_installed) if self.toolkit_installed else "none"
+        target = self.target.rstrip("-*") if self.target.endswith("-*") else (
+            f"newest {self.target}")
+        follows = []
+        if self.reboot_reasons:
+            follows.append(f"a reboot ({'; '.join(self.reboot_reasons)}) and a server restart")
+        line = (f"driver installed {driver}, target {target}"
+                f"{' (a driver change)' if self.change else ''}; CUDA toolkit installed {tk}, "
+                f"target {self.toolkit_target}")
+        return line + ("; then " + ", ".join(follows) if follows else "; no reboot")
+
+
+def plan_driver(
+    settings: Settings,
+    *,
+    debs: dict[str, list[str]],
+    state: DriverState,
+    files_: DriverFiles,
+    headers: Headers,
+    gpus: tuple[PciGpu, ...] | None,
+    sources: list[AptSource],
+    repo_url: str,
+    source_path: str,
+    lists_present: bool,
+) -> DriverPlan:
+    """Decide the nvidia stage from a host's facts (no side effects; units: none).
+
+    Refuses: an installed driver other than the one host data asks for, unless
+    ``gpuhost_allow_driver_change``; a driver no package installed, unless
+    ``gpuhost_unpackaged_driver`` says "keep" or "replace"; a driver install when the running
+    kernel has no headers and apt offers none (DKMS could not build the module: the host would
+    come back from its reboot without a driver). Reboots when the loaded module is not the
+    installed one (nvidia-smi: "Driver/library version mismatch"), when no module is loaded
+    although the packages are installed, after an install, and when nouveau holds a GPU.
+    """
+    packages, module_package = DRIVER_PACKAGES[settings.driver_flavour]
+    installed = tuple(sorted(debs.get(module_package, ())))
+    target = driver_version_glob(settings)
+    toolkit = toolkit_package(settings.cuda_toolkit)
+    tk_versions = sorted(debs.get(toolkit) or ())
+    refusals: list[str] = []
+    warnings: list[str] = []
+    reasons: list[str] = []
+
+    theirs = [s.file for s in sources
+              if s.uri.rstrip("/") == repo_url.rstrip("/") and s.file != source_path]
+    if theirs:
+        warnings.append(
+            f"NVIDIA's repository {repo_url} is also listed in {', '.join(sorted(set(theirs)))}: "
+            f"a second entry of the one in {source_path}; remove it by hand (apt warns of "
+            "targets configured twice, or fails when their signed-by differ)")
+    if "nvidia-cuda-toolkit" in debs:
+        warnings.append("the distribution's nvidia-cuda-toolkit is installed: its nvcc is not "
+                        f"the one builds use ({settings.cuda_home}/bin/nvcc); remove it")
+
+    unpackaged = files_.present and not installed and (
+        files_.smi_package is None or state.status == "absent")
+    keep = False
+    if unpackaged:
+        what = (f"nvidia-smi at {files_.smi_path}" if files_.smi_path
+                else "no nvidia-smi") + (
+            f", kernel module {files_.module_version} loaded" if files_.module_version else "")
+        if settings.unpackaged_driver == "keep":
+            keep = True
+            warnings.append(f"a driver no package installed is present ({what}): kept as it is "
+                            "(gpuhost_unpackaged_driver = 'keep')")
+        elif settings.unpackaged_driver == "refuse":
+            refusals.append(
+                f"a driver no package installed is present ({what}: a runfile install, or "
+                "mounted from the hypervisor). Installing NVIDIA's packages over it could leave "
+                "the host without a working driver. Set gpuhost_unpackaged_driver = 'keep' to "
+                "use it as it is, or 'replace' to install NVIDIA's packages over it "
+                "(uninstall a runfile driver first: nvidia-uninstall)")
+    elif files_.smi_package and not installed:
+        warnings.append(
+            f"nvidia-smi comes from the package {files_.smi_package}, not with NVIDIA's "
+            f"repository's {module_package}: apt resolves the two drivers' packages")
+    if keep:
+        loaded = state.driver_version or files_.module_version
+        minimum = CUDA_MIN_DRIVER[settings.cuda_toolkit]
+        if loaded and Version(loaded) < Version(minimum):
+            refusals.append(
+                f"the present driver {loaded} is older than {minimum}, the minimum for CUDA "
+                f"{settings.cuda_toolkit} (gpuhost_cuda_toolkit): upgrade it where it comes "
+                "from, or set gpuhost_unpackaged_driver = 'replace'")
+
+    change = bool(installed) and not any(fnmatch.fnmatch(v, target) for v in installed)
+    if change and not settings.allow_driver_change:
+        refusals.append(
+            f"driver {', '.join(upstream(v) for v in installed)} is installed, host data asks "
+            f"for {target} (gpuhost_driver_branch, gpuhost_driver_version). A driver change "
+            "reboots the host and restarts the server: set gpuhost_allow_driver_change = True "
+            "for this run to allow it")
+    install = not keep and (change or any(p not in debs for p in (*packages, module_package)))
+
+    headers_unknown = False
+    headers_package = f"linux-headers-{headers.kernel}"
+    have_headers = headers.build_tree or headers_package in debs
+    if install and not have_headers and headers.candidate is None:
+        configured = any(s.file == source_path for s in sources)
+        if lists_present and configured:
+            refusals.append(
+                f"no kernel headers for the running kernel {headers.kernel}: apt has no "
+                f"installable {headers_package}, so DKMS cannot build the NVIDIA module and the "
+                "host would come back from its reboot without a driver. Install the headers, "
+                "or boot a kernel whose headers the archive still has, then run again")
+        else:
+            headers_unknown = True
+
+    if not keep:
+        if install:
+            reasons.append("the driver is installed or changed: its module loads at boot")
+        elif state.status == "mismatch":
+            reasons.append(f"the loaded module is not the installed driver (NVML "
+                           f"{state.library_version}: driver/library version mismatch)")
+        elif state.status == "not-loaded":
+            reasons.append("the installed driver's module is not loaded")
+        elif (state.status == "ok" and state.driver_version and installed
+              and state.driver_version not in {upstream(v) for v in installed}):
+            reasons.append(f"the loaded driver {state.driver_version} is not the installed one")
+        bound = [g for g in gpus or () if g.driver == "nouveau"]
+        if bound:
+            reasons.append(f"nouveau holds {', '.join(g.address for g in bound)}")
+
+    return DriverPlan(
+        installed=installed,
+        target=target,
+        install=install,
+        change=change,
+        toolkit_installed=tk_versions[0] if tk_versions else None,
+        toolkit_target=f"{settings.cuda_toolkit} ({toolkit})",
+        reboot_reasons=tuple(reasons),
+        refusals=tuple(refusals),
+        warnings=tuple(warnings),
+        keep_present=keep,
+        headers_unknown=headers_unknown,
+    )
+
+
+# --- operations --------------------------------------------------------------------------------
 
 
 @operation()
@@ -88,34 +472,122 @@ def held(packages: list[str]):
     yield StringCommand("apt-mark", "hold", *missing)
 
 
-@operation(is_idempotent=False)
-def driver_answers(version_glob: str):
-    """Check that nvidia-smi answers and the loaded driver matches ``version_glob``
-    (an apt-style pattern such as "580.*"). Fails the host otherwise."""
-    pattern = version_glob.split("-")[0]
-    if not re.fullmatch(r"[0-9.*]+", pattern):
-        raise OperationValueError(f"driver version pattern {version_glob!r}: digits, '.', '*'")
-    # Unquoted on purpose: the shell's case matches it as a glob; checked above.
+@operation()
+def driver_packages(packages: list[str], module_package: str, version_glob: str,
+                    allow_change: bool = False):
+    """Install NVIDIA's driver packages at the version apt's pin selects (templates/
+    apt-nvidia-pin.j2), or change an installed driver to it.
+
+    + packages: the flavour's packages ("nvidia-open")
+    + module_package: the package carrying the kernel module ("nvidia-kernel-open-dkms")
+    + version_glob: the wanted version as an apt pattern ("580.*", "580.95.05-*")
+    + allow_change: allow changing an installed driver of another version (held packages are
+      changed too); without it such a change raises OperationError
+
+    pyinfra's apt.packages leaves held packages alone, which a driver change must not.
+    """
+    debs = host.get_fact(DebPackages)
+    installed = debs.get(module_package) or []
+    wanted = [*packages, module_package]
+    matches = any(fnmatch.fnmatch(v, version_glob) for v in installed)
+    if installed and not matches and not allow_change:
+        raise OperationError(
+            f"{module_package} {', '.join(installed)} installed, {version_glob} wanted: "
+            "a driver change needs gpuhost_allow_driver_change")
+    if installed and matches and all(p in debs for p in wanted):
+        host.noop(f"driver {', '.join(installed)} installed ({version_glob})")
+        return
+    args = ["--no-install-recommends"]
+    if installed:
+        args += ["--allow-downgrades", "--allow-change-held-packages"]
     yield StringCommand(
-        "v=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1) "
-        f"&& case \"$v\" in {pattern}) echo \"driver $v loaded\";; "
-        f"*) echo \"loaded driver $v, expected {pattern}\" >&2; exit 1;; esac"
+        "DEBIAN_FRONTEND=noninteractive", "apt-get", "-y",
+        "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold",
+        "install", *args, *wanted,
     )
+
+
+@operation(is_idempotent=False)
+def driver_answers(module_package: str, gpu_count: int):
+    """Check, after a reboot, that nvidia-smi answers, that the loaded driver is the installed
+    ``module_package``'s version, and that it lists ``gpu_count`` GPUs. Fails the host
+    otherwise, so that nothing after it (the server) runs on a driver that does not match.
+
+    + module_package: the package whose version the loaded driver must have
+    + gpu_count: the GPUs nvidia-smi must list
+    """
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", module_package):
+        raise OperationValueError(f"package name {module_package!r}")
+    yield StringCommand(
+        "v=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1) "
+        "|| { echo \"nvidia-smi fails: $v\" >&2; exit 1; }; v=$(echo \"$v\" | head -n 1); "
+        f"p=$(dpkg-query -W -f='${{Version}}' {module_package}); "
+        "case \"$p\" in \"$v\"-*) ;; *) echo \"loaded driver $v, installed $p\" >&2; exit 1;; esac; "
+        "n=$(nvidia-smi -L | grep -c '^GPU '); "
+        f"if [ \"$n\" -ne {int(gpu_count)} ]; then "
+        f"echo \"nvidia-smi lists $n GPU(s), {int(gpu_count)} expected\" >&2; exit 1; fi; "
+        "echo \"driver $v loaded, $n GPU(s)\""
+    )
+
+
+@operation(is_idempotent=False)
+def gpus_bound():
+    """Check that every NVIDIA GPU on the PCI bus is bound to the nvidia driver (``lspci -Dnnk``,
+    see :class:`PciGpus`); raises OperationError naming each GPU bound elsewhere or unbound."""
+
+    def check(state, host):
+        status, out = host.run_shell_command(PciGpus().command())
+        gpus = parse_lspci(out.stdout_lines)
+        if gpus is None:
+            raise OperationError("lspci is not installed (pciutils): cannot check GPU binding")
+        wrong = [f"{g.address} ({g.driver or 'no driver'})" for g in gpus if g.driver != "nvidia"]
+        if wrong:
+            raise OperationError(f"GPUs not bound to nvidia: {', '.join(wrong)}")
+        if not gpus:
+            raise OperationError("lspci lists no NVIDIA GPU")
+        logger.info(f"{host.print_prefix}{len(gpus)} GPU(s) bound to nvidia")
+        return True
+
+    yield FunctionCommand(check, (), {})
+
+
+@operation(is_idempotent=False)
+def headers_installable(kernel: str):
+    """Fail the host unless ``linux-headers-<kernel>`` is installed or installable (apt has a
+    candidate), before the driver is installed: DKMS needs them to build the module.
+
+    + kernel: the running kernel's release (``uname -r``)
+    """
+    if not re.fullmatch(r"[0-9][a-z0-9.+-]*", kernel):
+        raise OperationValueError(f"kernel release {kernel!r}")
+    package = f"linux-headers-{kernel}"
+    yield StringCommand(
+        f"c=$(apt-cache policy {package} | sed -n 's/^ *Candidate: *//p'); "
+        f"if [ -z \"$c\" ] || [ \"$c\" = '(none)' ]; then echo \"no kernel headers for the "
+        f"running kernel {kernel}: apt has no installable {package}; DKMS could not build the "
+        "NVIDIA module. Install the headers or boot a kernel that has them, then run again\" "
+        ">&2; exit 1; fi; echo \"$c\""
+    )
+
+
+# --- the stage ---------------------------------------------------------------------------------
 
 
 @deploy("NVIDIA driver and CUDA toolkit")
 def nvidia(settings: Settings):
     """Converge NVIDIA's repository, the driver branch (open kernel modules by default), the
-    CUDA toolkit, package holds, and reboot only when the loaded driver is not the installed
-    one.
+    CUDA toolkit, package holds, unattended-upgrades exclusions and the nouveau blacklist;
+    reboot only when needed (see :func:`plan_driver`) and then verify the driver.
 
     + settings: the host's validated settings
 
-    Refuses (operations.plan) an OS without NVIDIA's repository, or an installed driver that
-    differs from the wanted one while ``gpuhost_allow_driver_change`` is False.
+    Logs, per host (also in --dry), the installed and target versions of the driver and the
+    CUDA toolkit and whether a reboot and a server restart follow. Refuses (operations.plan)
+    before any change: an OS without NVIDIA's repository and what :func:`plan_driver` refuses.
+    The server unit is stopped before the driver packages change, and the host is rebooted
+    before the server stage runs, so that no server runs across a driver change.
     """
-    distro = host.get_fact(LinuxDistribution)
-    meta = distro.get("release_meta", {})
+    meta = host.get_fact(LinuxDistribution).get("release_meta", {})
     try:
         folder = repo_folder(meta.get("ID", "").lower(), meta.get("VERSION_ID", ""),
                              host.get_fact(Arch))
@@ -123,34 +595,35 @@ def nvidia(settings: Settings):
         refuse("NVIDIA", str(exc))
         return
     repo_url = f"{settings.cuda_repo_url}/{folder}/"
+    source_path = source_file(folder)
     debs = host.get_fact(DebPackages)
-    state = host.get_fact(NvidiaDriver)
-    packages, module_package = DRIVER_PACKAGES[settings.driver_flavour]
-    installed = sorted(debs.get(module_package, ()))
-    target = driver_version_glob(settings)
-
-    if state.status != "absent" and not installed:
-        logger.warning(
-            f"{host.print_prefix}an NVIDIA driver is present ({state.status}, "
-            f"{state.driver_version or state.library_version or 'version unknown'}) but no "
-            f"package installed it: not touching it"
-        )
-        return
-
-    change = bool(installed) and not any(fnmatch.fnmatch(v, target) for v in installed)
-    if change and not settings.allow_driver_change:
-        refuse(
-            "NVIDIA",
-            f"driver {', '.join(installed)} is installed, host data asks for {target} "
-            "(gpuhost_driver_branch, gpuhost_driver_version). A driver change reboots the host "
-            "and restarts the server: set gpuhost_allow_driver_change = True to allow it",
-        )
-        return
-
     lists_present = host.get_fact(AptListsPresent)
+    headers = host.get_fact(KernelHeaders)
+    plan = plan_driver(
+        settings,
+        debs=debs,
+        state=host.get_fact(NvidiaDriver),
+        files_=host.get_fact(NvidiaDriverFiles),
+        headers=headers,
+        gpus=host.get_fact(PciGpus),
+        sources=host.get_fact(AptSources),
+        repo_url=repo_url,
+        source_path=source_path,
+        lists_present=lists_present,
+    )
+    logger.info(f"{host.print_prefix}NVIDIA: {plan.summary()}")
+    for warning in plan.warnings:
+        logger.warning(f"{host.print_prefix}NVIDIA: {warning}")
+    for reason in plan.refusals:
+        refuse("NVIDIA", reason)
+    if plan.refusals:
+        return
+
+    packages, module_package = DRIVER_PACKAGES[settings.driver_flavour]
+    toolkit = toolkit_package(settings.cuda_toolkit)
     tools = [p for p in PREREQUISITES if p not in debs]
-    apt.packages(name="Download tools", packages=list(PREREQUISITES), no_recommends=True,
-                 update=bool(tools) or not lists_present)
+    apt.packages(name="Download tools and lspci", packages=list(PREREQUISITES),
+                 no_recommends=True, update=bool(tools) or not lists_present)
     keyring = files.download(
         name="NVIDIA repository signing key",
         src=f"{repo_url}cuda-archive-keyring.gpg",
@@ -161,23 +634,23 @@ def nvidia(settings: Settings):
     source = files.put(
         name="NVIDIA CUDA repository",
         src=StringIO(f"deb [signed-by={KEYRING}] {repo_url} /\n"),
-        # The file name cuda-keyring's package uses, so that both never make two entries.
-        dest=f"/etc/apt/sources.list.d/cuda-{folder.replace('/', '-')}.list",
+        dest=source_path,
         mode="644",
     )
     pin = files.template(
-        name=f"Pin the driver to {target}",
+        name=f"Pin the driver to {plan.target}",
         src=str(_templates() / "apt-nvidia-pin.j2"),
         dest="/etc/apt/preferences.d/gpuhost-nvidia-driver",
-        version_glob=target,
+        version_glob=plan.target,
         mode="644",
     )
-    kernel = host.get_fact(OsVersion)
-    headers = f"linux-headers-{kernel}"
-    toolkit = toolkit_package(settings.cuda_toolkit)
-    missing = [p for p in (headers, *packages, toolkit) if p not in debs]
-    stale_lists = bool(missing) or change or not lists_present
-    apt.update(name="Update apt lists", _if=lambda: stale_lists or any_changed(keyring, source, pin)())
+    missing = [p for p in (toolkit,) if p not in debs]
+    stale_lists = plan.install or bool(missing) or not lists_present
+    apt.update(name="Update apt lists",
+               _if=lambda: stale_lists or any_changed(keyring, source, pin)())
+    if plan.headers_unknown:
+        headers_installable(name=f"Kernel headers installable for {headers.kernel}",
+                            kernel=headers.kernel)
     files.put(
         name="Keep unattended-upgrades off the driver and CUDA",
         src=str(_templates() / "51gpuhost-unattended-upgrades"),
@@ -196,25 +669,29 @@ def nvidia(settings: Settings):
         _if=blacklist.did_change,
     )
 
-    apt.packages(name=f"Kernel headers for {kernel}", packages=[headers], no_recommends=True)
-    driver = apt.packages(
-        name=f"NVIDIA driver ({settings.driver_flavour} kernel modules, {target})",
-        packages=list(packages),
-        no_recommends=True,
-        latest=change,
-        allow_downgrades=change,
-        extra_install_args="--allow-change-held-packages" if change else None,
-    )
+    if not plan.keep_present:
+        if plan.install and host.get_fact(SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT):
+            systemd.service(name=f"Stop {SERVER_UNIT} before the driver changes",
+                            service=SERVER_UNIT, running=False)
+        apt.packages(name=f"Kernel headers for {headers.kernel}",
+                     packages=[f"linux-headers-{headers.kernel}"], no_recommends=True)
+        driver_packages(
+            name=f"NVIDIA driver ({settings.driver_flavour} kernel modules, {plan.target})",
+            packages=list(packages),
+            module_package=module_package,
+            version_glob=plan.target,
+            allow_change=settings.allow_driver_change,
+        )
     apt.packages(name=f"CUDA toolkit {settings.cuda_toolkit}", packages=[toolkit],
                  no_recommends=True)
-    held(name="Hold the driver and CUDA packages", packages=[*packages, module_package, toolkit])
+    holds = [toolkit] if plan.keep_present else [*packages, module_package, toolkit]
+    held(name="Hold the driver and CUDA packages", packages=holds)
 
-    stale = bool(installed) and state.status in ("not-loaded", "mismatch")
-    rebooted = reboot(
-        name="Reboot to load the installed driver",
-        _if=lambda: driver.did_change() or stale,
-    )
-    driver_answers(name="Check the loaded driver", version_glob=target, _if=rebooted.did_change)
+    if plan.reboot_reasons:
+        rebooted = reboot(name="Reboot: " + "; ".join(plan.reboot_reasons))
+        driver_answers(name="Check the loaded driver", module_package=module_package,
+                       gpu_count=settings.gpu_count, _if=rebooted.did_change)
+        gpus_bound(name="Check the GPUs are bound to nvidia", _if=rebooted.did_change)
 
 
 def _templates() -> Path:

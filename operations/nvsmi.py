@@ -175,6 +175,11 @@ class GpuMatrix:
         return out
 
 
+def _show(row: list[str]) -> str:
+    """A table row as the tool printed it (tab-separated, escape sequences removed), quoted."""
+    return repr("\t".join(row).strip())
+
+
 def _table_lines(lines: list[str], command: str) -> list[list[str]]:
     rows = []
     for raw in lines:
@@ -203,15 +208,15 @@ def parse_p2p_matrix(lines: list[str], command: str = "nvidia-smi topo -p2p r") 
     rows = _table_lines(lines, command)
     header = [c for c in rows[0] if c]
     if not header or not all(re.fullmatch(r"GPU\d+", c) for c in header):
-        raise ParseError(f"{command}: bad header line {rows[0]!r}")
+        raise ParseError(f"{command}: bad header line {_show(rows[0])}")
     cells = []
     for n, row in enumerate(rows[1:]):
         values = [c for c in row if c]
         if len(values) != len(header) + 1 or values[0] != header[n]:
-            raise ParseError(f"{command}: bad line {row!r}")
+            raise ParseError(f"{command}: bad line {_show(row)}")
         codes = values[1:]
         if any(code not in P2P_CODES for code in codes):
-            raise ParseError(f"{command}: unknown status code in line {row!r}")
+            raise ParseError(f"{command}: unknown status code in line {_show(row)}")
         cells.append(tuple(codes))
     if len(cells) != len(header):
         raise ParseError(f"{command}: {len(header)} GPUs in the header, {len(cells)} rows")
@@ -239,23 +244,23 @@ def parse_topology(lines: list[str]) -> Topology:
     gpu_cols = [i for i, c in enumerate(header) if re.fullmatch(r"GPU\d+", c)]
     gpus = [header[i] for i in gpu_cols]
     if not gpus:
-        raise ParseError(f"{command}: bad header line {rows[0]!r}")
+        raise ParseError(f"{command}: bad header line {_show(rows[0])}")
     try:
         cpu_col = header.index("CPU Affinity")
         numa_col = header.index("NUMA Affinity")
     except ValueError as exc:
-        raise ParseError(f"{command}: no affinity columns in {rows[0]!r}") from exc
+        raise ParseError(f"{command}: no affinity columns in {_show(rows[0])}") from exc
     cells, cpus, numas = [], [], []
     for row in rows[1:]:
         if not row or not re.fullmatch(r"GPU\d+", row[0]):
             continue
         values = row[1:]
         if len(values) <= max(numa_col, gpu_cols[-1]):
-            raise ParseError(f"{command}: bad line {row!r}")
+            raise ParseError(f"{command}: bad line {_show(row)}")
         links = tuple(values[i] for i in gpu_cols)
         for link in links:
             if link not in LINK_TYPES and not re.fullmatch(r"NV\d+", link):
-                raise ParseError(f"{command}: unknown link type {link!r} in line {row!r}")
+                raise ParseError(f"{command}: unknown link type {link!r} in line {_show(row)}")
         cells.append(links)
         cpus.append(values[cpu_col])
         numas.append(values[numa_col])

@@ -8,66 +8,139 @@ import shlex
 from typing import Final
 
 from pyinfra import host, logger
-from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.operations import files
 
+from operations import REPO_ROOT
 from operations.gpu import NvidiaDriver
 from operations.host import FileText
-from operations import REPO_ROOT
 from operations.settings import Settings
+from operations.virt import Platform, VirtInfo
 
 LIB_DIR: Final = "/opt/gpuhost/lib"
 ENV_FILE: Final = "/etc/gpuhost/p2p.env"
 RECORD: Final = "/var/lib/gpuhost/p2p.json"
 SHIPPED: Final = ("nvsmi.py", "p2p_policy.py", "files/p2p_check.py")
+#: operations/server.py's UNIT (server.py imports this module, not the other way round): the
+#: server holds every GPU, so a measurement stops it first.
+SERVER_UNIT: Final = "sglang.service"
+
+
+def _sha256(relative: str) -> str:
+    return hashlib.sha256((REPO_ROOT / "operations" / relative).read_bytes()).hexdigest()
 
 
 def policy_sha256() -> str:
     """sha256 of the decision table as shipped: a new table means a new decision."""
-    return hashlib.sha256((REPO_ROOT / "operations" / "p2p_policy.py").read_bytes()).hexdigest()
+    return _sha256("p2p_policy.py")
+
+
+def check_sha256() -> str:
+    """sha256 of the check as shipped: a new check means a new measurement."""
+    return _sha256("files/p2p_check.py")
+
+
+def _load(record_text: str | None) -> dict | None:
+    if not record_text:
+        return None
+    try:
+        record = json.loads(record_text)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def record_is_current(record_text: str | None, driver_version: str | None,
                       gpu_uuids: list[str], override: str | None) -> bool:
     """Whether the decision recorded on the host still holds: measured on this driver and
-    these GPUs, with this override and this decision table."""
-    if not record_text or driver_version is None:
-        return False
-    try:
-        record = json.loads(record_text)
-    except ValueError:
+    these GPUs, with this override, this decision table and this check."""
+    record = _load(record_text)
+    if record is None or driver_version is None:
         return False
     return (
         record.get("measured_on") == {"driver_version": driver_version, "gpu_uuids": gpu_uuids}
         and record.get("override") == override
         and record.get("policy_sha256") == policy_sha256()
+        and record.get("check_sha256") == check_sha256()
     )
 
 
+def platform_hints(platform: VirtInfo, decision: dict) -> list[str]:
+    """Warnings that the guest's own platform adds to a decision that found P2P broken."""
+    if not decision.get("warnings") or decision.get("p2p") != "off":
+        return []
+    hints = []
+    if platform.machine_type == "i440fx":
+        hints.append("this guest is a QEMU i440FX machine: its GPUs sit on a conventional PCI "
+                     "bus, without PCIe root ports; on Proxmox use machine q35 and hostpci ... "
+                     "pcie=1")
+    if platform.acs_redirecting:
+        hints.append("ACS redirects peer traffic on " + ", ".join(platform.acs_redirecting))
+    return hints
+
+
+def _report(state, host) -> None:
+    """Print the measurement just written (the record's summary), per host."""
+    ok, out = host.run_shell_command(StringCommand("cat", RECORD))
+    record = _load("\n".join(out.stdout_lines)) if ok else None
+    if record is None:
+        logger.warning(f"{host.print_prefix}P2P: no record at {RECORD} after the check")
+        return
+    for line in record.get("summary", []):
+        if line.startswith("WARNING: "):
+            logger.warning(f"{host.print_prefix}P2P: {line[len('WARNING: '):]}")
+        else:
+            logger.info(f"{host.print_prefix}P2P: {line}")
+
+
 @operation()
-def measured(venv: str, override: str | None):
+def measured(venv: str, override: str | None, remeasure: bool = False, timeout: int = 120):
     """Run the P2P check on the host unless its record still holds (same driver version, GPU
-    UUIDs, override and decision table).
+    UUIDs, override, decision table and check) and no measurement was asked for. Prints the
+    decision per host: the recorded one, or what will be measured and why.
 
     + venv: the ML venv whose python runs the check
     + override: "on", "off" or None (gpuhost_p2p_override)
+    + remeasure: measure even when the record holds (gpuhost_p2p_remeasure)
+    + timeout: seconds the peer copies, and the all-reduce, may take (gpuhost_p2p_check_timeout)
+
+    A measurement first stops the server (it holds every GPU; the check refuses to run
+    while any process does); the server stage starts it again with the new decision.
     """
     state = host.get_fact(NvidiaDriver)
-    record = host.get_fact(FileText, path=RECORD)
+    text = host.get_fact(FileText, path=RECORD)
+    record = _load(text)
     uuids = [g.uuid for g in state.gpus]
-    if state.status == "ok" and record_is_current(record, state.driver_version, uuids, override):
-        decision = json.loads(record or "{}").get("decision", {})
-        host.noop(f"P2P {decision.get('p2p')}: {decision.get('reason')} "
-                  f"(measured on driver {state.driver_version})")
+    prefix = host.print_prefix
+    if state.status == "ok" and not remeasure and record_is_current(
+        text, state.driver_version, uuids, override
+    ):
+        decision = record.get("decision", {}) if record else {}
+        logger.info(f"{prefix}P2P {decision.get('p2p')}: {decision.get('reason')} (measured "
+                    f"{record.get('measured_at', '?')} on driver {state.driver_version}, "
+                    f"{len(uuids)} GPU(s))")
+        for warning in [*decision.get("warnings", []),
+                        *platform_hints(host.get_fact(Platform), decision)]:
+            logger.warning(f"{prefix}P2P: {warning}")
+        host.noop(f"P2P {decision.get('p2p')}: recorded measurement holds")
         return
-    if record and state.status == "ok":
-        logger.info(f"{host.print_prefix}P2P will be measured again: driver, GPUs or policy "
-                    "changed since the last measurement")
-    command = [f"{venv}/bin/python", f"{LIB_DIR}/p2p_check.py",
-               "--env-file", ENV_FILE, "--record", RECORD]
+    if state.status != "ok":
+        why = f"will be measured after the driver loads (nvidia-smi: {state.status})"
+    elif remeasure:
+        why = "will be measured again: gpuhost_p2p_remeasure is set"
+    elif record:
+        why = ("will be measured again: the driver, the GPUs, the override or the check "
+               f"changed since {record.get('measured_at', 'the last measurement')}")
+    else:
+        why = "will be measured: no measurement recorded on the host"
+    logger.info(f"{prefix}P2P {why}; {SERVER_UNIT} is stopped first if it runs")
+    yield f"systemctl stop {SERVER_UNIT} 2>/dev/null || true"
+    command = [f"{venv}/bin/python", f"{LIB_DIR}/p2p_check.py", "--env-file", ENV_FILE,
+               "--record", RECORD, "--timeout", str(timeout)]
     if override:
         command += ["--override", override]
     yield StringCommand(*(shlex.quote(c) for c in command))
+    yield FunctionCommand(_report, (), {})
 
 
 @deploy("P2P")
@@ -75,10 +148,12 @@ def p2p(settings: Settings):
     """Ship the P2P check and run it when needed; the decision lands in /etc/gpuhost/p2p.env,
     which the server's unit reads. Returns the operations whose change means the server must
     restart."""
+    logger.info(f"{host.print_prefix}P2P platform: {host.get_fact(Platform).describe()}")
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
     for name in SHIPPED:
         files.put(name=f"Ship {name.split('/')[-1]}", src=str(REPO_ROOT / "operations" / name),
                   dest=f"{LIB_DIR}/{name.split('/')[-1]}", mode="644")
     check = measured(name="Measure P2P between GPUs", venv=settings.venv_path,
-                     override=settings.p2p_override)
+                     override=settings.p2p_override, remeasure=settings.p2p_remeasure,
+                     timeout=settings.p2p_check_timeout)
     return [check]

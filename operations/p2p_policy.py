@@ -8,7 +8,7 @@ Standard library only, and no imports from this package: the host-side check
 | one GPU (no pairs)                         | n/a | NCCL_IB_DISABLE              | none         |
 | every pair OK for read and write, verified | on  | NCCL_IB_DISABLE              | none         |
 | any pair NS, CNS, GNS, TNS or U            | off | the reference launch's four  | --disable-custom-all-reduce |
-| reported OK, copy or all-reduce failed     | off | the reference launch's four  | --disable-custom-all-reduce, with a warning |
+| reported OK, a copy or all-reduce failed   | off | the reference launch's four  | --disable-custom-all-reduce, with a warning |
 
 The "off" settings are those of the reference lab's launch (../shared/reference-lab.md), which
 served GLM-5 on 8 GPUs in a Proxmox VM without peer-to-peer: NCCL_P2P_LEVEL=PHB,
@@ -88,7 +88,7 @@ def decide(
             (f"P2P is reported OK but does not work; likely causes: {HOST_SIDE_CAUSES}",),
         )
     else:
-        how = "verified by peer copies" if verified else "not verified yet"
+        how = "verified by peer copies and an NCCL all-reduce" if verified else "not verified"
         measured = Decision("on", dict(BASE_ENV), (), f"every GPU pair reports P2P OK ({how})")
 
     if override is None or override == measured.p2p or measured.p2p == "n/a":

@@ -72,6 +72,8 @@ class Settings:
     wheel_cache: str = "~/.cache/gpuhost/wheels"
     # P2P
     p2p_override: str | None = None
+    p2p_remeasure: bool = False
+    p2p_check_timeout: int = 120
     # The server
     model: str = "lukealonso/GLM-5-NVFP4"
     served_model_name: str = "glm-5"
@@ -192,6 +194,8 @@ RULES: Final[Mapping[str, _Rule]] = {
     ),
     "wheel_cache": _text(r"(~|/)[^\s'\"]*", "a path on the controller, absolute or under ~"),
     "p2p_override": _one_of(P2P_OVERRIDES, optional=True),
+    "p2p_remeasure": _BOOL,
+    "p2p_check_timeout": _int_between(10, 3600),
     "model": _text(r"[^\s'\"]+", "a Hugging Face repository id or an absolute path"),
     "served_model_name": _text(_NAME, "a non-empty name of letters, digits, '_', '.', '-'"),
     "tensor_parallel_size": _int_between(1, 64),

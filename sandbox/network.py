@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 
-from sandbox.layout import HostSpec
+from sandbox.layout import LAB, HostSpec
 
-_NETNS = re.compile(r"^gpuhost-gpu\d+$")
-_VETH = re.compile(r"^gh\d+$")
+# This lab's names only (HostSpec.netns, HostSpec.veth): never another lab's.
+_NETNS = re.compile(rf"^gpuhost{LAB or ''}-gpu\d+$")
+_VETH = re.compile(rf"^gh{LAB}x\d+$" if LAB else r"^gh\d+$")
 
 
 class NetworkError(RuntimeError):

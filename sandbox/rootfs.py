@@ -48,6 +48,14 @@ MASKED_UNITS: tuple[str, ...] = (
 
 SSHD_CONF = "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
 
+# Stand-ins for tools that read the machine under the OS (sandbox/standins/virt/): under nspawn
+# the real ones see this machine, not the scenario's.
+VIRT_STANDIN_DIR = Path(__file__).with_name("standins") / "virt"
+VIRT_STANDINS: tuple[tuple[str, str], ...] = (
+    ("systemd-detect-virt", "usr/local/bin"),
+    ("dmidecode", "usr/local/sbin"),
+)
+
 HOSTS_TEMPLATE = """127.0.0.1\tlocalhost
 127.0.1.1\t{name}
 ::1\tlocalhost ip6-localhost ip6-loopback
@@ -193,6 +201,9 @@ def personalise(spec: HostSpec, root: Path, authorized_key: str, hardware_json: 
         APT_PROXY_TEMPLATE.format(proxy=spec.proxy_url, gateway=spec.gateway),
     )
     _write(root / "etc/gpuhost-sandbox/hardware.json", hardware_json)
+    # The scenario's machine as the guest's tools see it; /usr/local comes first on PATH.
+    for tool, folder in VIRT_STANDINS:
+        _write(root / folder / tool, (VIRT_STANDIN_DIR / tool).read_text(), 0o755)
     for unit in MASKED_UNITS:
         _mask(root, unit)
     return _fresh_host_keys(root, spec.name)

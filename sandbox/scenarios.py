@@ -19,7 +19,9 @@ stand-ins read (nvidia-smi, the torch stand-in, the flash-attn stand-in's build)
                 "gpu_numa_id": "N/A", ...}],                    # every key of GPU_DEFAULTS, filled
       "topology": [["X", "PHB"], ["PHB", "X"]],                 # `nvidia-smi topo -m` link matrix
       "p2p": {"r": [[...]], "w": [[...]], "n": [[...]],         # `nvidia-smi topo -p2p r|w|n|a|p`
-              "a": [[...]], "p": [[...]]}
+              "a": [[...]], "p": [[...]]},
+      "peer_transfers": {"copy": "intact" | "wrong-data",       # what arrives over P2P (torch
+                         "all_reduce": "intact" | "wrong-data" | "hang"}  # stand-in); default intact
     }
 
 Link values are nvidia-smi's legend: X, PIX, PXB, PHB, NODE, SYS, NV<n>; P2P status values are
@@ -42,6 +44,8 @@ LINK_VALUES = frozenset({"X", "PIX", "PXB", "PHB", "NODE", "SYS"})
 _NVLINK = re.compile(r"^NV[1-9][0-9]*$")
 P2P_VALUES = frozenset({"X", "OK", "CNS", "GNS", "TNS", "NS", "U"})
 P2P_KINDS = ("r", "w", "n", "a", "p")  # read, write, nvlink, atomics, prop (nvidia-smi topo -h)
+# What data crossing between GPUs over P2P turns into (read by the torch stand-in).
+PEER_TRANSFERS = {"copy": ("intact", "wrong-data"), "all_reduce": ("intact", "wrong-data", "hang")}
 
 # Values every GPU gets unless the scenario says otherwise: an idle, healthy GPU.
 GPU_DEFAULTS: dict[str, Any] = {
@@ -146,6 +150,7 @@ def _expand(name: str, raw: dict[str, Any]) -> dict[str, Any]:
         "gpus",
         "topology",
         "p2p",
+        "peer_transfers",
     }
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -210,6 +215,13 @@ def _expand(name: str, raw: dict[str, Any]) -> dict[str, Any]:
             p2p[kind] = _default_p2p(kind, topology, p2p_raw["r"])
         _check_matrix(fail, f"p2p.{kind}", p2p[kind], n, lambda v: v in P2P_VALUES)
 
+    transfers = {"copy": "intact", "all_reduce": "intact", **(raw.get("peer_transfers") or {})}
+    for key, allowed in PEER_TRANSFERS.items():
+        if transfers.get(key) not in allowed:
+            raise fail(f"peer_transfers.{key} = {transfers.get(key)!r}: allowed {list(allowed)}")
+    if set(transfers) - set(PEER_TRANSFERS):
+        raise fail(f"peer_transfers has unknown keys {sorted(set(transfers) - set(PEER_TRANSFERS))}")
+
     return {
         "schema": SCHEMA,
         "scenario": name,
@@ -219,6 +231,7 @@ def _expand(name: str, raw: dict[str, Any]) -> dict[str, Any]:
         "gpus": gpus,
         "topology": topology,
         "p2p": p2p,
+        "peer_transfers": transfers,
     }
 
 

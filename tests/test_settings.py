@@ -60,7 +60,11 @@ def test_pyinfra_keys_are_left_alone(lock):
         ({"gpuhost_served_model_name": ""},
          "gpuhost_served_model_name = '' is not allowed: a non-empty name"),
         ({"gpuhost_driver_branch": "535"},
-         "gpuhost_driver_branch = '535' is not allowed: one of 570, 575, 580, 590"),
+         "gpuhost_driver_branch = '535' is not allowed: a branch that supports CUDA 12.8 "
+         "(driver >= 570.26): 570, 575, 580, 590"),
+        ({"gpuhost_driver_branch": "999"},
+         "gpuhost_driver_branch = '999' is not allowed: one of 535, 550, 560, 565, 570, 575, "
+         "580, 590"),
         ({"gpuhost_driver_flavour": "proprietary"},
          "gpuhost_driver_flavour = 'proprietary' is not allowed: only 'open' on compute "
          "capability 12.0"),

@@ -9,6 +9,7 @@ enough for a copy between GPUs to be written and compared; no arithmetic on data
 
 import builtins as _builtins
 import itertools as _itertools
+import time as _time
 
 from torch import version  # noqa: F401
 from torch.version import __version__  # noqa: F401
@@ -103,6 +104,7 @@ class Tensor:
         content = self._content if dt is self.dtype else ("cast", self._content, repr(dt))
         if dev != self.device and dev.type == "cuda":
             _check_device(dev)
+        content = _across_gpus(self.device, dev, content, self.nbytes)
         return Tensor(self.shape, dt, dev, content)
 
     def cuda(self, device=None, non_blocking=False):
@@ -117,9 +119,10 @@ class Tensor:
                 f"The size of tensor a ({list(self.shape)}) must match the size "
                 f"of tensor b ({list(src.shape)})"
             )
-        self._content = (
+        content = (
             src._content if src.dtype is self.dtype else ("cast", src._content, repr(self.dtype))
         )
+        self._content = _across_gpus(src.device, self.device, content, src.nbytes)
         return self
 
     def clone(self):
@@ -194,6 +197,22 @@ class Tensor:
 
 def _device(d):
     return d if isinstance(d, device) else device(d)
+
+
+def _across_gpus(src, dst, content, nbytes):
+    """What arrives when data moves from device src to device dst. Between two GPUs, torch
+    copies peer-to-peer when CUDA reports peer access (it enables it for the copy), else through
+    host memory; the scenario's peer_transfers.copy says whether peer copies arrive intact. The
+    copy takes nbytes at the stand-in's rates (torch/_sandbox.py)."""
+    if src.type != "cuda" or dst.type != "cuda" or src.index == dst.index:
+        return content
+    from torch import _sandbox
+
+    peer = _sandbox.peer_access(src.index, dst.index)
+    _time.sleep(nbytes / (_sandbox.PEER_BYTES_PER_S if peer else _sandbox.STAGED_BYTES_PER_S))
+    if peer and _sandbox.peer_transfers()["copy"] == "wrong-data":
+        return ("lost-peer-write", next(_seeds))
+    return content
 
 
 def _check_device(dev):
@@ -279,5 +298,6 @@ inference_mode = no_grad
 
 from torch import (
     cuda,  # noqa: F401
+    distributed,  # noqa: F401
     utils,  # noqa: F401
 )

@@ -77,3 +77,39 @@ def visible_gpus():
             break  # CUDA stops at the first invalid entry
         chosen.append(match[0])
     return chosen
+
+
+# --- peer transfers ------------------------------------------------------------------------------
+# What the scenario's "peer_transfers" says happens to data that crosses between two GPUs over
+# P2P: "intact", or "wrong-data" (peer writes silently lost, as behind ACS or a translating
+# IOMMU); for NCCL's all-reduce also "hang". Copies between GPUs without peer access go through
+# host memory and always arrive intact.
+
+#: Stand-in transfer rates (bytes per second): PCIe Gen5 x16 peer-to-peer, and a copy staged
+#: through host memory. Figures of the stand-in, not measurements.
+PEER_BYTES_PER_S = 50e9
+STAGED_BYTES_PER_S = 24e9
+
+
+def peer_transfers():
+    """{"copy": ..., "all_reduce": ...} of the scenario, "intact" where it says nothing."""
+    hw = hardware() or {}
+    given = hw.get("peer_transfers") or {}
+    return {"copy": given.get("copy", "intact"), "all_reduce": given.get("all_reduce", "intact")}
+
+
+def peer_access(a, b):
+    """Whether CUDA reports peer access from visible GPU index a to b (the scenario's P2P read
+    and write status both OK)."""
+    gpus = visible_gpus()
+    if a == b or not (0 <= a < len(gpus) and 0 <= b < len(gpus)):
+        return False
+    i, j = gpus[a]["index"], gpus[b]["index"]
+    p2p = hardware()["p2p"]
+    return p2p["r"][i][j] == "OK" and p2p["w"][i][j] == "OK"
+
+
+def link(a, b):
+    """The topology link between visible GPU indexes a and b (nvidia-smi topo -m's legend)."""
+    gpus = visible_gpus()
+    return hardware()["topology"][gpus[a]["index"]][gpus[b]["index"]]

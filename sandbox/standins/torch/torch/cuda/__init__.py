@@ -159,11 +159,9 @@ def get_device_properties(device=None):
 
 
 def can_device_access_peer(device, peer_device):
-    """What cudaDeviceCanAccessPeer answers: the scenario's P2P read status is OK."""
-    a, b = _gpu(device), _gpu(peer_device)
-    if a is b:
-        return False
-    return _sandbox.hardware()["p2p"]["r"][a["index"]][b["index"]] == "OK"
+    """What cudaDeviceCanAccessPeer answers: the scenario's P2P read and write status are OK."""
+    _gpu(device), _gpu(peer_device)
+    return _sandbox.peer_access(_index(device), _index(peer_device))
 
 
 def mem_get_info(device=None):

@@ -1,0 +1,104 @@
+"""The ML venv end to end on two fresh sandbox hosts: one flash-attn build between them, a second
+run that changes nothing, a venv changed by hand repaired, a rebuilt VM served from the cache.
+Checked with ssh on the hosts (the build log systemd wrote, pip list), not through pyinfra."""
+
+import json
+
+import pytest
+
+from tests.e2e import lab
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+VENV = "/opt/gpuhost/venv"
+BUILD_LOG = "/opt/gpuhost/build/flash-attn/build.log"
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Two fresh sandbox hosts of the reference lab scenario, removed afterwards."""
+    yield lab.up(hosts=2, scenario="reference-lab")
+    lab.sandbox("down", check=False)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """An empty controller cache of built wheels, this module's own."""
+    return tmp_path_factory.mktemp("wheels")
+
+
+def deploy(cache, *extra: str) -> lab.Run:
+    return lab.deploy("--data", f"gpuhost_wheel_cache={cache}", *extra)
+
+
+def changed(run: lab.Run) -> list[str]:
+    assert run.results is not None, run.output[-3000:]
+    return [f"{op['name']}: changed on {op['success']}, failed on {op['error']}"
+            for op in run.results["results"]["operations"] if op["success"] or op["error"]]
+
+
+def built_here(host: lab.Host) -> bool:
+    """Whether a flash-attn build ran on the host (systemd wrote its log there)."""
+    return host.ssh(f"test -s {BUILD_LOG} && echo yes || echo no").strip() == "yes"
+
+
+def pip_list(host: lab.Host) -> dict[str, str]:
+    listed = json.loads(host.ssh(f"{VENV}/bin/python -m pip list --format=json "
+                                 "--disable-pip-version-check 2>/dev/null"))
+    return {d["name"].lower().replace("_", "-"): d["version"] for d in listed}
+
+
+def flash_attn_build_env(host: lab.Host) -> dict:
+    script = "import json, flash_attn; print(json.dumps(flash_attn.build_env()))"
+    return json.loads(host.ssh(f"{VENV}/bin/python -c '{script}'"))
+
+
+def test_two_fresh_hosts_converge_with_one_build(hosts, cache):
+    first = deploy(cache)
+    assert first.returncode == 0, first.output[-6000:]
+    assert [built_here(h) for h in hosts].count(True) == 1, first.output[-6000:]
+    envs = [flash_attn_build_env(h) for h in hosts]
+    assert envs[0] == envs[1]  # one wheel, installed on both
+    assert envs[0]["FLASH_ATTN_CUDA_ARCHS"] == "120"
+    assert envs[0]["torch_cuda"] == envs[0]["nvcc_release"] == "12.8"
+    assert len([p for p in cache.iterdir() if p.is_dir()]) == 1
+    pids = [h.main_pid() for h in hosts]
+
+    second = deploy(cache, "--json")
+    assert second.returncode == 0, second.output[-6000:]
+    assert changed(second) == []
+    assert [h.main_pid() for h in hosts] == pids
+
+
+def test_drift_is_reported_and_repaired(hosts, cache):
+    host = hosts[0]
+    before = pip_list(host)
+    # by hand: one locked distribution removed, one at another version, one the lock lacks
+    host.ssh(f"{VENV}/bin/python -m pip uninstall -y -q sgl-kernel")
+    for name, version in (("flashinfer-cubin", "0.6.2"), ("gpuhost-e2e-extra", "1.0")):
+        host.ssh(f"rm -rf /tmp/{name} && mkdir -p /tmp/{name} && printf '%s' "
+                 f"\"from setuptools import setup; setup(name='{name}', version='{version}')\" "
+                 f"> /tmp/{name}/setup.py && {VENV}/bin/python -m pip install -q --no-deps "
+                 f"--no-index --no-build-isolation /tmp/{name}")
+    drifted = pip_list(host)
+    assert "sgl-kernel" not in drifted and drifted["flashinfer-cubin"] == "0.6.2"
+
+    repair = deploy(cache)
+    assert repair.returncode == 0, repair.output[-6000:]
+    for line in ("sgl-kernel missing -> 0.3.21 (lock)", "flashinfer-cubin 0.6.2 -> 0.6.3 (lock)",
+                 "gpuhost-e2e-extra 1.0 not in the lock: removed"):
+        assert line in repair.output, repair.output[-6000:]
+    assert pip_list(host) == before
+
+    again = deploy(cache, "--json")
+    assert again.returncode == 0, again.output[-6000:]
+    assert changed(again) == []
+
+
+def test_a_rebuilt_venv_installs_the_cached_wheel(hosts, cache):
+    host = hosts[1]
+    host.ssh(f"rm -rf {VENV} /opt/gpuhost/build")
+    run = deploy(cache)
+    assert run.returncode == 0, run.output[-6000:]
+    assert not built_here(host)
+    assert flash_attn_build_env(host) == flash_attn_build_env(hosts[0])

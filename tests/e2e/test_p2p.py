@@ -1,0 +1,97 @@
+"""P2P end to end, one fresh sandbox host per scenario: the server's process ends with the NCCL
+environment and flags its measured P2P gives; the decision is printed per host (run and --dry);
+a second run re-measures nothing and changes nothing; gpuhost_p2p_remeasure measures again,
+with the server stopped first. Checked over ssh (/proc/<MainPID>/environ and cmdline, the
+record), never through pyinfra."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e import lab
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+BASE = {"NCCL_IB_DISABLE": "1"}
+NO_P2P = {**BASE, "NCCL_P2P_LEVEL": "PHB", "NCCL_ALLOC_P2P_NET_LL_BUFFERS": "1",
+          "NCCL_MIN_NCHANNELS": "8"}
+NCCL_KEYS = set(NO_P2P) | {"NCCL_P2P_DISABLE"}
+
+#: scenario: (P2P decision, NCCL environment, --disable-custom-all-reduce, verified)
+EXPECTED = {
+    "bare-metal-p2p": ("on", BASE, False, True),
+    "reference-lab": ("off", NO_P2P, True, True),
+    "q35-cns": ("off", NO_P2P, True, True),
+    "p2p-ok-wrong-data": ("off", NO_P2P, True, False),
+    "single-gpu": ("n/a", BASE, False, None),
+}
+
+
+@pytest.fixture(params=sorted(EXPECTED))
+def scenario_host(request):
+    """One fresh sandbox host of the scenario, removed afterwards."""
+    (host,) = lab.up(hosts=1, scenario=request.param)
+    yield request.param, host
+    lab.sandbox("down", check=False)
+
+
+def changed(run: lab.Run) -> list[str]:
+    assert run.results is not None, run.output[-3000:]
+    return [op["name"] for op in run.results["results"]["operations"]
+            if op["success"] or op["error"]]
+
+
+def test_measured_p2p_ends_in_the_servers_environment_and_flags(scenario_host):
+    scenario, host = scenario_host
+    p2p, env, disabled, verified = EXPECTED[scenario]
+
+    first = lab.deploy()
+    assert first.returncode == 0, first.output[-6000:]
+    assert f"P2P: P2P {p2p}: " in first.output, first.output[-6000:]
+    if scenario == "p2p-ok-wrong-data":
+        assert "WRONG DATA on arrival" in first.output
+        assert "x-nv-gpudirect-clique" in first.output  # the warning, printed
+    if scenario == "single-gpu":
+        assert "one GPU: no pairs, nothing to verify" in first.output
+
+    pid = host.main_pid()
+    proc_env = host.process_env(pid)
+    assert {k: v for k, v in proc_env.items() if k in NCCL_KEYS} == env
+    args = host.process_args(pid)
+    assert ("--disable-custom-all-reduce" in args) == disabled, args
+    record = json.loads(host.ssh("cat /var/lib/gpuhost/p2p.json"))
+    assert record["decision"]["p2p"] == p2p
+    assert record["verification"]["verified"] is verified
+    measured_at = record["measured_at"]
+
+    second = lab.deploy("--json")
+    assert second.returncode == 0, second.output[-6000:]
+    assert changed(second) == []
+    assert host.main_pid() == pid
+    assert json.loads(host.ssh("cat /var/lib/gpuhost/p2p.json"))["measured_at"] == measured_at
+
+    dry = lab.deploy("--dry")
+    assert dry.returncode == 0, dry.output[-6000:]
+    assert f"P2P {p2p}: " in dry.output and "(measured " in dry.output
+
+
+def test_remeasure_on_request_stops_the_server_first():
+    (host,) = lab.up(hosts=1, scenario="p2p-ok-wrong-data")
+    try:
+        first = lab.deploy()
+        assert first.returncode == 0, first.output[-6000:]
+        pid = host.main_pid()
+        before = json.loads(host.ssh("cat /var/lib/gpuhost/p2p.json"))["measured_at"]
+        host.ssh("sleep 1.1")  # measured_at has seconds
+        again = lab.deploy("--data", "gpuhost_p2p_remeasure=true")
+        assert again.returncode == 0, again.output[-6000:]
+        assert "gpuhost_p2p_remeasure is set" in again.output
+        after = json.loads(host.ssh("cat /var/lib/gpuhost/p2p.json"))
+        assert after["measured_at"] != before and after["decision"]["p2p"] == "off"
+        new_pid = host.main_pid()
+        assert new_pid not in (0, pid)  # stopped for the measurement, started again
+        assert host.process_env(new_pid)["NCCL_P2P_LEVEL"] == "PHB"
+    finally:
+        lab.sandbox("down", check=False)

@@ -1,0 +1,192 @@
+"""flash-attn built once per fleet: the stamp's verdict, the controller's cache, the build's
+command line, nvcc against torch; the driver against the venv's CUDA."""
+
+import json
+import threading
+import time
+
+import pytest
+from pyinfra.api.exceptions import OperationError
+
+from operations.flash_attn import (
+    BuildKey,
+    BuildPlan,
+    WheelCache,
+    build_command,
+    check_nvcc,
+    parse_nvcc_release,
+    read_stamp,
+    stale_reasons,
+)
+from operations.mlenv import (
+    build_memory_max,
+    describe_drift,
+    driver_problem,
+    min_driver_for,
+    unlocked,
+    venv_cuda,
+)
+from operations.settings import SettingsError, from_host_data
+
+KEY = BuildKey("2.8.3.post2", "2.9.1+cu128", "12.8", "3.12", "120")
+STAMP = {**KEY.__dict__, "source": "built on gpu1"}
+WANTED = {"flash_attn": "2.8.3.post2", "torch_locked": "2.9.1", "torch_installed": "2.9.1",
+          "cuda": "12.8", "python": "3.12", "archs": "120"}
+
+
+def test_stamp_that_matches_needs_nothing():
+    assert stale_reasons(STAMP, "2.8.3.post2", **WANTED) == []
+    # pip shows PyPI's torch without its local part; torch itself says +cu128
+    assert stale_reasons(STAMP, "2.8.3.post2", **{**WANTED, "torch_installed": None}) == []
+
+
+def test_torch_change_rebuilds():
+    # a new lock moves torch: the stamp no longer matches, whatever is installed now
+    reasons = stale_reasons(STAMP, "2.8.3.post2", **{**WANTED, "torch_locked": "2.9.2"})
+    assert reasons == ["torch changed: built against 2.9.1+cu128, the lock has 2.9.2"]
+    # the venv's torch is another CUDA build of the same version
+    reasons = stale_reasons(STAMP, "2.8.3.post2", **{**WANTED, "torch_installed": "2.9.1+cu130"})
+    assert reasons == ["torch changed: built against 2.9.1+cu128, the venv has 2.9.1+cu130"]
+
+
+def test_cuda_python_arch_changes_rebuild():
+    reasons = stale_reasons(STAMP, "2.8.3.post2",
+                            **{**WANTED, "cuda": "13.0", "python": "3.11", "archs": "90;120"})
+    assert [r.split(":")[0] for r in reasons] == [
+        "CUDA changed", "Python changed", "architectures changed"]
+
+
+def test_no_stamp_or_no_flash_attn():
+    assert stale_reasons(None, "2.8.3.post2", **WANTED) == [
+        "no stamp of a flash-attn build in the venv"]
+    assert stale_reasons(read_stamp("not json"), None, **WANTED) == [
+        "no stamp of a flash-attn build in the venv"]
+    assert stale_reasons(STAMP, None, **WANTED) == [
+        "flash-attn missing in the venv, the lock has 2.8.3.post2"]
+
+
+def test_cache_round_trip(tmp_path):
+    cache = WheelCache(tmp_path / "cache")
+    assert cache.lookup(KEY) is None
+    wheel = tmp_path / "flash_attn-2.8.3.post2-cp312-cp312-linux_x86_64.whl"
+    wheel.write_bytes(b"wheel")
+    path, digest = cache.store(KEY, wheel, "gpu1")
+    assert cache.lookup(KEY) == (path, digest)
+    assert path.parent.name == "flash_attn-2.8.3.post2-torch2.9.1+cu128-cu12.8-py3.12-sm120"
+    meta = json.loads((path.parent / "key.json").read_text())
+    assert meta["built_on"] == "gpu1" and meta["torch"] == "2.9.1+cu128"
+    # another torch is another key
+    assert cache.lookup(BuildKey("2.8.3.post2", "2.9.2+cu128", "12.8", "3.12", "120")) is None
+    # a damaged wheel is not used
+    path.write_bytes(b"damaged")
+    assert cache.lookup(KEY) is None
+
+
+def test_one_holder_per_key(tmp_path):
+    cache = WheelCache(tmp_path)
+    order = []
+
+    def hold(name):
+        with cache.claimed(KEY, name, poll_s=0.01):
+            order.append(f"{name} in")
+            time.sleep(0.05)
+            order.append(f"{name} out")
+
+    threads = [threading.Thread(target=hold, args=(n,)) for n in ("gpu1", "gpu2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [o.split()[1] for o in order] == ["in", "out", "in", "out"]
+
+
+def plan(**kw):
+    base = {"venv": "/opt/gpuhost/venv", "requirements": "/opt/gpuhost/lock/flash-attn.txt",
+            "index_url": "http://10.213.1.1:8080/simple/", "flash_attn": "2.8.3.post2",
+            "archs": "120", "cuda_home": "/usr/local/cuda-12.8", "max_jobs": 20,
+            "nvcc_threads": 4, "memory_max_bytes": build_memory_max(124.6),
+            "cache_root": "/tmp/cache"}
+    return BuildPlan(**{**base, **kw})
+
+
+def test_build_runs_detached_with_a_memory_limit():
+    command = build_command(plan())
+    assert command.startswith("systemd-run --unit=gpuhost-flash-attn-build.service ")
+    assert f"--property=MemoryMax={int(120.6 * 2**30)}" in command
+    for env in ("MAX_JOBS=20", "NVCC_THREADS=4", "FLASH_ATTN_CUDA_ARCHS=120",
+                "FLASH_ATTENTION_FORCE_BUILD=TRUE", "CUDA_HOME=/usr/local/cuda-12.8"):
+        assert f"--setenv={env}" in command
+    assert "pip wheel --no-deps --require-hashes --no-build-isolation" in command
+    assert "--trusted-host 10.213.1.1" in command
+    assert "--wait" not in command and "--pty" not in command
+
+
+def test_memory_max_keeps_headroom():
+    assert build_memory_max(22.5) == int(18.5 * 2**30)
+    assert build_memory_max(3.0) == 2**30
+
+
+def test_nvcc_against_torch():
+    text = "nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 12.8, V12.8.93"
+    assert parse_nvcc_release(text) == "12.8"
+    check_nvcc("12.8", "12.8", "2.9.1+cu128", "/usr/local/cuda-12.8")
+    with pytest.raises(OperationError, match=r"nvcc 13.0 \(/usr/local/cuda-13.0\) does not "
+                       r"match torch.version.cuda 12.8 \(torch 2.9.1\+cu128\)"):
+        check_nvcc("13.0", "12.8", "2.9.1+cu128", "/usr/local/cuda-13.0")
+    with pytest.raises(OperationError, match="not a CUDA build"):
+        check_nvcc("12.8", "None", "2.9.1+cpu", "/usr/local/cuda-12.8")
+    with pytest.raises(OperationError, match="is the CUDA toolkit installed"):
+        check_nvcc(None, "12.8", "2.9.1", "/usr/local/cuda-12.8")
+
+
+def test_unlocked_distributions():
+    installed = {"torch": "2.9.1", "pip": "24.0", "requests": "2.32.3"}
+    assert unlocked(installed, ["torch"]) == {"requests": "2.32.3"}
+    text = describe_drift({"sgl-kernel": (None, "0.3.21"), "torch": ("2.9.0", "2.9.1")},
+                          {"requests": "2.32.3"})
+    assert text.splitlines() == ["sgl-kernel missing -> 0.3.21 (lock)",
+                                 "torch 2.9.0 -> 2.9.1 (lock)",
+                                 "requests 2.32.3 not in the lock: removed"]
+
+
+def test_cuda_the_venv_needs():
+    assert venv_cuda({"torch": "2.9.1+cu128"}) == ("12.8", "torch 2.9.1+cu128")
+    assert venv_cuda({"torch": "2.9.1", "nvidia-cuda-runtime-cu12": "12.8.90"}) == (
+        "12.8", "nvidia-cuda-runtime-cu12 12.8.90")
+    assert venv_cuda({"torch": "2.11.0", "flashinfer-jit-cache-cu13": "0.6.9"})[0] == "13.0"
+    assert venv_cuda({"torch": "2.9.1", "sglang": "0.5.9"}) is None
+
+
+def test_driver_against_the_venv(monkeypatch):
+    import operations.mlenv
+
+    # NVIDIA's table as operations/settings.py had it when these cases were written
+    monkeypatch.setattr(operations.mlenv, "CUDA_MIN_DRIVER",
+                        {"12.8": "570.26", "13.0": "580.65.06"})
+    assert min_driver_for("12.8") == "570.26"
+    assert min_driver_for("12.9") == "570.26"  # nearest known of the same major
+    assert min_driver_for("11.8") is None
+    assert driver_problem("12.8", "torch 2.9.1+cu128", "580.105.08") is None
+    assert driver_problem("12.8", "torch 2.9.1+cu128", "580") is None
+    problem = driver_problem("13.0", "torch 2.11.0+cu130", "570.124.06")
+    assert problem.startswith("the venv needs CUDA 13.0 (torch 2.11.0+cu130), which needs "
+                              "NVIDIA driver >= 580.65.06; driver 570.124.06 supports CUDA 12.8")
+    assert "driver 575 supports CUDA 12.8 at most" in driver_problem("13.0", "x", "575")
+
+
+@pytest.mark.parametrize("value", ["120", "sm_120", "12", "12.0.1", "compute_120", 12.0])
+def test_an_architecture_that_is_not_a_compute_capability(tmp_path, value):
+    lock = tmp_path / "lock.txt"
+    lock.write_text("sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n")
+    with pytest.raises(SettingsError, match=r"gpuhost_compute_capability = .* is not allowed: "
+                       "a compute capability"):
+        from_host_data("gpu1", {"gpuhost_lock": str(lock), "gpuhost_compute_capability": value})
+
+
+def test_wheel_cache_setting(tmp_path):
+    lock = tmp_path / "lock.txt"
+    lock.write_text("sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n")
+    s = from_host_data("gpu1", {"gpuhost_lock": str(lock), "gpuhost_wheel_cache": "/srv/wheels"})
+    assert s.wheel_cache == "/srv/wheels"
+    with pytest.raises(SettingsError, match="gpuhost_wheel_cache = 'wheels' is not allowed"):
+        from_host_data("gpu1", {"gpuhost_lock": str(lock), "gpuhost_wheel_cache": "wheels"})

@@ -1,0 +1,192 @@
+"""The nvidia stage's decisions (operations.nvidia.plan_driver), one case per branch: fresh
+install, converged, driver change refused or allowed, mismatch, module not loaded, nouveau,
+unpackaged drivers, missing kernel headers, duplicate repository entries."""
+
+from pathlib import Path
+
+import pytest
+
+from operations.nvidia import (
+    AptSource,
+    DriverFiles,
+    Headers,
+    PciGpu,
+    parse_lspci,
+    plan_driver,
+    repo_folder,
+)
+from operations.nvsmi import DriverState, Gpu
+from operations.plan import PlanError
+from operations.settings import from_host_data
+
+REPO = "http://10.214.1.1:8080/compute/cuda/repos/debian12/x86_64/"
+SOURCE = "/etc/apt/sources.list.d/cuda-debian12-x86_64.list"
+KERNEL = "6.1.0-26-amd64"
+LOCK = Path(__file__).parents[1] / "locks" / "cuda12.8.txt"
+
+GPU = Gpu(0, "NVIDIA H200", "GPU-1", "00000000:00:06.0", "580.95.05", 143771, 700.0, 1980, "9.0")
+NO_FILES = DriverFiles(None, None, None)
+PKG_FILES = DriverFiles("/usr/bin/nvidia-smi", "nvidia-smi", None)
+CONVERGED = {
+    "nvidia-open": ["580.95.05-1"],
+    "nvidia-kernel-open-dkms": ["580.95.05-1"],
+    "cuda-toolkit-12-8": ["12.8.1-1"],
+    f"linux-headers-{KERNEL}": ["6.1.0-1"],
+}
+
+
+def settings(**data):
+    return from_host_data("gpu1", {"gpuhost_gpu_count": 1, "gpuhost_compute_capability": "9.0",
+                                   "gpuhost_tensor_parallel_size": 1, "gpuhost_lock": str(LOCK),
+                                   **data})
+
+
+def plan(s=None, *, debs=None, state=None, files_=PKG_FILES, headers=None, gpus=None,
+         sources=None, lists_present=True):
+    return plan_driver(
+        s or settings(),
+        debs=CONVERGED if debs is None else debs,
+        state=state or DriverState("ok", driver_version="580.95.05", gpus=(GPU,)),
+        files_=files_,
+        headers=headers or Headers(KERNEL, True, "6.1.0-1"),
+        gpus=(PciGpu("0000:00:06.0", "nvidia"),) if gpus is None else gpus,
+        sources=[AptSource(SOURCE, REPO)] if sources is None else sources,
+        repo_url=REPO,
+        source_path=SOURCE,
+        lists_present=lists_present,
+    )
+
+
+def test_converged_host_changes_nothing():
+    p = plan()
+    assert not p.install and not p.change and not p.reboot_reasons and not p.refusals
+    assert p.summary() == ("driver installed 580.95.05, target newest 580.*; CUDA toolkit "
+                           "installed 12.8.1, target 12.8 (cuda-toolkit-12-8); no reboot")
+
+
+def test_fresh_host_installs_and_reboots():
+    p = plan(debs={}, state=DriverState("absent"), files_=NO_FILES, gpus=(),
+             headers=Headers(KERNEL, False, None), sources=[], lists_present=False)
+    assert p.install and not p.change and not p.refusals
+    assert p.headers_unknown  # the repository that has the headers is not configured yet
+    assert p.reboot_reasons == ("the driver is installed or changed: its module loads at boot",)
+    assert "driver installed none" in p.summary() and "a server restart" in p.summary()
+
+
+def test_driver_change_is_refused_without_the_flag():
+    p = plan(settings(gpuhost_driver_version="580.105.08"))
+    assert p.change and p.install
+    assert len(p.refusals) == 1
+    assert "driver 580.95.05 is installed, host data asks for 580.105.08-*" in p.refusals[0]
+    assert "gpuhost_allow_driver_change = True" in p.refusals[0]
+    assert p.summary().startswith("driver installed 580.95.05, target 580.105.08 (a driver "
+                                  "change)")
+    assert "a reboot" in p.summary() and "server restart" in p.summary()
+
+
+def test_driver_change_with_the_flag_installs_and_reboots():
+    p = plan(settings(gpuhost_driver_version="570.172.08", gpuhost_driver_branch="570",
+                      gpuhost_allow_driver_change=True))
+    assert p.change and p.install and not p.refusals and p.reboot_reasons
+
+
+def test_branch_only_keeps_an_installed_release_of_the_branch():
+    assert not plan(settings(gpuhost_driver_branch="580")).install
+
+
+def test_mismatch_reboots():
+    p = plan(debs={**CONVERGED, "nvidia-kernel-open-dkms": ["580.105.08-1"],
+                   "nvidia-open": ["580.105.08-1"]},
+             state=DriverState("mismatch", library_version="580.105"))
+    assert not p.install and not p.refusals
+    assert p.reboot_reasons == ("the loaded module is not the installed driver (NVML 580.105: "
+                                "driver/library version mismatch)",)
+
+
+def test_module_not_loaded_reboots():
+    p = plan(state=DriverState("not-loaded"))
+    assert p.reboot_reasons == ("the installed driver's module is not loaded",)
+
+
+def test_nouveau_holding_a_gpu_reboots():
+    p = plan(state=DriverState("not-loaded"), gpus=(PciGpu("0000:00:06.0", "nouveau"),))
+    assert "nouveau holds 0000:00:06.0" in p.reboot_reasons
+
+
+def test_unpackaged_driver_is_refused_by_default():
+    files_ = DriverFiles("/usr/local/nvidia/bin/nvidia-smi", None, "580.159.04")
+    p = plan(debs={}, files_=files_)
+    assert len(p.refusals) == 1 and "no package installed" in p.refusals[0]
+    assert "gpuhost_unpackaged_driver = 'keep'" in p.refusals[0]
+
+
+def test_unpackaged_driver_kept():
+    files_ = DriverFiles("/usr/local/nvidia/bin/nvidia-smi", None, "580.159.04")
+    p = plan(settings(gpuhost_unpackaged_driver="keep"), debs={}, files_=files_)
+    assert p.keep_present and not p.install and not p.refusals and not p.reboot_reasons
+
+
+def test_unpackaged_driver_kept_but_too_old_for_cuda():
+    files_ = DriverFiles("/usr/bin/nvidia-smi", None, None)
+    p = plan(settings(gpuhost_unpackaged_driver="keep"), debs={}, files_=files_,
+             state=DriverState("ok", driver_version="550.54.15", gpus=(GPU,)))
+    assert p.refusals and "older than 570.26, the minimum for CUDA 12.8" in p.refusals[0]
+
+
+def test_unpackaged_driver_replaced():
+    p = plan(settings(gpuhost_unpackaged_driver="replace"), debs={},
+             files_=DriverFiles("/usr/bin/nvidia-smi", None, None))
+    assert p.install and not p.refusals
+
+
+def test_no_headers_installable_is_refused_before_any_change():
+    p = plan(debs={}, state=DriverState("absent"), files_=NO_FILES,
+             headers=Headers(KERNEL, False, None))
+    assert len(p.refusals) == 1
+    assert f"no kernel headers for the running kernel {KERNEL}" in p.refusals[0]
+
+
+def test_headers_installable():
+    p = plan(debs={}, state=DriverState("absent"), files_=NO_FILES,
+             headers=Headers(KERNEL, False, "6.1.0-1"))
+    assert not p.refusals and not p.headers_unknown
+
+
+def test_duplicate_source_entry_is_reported():
+    p = plan(sources=[AptSource(SOURCE, REPO), AptSource("/etc/apt/sources.list", REPO)])
+    assert len(p.warnings) == 1 and "/etc/apt/sources.list" in p.warnings[0]
+    assert not plan().warnings
+
+
+@pytest.mark.parametrize(
+    ("os_id", "version", "arch", "folder"),
+    [("ubuntu", "24.04", "x86_64", "ubuntu2404/x86_64"),
+     ("ubuntu", "22.04", "aarch64", "ubuntu2204/sbsa"),
+     ("debian", "12", "x86_64", "debian12/x86_64")],
+)
+def test_repository_table(os_id, version, arch, folder):
+    assert repo_folder(os_id, version, arch) == folder
+
+
+def test_repository_table_refuses_others():
+    with pytest.raises(PlanError, match="no NVIDIA CUDA repository for debian 11"):
+        repo_folder("debian", "11", "x86_64")
+    with pytest.raises(PlanError, match="no NVIDIA CUDA repository for ppc64le"):
+        repo_folder("ubuntu", "24.04", "ppc64le")
+
+
+def test_parse_lspci():
+    out = [
+        "0000:00:06.0 3D controller [0302]: NVIDIA Corporation GH100 [H200 SXM 141GB] "
+        "[10de:2335] (rev a1)",
+        "\tSubsystem: NVIDIA Corporation Device [10de:18be]",
+        "\tKernel driver in use: nouveau",
+        "\tKernel modules: nvidiafb, nouveau, nvidia_drm, nvidia",
+        "0000:00:07.0 Audio device [0403]: NVIDIA Corporation Device [10de:22e8] (rev a1)",
+        "\tKernel driver in use: snd_hda_intel",
+        "0000:00:08.0 VGA compatible controller [0300]: NVIDIA Corporation Device [10de:2bb5]",
+        "\tKernel modules: nouveau",
+        "rc=0",
+    ]
+    assert parse_lspci(out) == (PciGpu("0000:00:06.0", "nouveau"), PciGpu("0000:00:08.0", None))
+    assert parse_lspci(["rc=127"]) is None
