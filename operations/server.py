@@ -1,30 +1,45 @@
-"""Manage the SGLang server: its systemd unit, its environment, restarts only on change, and a
-health gate."""
+"""Manage the SGLang server: its model weights, systemd unit and environment, the API key gate
+for a public bind, restarts only on change, and a health gate that needs a real completion."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import time
 from collections.abc import Iterable
 from typing import Final
 
-from pyinfra import host
-from pyinfra.api import StringCommand, deploy, operation
+from pyinfra import host, logger
+from pyinfra.api import FactBase, FunctionCommand, StringCommand, deploy, operation
 from pyinfra.api.operation import OperationMeta
-from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.facts.files import File
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files, systemd
+from typing_extensions import override
 
+from operations import REPO_ROOT
+from operations import model as model_ops
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
 from operations.plan import refuse
 from operations.preflight import InitSystem
-from operations import REPO_ROOT
-from operations.settings import Settings
+from operations.settings import PREFIX, Settings
 from operations.sglang import server_args
 
 UNIT: Final = "sglang.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
+GATE_UNIT: Final = "sglang-gate.service"
+GATE_UNIT_PATH: Final = f"/etc/systemd/system/{GATE_UNIT}"
 SERVER_ENV_FILE: Final = "/etc/gpuhost/server.env"
+#: systemd's pause before restarting a failed server, and how many starts it gets within
+#: StartLimitIntervalSec (sized from the start timeout) before it stays failed.
+RESTART_SEC: Final = 10
+START_LIMIT_BURST: Final = 3
+#: GiB that must stay free on the model's file system after a download.
+DISK_HEADROOM_GIB: Final = 1.0
+#: Seconds between two progress lines of the health gate.
+PROGRESS_EVERY: Final = 10
 
 
 def systemd_quote(arg: str) -> str:
@@ -37,14 +52,27 @@ def systemd_quote(arg: str) -> str:
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _url(address: str, port: int) -> str:
+    address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(address, address)
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+
+def backend_url(settings: Settings) -> str:
+    """Where the server itself answers, from the host: the loopback behind the gate when the
+    server is public, else its own bind address."""
+    if settings.server_is_public:
+        return _url("127.0.0.1", settings.server_backend_port)
+    return _url(settings.server_host, settings.server_port)
+
+
 def env_context(settings: Settings) -> dict:
     """What templates/server.env.j2 is rendered with."""
-    return {"cuda_home": settings.cuda_home, "venv": settings.venv_path,
-            "env": dict(settings.server_env)}
+    return {"env": dict(settings.server_env)}
 
 
 def unit_context(settings: Settings) -> dict:
-    """What templates/sglang.service.j2 is rendered with."""
+    """What templates/sglang.service.j2 is rendered with. StartLimitIntervalSec leaves room
+    for START_LIMIT_BURST full starts (the start timeout and RestartSec each)."""
     return {
         "model": settings.model,
         "served_model_name": settings.served_model_name,
@@ -52,40 +80,235 @@ def unit_context(settings: Settings) -> dict:
         "server_env_file": SERVER_ENV_FILE,
         "p2p_env_file": P2P_ENV_FILE,
         "venv": settings.venv_path,
+        "cuda_home": settings.cuda_home,
+        "lib_dir": LIB_DIR,
+        "backend_url": backend_url(settings),
+        "start_timeout": settings.server_start_timeout,
+        "restart_sec": RESTART_SEC,
+        "start_limit_burst": START_LIMIT_BURST,
+        "start_limit_interval": START_LIMIT_BURST * (settings.server_start_timeout + RESTART_SEC),
+        "gate_unit": GATE_UNIT if settings.server_is_public else None,
         "exec_args": " ".join(systemd_quote(a) for a in server_args(settings)),
     }
 
 
-@operation(is_idempotent=False)
-def ready(url: str, model: str, timeout: int):
-    """Wait until the server answers /health and /v1/models lists ``model``.
+def gate_context(settings: Settings) -> dict:
+    """What templates/sglang-gate.service.j2 is rendered with."""
+    return {
+        "server_unit": UNIT,
+        "lib_dir": LIB_DIR,
+        "listen": _url(settings.server_host, settings.server_port).removeprefix("http://"),
+        "listen_host": settings.server_host,
+        "listen_port": settings.server_port,
+        "backend_url": backend_url(settings),
+        "key_file": systemd_quote(settings.api_key_file or ""),
+    }
 
-    + url: the server's base URL as seen from the host, e.g. http://127.0.0.1:8000
+
+_LISTENERS_SCRIPT: Final = r"""
+import json, os, sys
+ports = {int(p) for p in sys.argv[1:]}
+inodes = {}
+for name in ("tcp", "tcp6"):
+    try:
+        lines = open("/proc/net/" + name).read().splitlines()[1:]
+    except OSError:
+        continue
+    for line in lines:
+        f = line.split()
+        port = int(f[1].rsplit(":", 1)[1], 16)
+        if f[3] == "0A" and port in ports:
+            inodes[f[9]] = port
+found = {}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        continue
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        inode = target[len("socket:["):-1] if target.startswith("socket:[") else None
+        if inode in inodes:
+            try:
+                cgroup = open(f"/proc/{pid}/cgroup").read().strip().rsplit("/", 1)[-1]
+            except OSError:
+                cgroup = ""
+            found.setdefault(str(inodes[inode]), set()).add(cgroup or f"pid {pid}")
+print(json.dumps({p: sorted(u) for p, u in found.items()}))
+"""
+
+
+class PortListeners(FactBase[dict]):
+    """Who listens on TCP ports, by systemd unit (the cgroup of the listening process, from
+    /proc/net/tcp{,6} and /proc/<pid>/fd):
+
+    .. code:: python
+
+        {"8000": ["sglang-gate.service"], "30000": ["sglang.service"]}
+    """
+
+    @override
+    def requires_command(self, ports: tuple[int, ...]) -> str:
+        return "python3"
+
+    @override
+    def command(self, ports: tuple[int, ...]) -> str:
+        return f"python3 -c {shlex.quote(_LISTENERS_SCRIPT)} " + " ".join(str(p) for p in ports)
+
+    @override
+    def default(self) -> dict:
+        return {}
+
+    @override
+    def process(self, output) -> dict:
+        try:
+            return json.loads("\n".join(output))
+        except ValueError:
+            return {}
+
+
+def _check_secret_file(key: str, path: str) -> bool:
+    """Refuse (and return False) unless ``path`` on the host is a file owned by root that
+    neither its group nor others can read or write."""
+    stat = host.get_fact(File, path=path)
+    allowed = "a file on the host owned by root with mode 0600 or 0400"
+    if stat is None:
+        why = "it does not exist"
+    elif stat is False:
+        why = "it is not a regular file"
+    elif stat.get("user") != "root" or int(stat.get("mode") or 0) % 100 != 0:
+        why = f"it is owned by {stat.get('user')} with mode {stat.get('mode')}"
+    else:
+        return True
+    refuse("SGLang server", f"{PREFIX}{key} = {path!r} is not allowed: {allowed} ({why})")
+    return False
+
+
+def _check_ports(settings: Settings) -> None:
+    ports = {"server_port": settings.server_port}
+    if settings.server_is_public:
+        ports["server_backend_port"] = settings.server_backend_port
+    listeners = host.get_fact(PortListeners, ports=tuple(sorted(ports.values())))
+    for key, port in ports.items():
+        others = [u for u in listeners.get(str(port), []) if u not in (UNIT, GATE_UNIT)]
+        if others:
+            refuse("SGLang server", f"{PREFIX}{key} = {port} is not allowed: a port no other "
+                                    f"unit listens on ({', '.join(others)} listens on it)")
+
+
+@operation()
+def unit_started(unit: str):
+    """Enable ``unit`` and start it without waiting for it (``systemctl start --no-block``:
+    the unit's ExecStartPost holds it "activating" until the server answers, which may take
+    the whole start timeout; the health gate shows the progress meanwhile)."""
+    if not host.get_fact(SystemdEnabled).get(unit):
+        yield f"systemctl enable {unit}"
+    if host.get_fact(SystemdStatus).get(unit):
+        host.noop(f"{unit} is running")
+        return
+    yield f"systemctl reset-failed {unit} 2>/dev/null || true"
+    yield f"systemctl start --no-block {unit}"
+
+
+@operation(is_idempotent=False)
+def unit_restarted(unit: str):
+    """Restart ``unit`` without waiting for it (see unit_started)."""
+    yield f"systemctl reset-failed {unit} 2>/dev/null || true"
+    yield f"systemctl restart --no-block {unit}"
+
+
+def _wait_serving(state, host, argv: list[str], timeout: int) -> bool:
+    """Run the health gate in rounds of PROGRESS_EVERY seconds, printing its progress through
+    pyinfra's logger (shown without -v); False when it failed, after showing why, the journal
+    and that the unit was stopped."""
+    waited, began = 0.0, time.monotonic()
+    while True:
+        command = StringCommand(*argv, "--poll-for", str(PROGRESS_EVERY),
+                                "--elapsed-offset", f"{waited:.0f}")
+        ok, output = host.run_shell_command(command, _success_exit_codes=[0, 3],
+                                            _timeout=timeout + 120)
+        waited = time.monotonic() - began
+        lines = output.stdout_lines + output.stderr_lines
+        failed = not ok or any(line.startswith("server not ready") for line in lines)
+        log = logger.error if failed else logger.info
+        for line in lines:
+            log(f"{host.print_prefix}{line}")
+        if failed:
+            return False
+        if any(line.startswith("ready after") for line in lines):
+            return True
+
+
+@operation(is_idempotent=False)
+def serving(url: str, model: str, timeout: int, public_url: str | None = None,
+            api_key_file: str | None = None):
+    """Wait until the server serves ``model`` and answers a fixed greedy chat completion with
+    text that is neither empty nor degenerate (operations/files/health_check.py), printing
+    progress every 10 s; with a public URL, also that the API key gate refuses a request
+    without the key and that /get_server_info does not contain it.
+
+    + url: the server's own base URL as seen from the host, e.g. http://127.0.0.1:8000
     + model: the served model name
     + timeout: seconds before giving up; the unit is then stopped and its journal shown
+    + public_url: the API key gate's base URL, when the server is public
+    + api_key_file: root-only file holding the key (read on the host, never shown)
     """
-    yield StringCommand(
-        "python3", f"{LIB_DIR}/health_check.py", "--url", shlex.quote(url),
-        "--model", shlex.quote(model), "--unit", UNIT, "--timeout", str(timeout),
-    )
+    argv = ["python3", f"{LIB_DIR}/health_check.py", "--url", shlex.quote(url),
+            "--model", shlex.quote(model), "--unit", UNIT, "--timeout", str(timeout)]
+    if public_url and api_key_file:
+        argv += ["--public-url", shlex.quote(public_url),
+                 "--api-key-file", shlex.quote(api_key_file)]
+    yield FunctionCommand(_wait_serving, (argv, timeout), {})
 
 
 @deploy("SGLang server")
 def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
-    """Template the unit and its environment, start the server, restart it only when something
-    it reads changed, and wait until it serves the model.
+    """Download the model, template the unit and its environment (and the API key gate's unit
+    when the server binds more than the loopback), start the server, restart it only when
+    something it reads changed, and wait until it serves good answers.
 
     + settings: the host's validated settings
     + inputs: operations of earlier stages whose change means a restart (the venv, the P2P
       decision)
+
+    Refused while planning: PID 1 not systemd; a token or key file missing or readable by
+    others; a port another unit listens on.
     """
     init = host.get_fact(InitSystem)
     if init != "systemd":
         refuse("SGLang server", f"PID 1 is {init!r}, not systemd: the server runs as a systemd "
                                 "unit")
         return
+    secrets_ok = all([
+        _check_secret_file("hf_token_file", settings.hf_token_file)
+        if settings.hf_token_file else True,
+        _check_secret_file("api_key_file", settings.api_key_file)
+        if settings.api_key_file else True,
+    ])
+    _check_ports(settings)
+    if not secrets_ok:
+        return
     was_running = bool(host.get_fact(SystemdStatus).get(UNIT))
+    gate_was_running = bool(host.get_fact(SystemdStatus).get(GATE_UNIT))
     files.directory(name="gpuhost config folder", path="/etc/gpuhost", mode="755")
+    files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
+    shipped = {
+        script: files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),
+                          dest=f"{LIB_DIR}/{script}", mode="644")
+        for script in ("health_check.py", "model_fetch.py", "api_gate.py")
+    }
+    changed: list[OperationMeta] = []
+    if not settings.model_is_local:
+        files.directory(name="Model folder", path=settings.model_path, mode="755")
+        changed.append(model_ops.weights(
+            name=f"Model {settings.model}@{settings.model_revision}",
+            repo=settings.model, revision=settings.model_revision, dest=settings.model_path,
+            endpoint=settings.hf_endpoint, python=f"{settings.venv_path}/bin/python",
+            token_file=settings.hf_token_file, headroom_gib=DISK_HEADROOM_GIB,
+        ))
     env = files.template(
         name="Server environment",
         src=str(REPO_ROOT / "templates" / "server.env.j2"),
@@ -100,23 +323,47 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
         mode="644",
         **unit_context(settings),
     )
-    files.put(name="Ship health_check.py", src=str(REPO_ROOT / "operations/files/health_check.py"),
-              dest=f"{LIB_DIR}/health_check.py", mode="644")
-    systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
-    started = systemd.service(name=f"Start {UNIT}", service=UNIT, running=True, enabled=True)
-    changed = [env, unit, *inputs]
-    restarted = systemd.service(
+    units = [unit]
+    if settings.server_is_public:
+        gate = files.template(
+            name=f"Unit {GATE_UNIT}",
+            src=str(REPO_ROOT / "templates" / "sglang-gate.service.j2"),
+            dest=GATE_UNIT_PATH,
+            mode="644",
+            **gate_context(settings),
+        )
+        units.append(gate)
+    elif host.get_fact(File, path=GATE_UNIT_PATH):
+        systemd.service(name=f"Stop {GATE_UNIT} (the server binds the loopback only)",
+                        service=GATE_UNIT, running=False, enabled=False)
+        units.append(files.file(name=f"Remove {GATE_UNIT}", path=GATE_UNIT_PATH, present=False))
+    systemd.daemon_reload(name="Reload systemd units",
+                          _if=lambda: any(u.did_change() for u in units))
+    started = unit_started(name=f"Start {UNIT}", unit=UNIT)
+    changed += [env, unit, *inputs]
+    restarted = unit_restarted(
         name=f"Restart {UNIT} (what it reads changed)",
-        service=UNIT,
-        restarted=True,
+        unit=UNIT,
         _if=lambda: was_running and any(op.did_change() for op in changed),
     )
-    address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(settings.server_host, settings.server_host)
-    host_addr = f"[{address}]" if ":" in address else address
-    ready(
-        name=f"Wait until {settings.served_model_name} is served",
-        url=f"http://{host_addr}:{settings.server_port}",
+    public_url = None
+    if settings.server_is_public:
+        unit_started(name=f"Start {GATE_UNIT}", unit=GATE_UNIT)
+        gate_inputs = [units[1], shipped["api_gate.py"]]
+        unit_restarted(
+            name=f"Restart {GATE_UNIT} (its unit or program changed)",
+            unit=GATE_UNIT,
+            # A restart of the server restarts the gate too (PartOf=).
+            _if=lambda: gate_was_running and not restarted.did_change()
+            and any(op.did_change() for op in gate_inputs),
+        )
+        public_url = _url(settings.server_host, settings.server_port)
+    serving(
+        name=f"Wait until {settings.served_model_name} answers",
+        url=backend_url(settings),
         model=settings.served_model_name,
         timeout=settings.health_timeout,
+        public_url=public_url,
+        api_key_file=settings.api_key_file,
         _if=lambda: started.did_change() or restarted.did_change(),
     )

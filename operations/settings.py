@@ -72,8 +72,6 @@ class Settings:
     wheel_cache: str = "~/.cache/gpuhost/wheels"
     # P2P
     p2p_override: str | None = None
-    p2p_remeasure: bool = False
-    p2p_check_timeout: int = 120
     # The server
     model: str = "lukealonso/GLM-5-NVFP4"
     served_model_name: str = "glm-5"
@@ -98,6 +96,31 @@ class Settings:
         default_factory=lambda: {"OMP_NUM_THREADS": "8", "SAFETENSORS_FAST_GPU": "1"}
     )
     health_timeout: int = 1800
+    server_start_timeout: int = 3600
+    server_backend_port: int = 30000
+    api_key_file: str | None = None
+    # Model weights
+    model_dir: str = "/opt/gpuhost/models"
+    model_revision: str = "main"
+    hf_endpoint: str = "https://huggingface.co"
+    hf_token_file: str | None = None
+
+    @property
+    def model_is_local(self) -> bool:
+        """Whether gpuhost_model is a folder on the host (no download) rather than a repository."""
+        return self.model.startswith("/")
+
+    @property
+    def model_path(self) -> str:
+        """Where the server reads the weights: gpuhost_model itself when it is an absolute path,
+        else ``<gpuhost_model_dir>/<repository id>``, where provisioning downloads them."""
+        return self.model if self.model_is_local else f"{self.model_dir}/{self.model}"
+
+    @property
+    def server_is_public(self) -> bool:
+        """Whether the server binds more than the loopback address (then the API key gate
+        listens there and the server itself on 127.0.0.1:gpuhost_server_backend_port)."""
+        return not ipaddress.ip_address(self.server_host).is_loopback
 
     @property
     def cuda_home(self) -> str:
@@ -194,8 +217,6 @@ RULES: Final[Mapping[str, _Rule]] = {
     ),
     "wheel_cache": _text(r"(~|/)[^\s'\"]*", "a path on the controller, absolute or under ~"),
     "p2p_override": _one_of(P2P_OVERRIDES, optional=True),
-    "p2p_remeasure": _BOOL,
-    "p2p_check_timeout": _int_between(10, 3600),
     "model": _text(r"[^\s'\"]+", "a Hugging Face repository id or an absolute path"),
     "served_model_name": _text(_NAME, "a non-empty name of letters, digits, '_', '.', '-'"),
     "tensor_parallel_size": _int_between(1, 64),
@@ -222,6 +243,16 @@ RULES: Final[Mapping[str, _Rule]] = {
     ),
     "server_env": _Rule(_is_env, "a dict of UPPER_CASE names to string values"),
     "health_timeout": _int_between(10, 86400),
+    "server_start_timeout": _int_between(60, 7 * 86400),
+    "server_backend_port": _int_between(1, 65535),
+    "api_key_file": _text(r"/[^\s'\"]*[^/\s'\"]", "an absolute path on the host, root-only",
+                          optional=True),
+    "model_dir": _text(r"/[^\s'\"]*[^/\s'\"]", "an absolute path without spaces or quotes"),
+    "model_revision": _text(r"[A-Za-z0-9][A-Za-z0-9_.\-/]*",
+                            "a branch, tag or commit sha of the model's repository"),
+    "hf_endpoint": _text(r"https?://\S+[^/]", "an http(s) URL without a trailing slash"),
+    "hf_token_file": _text(r"/[^\s'\"]*[^/\s'\"]", "an absolute path on the host, root-only",
+                           optional=True),
 }
 
 _FIELDS: Final = {f.name for f in fields(Settings)}
@@ -311,9 +342,31 @@ def _check_together(host: str, s: Settings) -> None:
                 s.driver_version,
                 f"a driver >= {minimum}, the minimum for CUDA {s.cuda_toolkit}",
             )
+    _check_server_exposure(host, s)
     if not s.lock_path.is_file():
         raise _fail(host, "lock", s.lock, f"an existing lock file (not found: {s.lock_path})")
     _check_server_flags(host, s)
+
+
+def _check_server_exposure(host: str, s: Settings) -> None:
+    if s.server_is_public and s.api_key_file is None:
+        raise _fail(
+            host, "server_host", s.server_host,
+            f"a loopback address (127.0.0.1, ::1), or set {PREFIX}api_key_file to a root-only "
+            "file holding the API key: a wider bind without a key is open to the network",
+        )
+    if s.server_is_public and s.server_backend_port == s.server_port:
+        raise _fail(
+            host, "server_backend_port", s.server_backend_port,
+            f"a port other than {PREFIX}server_port ({s.server_port}): the API key gate listens "
+            "there and the server behind it on 127.0.0.1",
+        )
+    if "--api-key" in s.server_extra_args or "--admin-api-key" in s.server_extra_args:
+        raise _fail(
+            host, "server_extra_args", list(s.server_extra_args),
+            f"no --api-key or --admin-api-key (sglang logs its arguments and /server_info "
+            f"returns them): name a root-only key file in {PREFIX}api_key_file",
+        )
 
 
 def _check_server_flags(host: str, s: Settings) -> None:

@@ -21,9 +21,14 @@ def server_args(settings: Settings) -> list[str]:
     (../shared/reference-lab.md), with ``--tensor-parallel-size`` spelled out (the reference's
     ``--tp`` works only as an argparse abbreviation of ``--tp-size``). Flags whose setting is
     None are left out; P2P-dependent flags (--disable-custom-all-reduce) come from the P2P
-    decision, not from here."""
+    decision, not from here.
+
+    The model is the local folder (``settings.model_path``) the weights were downloaded to.
+    When the server is public (``settings.server_is_public``) it binds 127.0.0.1 on
+    ``gpuhost_server_backend_port`` behind the API key gate; sglang never gets the key (it logs
+    its arguments and /server_info returns them)."""
     s = settings
-    args = ["--model", s.model, "--served-model-name", s.served_model_name]
+    args = ["--model", s.model_path, "--served-model-name", s.served_model_name]
     optional = [
         ("--reasoning-parser", s.reasoning_parser),
         ("--tool-call-parser", s.tool_call_parser),
@@ -48,7 +53,9 @@ def server_args(settings: Settings) -> list[str]:
     args += [a for flag, value in optional if value is not None for a in (flag, value)]
     if s.enable_flashinfer_allreduce_fusion:
         args.append("--enable-flashinfer-allreduce-fusion")
-    args += ["--host", s.server_host, "--port", str(s.server_port), *s.server_extra_args]
+    host, port = ("127.0.0.1", s.server_backend_port) if s.server_is_public \
+        else (s.server_host, s.server_port)
+    args += ["--host", host, "--port", str(port), *s.server_extra_args]
     return args
 
 

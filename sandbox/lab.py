@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sandbox import network, procs, rootfs, scenarios, services
+from sandbox import hub, network, procs, rootfs, scenarios, services
 from sandbox.layout import (
     DEFAULT_SCENARIO,
     HOSTS_DIR,
@@ -46,6 +46,7 @@ from sandbox.layout import (
 from sandbox.tools import ensure_tools
 
 STATE_VERSION = 1
+HUB_TOKEN = STATE_DIR / "hub" / "token"  # the hub stand-in's token, also on each host
 BOOT_TIMEOUT_S = 180.0
 POWEROFF_TIMEOUT_S = 30.0
 
@@ -231,6 +232,7 @@ def up(
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "cuda_keyring_sha256": None,
             "httpd": None,
+            "hub": None,
             "hosts": [
                 {
                     "name": s.name,
@@ -266,6 +268,9 @@ def _prepare(
         host_keys = [f.result() for f in prepared]
         state["cuda_keyring_sha256"] = www.result()
     _save_state(state)
+    token = hub.ensure_token(HUB_TOKEN)
+    for spec in specs:
+        hub.install_token(spec.root, token)
     KNOWN_HOSTS.write_text(
         "".join(f"{s.address} {key}\n" for s, keys in zip(specs, host_keys) for key in keys)
     )
@@ -274,6 +279,8 @@ def _prepare(
 
 def _start_services(specs: list[HostSpec], state: dict[str, Any]) -> None:
     state["httpd"] = services.start_httpd(specs).to_json()
+    _save_state(state)
+    state["hub"] = hub.start(specs, HUB_TOKEN).to_json()
     _save_state(state)
     for entry, spec in zip(state["hosts"], specs):
         entry["proxy"] = services.start_proxy(spec).to_json()
@@ -323,10 +330,19 @@ def status() -> list[dict[str, Any]]:
                 "pip_index_url": spec.pip_index_url,
                 "lock": str(LOCK_FILE),
                 "known_hosts": str(KNOWN_HOSTS),
-                "host_data": host_data,
+                "host_data": {**host_data, **_hub_host_data(spec)},
             }
         )
     return out
+
+
+def _hub_host_data(spec: HostSpec) -> dict[str, Any]:
+    """The model from the hub stand-in on the host's link, and the token `up` put on the host."""
+    return {
+        "gpuhost_model": hub.REPO_ID,
+        "gpuhost_hf_endpoint": f"http://{spec.gateway}:{hub.PORT}",
+        "gpuhost_hf_token_file": hub.TOKEN_ON_HOST,
+    }
 
 
 def _scenario_host_data(scenario: str) -> dict[str, Any]:
@@ -356,7 +372,8 @@ def _down(defer_removal: bool = False) -> None:
     entries = state.get("hosts", [])
     supervisors = [procs.Proc.from_json(e.get("supervisor")) for e in entries]
     procs.stop(supervisors, POWEROFF_TIMEOUT_S)
-    service_procs = [procs.Proc.from_json(state.get("httpd"))]
+    service_procs = [procs.Proc.from_json(state.get("httpd")),
+                     procs.Proc.from_json(state.get("hub"))]
     service_procs += [procs.Proc.from_json(e.get("proxy")) for e in entries]
     procs.stop(service_procs, 5)
     stubborn = procs.empty_cgroup()

@@ -12,7 +12,8 @@ torch 2.9.1 (torch.__version__ "2.9.1+cu128"), flash-attn 2.8.3.post2 (an sdist 
 imports torch and records its build environment), flashinfer-python 0.6.3, flashinfer-cubin
 0.6.3, sgl-kernel 0.3.21 and sglang 0.5.9 (the versions sglang 0.5.9's METADATA pins). Beside
 them, real wheels fetched once from PyPI into `cache`: flash-attn's build requirements under
---no-build-isolation (setuptools, wheel, packaging), at the lock's versions and hashes.
+--no-build-isolation (setuptools, wheel, packaging), and huggingface_hub 0.36.2 with its
+dependencies (the product downloads the model with it), at the lock's versions and hashes.
 """
 
 from __future__ import annotations
@@ -50,7 +51,58 @@ class RealWheel:
     version: str
     filename: str
     sha256: str
+    # pip download's --platform tags for a binary wheel (fetched for CPython 3.11, the hosts'
+    # Debian 12 python, whatever this machine runs); () for a pure-Python wheel
+    platforms: tuple[str, ...] = ()
 
+
+# huggingface_hub and its dependencies (the product downloads model weights with it), as
+# locks/cuda12.8.txt pins them; binary wheels for CPython 3.11 on x86_64
+_HUB_WHEELS = (
+    ("huggingface-hub", "0.36.2", "huggingface_hub-0.36.2-py3-none-any.whl", ()),
+    ("filelock", "4.3.1", "filelock-4.3.1-py3-none-any.whl", ()),
+    ("fsspec", "2026.6.0", "fsspec-2026.6.0-py3-none-any.whl", ()),
+    ("hf-xet", "1.8.0", "hf_xet-1.8.0-cp38-abi3-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+     ("manylinux_2_17_x86_64",)),
+    ("pyyaml", "6.0.4",
+     "pyyaml-6.0.4-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64"
+     ".whl", ("manylinux_2_17_x86_64",)),
+    ("requests", "2.34.2", "requests-2.34.2-py3-none-any.whl", ()),
+    ("certifi", "2026.10.19.post1", "certifi-2026.10.19.post1-py3-none-any.whl", ()),
+    ("charset-normalizer", "3.5.3",
+     "charset_normalizer-3.5.3-cp311-cp311-manylinux1_x86_64.manylinux_2_28_x86_64"
+     ".manylinux_2_5_x86_64.whl", ("manylinux_2_28_x86_64",)),
+    ("idna", "3.20", "idna-3.20-py3-none-any.whl", ()),
+    ("urllib3", "2.8.0", "urllib3-2.8.0-py3-none-any.whl", ()),
+    ("tqdm", "4.70.1", "tqdm-4.70.1-py3-none-any.whl", ()),
+    ("typing-extensions", "4.16.0", "typing_extensions-4.16.0-py3-none-any.whl", ()),
+)
+_HUB_SHA256 = {
+    "certifi-2026.10.19.post1-py3-none-any.whl":
+        "1324c476b4811eff41a8bc2122cd0bbd4d9c7234c725446d99ab1612b3a7fdd2",
+    "charset_normalizer-3.5.3-cp311-cp311-manylinux1_x86_64.manylinux_2_28_x86_64.manylinux_2_5_x86_64.whl":
+        "2a6f937e0b70133d1f826d0a253331b6fe1a4c874808cc12e16f2fb8177042f4",
+    "filelock-4.3.1-py3-none-any.whl":
+        "79e43df8e9fe509cd83a3899a7c186c8077cbbe4d200a1ed3705c2f3bb6bc487",
+    "fsspec-2026.6.0-py3-none-any.whl":
+        "02e0b71817df9b2169dc30a16832045764def1191b43dcff5bb85bdee212d2a1",
+    "hf_xet-1.8.0-cp38-abi3-manylinux2014_x86_64.manylinux_2_17_x86_64.whl":
+        "29dab7c904cd1914a0439c6e1306c12c7497c8bd32290fbe563ebf51ca4b6d6d",
+    "huggingface_hub-0.36.2-py3-none-any.whl":
+        "48f0c8eac16145dfce371e9d2d7772854a4f591bcb56c9cf548accf531d54270",
+    "idna-3.20-py3-none-any.whl":
+        "ab7ae7122974553370f0bdb919e1a960b2cd1bc1ef0276416d896db81c14582c",
+    "pyyaml-6.0.4-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl":
+        "622aa875fa6533f25fedcffe23079357d65a690d462200afed5d8e9d0e01ebee",
+    "requests-2.34.2-py3-none-any.whl":
+        "2a0d60c172f83ac6ab31e4554906c0f3b3588d37b5cb939b1c061f4907e278e0",
+    "tqdm-4.70.1-py3-none-any.whl":
+        "c293e525e6fef9c20e8728fd4612df02a0aa31bb5fe91ecd93e123b1b7bffa73",
+    "typing_extensions-4.16.0-py3-none-any.whl":
+        "481caa481374e813c1b176ada14e97f1f67a4539ce9cfeb3f350d78d6370c2e8",
+    "urllib3-2.8.0-py3-none-any.whl":
+        "0cf3cae568d36aa9576b28dfb35f11328f1cb974ca7647d9475ebb86c75ac6e3",
+}
 
 # flash-attn's build requirements without build isolation (locks/cuda12.8.txt's versions)
 REAL_WHEELS = (
@@ -72,7 +124,7 @@ REAL_WHEELS = (
         "packaging-26.4-py3-none-any.whl",
         "81383611a09c1bc0b08b76e0fd5829d7c6824c65b27a6aee339da133f4233ea2",
     ),
-)
+) + tuple(RealWheel(n, v, f, _HUB_SHA256[f], plat) for n, v, f, plat in _HUB_WHEELS)
 
 
 @dataclass(frozen=True)
@@ -304,6 +356,9 @@ def _real_wheel(wheel: RealWheel, cache: Path) -> Path:
             str(cache),
             f"{wheel.name}=={wheel.version}",
         ]
+        if wheel.platforms:
+            cmd[4:4] = ["--python-version", "3.11", "--implementation", "cp"] + [
+                a for tag in wheel.platforms for a in ("--platform", tag)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not path.exists():
             raise PyPIIndexError(

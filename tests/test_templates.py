@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api.util import get_template
 
-from operations.server import env_context, systemd_quote, unit_context
+from operations.server import env_context, gate_context, systemd_quote, unit_context
 from operations.settings import from_host_data
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ def unit_lines(text):
 
 
 def test_unit_is_the_reference_launch(settings):
-    text = render("sglang.service.j2", unit_context(settings(gpuhost_server_host="0.0.0.0")))
+    text = render("sglang.service.j2", unit_context(settings()))
     (exec_start,) = [line for line in unit_lines(text) if line.startswith("ExecStart=")]
     words = shlex.split(exec_start.removeprefix("ExecStart="))
     assert words[0] == "/opt/gpuhost/venv/bin/python"
@@ -44,6 +44,10 @@ def test_unit_is_the_reference_launch(settings):
     reference.remove("--disable-custom-all-reduce")  # from the P2P decision, not host data
     # The full name: --tp works only through argparse's prefix matching of --tp-size.
     reference[reference.index("--tp")] = "--tensor-parallel-size"
+    # The weights are downloaded while provisioning; the server reads the local copy.
+    reference[reference.index("--model") + 1] = "/opt/gpuhost/models/lukealonso/GLM-5-NVFP4"
+    # Bound to the loopback by default (0.0.0.0 needs an API key and goes through the gate).
+    reference[reference.index("--host") + 1] = "127.0.0.1"
     assert words[1:-1] == reference
 
 
@@ -70,8 +74,49 @@ def test_systemd_quote():
 def test_environment_file(settings):
     text = render("server.env.j2", env_context(settings()))
     lines = unit_lines(text)
-    assert "CUDA_HOME=/usr/local/cuda-12.8" in lines
+    assert "HF_HUB_OFFLINE=1" in lines
     assert "OMP_NUM_THREADS=8" in lines
     assert "SAFETENSORS_FAST_GPU=1" in lines
-    assert any(line.startswith("PATH=/opt/gpuhost/venv/bin:/usr/local/cuda-12.8/bin:")
+
+
+def test_unit_restarts_on_failure_within_a_start_limit(settings):
+    lines = unit_lines(render("sglang.service.j2", unit_context(
+        settings(gpuhost_server_start_timeout=1200))))
+    assert "Restart=on-failure" in lines
+    assert "RestartSec=10" in lines
+    assert "StartLimitBurst=3" in lines
+    # room for three full starts, so the limit stops a loop and not a slow first start
+    assert "StartLimitIntervalSec=3630" in lines
+    assert "TimeoutStartSec=1200" in lines
+    assert "LimitMEMLOCK=infinity" in lines
+    assert "LimitNOFILE=1048576" in lines
+
+
+def test_unit_sets_paths_explicitly(settings):
+    lines = unit_lines(render("sglang.service.j2", unit_context(settings())))
+    assert "Environment=CUDA_HOME=/usr/local/cuda-12.8" in lines
+    assert "Environment=LD_LIBRARY_PATH=/usr/local/cuda-12.8/lib64" in lines
+    assert any(line.startswith("Environment=PATH=/opt/gpuhost/venv/bin:/usr/local/cuda-12.8/bin:")
                for line in lines)
+    (post,) = [line for line in lines if line.startswith("ExecStartPost=")]
+    assert "--health-only" in post and "http://127.0.0.1:8000" in post
+
+
+def test_no_secret_reaches_the_unit(settings, tmp_path):
+    s = settings(gpuhost_server_host="0.0.0.0", gpuhost_api_key_file="/root/sglang.key",
+                 gpuhost_hf_token_file="/root/hf_token")
+    unit = render("sglang.service.j2", unit_context(s))
+    gate = render("sglang-gate.service.j2", gate_context(s))
+    env = render("server.env.j2", env_context(s))
+    for text in (unit, gate, env):
+        assert "--api-key" not in text.replace("--api-key-file", "")
+    (exec_start,) = [line for line in unit_lines(unit) if line.startswith("ExecStart=")]
+    words = shlex.split(exec_start.removeprefix("ExecStart="))
+    # public: the server binds the loopback behind the gate, which holds the key file's path
+    assert words[words.index("--host") + 1] == "127.0.0.1"
+    assert words[words.index("--port") + 1] == "30000"
+    assert "Wants=network-online.target sglang-gate.service" in unit_lines(unit)
+    (gate_exec,) = [line for line in unit_lines(gate) if line.startswith("ExecStart=")]
+    assert "--listen 0.0.0.0 --port 8000 --backend http://127.0.0.1:30000" in gate_exec
+    assert "--key-file /root/sglang.key" in gate_exec
+    assert "PartOf=sglang.service" in unit_lines(gate)

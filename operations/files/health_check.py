@@ -1,24 +1,50 @@
-"""Wait until the SGLang server is ready: /health answers and /v1/models lists the model.
+"""Health gate of the SGLang server: ready means it serves the model and answers a fixed greedy
+chat completion with text that is neither empty nor degenerate.
 
-Runs on the GPU host with the system python3 (standard library only). Prints progress
-(elapsed seconds, the unit's last journal line) every 10 s. On failure or timeout: the last 50
-journal lines, the unit stopped (so systemd does not restart a broken server in a loop), exit 1.
+Runs on the GPU host with the system python3 (standard library only), in one of two modes:
+
+  --health-only   poll /health until it answers 200 (the unit's ExecStartPost: the unit stays
+                  "activating" until then). Exit 0, or 1 at the timeout.
+  (default)       the gate: the unit must stay up (a crash, the unit failed or waiting to be
+                  restarted by systemd is a failure at once), /health 200, /v1/models lists the
+                  model, then POST /v1/chat/completions with temperature 0 must return a
+                  non-empty answer that is not degenerate (NaN text, one token repeated). With
+                  --public-url and --api-key-file it also checks the API key gate: a request
+                  without the key is refused (401/403), one with it served, and /get_server_info
+                  does not contain the key.
+
+Progress lines ("waiting N s: <last journal line>") every 10 s. With --poll-for S it returns
+exit 3 after S seconds still waiting (the deploy calls it again and prints the progress);
+--elapsed-offset carries the seconds already waited. On failure or timeout: the reason, the
+last 50 journal lines, the unit stopped (so systemd does not restart a broken server in a
+loop), exit 1. The key is never printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 
+PROMPT = "What is the capital of France? Answer with one word."
+MAX_TOKENS = 32
+WAITING = 3
 
-def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+
+def _request(url: str, data: dict | None = None, key: str | None = None,
+             timeout: float = 5.0) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    body = json.dumps(data).encode() if data is not None else None
+    request = urllib.request.Request(url, data=body, headers=headers)
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, ""
@@ -34,52 +60,145 @@ def _journal(unit: str, lines: int) -> str:
     return result.stdout.strip()
 
 
-def _active(unit: str) -> str:
-    result = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True,
-                            check=False)
-    return result.stdout.strip()
+def _unit_state(unit: str) -> tuple[str, str]:
+    result = subprocess.run(
+        ["systemctl", "show", "-p", "ActiveState", "-p", "SubState", unit],
+        capture_output=True, text=True, check=False,
+    )
+    props = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    return props.get("ActiveState", ""), props.get("SubState", "")
 
 
-def _fail(unit: str, why: str) -> int:
-    print(f"server not ready: {why}", file=sys.stderr)
-    print(f"--- last 50 lines of the journal of {unit} ---", file=sys.stderr)
-    print(_journal(unit, 50), file=sys.stderr)
+def _fail(unit: str, why: str, secret: str | None) -> int:
+    journal = _journal(unit, 50)
+    if secret:
+        journal = journal.replace(secret, "<api key>")
+    print(f"server not ready: {why}", flush=True)
+    print(f"--- last 50 lines of the journal of {unit} ---")
+    print(journal)
     subprocess.run(["systemctl", "stop", unit], check=False)
-    print(f"--- {unit} stopped ---", file=sys.stderr)
+    print(f"--- {unit} stopped ---", flush=True)
+    return 1
+
+
+def degenerate(text: str) -> str | None:
+    """Why an answer is degenerate, or None: NaN text, or one token (word or character)
+    repeated, which is what NaN logits decode to."""
+    if re.search(r"\bnan\b", text, re.IGNORECASE):
+        return "it contains NaN"
+    words = text.split()
+    if len(words) >= 3 and len(set(words)) == 1:
+        return f"one token repeated ({words[0][:20]!r} x {len(words)})"
+    compact = "".join(words)
+    if len(compact) >= 4 and len(set(compact)) == 1:
+        return f"one character repeated ({compact[0]!r} x {len(compact)})"
+    return None
+
+
+def completion(url: str, model: str, key: str | None) -> tuple[str | None, str]:
+    """(answer, problem): the greedy answer to PROMPT, or None and why there is none."""
+    status, body = _request(
+        f"{url}/v1/chat/completions",
+        {"model": model, "messages": [{"role": "user", "content": PROMPT}],
+         "temperature": 0, "max_tokens": MAX_TOKENS, "stream": False},
+        key=key, timeout=60,
+    )
+    if status != 200:
+        return None, f"POST /v1/chat/completions answered {status or 'nothing'}"
+    try:
+        message = json.loads(body)["choices"][0]["message"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None, "POST /v1/chat/completions answered without choices[0].message"
+    return (message.get("content") or "").strip(), ""
+
+
+def check_gate(public_url: str, key: str) -> str | None:
+    """Why the API key gate is not safe, or None."""
+    status, _ = _request(f"{public_url}/v1/models")
+    if status not in (401, 403):
+        return f"GET {public_url}/v1/models without the key answered {status or 'nothing'}, " \
+               "not 401/403"
+    status, body = _request(f"{public_url}/get_server_info", key=key)
+    if status != 200:
+        return f"GET {public_url}/get_server_info with the key answered {status or 'nothing'}"
+    if key in body:
+        return f"GET {public_url}/get_server_info returns the API key"
+    return None
+
+
+def health_only(url: str, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _request(f"{url}/health")[0] == 200:
+            return 0
+        time.sleep(1)
+    print(f"{url}/health did not answer 200 within {timeout:.0f} s", file=sys.stderr)
     return 1
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--model", required=True, help="the served model name")
-    parser.add_argument("--unit", required=True)
-    parser.add_argument("--timeout", type=float, required=True, help="seconds")
+    parser.add_argument("--url", required=True, help="the server's own base URL (loopback)")
+    parser.add_argument("--health-only", action="store_true")
+    parser.add_argument("--model", help="the served model name")
+    parser.add_argument("--unit")
+    parser.add_argument("--timeout", type=float, required=True, help="seconds in all")
+    parser.add_argument("--poll-for", type=float, help="return 3 after this many seconds")
+    parser.add_argument("--elapsed-offset", type=float, default=0.0, help="seconds already waited")
+    parser.add_argument("--public-url", help="the API key gate's base URL")
+    parser.add_argument("--api-key-file", help="root-only file holding the API key")
     args = parser.parse_args()
+    if args.health_only:
+        return health_only(args.url, args.timeout)
+    if not args.model or not args.unit:
+        parser.error("--model and --unit are needed unless --health-only")
 
-    start = time.monotonic()
-    last_report = start
+    key = None
+    if args.api_key_file:
+        with open(args.api_key_file) as fh:
+            key = fh.read().strip()
+    start = time.monotonic() - args.elapsed_offset
+    began = time.monotonic()
+    last_report = began
     while True:
         elapsed = time.monotonic() - start
         if elapsed > args.timeout:
-            return _fail(args.unit, f"not ready after {args.timeout:.0f} s")
-        state = _active(args.unit)
-        if state in ("failed", "inactive"):
-            return _fail(args.unit, f"the unit is {state}")
-        status, _ = _get(f"{args.url}/health")
-        if status == 200:
-            status, body = _get(f"{args.url}/v1/models")
+            return _fail(args.unit, f"no good answer after {args.timeout:.0f} s", key)
+        active, sub = _unit_state(args.unit)
+        if active == "failed" or sub == "auto-restart" or (active == "inactive" and elapsed > 5):
+            return _fail(args.unit, f"the unit is {active} ({sub}): the server exited", key)
+        if _request(f"{args.url}/health")[0] == 200:
+            status, body = _request(f"{args.url}/v1/models")
             try:
                 names = [m.get("id") for m in json.loads(body).get("data", [])]
             except (ValueError, AttributeError):
                 names = []
             if status == 200 and args.model in names:
-                print(f"ready after {elapsed:.0f} s: /v1/models lists {args.model}")
-                return 0
+                answer, problem = completion(args.url, args.model, None)
+                if answer is not None and not answer:
+                    return _fail(args.unit, "the greedy completion is empty", key)
+                if answer is not None:
+                    why = degenerate(answer)
+                    if why:
+                        return _fail(args.unit, f"the greedy completion is degenerate: {why}: "
+                                                f"{answer[:80]!r}", key)
+                    if args.public_url and key:
+                        why = check_gate(args.public_url, key)
+                        if why:
+                            return _fail(args.unit, why, key)
+                    print(f"ready after {elapsed:.0f} s: {args.model} answers {answer[:60]!r}",
+                          flush=True)
+                    return 0
+                if problem and _request(f"{args.url}/health")[0] == 200:
+                    return _fail(args.unit, problem, key)
         if time.monotonic() - last_report >= 10:
             last_report = time.monotonic()
             line = (_journal(args.unit, 1).splitlines() or [""])[-1]
-            print(f"waiting {elapsed:.0f} s: {line}", flush=True)
+            if key:
+                line = line.replace(key, "<api key>")
+            print(f"waiting {elapsed:.0f} s: {line[:200]}", flush=True)
+        if args.poll_for is not None and time.monotonic() - began >= args.poll_for:
+            return WAITING
         time.sleep(1)
 
 

@@ -459,6 +459,9 @@ def test_index_hashes_match_the_files(index):
         "setuptools",
         "wheel",
         "packaging",
+        # huggingface_hub and its dependencies (real wheels)
+        "huggingface-hub", "filelock", "fsspec", "hf-xet", "pyyaml", "requests", "certifi",
+        "charset-normalizer", "idna", "urllib3", "tqdm", "typing-extensions",
     }
     for project in projects:
         page = (simple / project / "index.html").read_text()
@@ -483,6 +486,18 @@ def test_lock_pins_every_file_by_hash(index):
         "setuptools": "84.2.1",
         "wheel": "0.48.0",
         "packaging": "26.4",
+        "huggingface-hub": "0.36.2",
+        "filelock": "4.3.1",
+        "fsspec": "2026.6.0",
+        "hf-xet": "1.8.0",
+        "pyyaml": "6.0.4",
+        "requests": "2.34.2",
+        "certifi": "2026.10.19.post1",
+        "charset-normalizer": "3.5.3",
+        "idna": "3.20",
+        "urllib3": "2.8.0",
+        "tqdm": "4.70.1",
+        "typing-extensions": "4.16.0",
     }
     simple = index / "www" / "simple"
     hashes = set(re.findall(r"--hash=sha256:([0-9a-f]{64})", lock))

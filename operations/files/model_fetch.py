@@ -1,0 +1,110 @@
+"""Download a model repository into a local folder with huggingface_hub, and check it is
+complete.
+
+Runs on the GPU host with the ML venv's python (huggingface_hub comes with the lock). Steps:
+
+1. the repository's metadata at the revision (HfApi.model_info with files_metadata=True: the
+   commit sha, every file with its size), with the token read from --token-file (root-only);
+2. a disk-space preflight: the bytes still missing plus --headroom-gib must fit in the free
+   space of the destination's file system, else exit 2 before downloading anything;
+3. snapshot_download of that commit into --dest (resumes what is partly there);
+4. completeness: every file of the metadata present with its size, else exit 1 naming them;
+5. the stamp ``<dest>/.gpuhost-model.json``: {"repo", "revision", "sha", "files": {path: size}},
+   what the deploy's ModelSnapshot fact compares with host data.
+
+The token is passed to huggingface_hub only, never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+STAMP = ".gpuhost-model.json"
+GIB = 1024**3
+
+
+def _free_bytes(path: Path) -> int:
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", required=True)
+    parser.add_argument("--revision", required=True, help="branch, tag or commit sha")
+    parser.add_argument("--dest", required=True, type=Path)
+    parser.add_argument("--endpoint", required=True, help="the Hub's URL (HF_ENDPOINT)")
+    parser.add_argument("--token-file", help="root-only file holding the Hub token")
+    parser.add_argument("--headroom-gib", type=float, default=1.0)
+    args = parser.parse_args()
+
+    os.environ["HF_ENDPOINT"] = args.endpoint
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.pop("HF_HUB_OFFLINE", None)
+    from huggingface_hub import HfApi, snapshot_download  # after HF_ENDPOINT is set
+    from huggingface_hub.utils import HfHubHTTPError
+
+    token = None
+    if args.token_file:
+        with open(args.token_file) as fh:
+            token = fh.read().strip() or None
+    api = HfApi(endpoint=args.endpoint, token=token)
+    try:
+        info = api.model_info(args.repo, revision=args.revision, files_metadata=True)
+    except HfHubHTTPError as exc:
+        print(f"cannot read {args.repo}@{args.revision} from {args.endpoint}: "
+              f"{str(exc).splitlines()[0]} (is the token in {args.token_file} allowed to read "
+              "it?)", file=sys.stderr)
+        return 1
+    sha = info.sha
+    files = {s.rfilename: s.size for s in info.siblings or []}
+    if not files or any(size is None for size in files.values()):
+        print(f"{args.repo}@{sha}: the Hub gave no file list with sizes", file=sys.stderr)
+        return 1
+
+    def missing_bytes() -> dict[str, int]:
+        out = {}
+        for name, size in files.items():
+            local = args.dest / name
+            have = local.stat().st_size if local.is_file() else 0
+            if have != size:
+                out[name] = size
+        return out
+
+    todo = missing_bytes()
+    need = sum(todo.values())
+    free = _free_bytes(args.dest)
+    if need + args.headroom_gib * GIB > free:
+        print(f"not enough disk for {args.repo}@{sha} in {args.dest}: {need / GIB:.2f} GiB to "
+              f"download + {args.headroom_gib:g} GiB headroom, {free / GIB:.2f} GiB free",
+              file=sys.stderr)
+        return 2
+    print(f"{args.repo}@{args.revision} is commit {sha}: {len(files)} files, "
+          f"{sum(files.values()) / GIB:.2f} GiB, {need / GIB:.2f} GiB to download "
+          f"({free / GIB:.1f} GiB free)", flush=True)
+    args.dest.mkdir(parents=True, exist_ok=True)
+    snapshot_download(args.repo, revision=sha, local_dir=args.dest, token=token,
+                      endpoint=args.endpoint)
+    wrong = missing_bytes()
+    if wrong:
+        print(f"incomplete download of {args.repo}@{sha}: "
+              + ", ".join(f"{name} (want {size} bytes)" for name, size in sorted(wrong.items())),
+              file=sys.stderr)
+        return 1
+    stamp = {"repo": args.repo, "revision": args.revision, "sha": sha, "files": files}
+    tmp = args.dest / (STAMP + ".tmp")
+    tmp.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
+    tmp.replace(args.dest / STAMP)
+    print(f"{args.repo}@{sha} complete in {args.dest}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Manage the served model's weights: a complete local copy of a Hub repository at a revision."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Final, TypedDict
+
+from pyinfra import host
+from pyinfra.api import FactBase, StringCommand, operation
+from typing_extensions import override
+
+from operations.p2p import LIB_DIR
+
+#: Written by operations/files/model_fetch.py once a download is complete.
+STAMP: Final = ".gpuhost-model.json"
+
+_SNAPSHOT_SCRIPT: Final = """
+import json, os, sys
+d = sys.argv[1]
+try:
+    s = json.load(open(os.path.join(d, %r)))
+except Exception:
+    print("{}"); sys.exit(0)
+files = s.pop("files", {})
+bad = sorted(n for n, z in files.items() if not os.path.isfile(os.path.join(d, n))
+             or os.path.getsize(os.path.join(d, n)) != z)
+s["complete"], s["wrong"], s["file_count"] = not bad, bad, len(files)
+print(json.dumps(s))
+""" % STAMP
+
+
+class Snapshot(TypedDict, total=False):
+    repo: str
+    revision: str
+    sha: str
+    complete: bool
+    wrong: list[str]
+    file_count: int
+
+
+class ModelSnapshot(FactBase[Snapshot]):
+    """The local copy of a model repository, from its stamp (written after a complete
+    download) and the files' sizes now:
+
+    .. code:: python
+
+        {"repo": "lukealonso/GLM-5-NVFP4", "revision": "main",
+         "sha": "4f3c...", "complete": True, "wrong": [], "file_count": 93}
+
+    ``{}`` when there is no stamp (nothing downloaded, or a download that did not finish).
+    """
+
+    @override
+    def requires_command(self, path: str) -> str:
+        return "python3"
+
+    @override
+    def command(self, path: str) -> str:
+        return f"python3 -c {shlex.quote(_SNAPSHOT_SCRIPT)} {shlex.quote(path)}"
+
+    @override
+    def default(self) -> Snapshot:
+        return {}
+
+    @override
+    def process(self, output) -> Snapshot:
+        try:
+            data = json.loads("\n".join(output))
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+
+def is_current(snapshot: Snapshot, repo: str, revision: str) -> bool:
+    """Whether a snapshot is a complete copy of ``repo`` at ``revision`` (the branch or tag it
+    was downloaded for, or its commit sha)."""
+    return (snapshot.get("repo") == repo and snapshot.get("complete") is True
+            and revision in (snapshot.get("revision"), snapshot.get("sha")))
+
+
+@operation()
+def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
+            token_file: str | None = None, headroom_gib: float = 1.0):
+    """Download ``repo`` at ``revision`` into ``dest`` unless a complete copy is there.
+
+    + repo: the Hub repository id, e.g. ``lukealonso/GLM-5-NVFP4``
+    + revision: branch, tag or commit sha; a branch is resolved once, at download time
+    + dest: the local folder the server reads
+    + endpoint: the Hub's URL (huggingface_hub's HF_ENDPOINT)
+    + python: the venv's python, which has huggingface_hub
+    + token_file: root-only file on the host holding the token (its path only travels)
+    + headroom_gib: GiB that must stay free after the download (the disk preflight)
+
+    The download runs operations/files/model_fetch.py on the host: model metadata, the disk
+    preflight (exit 2: not enough space), snapshot_download, then every file's size checked
+    against the metadata. Changes when the copy is missing, incomplete, of another repository,
+    or of another revision.
+    """
+    snapshot = host.get_fact(ModelSnapshot, path=dest)
+    if is_current(snapshot, repo, revision):
+        host.noop(f"{repo}@{snapshot.get('sha', '')[:12]} is complete in {dest}")
+        return
+    args = ["--repo", repo, "--revision", revision, "--dest", dest, "--endpoint", endpoint,
+            "--headroom-gib", str(headroom_gib)]
+    if token_file:
+        args += ["--token-file", token_file]
+    yield StringCommand(python, f"{LIB_DIR}/model_fetch.py", *(shlex.quote(a) for a in args))

@@ -1,0 +1,335 @@
+"""The sandbox lab's stand-in of the Hugging Face Hub: one small gated model repository, served
+on each host link's address (port 8090) with the endpoints huggingface_hub 0.36's
+snapshot_download and model_info use (read from huggingface_hub's source: hf_api.py
+model_info, file_download.py get_hf_file_metadata and http_get, utils/_http.py
+hf_raise_for_status):
+
+    GET  /api/models/<repo>[/revision/<rev>][?blobs=True]   ModelInfo JSON: id, sha, siblings
+                                                            (with blobs: size, blobId, lfs)
+    HEAD /<repo>/resolve/<rev>/<file>                       small files: 200, ETag (git blob
+                                                            sha1), X-Repo-Commit, Content-Length;
+                                                            LFS files: 302 to the "CDN" with
+                                                            X-Linked-Etag (sha256), X-Linked-Size
+    GET  /<repo>/resolve/<rev>/<file>                       the same, with the content
+    GET  /cdn-lfs/<sha256>?expires=..&sig=..                LFS content (signed URL, Range)
+
+The repository is gated: without a token 401 with X-Error-Code: GatedRepo; with a wrong one 401
+"Invalid credentials in Authorization header"; unknown repositories 401 RepoNotFound, unknown
+revisions 404 RevisionNotFound, unknown files 404 EntryNotFound, as the Hub answers.
+
+    python -m sandbox.hub --port 8090 --token-file FILE ADDRESS...
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+PORT = 8090
+REPO_ID = "gpuhost-sandbox/tiny-glm-5"
+TOKEN_ON_HOST = "/root/hf_token"  # where `up` puts the token on each host (mode 0600)
+LFS_SUFFIXES = (".safetensors",)
+SHARD_BYTES = 768 * 1024
+
+
+@dataclass(frozen=True)
+class RepoFile:
+    path: str
+    data: bytes
+
+    @property
+    def lfs(self) -> bool:
+        return self.path.endswith(LFS_SUFFIXES)
+
+    @property
+    def blob_id(self) -> str:
+        """git's blob id (sha1 of "blob <size>\\0" + content), what the Hub calls blobId."""
+        return hashlib.sha1(b"blob %d\0" % len(self.data) + self.data).hexdigest()
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    @property
+    def pointer(self) -> bytes:
+        """The LFS pointer file git keeps in place of the content."""
+        return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\n"
+                f"size {len(self.data)}\n").encode()
+
+
+def _safetensors(name: str, nbytes: int) -> bytes:
+    """A valid safetensors file: an 8-byte header length, the JSON header, one BF16 tensor of
+    deterministic bytes."""
+    count = nbytes // 2
+    header = json.dumps({"__metadata__": {"format": "pt"},
+                         name: {"dtype": "BF16", "shape": [count], "data_offsets": [0, count * 2]}},
+                        separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    seed = hashlib.sha256(name.encode()).digest()
+    body = (seed * (count * 2 // len(seed) + 1))[: count * 2]
+    return len(header).to_bytes(8, "little") + header + body
+
+
+def repository() -> list[RepoFile]:
+    """The stand-in model: a GLM-shaped config, a tokenizer, two safetensors shards."""
+    shards = {f"model-0000{i}-of-00002.safetensors": f"model.layers.{i - 1}.mlp.weight"
+              for i in (1, 2)}
+    files = {
+        "README.md": b"---\nlicense: mit\nextra_gated_prompt: sandbox stand-in\n---\n"
+                     b"# tiny-glm-5\n\nA gpuhost sandbox stand-in repository (no real weights).\n",
+        "config.json": json.dumps({"architectures": ["GlmMoeDsaForCausalLM"],
+                                   "model_type": "glm_moe_dsa", "num_hidden_layers": 2,
+                                   "hidden_size": 64, "vocab_size": 256,
+                                   "torch_dtype": "bfloat16"}, indent=2).encode(),
+        "generation_config.json": b'{"do_sample": false, "eos_token_id": 0}\n',
+        "tokenizer_config.json": b'{"model_max_length": 131072, "tokenizer_class": '
+                                 b'"PreTrainedTokenizerFast"}\n',
+        "tokenizer.json": json.dumps({"version": "1.0", "model": {
+            "type": "BPE", "vocab": {chr(i): i for i in range(32, 127)}, "merges": []}}).encode(),
+    }
+    for shard, tensor in shards.items():
+        files[shard] = _safetensors(tensor, SHARD_BYTES)
+    files["model.safetensors.index.json"] = json.dumps({
+        "metadata": {"total_size": sum(len(files[s]) for s in shards)},
+        "weight_map": {t: s for s, t in shards.items()}}, indent=2).encode()
+    return [RepoFile(p, d) for p, d in sorted(files.items())]
+
+
+def commit_sha(files: list[RepoFile]) -> str:
+    h = hashlib.sha1()
+    for f in files:
+        h.update(f.path.encode() + b"\0" + f.blob_id.encode())
+    return h.hexdigest()
+
+
+class Hub:
+    def __init__(self, token: str):
+        self.token = token
+        self.files = repository()
+        self.by_path = {f.path: f for f in self.files}
+        self.by_sha256 = {f.sha256: f for f in self.files if f.lfs}
+        self.sha = commit_sha(self.files)
+        self.secret = secrets.token_bytes(32)
+
+    def resolve(self, revision: str) -> str | None:
+        return self.sha if revision in ("main", self.sha) else None
+
+    def sign(self, sha256: str, expires: int) -> str:
+        return hmac.new(self.secret, f"{sha256}:{expires}".encode(), "sha256").hexdigest()
+
+    def model_info(self, blobs: bool) -> dict:
+        siblings = []
+        for f in self.files:
+            entry: dict = {"rfilename": f.path}
+            if blobs:
+                entry["blobId"] = f.blob_id if not f.lfs else \
+                    hashlib.sha1(b"blob %d\0" % len(f.pointer) + f.pointer).hexdigest()
+                entry["size"] = len(f.data)
+                if f.lfs:
+                    entry["lfs"] = {"sha256": f.sha256, "size": len(f.data),
+                                    "pointerSize": len(f.pointer)}
+            siblings.append(entry)
+        stamp = "2026-01-01T00:00:00.000Z"
+        return {"_id": hashlib.md5(REPO_ID.encode()).hexdigest()[:24], "id": REPO_ID,
+                "modelId": REPO_ID, "author": REPO_ID.split("/")[0], "sha": self.sha,
+                "lastModified": stamp, "createdAt": stamp, "private": False,
+                "disabled": False, "gated": "manual", "downloads": 0, "likes": 0,
+                "library_name": "transformers", "tags": ["safetensors", "glm_moe_dsa"],
+                "pipeline_tag": "text-generation", "siblings": siblings,
+                "usedStorage": sum(len(f.data) for f in self.files)}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    hub: Hub
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        sys.stderr.write(f"{self.address_string()} {fmt % args}\n")
+
+    def _send(self, code: int, body: bytes = b"", headers: dict | None = None,
+              content_type: str = "application/json") -> None:
+        self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _error(self, code: int, error_code: str | None, message: str) -> None:
+        headers = {"X-Error-Message": message}
+        if error_code:
+            headers["X-Error-Code"] = error_code
+        self._send(code, json.dumps({"error": message}).encode(), headers)
+
+    def _authorized(self) -> bool:
+        auth = self.headers.get("Authorization") or ""
+        scheme, _, token = auth.partition(" ")
+        if not auth:
+            self._error(401, "GatedRepo", f"Access to model {REPO_ID} is restricted. You must "
+                        "have access to it and be authenticated to access it. Please log in.")
+            return False
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(),
+                                                                 self.hub.token.encode()):
+            self._error(401, None, "Invalid credentials in Authorization header")
+            return False
+        return True
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        path = urllib.parse.unquote(url.path)
+        query = urllib.parse.parse_qs(url.query)
+        if path.startswith("/cdn-lfs/"):
+            return self._cdn(path[len("/cdn-lfs/"):], query)
+        if path.startswith("/api/models/"):
+            rest = path[len("/api/models/"):]
+            repo, _, revision = rest.partition("/revision/")
+            return self._api(repo, revision or "main",
+                             query.get("blobs", [""])[0].lower() == "true")
+        parts = path.lstrip("/").split("/")
+        if len(parts) >= 5 and parts[2] == "resolve":
+            return self._resolve("/".join(parts[:2]), parts[3], "/".join(parts[4:]))
+        self._error(404, None, "Sorry, we can't find the page you are looking for.")
+
+    def _repo_ok(self, repo: str) -> bool:
+        if repo != REPO_ID:
+            self._error(401, "RepoNotFound", "Repository not found")
+            return False
+        return self._authorized()
+
+    def _api(self, repo: str, revision: str, blobs: bool) -> None:
+        if not self._repo_ok(repo):
+            return
+        if self.hub.resolve(revision) is None:
+            return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        self._send(200, json.dumps(self.hub.model_info(blobs)).encode())
+
+    def _resolve(self, repo: str, revision: str, filename: str) -> None:
+        if not self._repo_ok(repo):
+            return
+        sha = self.hub.resolve(revision)
+        if sha is None:
+            return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        f = self.hub.by_path.get(filename)
+        if f is None:
+            return self._error(404, "EntryNotFound", f"{filename} does not exist on \"{revision}\"")
+        headers = {"X-Repo-Commit": sha, "Accept-Ranges": "bytes"}
+        if f.lfs:
+            expires = int(time.time()) + 3600
+            host = self.headers.get("Host") or f"{self.server.server_address[0]}:{PORT}"
+            location = (f"http://{host}/cdn-lfs/{f.sha256}?expires={expires}"
+                        f"&sig={self.hub.sign(f.sha256, expires)}")
+            headers.update({"Location": location, "X-Linked-Etag": f'"{f.sha256}"',
+                            "X-Linked-Size": str(len(f.data)), "ETag": f'"{f.blob_id}"'})
+            return self._send(302, b"", headers, content_type="text/plain; charset=utf-8")
+        headers["ETag"] = f'"{f.blob_id}"'
+        self._send(200, f.data, headers, content_type="application/octet-stream")
+
+    def _cdn(self, sha256: str, query: dict) -> None:
+        f = self.hub.by_sha256.get(sha256)
+        try:
+            expires = int(query.get("expires", ["0"])[0])
+        except ValueError:
+            expires = 0
+        sig = query.get("sig", [""])[0]
+        if f is None or expires < time.time() or not hmac.compare_digest(
+                sig, self.hub.sign(sha256, expires)):
+            return self._send(403, b"<Error><Code>AccessDenied</Code></Error>",
+                              content_type="application/xml")
+        data, code, headers = f.data, 200, {"ETag": f'"{f.sha256}"', "Accept-Ranges": "bytes"}
+        rng = self.headers.get("Range") or ""
+        if rng.startswith("bytes="):
+            start_s, _, end_s = rng[len("bytes="):].partition("-")
+            start = int(start_s or 0)
+            end = int(end_s) if end_s else len(f.data) - 1
+            data, code = f.data[start:end + 1], 206
+            headers["Content-Range"] = f"bytes {start}-{start + len(data) - 1}/{len(f.data)}"
+        self._send(code, data, headers, content_type="binary/octet-stream")
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64
+
+
+def serve(token: str, port: int, addresses: list[str]) -> None:
+    Handler.hub = Hub(token)
+    servers = [Server((a, port), Handler) for a in addresses]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print(f"hub stand-in ({REPO_ID} at {Handler.hub.sha}) on "
+          f"{', '.join(f'{a}:{port}' for a in addresses)}", flush=True)
+    stop.wait()
+    for server in servers:
+        server.shutdown()
+
+
+def ensure_token(path: Path) -> str:
+    """The lab's hub token (made once per lab, mode 0600), shaped like the Hub's ("hf_...")."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write("hf_" + secrets.token_urlsafe(26).replace("-", "x").replace("_", "y") + "\n")
+    return path.read_text().strip()
+
+
+def install_token(root: Path, token: str) -> None:
+    """Put the token on a host's root filesystem at TOKEN_ON_HOST, root-only, as an admin
+    would before provisioning."""
+    dest = root / TOKEN_ON_HOST.lstrip("/")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    os.chmod(dest, 0o600)
+    os.chown(dest, 0, 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sandbox.hub")
+    parser.add_argument("--port", type=int, default=PORT)
+    parser.add_argument("--token-file", type=Path, required=True)
+    parser.add_argument("addresses", nargs="+")
+    args = parser.parse_args(argv)
+    sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    serve(args.token_file.read_text().strip(), args.port, args.addresses)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def start(specs: list, token_file: Path):  # -> procs.Proc
+    """One detached `sandbox.hub` process serving every host's gateway:PORT (lab.py's `up`)."""
+    from sandbox import procs, services
+    from sandbox.layout import SERVICES_DIR
+
+    SERVICES_DIR.mkdir(parents=True, exist_ok=True)
+    log = SERVICES_DIR / "hub.log"
+    argv = [sys.executable, "-m", "sandbox.hub", "--port", str(PORT),
+            "--token-file", str(token_file), *(spec.gateway for spec in specs)]
+    proc = procs.spawn_detached(argv, log, "hub", env=services.python_env())
+    for spec in specs:
+        services.wait_listening(spec.gateway, PORT, proc, log)
+    return proc
