@@ -28,13 +28,33 @@ PREFIX: Final = "gpuhost_"
 #: "CUDA Toolkit and Corresponding Driver Versions" table of NVIDIA's CUDA release notes,
 #: https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/, Table 3, ">= driver" column).
 CUDA_MIN_DRIVER: Final[Mapping[str, str]] = {
+    "12.4": "550.54.14",
+    "12.6": "560.28.03",
     "12.8": "570.26",
+    "12.9": "575.51.03",
     "13.0": "580.65.06",
 }
 
+#: CUDA toolkits this toolkit installs (NVIDIA's cuda-toolkit-X-Y in /usr/local/cuda-X.Y).
+CUDA_TOOLKITS: Final = ("12.8", "13.0")
+
+#: The CUDA release of PyPI's default Linux x86_64 torch wheels (no local version, no
+#: nvidia-cuda-runtime pin in the lock), by torch release (pytorch.org "Previous versions",
+#: RELEASE.md's compatibility matrix: the stable CUDA of each release).
+TORCH_DEFAULT_CUDA: Final[Mapping[str, str]] = {
+    "2.6": "12.4",
+    "2.7": "12.6",
+    "2.8": "12.8",
+    "2.9": "12.8",
+}
+
+#: What to do with a driver that no package installed (a runfile, or one mounted from the
+#: hypervisor): refuse the run, keep it as it is, or replace it with NVIDIA's packages.
+UNPACKAGED_DRIVER: Final = ("refuse", "keep", "replace")
+
 #: Driver branches known to this toolkit (NVIDIA's production and new-feature branches that ship
 #: open kernel modules in the CUDA repository for Ubuntu 24.04 and Debian 12).
-DRIVER_BRANCHES: Final = ("570", "575", "580", "590")
+DRIVER_BRANCHES: Final = ("535", "550", "560", "565", "570", "575", "580", "590")
 
 #: Compute capability from which NVIDIA supports only the open kernel modules (Blackwell, per
 #: NVIDIA's driver installation guide, "Recommendation: use the open GPU kernel modules").
@@ -60,6 +80,7 @@ class Settings:
     driver_version: str | None = None
     driver_flavour: str = "open"
     allow_driver_change: bool = False
+    unpackaged_driver: str = "refuse"
     cuda_toolkit: str = "12.8"
     cuda_repo_url: str = "https://developer.download.nvidia.com/compute/cuda/repos"
     cuda_keyring_sha256: str | None = None
@@ -205,7 +226,8 @@ RULES: Final[Mapping[str, _Rule]] = {
     ),
     "driver_flavour": _one_of(DRIVER_FLAVOURS),
     "allow_driver_change": _BOOL,
-    "cuda_toolkit": _one_of(CUDA_MIN_DRIVER),
+    "unpackaged_driver": _one_of(UNPACKAGED_DRIVER),
+    "cuda_toolkit": _one_of(CUDA_TOOLKITS),
     "cuda_repo_url": _text(r"https?://\S+[^/]", "an http(s) URL without a trailing slash"),
     "cuda_keyring_sha256": _text(r"[0-9a-f]{64}", "a sha256 hex digest", optional=True),
     "venv_path": _text(r"/[^\s'\"]*[^/\s'\"]", "an absolute path without spaces or quotes"),
@@ -374,6 +396,7 @@ def _check_server_flags(host: str, s: Settings) -> None:
         lock = read_lock(s.lock_path)
     except LockError as exc:
         raise _fail(host, "lock", s.lock, f"a lock that parses ({exc})") from None
+    _check_torch_cuda(host, s, lock)
     sglang = lock.get("sglang")
     if sglang is None:
         raise _fail(host, "lock", s.lock, "a lock that pins sglang")
@@ -384,6 +407,45 @@ def _check_server_flags(host: str, s: Settings) -> None:
             f"host {host}: the server's flags (gpuhost_* server keys, "
             f"gpuhost_server_extra_args) do not fit the locked sglang: {exc}"
         ) from None
+
+
+def torch_cuda(lock: Any) -> str | None:
+    """The CUDA release ("12.8") the lock's torch was built for: from torch's local version
+    ("2.9.1+cu128"), else the lock's nvidia-cuda-runtime-cu1N pin (torch's CUDA runtime
+    wheel), else PyPI's default build of that torch release (TORCH_DEFAULT_CUDA). None when
+    the lock has no torch or none of these tells."""
+    torch = lock.get("torch")
+    if torch is None:
+        return None
+    local = re.search(r"\+cu(\d+)(\d)$", torch.version)
+    if local:
+        return f"{local.group(1)}.{local.group(2)}"
+    for pin in lock.pins:
+        if re.fullmatch(r"nvidia-cuda-runtime(-cu1\d)?", pin.name):
+            return ".".join(pin.version.split(".")[:2])
+    return TORCH_DEFAULT_CUDA.get(".".join(torch.version.split(".")[:2]))
+
+
+def _check_torch_cuda(host: str, s: Settings, lock: Any) -> None:
+    if lock.get("torch") is None:
+        return
+    cuda = torch_cuda(lock)
+    if cuda is None or cuda not in CUDA_MIN_DRIVER:
+        raise _fail(host, "lock", s.lock,
+                    f"a lock whose torch says its CUDA release (a +cuXYZ version or an "
+                    f"nvidia-cuda-runtime pin) among {', '.join(CUDA_MIN_DRIVER)}; "
+                    f"torch {lock.get('torch').version} gives {cuda or 'none'}")
+    text = CUDA_MIN_DRIVER[cuda]
+    minimum = Version(text)
+    if s.driver_version is not None and Version(s.driver_version) < minimum:
+        raise _fail(host, "driver_version", s.driver_version,
+                    f"a driver >= {text}, the minimum for CUDA {cuda}, which the locked "
+                    f"torch {lock.get('torch').version} needs ({PREFIX}lock = {s.lock!r})")
+    if Version(s.driver_branch) < Version(str(minimum.major)):
+        raise _fail(host, "driver_branch", s.driver_branch,
+                    f"a branch >= {minimum.major}: the locked torch "
+                    f"{lock.get('torch').version} needs CUDA {cuda}, driver >= {text} "
+                    f"({PREFIX}lock = {s.lock!r})")
 
 
 def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, Settings]:

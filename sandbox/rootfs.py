@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from sandbox import pci
 from sandbox.layout import APT_ARCHIVES, GUEST_APT_ARCHIVES, ROOTFS_TAR, HostSpec
 
 SUITE = "bookworm"
@@ -201,6 +202,7 @@ def personalise(spec: HostSpec, root: Path, authorized_key: str, hardware_json: 
         APT_PROXY_TEMPLATE.format(proxy=spec.proxy_url, gateway=spec.gateway),
     )
     _write(root / "etc/gpuhost-sandbox/hardware.json", hardware_json)
+    pci.install(root, hardware_json)
     # The scenario's machine as the guest's tools see it; /usr/local comes first on PATH.
     for tool, folder in VIRT_STANDINS:
         _write(root / folder / tool, (VIRT_STANDIN_DIR / tool).read_text(), 0o755)
