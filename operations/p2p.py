@@ -93,37 +93,24 @@ def _report(state, host) -> None:
             logger.info(f"{host.print_prefix}P2P: {line}")
 
 
-@operation()
-def measured(venv: str, override: str | None, remeasure: bool = False, timeout: int = 120):
-    """Run the P2P check on the host unless its record still holds (same driver version, GPU
-    UUIDs, override, decision table and check) and no measurement was asked for. Prints the
-    decision per host: the recorded one, or what will be measured and why.
+def plan(state, record_text: str | None, override: str | None,
+         remeasure: bool) -> tuple[bool, str, list[str]]:
+    """Whether the check must run, and what to print about it: the recorded decision (and its
+    warnings) when the record holds, else what will be measured and why.
 
-    + venv: the ML venv whose python runs the check
-    + override: "on", "off" or None (gpuhost_p2p_override)
-    + remeasure: measure even when the record holds (gpuhost_p2p_remeasure)
-    + timeout: seconds the peer copies, and the all-reduce, may take (gpuhost_p2p_check_timeout)
-
-    A measurement first stops the server (it holds every GPU; the check refuses to run
-    while any process does); the server stage starts it again with the new decision.
+    + state: the NvidiaDriver fact (operations.nvsmi.DriverState)
+    + record_text: /var/lib/gpuhost/p2p.json on the host, or None
     """
-    state = host.get_fact(NvidiaDriver)
-    text = host.get_fact(FileText, path=RECORD)
-    record = _load(text)
+    record = _load(record_text)
     uuids = [g.uuid for g in state.gpus]
-    prefix = host.print_prefix
     if state.status == "ok" and not remeasure and record_is_current(
-        text, state.driver_version, uuids, override
+        record_text, state.driver_version, uuids, override
     ):
         decision = record.get("decision", {}) if record else {}
-        logger.info(f"{prefix}P2P {decision.get('p2p')}: {decision.get('reason')} (measured "
-                    f"{record.get('measured_at', '?')} on driver {state.driver_version}, "
-                    f"{len(uuids)} GPU(s))")
-        for warning in [*decision.get("warnings", []),
-                        *platform_hints(host.get_fact(Platform), decision)]:
-            logger.warning(f"{prefix}P2P: {warning}")
-        host.noop(f"P2P {decision.get('p2p')}: recorded measurement holds")
-        return
+        line = (f"P2P {decision.get('p2p')}: {decision.get('reason')} (measured "
+                f"{record.get('measured_at', '?')} on driver {state.driver_version}, "
+                f"{len(uuids)} GPU(s))")
+        return False, line, list(decision.get("warnings", []))
     if state.status != "ok":
         why = f"will be measured after the driver loads (nvidia-smi: {state.status})"
     elif remeasure:
@@ -133,7 +120,28 @@ def measured(venv: str, override: str | None, remeasure: bool = False, timeout: 
                f"changed since {record.get('measured_at', 'the last measurement')}")
     else:
         why = "will be measured: no measurement recorded on the host"
-    logger.info(f"{prefix}P2P {why}; {SERVER_UNIT} is stopped first if it runs")
+    return True, f"P2P {why}; {SERVER_UNIT} is stopped first if it runs", []
+
+
+@operation()
+def measured(venv: str, override: str | None, remeasure: bool = False, timeout: int = 120):
+    """Run the P2P check on the host unless its record still holds (same driver version, GPU
+    UUIDs, override, decision table and check) and no measurement was asked for; then print
+    what it measured and decided, per host.
+
+    + venv: the ML venv whose python runs the check
+    + override: "on", "off" or None (gpuhost_p2p_override)
+    + remeasure: measure even when the record holds (gpuhost_p2p_remeasure)
+    + timeout: seconds the peer copies, and the all-reduce, may take (gpuhost_p2p_check_timeout)
+
+    A measurement first stops the server (it holds every GPU; the check refuses to run
+    while any process does); the server stage starts it again with the new decision.
+    """
+    needed, _, _ = plan(host.get_fact(NvidiaDriver), host.get_fact(FileText, path=RECORD),
+                        override, remeasure)
+    if not needed:
+        host.noop("P2P: the recorded measurement holds")
+        return
     yield f"systemctl stop {SERVER_UNIT} 2>/dev/null || true"
     command = [f"{venv}/bin/python", f"{LIB_DIR}/p2p_check.py", "--env-file", ENV_FILE,
                "--record", RECORD, "--timeout", str(timeout)]
@@ -148,7 +156,17 @@ def p2p(settings: Settings):
     """Ship the P2P check and run it when needed; the decision lands in /etc/gpuhost/p2p.env,
     which the server's unit reads. Returns the operations whose change means the server must
     restart."""
-    logger.info(f"{host.print_prefix}P2P platform: {host.get_fact(Platform).describe()}")
+    prefix = host.print_prefix
+    platform = host.get_fact(Platform)
+    logger.info(f"{prefix}P2P platform: {platform.describe()}")
+    record_text = host.get_fact(FileText, path=RECORD)
+    _, line, warnings = plan(host.get_fact(NvidiaDriver), record_text, settings.p2p_override,
+                             settings.p2p_remeasure)
+    logger.info(f"{prefix}{line}")
+    record = _load(record_text) or {}
+    if warnings:
+        for warning in [*warnings, *platform_hints(platform, record.get("decision", {}))]:
+            logger.warning(f"{prefix}P2P: {warning}")
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
     for name in SHIPPED:
         files.put(name=f"Ship {name.split('/')[-1]}", src=str(REPO_ROOT / "operations" / name),

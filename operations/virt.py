@@ -30,21 +30,22 @@ DMI_KEYS: Final = (
 )
 
 _COMMAND: Final = "; ".join([
-    "if command -v systemd-detect-virt >/dev/null 2>&1; then "
-    'echo "virt=$(systemd-detect-virt 2>/dev/null)"; else echo virt-absent; fi',
-    "if command -v dmidecode >/dev/null 2>&1; then "
+    ("if command -v systemd-detect-virt >/dev/null 2>&1; then "
+    'echo "virt=$(systemd-detect-virt 2>/dev/null)"; else echo virt-absent; fi'),
+    ("if command -v dmidecode >/dev/null 2>&1; then "
     'echo "dmidecode-error=$(dmidecode -s system-manufacturer 2>&1 >/dev/null | head -n1)"; '
     f"for k in {' '.join(k for k, _ in DMI_KEYS)}; do "
     'echo "dmidecode:$k=$(dmidecode -s $k 2>/dev/null | head -n1)"; done; '
-    "else echo dmidecode-absent; fi",
-    f"for f in {' '.join(f for _, f in DMI_KEYS)}; do "
-    '[ -r /sys/class/dmi/id/$f ] && echo "sysfs:$f=$(cat /sys/class/dmi/id/$f)"; done',
+    "else echo dmidecode-absent; fi"),
+    (f"for f in {' '.join(f for _, f in DMI_KEYS)}; do "
+    '[ -r /sys/class/dmi/id/$f ] && echo "sysfs:$f=$(cat /sys/class/dmi/id/$f)"; done'),
     'echo "iommu-groups=$(ls /sys/kernel/iommu_groups 2>/dev/null | wc -l)"',
     'echo "iommu-units=$(ls /sys/class/iommu 2>/dev/null | tr "\\n" " ")"',
     'echo "cmdline=$(cat /proc/cmdline 2>/dev/null)"',
-    "if command -v lspci >/dev/null 2>&1; then "
-    "lspci -vvv 2>/dev/null | awk '/^[0-9a-f]/{dev=$1} /ACSCtl:/{print \"acs:\" dev \" \" $0}'; "
-    "echo lspci-present; else echo lspci-absent; fi",
+    ("if command -v lspci >/dev/null 2>&1; then if out=$(lspci -vvv 2>/dev/null); then "
+    "printf '%s\\n' \"$out\" | awk '/^[0-9a-f]/{dev=$1} /ACSCtl:/{print \"acs:\" dev \" \" $0} "
+    "/<access denied>/{d=1} END{if (d) print \"lspci-denied\"}'; echo lspci-present; "
+    "else echo lspci-failed; fi; else echo lspci-absent; fi"),
     "true",
 ])
 
@@ -61,7 +62,8 @@ class VirtInfo:
     + iommu_groups: how many IOMMU groups the guest's kernel has (0: no IOMMU in the guest)
     + iommu_units: /sys/class/iommu entries (dmar0, ...) of a virtual IOMMU in the guest
     + iommu_cmdline: the kernel command line's IOMMU words (intel_iommu=on, iommu=pt, ...)
-    + acs: ``lspci -vvv`` ACSCtl lines by PCI address; None where lspci is missing
+    + acs: ``lspci -vvv`` ACSCtl lines by PCI address; None where lspci is missing, fails,
+      or runs without root (capabilities hidden)
     """
 
     detect_virt: str | None = None
@@ -106,7 +108,7 @@ class VirtInfo:
 
     def describe(self) -> str:
         """One line for people, e.g. "kvm, QEMU q35 (pc-q35-9.2+pve1, Proxmox), OVMF,
-        no IOMMU in the guest, ACS unknown (no lspci)"."""
+        no IOMMU in the guest, ACS unknown (no lspci -vvv as root)"."""
         parts = [self.detect_virt or "systemd-detect-virt absent"]
         if self.dmi:
             what = self.dmi.get("sys_vendor", "?")
@@ -123,7 +125,7 @@ class VirtInfo:
         else:
             parts.append("no IOMMU in the guest")
         if self.acs is None:
-            parts.append("ACS unknown (no lspci)")
+            parts.append("ACS unknown (no lspci -vvv as root)")
         elif self.acs_redirecting:
             parts.append(f"ACS redirecting on {', '.join(self.acs_redirecting)}")
         else:
@@ -140,7 +142,7 @@ def parse_virt(lines: list[str]) -> VirtInfo:
     sysfs: dict[str, str] = {}
     dmidecode_error = None
     dmidecode_present = False
-    groups, units, cmdline, acs, lspci = 0, (), (), {}, False
+    groups, units, cmdline, acs, lspci, denied = 0, (), (), {}, False, False
     names = dict(DMI_KEYS)
     for line in lines:
         if line.startswith("virt="):
@@ -169,6 +171,8 @@ def parse_virt(lines: list[str]) -> VirtInfo:
             acs[address] = " ".join(rest.split())
         elif line.strip() == "lspci-present":
             lspci = True
+        elif line.strip() == "lspci-denied":
+            denied = True  # not root: extended capabilities, ACS among them, are hidden
     if dmidecode_present and dmidecode_error is None and dmidecode:
         dmi, source = dmidecode, "dmidecode"
     elif dmidecode_present and dmidecode_error and "No SMBIOS" in dmidecode_error:
@@ -177,7 +181,7 @@ def parse_virt(lines: list[str]) -> VirtInfo:
         dmi, source = sysfs, "sysfs"
     else:
         dmi, source = {}, None
-    return VirtInfo(detect, dmi, source, groups, units, cmdline, acs if lspci else None)
+    return VirtInfo(detect, dmi, source, groups, units, cmdline, acs if lspci and not denied else None)
 
 
 class Platform(FactBase[VirtInfo]):

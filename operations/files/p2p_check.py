@@ -47,8 +47,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # shipped side by side; in a checkout, operations/
 
-import nvsmi  # noqa: E402
-import p2p_policy  # noqa: E402
+import nvsmi
+import p2p_policy
 
 #: Pattern size per copy and all-reduce buffer: 64 MiB, large enough for a bandwidth figure,
 #: small enough for 56 ordered pairs of 8 GPUs in a few seconds.
@@ -134,7 +134,7 @@ def _copies_child(nbytes: int, out) -> None:
                               "gb_per_s": round(numel * 4 / seconds / 1e9, 2)})
                 del src, dst, expected
         out.put({"ok": True, "device_count": n, "torch": torch.__version__, "pairs": pairs})
-    except Exception as exc:  # reported to the parent, which says which step failed
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which says what failed
         out.put({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
 
 
@@ -163,7 +163,7 @@ def _all_reduce_child(rank: int, world: int, port: int, nbytes: int, timeout: fl
             intact = intact and bool((t == expected).all().item())
         dist.destroy_process_group()
         out.put({"rank": rank, "intact": intact, "seconds": seconds, "bytes": (nbytes // 4) * 4})
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
         out.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}"})
 
 
@@ -322,7 +322,7 @@ def measure(override: str | None, nbytes: int, timeout: float) -> dict:
         "override": override,
         "policy_sha256": _sha256(Path(p2p_policy.__file__)),
         "check_sha256": _sha256(Path(__file__)),
-        "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "topology": [list(r) for r in topology.links.cells],
         "p2p_read": read_cells,
         "p2p_write": write_cells,
