@@ -142,3 +142,52 @@ def test_topology_unknown_link():
     rows = ["GPU0\t X \tWARP\t0-1\t0\t\tN/A", "GPU1\tWARP\t X \t0-1\t0\t\tN/A"]
     with pytest.raises(nvsmi.ParseError, match="unknown link type 'WARP'"):
         nvsmi.parse_topology([header, *rows])
+
+
+def test_topology_two_gpus_behind_one_switch():
+    header = "\t" + ESC_U + "GPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID" + ESC_0
+    rows = ["GPU0\t X \tPIX\t0-31\t0\t\tN/A", "GPU1\tPIX\t X \t0-31\t0\t\tN/A"]
+    topo = nvsmi.parse_topology([header, *rows, "", "Legend:"])
+    assert topo.links.pairs() == [("GPU0", "GPU1", "PIX")]
+    assert topo.numa_affinity == ("0", "0")
+
+
+def test_bad_line_is_quoted_as_printed():
+    lines = p2p_output([["X", "OK"], ["OK", "X", "OK"]])
+    with pytest.raises(nvsmi.ParseError) as exc:
+        nvsmi.parse_p2p_matrix(lines, "nvidia-smi topo -p2p w")
+    assert str(exc.value) == "nvidia-smi topo -p2p w: bad line 'GPU1\\tOK\\tX\\tOK'"
+
+
+@pytest.mark.parametrize("scenario", ["q35-cns", "p2p-ok-wrong-data", "reference-lab",
+                                      "bare-metal-p2p"])
+def test_standin_outputs_for_2_and_8_gpus_parse(tmp_path, scenario):
+    """The sandbox's nvidia-smi prints topo -m and -p2p in the real tool's format (escape
+    sequences included): the parsers read back the scenario's matrices."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from sandbox import nvidia_repo, scenarios
+
+    hardware = scenarios.load(scenario)
+    (tmp_path / "hw.json").write_text(json.dumps(hardware))
+    (tmp_path / "loaded").write_text("580.95.05\n")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(nvidia_repo.render("nvidia-smi", VERSION="580.95.05"))
+    env = {**os.environ, "GPUHOST_SANDBOX_HARDWARE": str(tmp_path / "hw.json"),
+           "GPUHOST_SANDBOX_LOADED": str(tmp_path / "loaded")}
+
+    def run(*args):
+        out = subprocess.run([sys.executable, str(smi), *args], env=env, capture_output=True,
+                             text=True, check=True).stdout
+        assert "\x1b[4m" in out  # the underlined header, as the real tool prints it
+        return out.splitlines()
+
+    topo = nvsmi.parse_topology(run("topo", "-m"))
+    assert [list(r) for r in topo.links.cells] == hardware["topology"]
+    assert len(topo.cpu_affinity) == len(hardware["gpus"])
+    for kind in ("r", "w"):
+        m = nvsmi.parse_p2p_matrix(run("topo", "-p2p", kind), f"nvidia-smi topo -p2p {kind}")
+        assert [list(r) for r in m.cells] == hardware["p2p"][kind]
