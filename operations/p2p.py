@@ -79,8 +79,9 @@ def platform_hints(platform: VirtInfo, decision: dict) -> list[str]:
     return hints
 
 
-def _report(state, host) -> None:
-    """Print the measurement just written (the record's summary), per host."""
+def _report(state, host, hints: tuple[str, ...] = ()) -> None:
+    """Print the measurement just written (the record's summary), per host; ``hints`` (from the
+    platform, see platform_hints) follow a decision that found P2P broken."""
     ok, out = host.run_shell_command(StringCommand("cat", RECORD))
     record = _load("\n".join(out.stdout_lines)) if ok else None
     if record is None:
@@ -91,6 +92,10 @@ def _report(state, host) -> None:
             logger.warning(f"{host.print_prefix}P2P: {line[len('WARNING: '):]}")
         else:
             logger.info(f"{host.print_prefix}P2P: {line}")
+    decision = record.get("decision", {})
+    if decision.get("p2p") == "off" and decision.get("warnings"):
+        for hint in hints:
+            logger.warning(f"{host.print_prefix}P2P: {hint}")
 
 
 def plan(state, record_text: str | None, override: str | None,
@@ -124,7 +129,8 @@ def plan(state, record_text: str | None, override: str | None,
 
 
 @operation()
-def measured(venv: str, override: str | None, remeasure: bool = False, timeout: int = 120):
+def measured(venv: str, override: str | None, remeasure: bool = False, timeout: int = 120,
+             hints: tuple[str, ...] = ()):
     """Run the P2P check on the host unless its record still holds (same driver version, GPU
     UUIDs, override, decision table and check) and no measurement was asked for; then print
     what it measured and decided, per host.
@@ -133,6 +139,7 @@ def measured(venv: str, override: str | None, remeasure: bool = False, timeout: 
     + override: "on", "off" or None (gpuhost_p2p_override)
     + remeasure: measure even when the record holds (gpuhost_p2p_remeasure)
     + timeout: seconds the peer copies, and the all-reduce, may take (gpuhost_p2p_check_timeout)
+    + hints: what the platform adds to a decision that finds P2P broken (platform_hints)
 
     A measurement first stops the server (it holds every GPU; the check refuses to run
     while any process does); the server stage starts it again with the new decision.
@@ -148,7 +155,7 @@ def measured(venv: str, override: str | None, remeasure: bool = False, timeout: 
     if override:
         command += ["--override", override]
     yield StringCommand(*(shlex.quote(c) for c in command))
-    yield FunctionCommand(_report, (), {})
+    yield FunctionCommand(_report, (hints,), {})
 
 
 @deploy("P2P")
@@ -173,5 +180,6 @@ def p2p(settings: Settings):
                   dest=f"{LIB_DIR}/{name.split('/')[-1]}", mode="644")
     check = measured(name="Measure P2P between GPUs", venv=settings.venv_path,
                      override=settings.p2p_override, remeasure=settings.p2p_remeasure,
-                     timeout=settings.p2p_check_timeout)
+                     timeout=settings.p2p_check_timeout,
+                     hints=tuple(platform_hints(platform, {"p2p": "off", "warnings": ["?"]})))
     return [check]

@@ -175,3 +175,21 @@ def test_the_record_holds_until_driver_gpus_override_or_code_change(check):
     assert not record_is_current(text, DRIVER, uuids, "on")
     assert not record_is_current("{not json", DRIVER, uuids, None)
     assert not record_is_current(None, DRIVER, uuids, None)
+
+
+def test_refuses_while_processes_hold_the_gpus(check, tmp_path):
+    real = tmp_path / "nvidia-smi.real"
+    real.write_text(nvidia_repo.render("nvidia-smi", VERSION=DRIVER))
+    real.chmod(0o755)
+    # nvidia-smi --query-compute-apps as the real tool answers it while the server runs
+    busy = (
+        "#!/bin/sh\n"
+        'case "$1" in --query-compute-apps=*) echo "4242, /opt/gpuhost/venv/bin/python"; '
+        "echo \"4243, /opt/gpuhost/venv/bin/python\"; exit 0;; esac\n"
+        f'exec {real} "$@"\n'
+    )
+    proc, record, env = check("q35-cns", smi_script=busy)
+    assert proc.returncode == 4
+    assert "processes hold the GPUs (4242 /opt/gpuhost/venv/bin/python;" in proc.stderr
+    assert "systemctl stop sglang.service" in proc.stderr and "Traceback" not in proc.stderr
+    assert record is None and env is None

@@ -79,3 +79,28 @@ def test_env_file_splits_flags_into_one_variable():
     assert "GPUHOST_P2P_SERVER_ARGS=--disable-custom-all-reduce\n" in text
     text = env_file(decide(m(8, "OK"), m(8, "OK")))
     assert "GPUHOST_P2P_SERVER_ARGS=\n" in text
+
+
+def test_readme_table_mirrors_the_policy():
+    """The README's "P2P decision table" is the one place people read it: it must say what
+    decide() does."""
+    from pathlib import Path
+
+    from operations.p2p_policy import BASE_ENV, NO_P2P_FLAGS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("### P2P decision table", 1)[1].split("\n\n", 3)[2]
+    rows = [r for r in table.splitlines() if r.startswith("| ") and "---" not in r][1:]
+    assert len(rows) == 4
+    cells = [[c.strip() for c in r.strip("|").split("|")] for r in rows]
+    no_p2p = " ".join(f"{k}={v}" for k, v in NO_P2P_ENV.items())
+    base = " ".join(f"{k}={v}" for k, v in BASE_ENV.items())
+    assert [c[1] for c in cells] == ["n/a", "on", "off", "off"]
+    assert cells[0][2] == cells[1][2] == f"`{base}`"
+    assert cells[2][2] == f"`{no_p2p}`"
+    assert cells[2][3] == " ".join(f"`{f}`" for f in NO_P2P_FLAGS)
+    assert decide(m(1, "OK"), m(1, "OK")).p2p == "n/a"
+    assert decide(m(2, "OK"), m(2, "OK"), verified=True).p2p == "on"
+    assert decide(m(2, "TNS"), m(2, "OK")).env == NO_P2P_ENV
+    for code in ("NS", "CNS", "GNS", "TNS", "U"):
+        assert code in cells[2][0]
