@@ -22,6 +22,8 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.exceptions import OperationError
 
+from operations.cuda_compat import driver_problem
+
 #: The transient systemd unit the build runs in (``systemd-run``), detached from SSH.
 BUILD_UNIT: Final = "gpuhost-flash-attn-build.service"
 #: Where the build runs on the host: ``build.log`` and ``wheels/``.
@@ -35,8 +37,11 @@ POLL_FIRST_S: Final = 2.0
 POLL_MAX_S: Final = 30.0
 #: Seconds a build may take before the deploy gives up on it (the unit is stopped).
 BUILD_TIMEOUT_S: Final = 6 * 3600
-#: Lines of the build log shown when the build fails.
+#: Lines of the build log shown when the build fails: its last lines, and the last lines that
+#: look like a compiler's error or a kill (ninja's, nvcc's, gcc's wording).
 LOG_TAIL_LINES: Final = 25
+ERROR_LINES: Final = 10
+ERROR_PATTERN: Final = r"error|killed|signal 9|build stopped"
 
 
 @dataclass(frozen=True)
@@ -269,14 +274,27 @@ def check_nvcc(nvcc: str | None, torch_cuda: str | None, torch_version: str, cud
 
 
 def _probe(remote: _Remote, plan: BuildPlan) -> BuildKey:
+    """Read the venv's Python, torch and torch.version.cuda, nvcc's release and the loaded
+    driver; refuse (OperationError) an nvcc that cannot build for this torch, or a driver too old
+    for the venv's CUDA (on a fresh host, planning could not yet read torch.version.cuda)."""
     script = ("import sys, torch; print('%d.%d' % sys.version_info[:2]); "
               "print(torch.__version__); print(torch.version.cuda)")
-    out = remote.run(f"{shlex.quote(plan.venv)}/bin/python -c {shlex.quote(script)} && "
-                     f"{shlex.quote(plan.cuda_home)}/bin/nvcc --version",
-                     "reading torch and nvcc on the host").splitlines()
-    python, torch_version, torch_cuda = (line.strip() for line in out[:3])
-    nvcc = parse_nvcc_release("\n".join(out[3:]))
+    out = remote.run(
+        f"{shlex.quote(plan.venv)}/bin/python -c {shlex.quote(script)} && echo --driver && "
+        "{ nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 "
+        f"|| true; }} && echo --nvcc && {shlex.quote(plan.cuda_home)}/bin/nvcc --version",
+        "reading torch, the driver and nvcc on the host")
+    head, _, rest = out.partition("--driver\n")
+    driver_text, _, nvcc_text = rest.partition("--nvcc\n")
+    python, torch_version, torch_cuda = (line.strip() for line in head.splitlines()[:3])
+    nvcc = parse_nvcc_release(nvcc_text)
     check_nvcc(nvcc, torch_cuda, torch_version, plan.cuda_home)
+    driver = driver_text.strip()
+    if re.fullmatch(r"\d+\.\d+(\.\d+)?", driver):
+        problem = driver_problem(torch_cuda, f"torch.version.cuda of torch {torch_version}",
+                                 driver)
+        if problem:
+            raise OperationError(f"{problem}; flash-attn and the server were left as they are")
     return BuildKey(plan.flash_attn, torch_version, nvcc or "", python, plan.archs)
 
 
@@ -359,14 +377,20 @@ def _build(remote: _Remote, plan: BuildPlan) -> str:
     ok = (state.get("SubState") == "exited" and state.get("Result") == "success"
           and state.get("ExecMainStatus") == "0")
     if not ok:
-        tail = remote.run(f"tail -n {LOG_TAIL_LINES} {BUILD_DIR}/build.log 2>/dev/null || true",
+        log = f"{BUILD_DIR}/build.log"
+        # the compiler's own words (a kill, an error) come long before pip's traceback ends
+        errors = remote.run(f"grep -i -E {shlex.quote(ERROR_PATTERN)} {log} 2>/dev/null | "
+                            f"tail -n {ERROR_LINES} || true", "reading the build log")
+        tail = remote.run(f"tail -n {LOG_TAIL_LINES} {log} 2>/dev/null || true",
                           "reading the build log")
         result = state.get("Result", "?")
         why = (" (out of memory: lower gpuhost_max_jobs or gpuhost_nvcc_threads)"
                if result == "oom-kill" else "")
         raise OperationError(
             f"flash-attn build failed: {BUILD_UNIT} ended with result {result}, exit status "
-            f"{state.get('ExecMainStatus', '?')}{why}; last lines of {BUILD_DIR}/build.log:\n"
+            f"{state.get('ExecMainStatus', '?')}{why}; error lines of {log}:\n"
+            + "\n".join(f"    {line}" for line in errors.splitlines())
+            + f"\nlast lines of {log}:\n"
             + "\n".join(f"    {line}" for line in tail.splitlines()))
     wheels = remote.run(f"ls {BUILD_DIR}/wheels/*.whl", "finding the built wheel").split()
     if len(wheels) != 1:

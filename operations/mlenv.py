@@ -19,12 +19,13 @@ from pyinfra.api.exceptions import FactProcessError, PyinfraError
 from pyinfra.operations import apt, files, pip
 from typing_extensions import override
 
+from operations.cuda_compat import driver_problem, venv_cuda
 from operations.flash_attn import STAMP_NAME, BuildPlan, built_wheel, read_stamp, stale_reasons
 from operations.gpu import NvidiaDriver
 from operations.host import FileText, HostResources
 from operations.lock import Lock, read_lock
 from operations.plan import refuse
-from operations.settings import CUDA_MIN_DRIVER, Settings
+from operations.settings import Settings
 
 #: Memory one nvcc thread takes while compiling flash-attn's kernels, in GiB (flash-attn's
 #: README: "ninja ... without ... enough RAM ... MAX_JOBS"; about 5 GiB per thread is what the
@@ -224,79 +225,44 @@ class VenvPython(FactBase[str | None]):
         return output[-1].strip() if output and output[-1].strip() else None
 
 
+class VenvTorchCuda(FactBase[str | None]):
+    """``torch.version.cuda`` in the venv ("12.8"); None where the venv, torch or a CUDA build
+    of torch is missing.
+
+    .. code:: python
+
+        "12.8"
+    """
+
+    @override
+    def command(self, venv: str) -> str:
+        q = shlex.quote(venv)
+        return (f"if [ -x {q}/bin/python ]; then {q}/bin/python -c "
+                "\"import torch; print(torch.version.cuda)\" 2>/dev/null || true; fi")
+
+    @override
+    def process(self, output: list[str]) -> str | None:
+        value = output[-1].strip() if output else ""
+        return value if re.fullmatch(r"\d+\.\d+", value) else None
+
+
 def build_memory_max(mem_available_gib: float) -> int:
     """The build unit's MemoryMax in bytes: the host's available memory (GiB) less the headroom
     kept for sshd and the rest of the host, at least 1 GiB."""
     return int(max(1.0, mem_available_gib - BUILD_HEADROOM_GIB) * 2**30)
 
 
-def _cuda_from_local(version: str) -> str | None:
-    # torch's local version: +cu128 is CUDA 12.8, +cu130 is 13.0
-    match = re.search(r"\+cu(\d+)(\d)$", version)
-    return f"{int(match.group(1))}.{match.group(2)}" if match else None
-
-
-def venv_cuda(versions: Mapping[str, str]) -> tuple[str, str] | None:
-    """The CUDA version a venv (or a lock) needs, and where it was read: ``("12.8", "torch
-    2.9.1+cu128")``. Sources: torch's local version (+cu128), the CUDA runtime wheel
-    (nvidia-cuda-runtime-cu12 12.8.90 gives 12.8), any other *-cu13 wheel (at least 13.0).
-    The newest wins; None where nothing names a CUDA version."""
-    found: list[tuple[Version, str, str]] = []
-    torch = versions.get("torch")
-    if torch and (cuda := _cuda_from_local(torch)):
-        found.append((Version(cuda), cuda, f"torch {torch}"))
-    for name, version in versions.items():
-        runtime = re.fullmatch(r"nvidia-cuda-runtime(-cu\d+)?", name)
-        if runtime and re.match(r"\d+\.\d+", version):
-            cuda = ".".join(version.split(".")[:2])
-            found.append((Version(cuda), cuda, f"{name} {version}"))
-        elif re.search(r"-cu(\d+)$", name):
-            major = re.search(r"-cu(\d+)$", name).group(1)
-            found.append((Version(f"{major}.0"), f"{major}.0", f"{name} {version}"))
-    if not found:
-        return None
-    _, cuda, source = max(found)
-    return cuda, source
-
-
-def min_driver_for(cuda: str) -> str | None:
-    """The minimum Linux driver for a CUDA major.minor (operations/settings.CUDA_MIN_DRIVER):
-    its own entry, else the nearest older entry of the same major version; None if unknown."""
-    if cuda in CUDA_MIN_DRIVER:
-        return CUDA_MIN_DRIVER[cuda]
-    wanted = Version(cuda)
-    older = [Version(k) for k in CUDA_MIN_DRIVER
-             if Version(k).major == wanted.major and Version(k) <= wanted]
-    return CUDA_MIN_DRIVER[str(max(older))] if older else None
-
-
-def driver_problem(cuda: str, source: str, driver: str) -> str | None:
-    """Why ``driver`` (a version such as "570.124.06", or a branch "570") cannot run a venv
-    that needs CUDA ``cuda``; None when it can. The message names both."""
-    minimum = min_driver_for(cuda)
-    if minimum is None:
-        return (f"the venv needs CUDA {cuda} ({source}), for which no minimum driver is known "
-                "(operations/settings.CUDA_MIN_DRIVER)")
-    have = Version(driver)
-    ok = have >= Version(minimum) if "." in driver else have.major >= Version(minimum).major
-    if ok:
-        return None
-    supported = [k for k, v in CUDA_MIN_DRIVER.items()
-                 if ("." in driver and have >= Version(v))
-                 or ("." not in driver and have.major >= Version(v).major)]
-    upto = f"CUDA {max(supported, key=Version)} at most" if supported else "no CUDA this toolkit knows"
-    return (f"the venv needs CUDA {cuda} ({source}), which needs NVIDIA driver >= {minimum}; "
-            f"driver {driver} supports {upto}: install a newer driver (gpuhost_driver_branch) "
-            "or use a lock for an older CUDA (gpuhost_lock)")
-
-
 def check_driver_for_venv(settings: Settings, lock: Lock, installed: Mapping[str, str]) -> None:
-    """Refuse the ML venv stage when the CUDA the venv needs (what is installed, else the lock)
-    is newer than the host's driver supports: the installed driver as nvidia-smi reports it,
+    """Refuse the ML venv stage when the CUDA the venv needs (the newest of torch.version.cuda
+    in the venv, its CUDA wheels and the lock's) is newer than the host's driver supports: the installed driver as nvidia-smi reports it,
     else the driver this deploy installs (gpuhost_driver_version or gpuhost_driver_branch)."""
-    needed = venv_cuda(installed) or venv_cuda(lock.versions())
-    if needed is None:
+    torch_cuda = host.get_fact(VenvTorchCuda, venv=settings.venv_path)
+    found = [c for c in (venv_cuda(installed), venv_cuda(lock.versions())) if c]
+    if torch_cuda:
+        found.append((torch_cuda, f"torch.version.cuda in {settings.venv_path}"))
+    if not found:
         return
+    needed = max(found, key=lambda c: Version(c[0]))
     state = host.get_fact(NvidiaDriver)
     driver = (state.driver_version if state.status == "ok" and state.driver_version
               else settings.driver_version or settings.driver_branch)

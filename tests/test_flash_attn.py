@@ -8,6 +8,7 @@ import time
 import pytest
 from pyinfra.api.exceptions import OperationError
 
+from operations.cuda_compat import driver_problem, min_driver_for, venv_cuda
 from operations.flash_attn import (
     BuildKey,
     BuildPlan,
@@ -18,14 +19,7 @@ from operations.flash_attn import (
     read_stamp,
     stale_reasons,
 )
-from operations.mlenv import (
-    build_memory_max,
-    describe_drift,
-    driver_problem,
-    min_driver_for,
-    unlocked,
-    venv_cuda,
-)
+from operations.mlenv import build_memory_max, describe_drift, unlocked
 from operations.settings import SettingsError, from_host_data
 
 KEY = BuildKey("2.8.3.post2", "2.9.1+cu128", "12.8", "3.12", "120")
@@ -158,10 +152,10 @@ def test_cuda_the_venv_needs():
 
 
 def test_driver_against_the_venv(monkeypatch):
-    import operations.mlenv
+    import operations.cuda_compat
 
     # NVIDIA's table as operations/settings.py had it when these cases were written
-    monkeypatch.setattr(operations.mlenv, "CUDA_MIN_DRIVER",
+    monkeypatch.setattr(operations.cuda_compat, "CUDA_MIN_DRIVER",
                         {"12.8": "570.26", "13.0": "580.65.06"})
     assert min_driver_for("12.8") == "570.26"
     assert min_driver_for("12.9") == "570.26"  # nearest known of the same major

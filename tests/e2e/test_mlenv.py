@@ -102,3 +102,25 @@ def test_a_rebuilt_venv_installs_the_cached_wheel(hosts, cache):
     assert run.returncode == 0, run.output[-6000:]
     assert not built_here(host)
     assert flash_attn_build_env(host) == flash_attn_build_env(hosts[0])
+
+
+def test_a_failed_build_fails_the_host_with_its_log(hosts, tmp_path):
+    host = hosts[0]
+    pid = host.main_pid()
+    # the "hardware" now kills any parallel compile (as too little memory would), the stamp
+    # is gone and the cache is empty: this host must build, and the build fails
+    hardware = "/etc/gpuhost-sandbox/hardware.json"
+    host.ssh(f"cp {hardware} /tmp/hardware.json && python3 -c \"import json; p='{hardware}'; "
+             "d=json.load(open(p)); d['host']['flash_attn_max_parallel_jobs']=0; "
+             f"json.dump(d, open(p, 'w'))\" && rm {VENV}/gpuhost-flash-attn.json")
+    try:
+        run = deploy(tmp_path / "empty-cache")
+    finally:
+        host.ssh(f"cp /tmp/hardware.json {hardware}")
+    assert run.returncode != 0
+    assert "flash-attn build failed: gpuhost-flash-attn-build.service ended with result " \
+           "exit-code" in run.output, run.output[-6000:]
+    assert "Killed signal terminated program cc1plus" in run.output  # the log's tail
+    assert "flash-attn build: " in run.output  # progress was polled and printed
+    assert host.ssh("systemctl is-active sglang.service").strip() == "active"
+    assert host.main_pid() == pid  # the server stage never ran on the failed host
