@@ -1,0 +1,145 @@
+"""The scripts the server stage runs on the host (operations/files/), and the hub stand-in, run
+here against local servers."""
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = ROOT / "operations" / "files"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, FILES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+health = load("health_check")
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("Paris", None),
+    ("The capital of France is Paris.", None),
+    ("!!!!!!!!!!!!!!!!", "one character repeated"),
+    ("the the the the", "one token repeated"),
+    ("NaN", "it contains NaN"),
+    ("value: nan nan", "it contains NaN"),
+    ("Nanjing is not the capital of France.", None),
+])
+def test_degenerate(text, why):
+    got = health.degenerate(text)
+    assert (got is None) if why is None else (why in got)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Backend(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    seen_auth: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        Backend.seen_auth.append(self.headers.get("Authorization"))
+        body = json.dumps({"api_key": None, "model_path": "/m", "port": 1}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def gate(tmp_path):
+    backend = ThreadingHTTPServer(("127.0.0.1", 0), Backend)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-test-123\n")
+    key_file.chmod(0o600)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(FILES / "api_gate.py"), "--listen", "127.0.0.1",
+                             "--port", str(port), "--backend",
+                             f"http://127.0.0.1:{backend.server_address[1]}",
+                             "--key-file", str(key_file)], stderr=subprocess.PIPE, text=True)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", key_file, proc
+    proc.terminate()
+    proc.wait(5)
+    backend.shutdown()
+
+
+def get(url, key=None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers)) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_gate_refuses_without_the_key_and_hides_it(gate):
+    url, key_file, proc = gate
+    assert get(f"{url}/v1/models")[0] == 401
+    assert get(f"{url}/v1/models", "wrong")[0] == 401
+    assert get(f"{url}/health")[0] == 200  # open, as sglang keeps it
+    status, body = get(f"{url}/get_server_info", "sk-test-123")
+    assert status == 200 and "api_key" not in json.loads(body)
+    # the backend never sees the key
+    assert "Bearer sk-test-123" not in Backend.seen_auth
+    key_file.write_text("sk-rotated-4567\n")
+    assert get(f"{url}/v1/models", "sk-test-123")[0] == 401
+    assert get(f"{url}/v1/models", "sk-rotated-4567")[0] == 200
+    proc.terminate()
+    assert "sk-" not in proc.communicate(timeout=5)[1]
+
+
+def test_hub_stand_in_gates_and_serves(tmp_path):
+    from sandbox import hub
+
+    token = hub.ensure_token(tmp_path / "token")
+    port = free_port()
+    hub.Handler.hub = hub.Hub(token)
+    server = hub.Server(("127.0.0.1", port), hub.Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(f"{base}/api/models/{hub.REPO_ID}/revision/main")
+        assert exc.value.code == 401 and exc.value.headers["X-Error-Code"] == "GatedRepo"
+        status, body = get(f"{base}/api/models/{hub.REPO_ID}/revision/main?blobs=True", token)
+        info = json.loads(body)
+        assert status == 200 and info["id"] == hub.REPO_ID and len(info["sha"]) == 40
+        sizes = {s["rfilename"]: s["size"] for s in info["siblings"]}
+        assert sizes["config.json"] > 0 and "model-00001-of-00002.safetensors" in sizes
+        request = urllib.request.Request(
+            f"{base}/{hub.REPO_ID}/resolve/main/config.json", method="HEAD",
+            headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request) as r:
+            assert r.headers["X-Repo-Commit"] == info["sha"]
+            assert int(r.headers["Content-Length"]) == sizes["config.json"]
+        status, _ = get(f"{base}/api/models/{hub.REPO_ID}/revision/nope", token)
+        assert status == 404
+    finally:
+        server.shutdown()
