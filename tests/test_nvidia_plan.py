@@ -190,3 +190,22 @@ def test_parse_lspci():
     ]
     assert parse_lspci(out) == (PciGpu("0000:00:06.0", "nouveau"), PciGpu("0000:00:08.0", None))
     assert parse_lspci(["rc=127"]) is None
+
+
+def test_pin_and_unattended_exclusions_cover_the_same_packages():
+    import re
+
+    import jinja2
+
+    from operations import REPO_ROOT
+    pin = jinja2.Template((REPO_ROOT / "templates/apt-nvidia-pin.j2").read_text()).render(
+        version_glob="580.95.05-*")
+    stanza = [line for line in pin.splitlines() if line and not line.startswith("#")]
+    assert stanza[0].startswith("Package: ") and stanza[1:] == [
+        "Pin: version 580.95.05-*", "Pin-Priority: 1000"]
+    pinned = stanza[0].split()[1:]
+    excluded = re.findall(r'"([^"]+)";', (REPO_ROOT / "templates/51gpuhost-unattended-upgrades")
+                          .read_text())
+    for glob in pinned:
+        assert any(glob.rstrip("*").startswith(e) for e in excluded), glob
+    assert "cuda-" in excluded

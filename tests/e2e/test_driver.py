@@ -1,0 +1,150 @@
+"""The NVIDIA stage end to end on sandbox hosts: a driver change shown by --dry without any
+change, refused by an ordinary run, done with gpuhost_allow_driver_change (reboot included)
+and serving again; a library/module mismatch rebooted away; nouveau holding the GPU; a driver
+that no package installed; no kernel headers for the running kernel. Host states are prepared
+over ssh as a person would leave them; every check is made with ssh, never through pyinfra."""
+
+import json
+
+import pytest
+
+from tests.e2e import lab
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+X, Y = "580.95.05", "580.105.08"
+
+#: What must not change in a dry or refused run: installed packages, configuration, /usr/local.
+CHECKSUM = (
+    "{ sha256sum /var/lib/dpkg/status; "
+    "find /etc /usr/local -xdev \\( -type f -o -type l \\) -printf '%p %m %l\\n' | sort; "
+    "find /etc /usr/local -xdev -type f -print0 | sort -z | xargs -0 sha256sum; } | sha256sum"
+)
+
+
+def checksum(host: lab.Host) -> str:
+    return host.ssh(CHECKSUM).strip()
+
+
+def boot_id(host: lab.Host) -> str:
+    return host.ssh("cat /proc/sys/kernel/random/boot_id").strip()
+
+
+def loaded_driver(host: lab.Host) -> str:
+    return host.ssh("nvidia-smi --query-gpu=driver_version --format=csv,noheader").strip()
+
+
+def installed_driver(host: lab.Host) -> str:
+    return host.ssh("dpkg-query -W -f='${Version}' nvidia-kernel-open-dkms").strip()
+
+
+def serves(host: lab.Host) -> bool:
+    models = json.loads(host.http_get("http://127.0.0.1:8000/v1/models"))
+    return bool(models["data"])
+
+
+@pytest.fixture(scope="module")
+def one_gpu_host():
+    (host,) = lab.up(hosts=1, scenario="single-gpu")
+    yield host
+    lab.sandbox("down", check=False)
+
+
+def test_driver_change_dry_refused_then_allowed_and_mismatch_rebooted(one_gpu_host):
+    host = one_gpu_host
+    first = lab.deploy("--data", f"gpuhost_driver_version={X}")
+    assert first.returncode == 0, first.output[-6000:]
+    assert loaded_driver(host) == X and installed_driver(host) == f"{X}-1"
+    assert serves(host)
+    pid, boot, before = host.main_pid(), boot_id(host), checksum(host)
+
+    dry = lab.deploy("--dry", "--data", f"gpuhost_driver_version={Y}")
+    assert f"driver installed {X}, target {Y} (a driver change)" in dry.output, dry.output[-6000:]
+    assert "then a reboot" in dry.output and "server restart" in dry.output
+    assert "gpuhost_allow_driver_change = True" in dry.output
+    assert checksum(host) == before
+    assert boot_id(host) == boot and host.main_pid() == pid
+
+    refused = lab.deploy("--data", f"gpuhost_driver_version={Y}")
+    assert refused.returncode != 0, refused.output[-6000:]
+    assert "nothing was changed" in refused.output
+    assert f"driver {X} is installed, host data asks for {Y}-*" in refused.output
+    assert checksum(host) == before
+    assert boot_id(host) == boot and host.main_pid() == pid
+
+    allowed = lab.deploy("--data", f"gpuhost_driver_version={Y}",
+                         "--data", "gpuhost_allow_driver_change=true")
+    assert allowed.returncode == 0, allowed.output[-6000:]
+    assert boot_id(host) != boot
+    assert loaded_driver(host) == Y and installed_driver(host) == f"{Y}-1"
+    assert "Kernel driver in use: nvidia" in host.ssh("lspci -Dnnk -d 10de:")
+    assert host.ssh("systemctl is-active sglang.service").strip() == "active"
+    assert serves(host)
+    held = host.ssh("apt-mark showhold").split()
+    assert {"nvidia-open", "nvidia-kernel-open-dkms", "cuda-toolkit-12-8"} <= set(held)
+
+    # Back to X by hand, without a reboot: the libraries are X, the loaded module still Y.
+    host.ssh("DEBIAN_FRONTEND=noninteractive apt-get -y -q install --allow-downgrades "
+             f"--allow-change-held-packages nvidia-open={X}-1 nvidia-driver={X}-1 "
+             f"nvidia-smi={X}-1 libnvidia-ml1={X}-1 libcuda1={X}-1 "
+             f"nvidia-kernel-open-dkms={X}-1 >/dev/null")
+    mismatch = host.ssh("nvidia-smi; echo rc=$?", check=False)
+    assert "Driver/library version mismatch" in mismatch and "rc=18" in mismatch
+    boot = boot_id(host)
+    rebooted = lab.deploy("--data", f"gpuhost_driver_version={X}")
+    assert rebooted.returncode == 0, rebooted.output[-6000:]
+    assert "driver/library version mismatch" in rebooted.output
+    assert boot_id(host) != boot
+    assert loaded_driver(host) == X
+    assert serves(host)
+
+
+def test_driver_outside_apt_is_refused_and_left_alone():
+    host = lab.up(hosts=1, scenario="single-gpu")[0]
+    # A runfile-style install: nvidia-smi in /usr/bin that no package owns.
+    host.ssh("printf '#!/bin/sh\\necho \"NVIDIA-SMI has failed because it couldn'\"'\"'t "
+             "communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is "
+             "installed and running.\"\\nexit 9\\n' > /usr/bin/nvidia-smi && "
+             "chmod 755 /usr/bin/nvidia-smi")
+    smi = host.ssh("sha256sum /usr/bin/nvidia-smi")
+    before, boot = checksum(host), boot_id(host)
+    run = lab.deploy()
+    assert run.returncode != 0, run.output[-6000:]
+    assert "a driver no package installed is present (nvidia-smi at /usr/bin/nvidia-smi" \
+        in run.output
+    assert "gpuhost_unpackaged_driver" in run.output
+    assert checksum(host) == before and boot_id(host) == boot
+    assert host.ssh("sha256sum /usr/bin/nvidia-smi") == smi
+
+
+def test_no_headers_for_the_running_kernel_stops_before_the_driver():
+    host = lab.up(hosts=1, scenario="single-gpu")[0]
+    # The archive no longer has the running kernel's headers (as after a kernel upgrade).
+    host.ssh("printf 'Package: linux-headers-%s\\nPin: version *\\nPin-Priority: -1\\n' "
+             "\"$(uname -r)\" > /etc/apt/preferences.d/sandbox-no-headers")
+    boot = boot_id(host)
+    run = lab.deploy()
+    assert run.returncode != 0, run.output[-6000:]
+    assert "no kernel headers for the running kernel" in run.output
+    assert host.ssh("dpkg-query -W nvidia-open nvidia-kernel-open-dkms 2>&1; true").count(
+        "no packages found") == 2
+    assert boot_id(host) == boot
+
+
+def test_nouveau_bound_gpu_is_rebound_to_nvidia():
+    (host,) = lab.up(hosts=1, scenario="nouveau-bound")
+    try:
+        assert "Kernel driver in use: nouveau" in host.ssh("lspci -Dnnk -d 10de:")
+        boot = boot_id(host)
+        run = lab.deploy()
+        assert run.returncode == 0, run.output[-6000:]
+        assert "nouveau holds 0000:00:06.0" in run.output
+        assert boot_id(host) != boot
+        pci = host.ssh("lspci -Dnnk -d 10de:")
+        assert "Kernel driver in use: nvidia" in pci
+        assert "Kernel driver in use: nouveau" not in pci
+        assert host.ssh("cat /etc/modprobe.d/gpuhost-blacklist-nouveau.conf").startswith("#")
+        assert loaded_driver(host).startswith("580.")
+        assert serves(host)
+    finally:
+        lab.sandbox("down", check=False)
