@@ -4,7 +4,9 @@ chat completion with text that is neither empty nor degenerate.
 Runs on the GPU host with the system python3 (standard library only), in one of two modes:
 
   --health-only   poll /health until it answers 200 (the unit's ExecStartPost: the unit stays
-                  "activating" until then). Exit 0, or 1 at the timeout.
+                  "activating" until then). Exit 0, or 1 at the timeout or as soon as the
+                  server's process (--main-pid, systemd's $MAINPID) is gone: systemd waits for
+                  ExecStartPost even when the main process has died.
   (default)       the gate: the unit must stay up (a crash, the unit failed or waiting to be
                   restarted by systemd is a failure at once), /health 200, /v1/models lists the
                   model, then POST /v1/chat/completions with temperature 0 must return a
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -60,13 +63,14 @@ def _journal(unit: str, lines: int) -> str:
     return result.stdout.strip()
 
 
-def _unit_state(unit: str) -> tuple[str, str]:
+def _unit_state(unit: str) -> tuple[str, str, str]:
+    """ActiveState, SubState and MainPID ("0" once the main process has exited)."""
     result = subprocess.run(
-        ["systemctl", "show", "-p", "ActiveState", "-p", "SubState", unit],
+        ["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "MainPID", unit],
         capture_output=True, text=True, check=False,
     )
     props = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
-    return props.get("ActiveState", ""), props.get("SubState", "")
+    return props.get("ActiveState", ""), props.get("SubState", ""), props.get("MainPID", "")
 
 
 def _fail(unit: str, why: str, secret: str | None) -> int:
@@ -126,11 +130,15 @@ def check_gate(public_url: str, key: str) -> str | None:
     return None
 
 
-def health_only(url: str, timeout: float) -> int:
+def health_only(url: str, timeout: float, main_pid: int | None) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if _request(f"{url}/health")[0] == 200:
             return 0
+        if main_pid and not os.path.exists(f"/proc/{main_pid}"):
+            print(f"the server (PID {main_pid}) exited before {url}/health answered",
+                  file=sys.stderr)
+            return 1
         time.sleep(1)
     print(f"{url}/health did not answer 200 within {timeout:.0f} s", file=sys.stderr)
     return 1
@@ -140,6 +148,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="the server's own base URL (loopback)")
     parser.add_argument("--health-only", action="store_true")
+    parser.add_argument("--main-pid", type=int, help="with --health-only: the server's PID")
     parser.add_argument("--model", help="the served model name")
     parser.add_argument("--unit")
     parser.add_argument("--timeout", type=float, required=True, help="seconds in all")
@@ -149,7 +158,7 @@ def main() -> int:
     parser.add_argument("--api-key-file", help="root-only file holding the API key")
     args = parser.parse_args()
     if args.health_only:
-        return health_only(args.url, args.timeout)
+        return health_only(args.url, args.timeout, args.main_pid)
     if not args.model or not args.unit:
         parser.error("--model and --unit are needed unless --health-only")
 
@@ -164,8 +173,9 @@ def main() -> int:
         elapsed = time.monotonic() - start
         if elapsed > args.timeout:
             return _fail(args.unit, f"no good answer after {args.timeout:.0f} s", key)
-        active, sub = _unit_state(args.unit)
-        if active == "failed" or sub == "auto-restart" or (active == "inactive" and elapsed > 5):
+        active, sub, main_pid = _unit_state(args.unit)
+        if active == "failed" or sub == "auto-restart" or (active == "inactive" and elapsed > 5) \
+                or (sub == "start-post" and main_pid == "0"):
             return _fail(args.unit, f"the unit is {active} ({sub}): the server exited", key)
         if _request(f"{args.url}/health")[0] == 200:
             status, body = _request(f"{args.url}/v1/models")
