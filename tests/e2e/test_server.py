@@ -1,0 +1,214 @@
+"""The server stage end to end on one sandbox host: the model from the hub stand-in, the health
+gate on each stand-in mode, restarts only on change, the API key gate, refusals while planning,
+and no secret anywhere a user or a log can see it.
+
+The stand-in's mode reaches the server through gpuhost_server_env (SANDBOX_SGLANG_MODE), as any
+server environment does. Checks go through ssh, systemctl, journalctl and HTTP, not pyinfra.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import lab
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+UNIT = "sglang.service"
+KEY_FILE = "/root/sglang-api.key"
+
+
+def write_inventory(path: Path, **overrides) -> str:
+    """An inventory of the lab's hosts as inventory/sandbox.py makes it, with ``overrides``
+    (host data) merged into each host's data."""
+    hosts = json.loads(lab.sandbox("status", "--json").stdout)
+    entries = [
+        (h["name"], {
+            "ssh_hostname": h["address"], "ssh_user": "root", "ssh_key": h["ssh_key"],
+            "ssh_known_hosts_file": h["known_hosts"], "ssh_strict_host_key_checking": "yes",
+            "gpuhost_cuda_repo_url": h["cuda_repo_url"],
+            "gpuhost_cuda_keyring_sha256": h["cuda_keyring_sha256"],
+            "gpuhost_pip_index_url": h["pip_index_url"], "gpuhost_lock": h["lock"],
+            **h.get("host_data", {}), **overrides,
+        })
+        for h in hosts
+    ]
+    literal = json.dumps(json.dumps(entries))
+    path.write_text(f"import json\nsandbox = [tuple(e) for e in json.loads({literal})]\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def host():
+    (h,) = lab.up(hosts=1, scenario="reference-lab")
+    first = lab.deploy()
+    assert first.returncode == 0, first.output[-6000:]
+    yield h
+    lab.sandbox("down", check=False)
+
+
+@pytest.fixture
+def deploy(tmp_path):
+    def run(*extra: str, **overrides) -> lab.Run:
+        inventory = write_inventory(tmp_path / f"inv{time.monotonic_ns()}.py", **overrides)
+        return lab.deploy(*extra, inventory=inventory)
+    return run
+
+
+def env(mode: str, **more: str) -> dict:
+    return {"gpuhost_server_env": {"OMP_NUM_THREADS": "8", "SAFETENSORS_FAST_GPU": "1",
+                                   "SANDBOX_SGLANG_MODE": mode, **more}}
+
+
+def state(host: lab.Host) -> str:
+    return host.ssh(f"systemctl is-active {UNIT}", check=False).strip()
+
+
+def starts(host: lab.Host, since: float) -> int:
+    """How many times the server process started since ``since`` (epoch seconds)."""
+    journal = host.ssh(f"journalctl -u {UNIT} --since @{since:.0f} --no-pager -o cat",
+                       check=False)
+    return journal.count("server_args=ServerArgs(")
+
+
+def changed(run: lab.Run) -> list[str]:
+    assert run.results is not None, run.output[-3000:]
+    return [op["name"] for op in run.results["results"]["operations"]
+            if op["success"] or op["error"]]
+
+
+def test_first_deploy_serves_the_downloaded_model(host):
+    model = "/opt/gpuhost/models/gpuhost-sandbox/tiny-glm-5"
+    stamp = json.loads(host.ssh(f"cat {model}/.gpuhost-model.json"))
+    assert stamp["repo"] == "gpuhost-sandbox/tiny-glm-5" and len(stamp["sha"]) == 40
+    for name, size in stamp["files"].items():
+        assert int(host.ssh(f"stat -c %s {model}/{name}")) == size
+    pid = host.main_pid()
+    args = host.process_args(pid)
+    assert args[args.index("--model") + 1] == model
+    assert host.process_env(pid)["HF_HUB_OFFLINE"] == "1"
+    assert host.ssh("stat -c %a /etc/gpuhost/server.env").strip() == "600"
+    show = host.ssh(f"systemctl show -p Restart -p LimitMEMLOCK -p StartLimitBurst {UNIT}")
+    assert "Restart=on-failure" in show and "LimitMEMLOCK=infinity" in show
+    assert "StartLimitBurst=3" in show
+
+
+def test_slow_start_passes_with_progress(host, deploy):
+    run = deploy(**env("slow-start", SANDBOX_SGLANG_STARTUP_SECONDS="25"))
+    assert run.returncode == 0, run.output[-6000:]
+    # shown without -v: the progress lines come through pyinfra's logger
+    assert "waiting 1" in run.output and "waiting 2" in run.output, run.output[-3000:]
+    assert "ready after" in run.output
+    assert state(host) == "active"
+
+
+def test_crash_at_start_fails_with_the_journal(host, deploy):
+    run = deploy(**env("crash-on-start"))
+    assert run.returncode != 0
+    assert "server not ready" in run.output
+    assert "last 50 lines of the journal" in run.output
+    assert "crash-on-start mode" in run.output  # the journal's own line
+    assert f"{UNIT} stopped" in run.output
+    time.sleep(2)
+    assert state(host) in ("inactive", "failed")
+
+
+def test_degenerate_output_fails_with_the_journal(host, deploy):
+    run = deploy(**env("degenerate"))
+    assert run.returncode != 0
+    assert "degenerate" in run.output and "one character repeated" in run.output
+    assert "last 50 lines of the journal" in run.output
+    assert state(host) in ("inactive", "failed")
+
+
+def test_noop_keeps_pid_and_one_flag_restarts_once(host, deploy):
+    back = deploy()
+    assert back.returncode == 0, back.output[-6000:]
+    pid = host.main_pid()
+    again = deploy("--json")
+    assert again.returncode == 0 and changed(again) == []
+    assert host.main_pid() == pid
+
+    since = time.time() - 1
+    flag = deploy("--json", gpuhost_max_running_requests=32)
+    assert flag.returncode == 0, flag.output[-6000:]
+    assert starts(host, since) == 1
+    new_pid = host.main_pid()
+    assert new_pid != pid
+    args = host.process_args(new_pid)
+    assert args[args.index("--max-running-requests") + 1] == "32"
+    settled = deploy("--json", gpuhost_max_running_requests=32)
+    assert changed(settled) == [] and host.main_pid() == new_pid
+    assert starts(host, since) == 1
+
+
+def test_api_key_and_no_secret_anywhere(host, deploy):
+    key = "sk-" + secrets.token_hex(24)
+    host.ssh(f"umask 077; printf '%s\\n' {key} > {KEY_FILE}")
+    token = host.ssh("cat /root/hf_token").strip()
+    # a new model folder: the download (with the token) runs inside this -vvv --diff run
+    run = deploy("-vvv", "--diff", gpuhost_server_host="0.0.0.0",
+                 gpuhost_api_key_file=KEY_FILE, gpuhost_model_dir="/opt/gpuhost/models2")
+    assert run.returncode == 0, run.output[-6000:]
+
+    base = f"http://{host.address}:8000"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{base}/v1/models", timeout=10)
+    assert refused.value.code == 401
+    auth = {"Authorization": f"Bearer {key}"}
+    ok = urllib.request.urlopen(urllib.request.Request(f"{base}/v1/models", headers=auth),
+                                timeout=10)
+    assert [m["id"] for m in json.loads(ok.read())["data"]] == ["glm-5"]
+    info = urllib.request.urlopen(
+        urllib.request.Request(f"{base}/get_server_info", headers=auth), timeout=10).read()
+    assert key.encode() not in info
+
+    units = host.ssh(f"cat /etc/systemd/system/{UNIT} /etc/systemd/system/sglang-gate.service")
+    journal = host.ssh("journalctl --no-pager -o cat -u sglang.service -u sglang-gate.service")
+    process = host.ssh(f"tr '\\0' ' ' < /proc/{host.main_pid()}/cmdline")
+    for secret in (key, token):
+        assert secret not in run.output
+        assert secret not in units
+        assert secret not in journal
+        assert secret not in process
+
+
+def test_bad_input_refused_while_planning(host, deploy):
+    pid = host.main_pid()
+    host.ssh("chmod 644 /root/hf_token")
+    try:
+        run = deploy(gpuhost_server_host="0.0.0.0", gpuhost_api_key_file=KEY_FILE,
+                     gpuhost_model_dir="/opt/gpuhost/models2")
+    finally:
+        host.ssh("chmod 600 /root/hf_token")
+    assert run.returncode != 0
+    assert ("gpuhost_hf_token_file = '/root/hf_token' is not allowed: a file on the host owned "
+            "by root with mode 0600 or 0400 (it is owned by root with mode 644)") in run.output
+
+    run = deploy(gpuhost_server_host="0.0.0.0", gpuhost_api_key_file="/root/missing.key")
+    assert run.returncode != 0
+    assert "gpuhost_api_key_file = '/root/missing.key' is not allowed" in run.output
+    assert "(it does not exist)" in run.output
+
+    run = deploy(gpuhost_server_host="0.0.0.0")
+    assert run.returncode != 0
+    assert "gpuhost_server_host = '0.0.0.0' is not allowed: a loopback address" in run.output
+
+    host.ssh("systemd-run --unit=gpuhost-test-squatter python3 -m http.server 8123 "
+             "--bind 127.0.0.1")
+    try:
+        time.sleep(2)
+        run = deploy(gpuhost_server_port=8123)
+    finally:
+        host.ssh("systemctl stop gpuhost-test-squatter", check=False)
+    assert run.returncode != 0
+    assert ("gpuhost_server_port = 8123 is not allowed: a port no other unit listens on "
+            "(gpuhost-test-squatter.service listens on it)") in run.output
+    assert host.main_pid() == pid  # nothing was changed
