@@ -584,8 +584,10 @@ def nvidia(settings: Settings):
     Logs, per host (also in --dry), the installed and target versions of the driver and the
     CUDA toolkit and whether a reboot and a server restart follow. Refuses (operations.plan)
     before any change: an OS without NVIDIA's repository and what :func:`plan_driver` refuses.
-    The server unit is stopped before the driver packages change, and the host is rebooted
-    before the server stage runs, so that no server runs across a driver change.
+    The server unit is stopped before the driver packages change, the host is rebooted
+    before the server stage runs, and a drop-in (templates/sglang-driver-gate.conf) keeps the
+    unit from starting while nvidia-smi fails (no driver, or a driver/library version
+    mismatch), so that no server runs across a driver change.
     """
     meta = host.get_fact(LinuxDistribution).get("release_meta", {})
     try:
@@ -668,6 +670,14 @@ def nvidia(settings: Settings):
         commands=["if command -v update-initramfs >/dev/null; then update-initramfs -u; fi"],
         _if=blacklist.did_change,
     )
+
+    gate = files.put(
+        name=f"{SERVER_UNIT} starts only on a matching driver",
+        src=str(_templates() / "sglang-driver-gate.conf"),
+        dest=f"/etc/systemd/system/{SERVER_UNIT}.d/10-gpuhost-driver-gate.conf",
+        mode="644",
+    )
+    systemd.daemon_reload(name="Reload systemd units (driver gate)", _if=gate.did_change)
 
     if not plan.keep_present:
         if plan.install and host.get_fact(SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT):

@@ -56,12 +56,16 @@ def test_driver_change_dry_refused_then_allowed_and_mismatch_rebooted(one_gpu_ho
     assert first.returncode == 0, first.output[-6000:]
     assert loaded_driver(host) == X and installed_driver(host) == f"{X}-1"
     assert serves(host)
+    # A stray second entry for NVIDIA's repository, left by hand: reported, not touched.
+    repo = host.ssh("cat /etc/apt/sources.list.d/cuda-debian12-x86_64.list").strip()
+    host.ssh(f"echo '{repo}' > /etc/apt/sources.list.d/stray-cuda.list")
     pid, boot, before = host.main_pid(), boot_id(host), checksum(host)
 
     dry = lab.deploy("--dry", "--data", f"gpuhost_driver_version={Y}")
     assert f"driver installed {X}, target {Y} (a driver change)" in dry.output, dry.output[-6000:]
     assert "then a reboot" in dry.output and "server restart" in dry.output
     assert "gpuhost_allow_driver_change = True" in dry.output
+    assert "also listed in /etc/apt/sources.list.d/stray-cuda.list" in dry.output
     assert checksum(host) == before
     assert boot_id(host) == boot and host.main_pid() == pid
 
@@ -72,6 +76,7 @@ def test_driver_change_dry_refused_then_allowed_and_mismatch_rebooted(one_gpu_ho
     assert checksum(host) == before
     assert boot_id(host) == boot and host.main_pid() == pid
 
+    host.ssh("rm /etc/apt/sources.list.d/stray-cuda.list")
     allowed = lab.deploy("--data", f"gpuhost_driver_version={Y}",
                          "--data", "gpuhost_allow_driver_change=true")
     assert allowed.returncode == 0, allowed.output[-6000:]
@@ -90,6 +95,13 @@ def test_driver_change_dry_refused_then_allowed_and_mismatch_rebooted(one_gpu_ho
              f"nvidia-kernel-open-dkms={X}-1 >/dev/null")
     mismatch = host.ssh("nvidia-smi; echo rc=$?", check=False)
     assert "Driver/library version mismatch" in mismatch and "rc=18" in mismatch
+    # The server does not start on a mismatched driver (the nvidia stage's drop-in).
+    restart = host.ssh("systemctl restart sglang.service; echo rc=$?", check=False)
+    assert "rc=0" not in restart
+    assert host.ssh("systemctl is-active sglang.service", check=False).strip() != "active"
+    # Holds and the unattended-upgrades exclusion lost by hand are repaired by the next run.
+    host.ssh("apt-mark unhold cuda-toolkit-12-8 >/dev/null && "
+             "rm /etc/apt/apt.conf.d/51gpuhost-unattended-upgrades")
     boot = boot_id(host)
     rebooted = lab.deploy("--data", f"gpuhost_driver_version={X}")
     assert rebooted.returncode == 0, rebooted.output[-6000:]
@@ -97,6 +109,14 @@ def test_driver_change_dry_refused_then_allowed_and_mismatch_rebooted(one_gpu_ho
     assert boot_id(host) != boot
     assert loaded_driver(host) == X
     assert serves(host)
+    assert "cuda-toolkit-12-8" in host.ssh("apt-mark showhold").split()
+    assert '"cuda-";' in host.ssh("cat /etc/apt/apt.conf.d/51gpuhost-unattended-upgrades")
+
+    again = lab.deploy("--json", "--data", f"gpuhost_driver_version={X}")
+    assert again.returncode == 0, again.output[-6000:]
+    nvidia = [op["name"] for op in again.results["results"]["operations"]
+              if op["name"].startswith("NVIDIA") and (op["success"] or op["error"])]
+    assert nvidia == []
 
 
 def test_driver_outside_apt_is_refused_and_left_alone():
