@@ -19,7 +19,7 @@ _SNAPSHOT_SCRIPT: Final = """
 import json, os, sys
 d = sys.argv[1]
 try:
-    s = json.load(open(os.path.join(d, %r)))
+    s = json.load(open(os.path.join(d, "STAMP_NAME")))
 except Exception:
     print("{}"); sys.exit(0)
 files = s.pop("files", {})
@@ -27,7 +27,7 @@ bad = sorted(n for n, z in files.items() if not os.path.isfile(os.path.join(d, n
              or os.path.getsize(os.path.join(d, n)) != z)
 s["complete"], s["wrong"], s["file_count"] = not bad, bad, len(files)
 print(json.dumps(s))
-""" % STAMP
+""".replace("STAMP_NAME", STAMP)
 
 
 class Snapshot(TypedDict, total=False):

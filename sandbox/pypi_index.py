@@ -65,13 +65,13 @@ _HUB_WHEELS = (
     ("hf-xet", "1.8.0", "hf_xet-1.8.0-cp38-abi3-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
      ("manylinux_2_17_x86_64",)),
     ("pyyaml", "6.0.4",
-     "pyyaml-6.0.4-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64"
-     ".whl", ("manylinux_2_17_x86_64",)),
+     ("pyyaml-6.0.4-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64"
+      ".whl"), ("manylinux_2_17_x86_64",)),
     ("requests", "2.34.2", "requests-2.34.2-py3-none-any.whl", ()),
     ("certifi", "2026.10.19.post1", "certifi-2026.10.19.post1-py3-none-any.whl", ()),
     ("charset-normalizer", "3.5.3",
-     "charset_normalizer-3.5.3-cp311-cp311-manylinux1_x86_64.manylinux_2_28_x86_64"
-     ".manylinux_2_5_x86_64.whl", ("manylinux_2_28_x86_64",)),
+     ("charset_normalizer-3.5.3-cp311-cp311-manylinux1_x86_64.manylinux_2_28_x86_64"
+      ".manylinux_2_5_x86_64.whl"), ("manylinux_2_28_x86_64",)),
     ("idna", "3.20", "idna-3.20-py3-none-any.whl", ()),
     ("urllib3", "2.8.0", "urllib3-2.8.0-py3-none-any.whl", ()),
     ("tqdm", "4.70.1", "tqdm-4.70.1-py3-none-any.whl", ()),

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -51,7 +52,7 @@ def free_port():
 
 class Backend(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    seen_auth: list = []
+    seen_auth: ClassVar[list] = []
 
     def log_message(self, *a):
         pass
@@ -143,3 +144,39 @@ def test_hub_stand_in_gates_and_serves(tmp_path):
         assert status == 404
     finally:
         server.shutdown()
+
+
+FAKE_HUB = '''
+import os, types
+class _Sibling:
+    def __init__(self, name, size):
+        self.rfilename, self.size = name, size
+class HfApi:
+    def __init__(self, endpoint=None, token=None):
+        pass
+    def model_info(self, repo, revision=None, files_metadata=False):
+        size = int(os.environ["FAKE_SIZE"])
+        return types.SimpleNamespace(sha="a" * 40, siblings=[_Sibling("model.safetensors", size)])
+def snapshot_download(*a, **k):
+    raise AssertionError("must not download")
+'''
+
+
+def test_model_fetch_refuses_a_download_that_cannot_fit(tmp_path):
+    """The disk preflight runs before any download (huggingface_hub replaced by a fake that
+    announces a 1 PiB file and fails if asked to download)."""
+    fake = tmp_path / "fake" / "huggingface_hub"
+    (fake / "utils").mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_HUB)
+    (fake / "utils" / "__init__.py").write_text("class HfHubHTTPError(Exception):\n    pass\n")
+    result = subprocess.run(
+        [sys.executable, str(FILES / "model_fetch.py"), "--repo", "org/big", "--revision",
+         "main", "--dest", str(tmp_path / "models" / "org" / "big"), "--endpoint",
+         "http://127.0.0.1:9"],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "fake"),
+             "FAKE_SIZE": str(1024**5)},
+        capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "not enough disk for org/big@" + "a" * 40 in result.stderr
+    assert "1048576.00 GiB to download + 1 GiB headroom" in result.stderr

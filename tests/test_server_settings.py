@@ -30,14 +30,14 @@ def settings(tmp_path):
         ({"gpuhost_mem_fraction_static": 0.0},
          "gpuhost_mem_fraction_static = 0.0 is not allowed: a float strictly between 0 and 1"),
         ({"gpuhost_server_host": "0.0.0.0"},
-         "gpuhost_server_host = '0.0.0.0' is not allowed: a loopback address (127.0.0.1, ::1), "
-         "or set gpuhost_api_key_file"),
+         ("gpuhost_server_host = '0.0.0.0' is not allowed: a loopback address (127.0.0.1, ::1), "
+          "or set gpuhost_api_key_file")),
         ({"gpuhost_server_host": "10.0.0.5"},
          "gpuhost_server_host = '10.0.0.5' is not allowed: a loopback address"),
         ({"gpuhost_server_host": "0.0.0.0", "gpuhost_api_key_file": "/root/key",
           "gpuhost_server_backend_port": 8000},
-         "gpuhost_server_backend_port = 8000 is not allowed: a port other than "
-         "gpuhost_server_port (8000)"),
+         ("gpuhost_server_backend_port = 8000 is not allowed: a port other than "
+          "gpuhost_server_port (8000)")),
         ({"gpuhost_server_extra_args": ["--api-key", "sekrit"]},
          "gpuhost_server_extra_args = ['--api-key', 'sekrit'] is not allowed: no --api-key"),
         ({"gpuhost_hf_token_file": "hf_token"},
