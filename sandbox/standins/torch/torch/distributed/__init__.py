@@ -121,7 +121,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
                 conn, _ = server.accept()
                 conn.settimeout(None)
                 peers.append(conn)
-        except _socket.timeout:
+        except TimeoutError:
             raise DistStoreError(
                 f"Timed out after {int(seconds)} seconds waiting for clients. "
                 f"{len(peers) + 1}/{world_size} clients joined."
@@ -196,7 +196,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
         conn.settimeout(g["timeout"] + 5)
         try:
             answer = _recv(conn)
-        except _socket.timeout:
+        except TimeoutError:
             raise DistBackendError(_watchdog(g)) from None
         if "error" in answer:
             raise DistBackendError(answer["error"])
