@@ -124,3 +124,18 @@ def test_a_failed_build_fails_the_host_with_its_log(hosts, tmp_path):
     assert "flash-attn build: " in run.output  # progress was polled and printed
     assert host.ssh("systemctl is-active sglang.service").strip() == "active"
     assert host.main_pid() == pid  # the server stage never ran on the failed host
+
+
+def test_a_torch_change_rebuilds(hosts, tmp_path):
+    host = hosts[1]
+    first = deploy(tmp_path / "cache")  # converges (a no-op where an earlier test did)
+    assert first.returncode == 0, first.output[-6000:]
+    # the stamp says flash-attn was built against another torch; the cache is empty
+    host.ssh(f"rm -rf /opt/gpuhost/build && sed -i 's/\"torch\": \"2.9.1+cu128\"/\"torch\": "
+             f"\"2.9.0+cu128\"/' {VENV}/gpuhost-flash-attn.json")
+    run = deploy(tmp_path / "empty-cache")
+    assert run.returncode == 0, run.output[-6000:]
+    assert "torch changed: built against 2.9.0+cu128, the lock has 2.9.1" in run.output
+    assert built_here(host)
+    stamp = json.loads(host.ssh(f"cat {VENV}/gpuhost-flash-attn.json"))
+    assert stamp["torch"] == "2.9.1+cu128" and stamp["source"] == f"built on {host.name}"
