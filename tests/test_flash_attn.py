@@ -184,3 +184,49 @@ def test_wheel_cache_setting(tmp_path):
     assert s.wheel_cache == "/srv/wheels"
     with pytest.raises(SettingsError, match="gpuhost_wheel_cache = 'wheels' is not allowed"):
         from_host_data("gpu1", {"gpuhost_lock": str(lock), "gpuhost_wheel_cache": "wheels"})
+
+
+def _refusals_for(installed, torch_cuda, driver_state, lock_text, tmp_path, **data):
+    """Run the ML venv stage's driver check on a fake host with these facts; return the
+    refusals it recorded."""
+    from pyinfra.context import ctx_host, ctx_state
+    from pyinfra_testing.util import FakeState, create_host
+
+    from operations import plan
+    from operations.lock import read_lock
+    from operations.mlenv import check_driver_for_venv
+
+    lock = tmp_path / "lock.txt"
+    lock.write_text(lock_text)
+    settings = from_host_data("gpu1", {"gpuhost_lock": str(lock), **data})
+    state = FakeState()
+    host = create_host(state, name="gpu1", facts={
+        "mlenv.VenvTorchCuda": {"venv=/opt/gpuhost/venv": torch_cuda},
+        "gpu.NvidiaDriver": driver_state,
+    })
+    plan._refusals.clear()
+    with ctx_state.use(state), ctx_host.use(host):
+        check_driver_for_venv(settings, read_lock(lock), installed)
+    refusals = [r for rs in plan._refusals.values() for r in rs]
+    plan._refusals.clear()
+    return refusals
+
+
+SGLANG = "sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n"
+
+
+def test_driver_refused_for_the_venvs_cuda(tmp_path):
+    from operations.nvsmi import DriverState
+
+    refusals = _refusals_for({"torch": "2.11.0+cu130"}, "13.0",
+                             DriverState(status="ok", driver_version="570.124.06"),
+                             SGLANG, tmp_path, gpuhost_driver_branch="570")
+    assert len(refusals) == 1
+    assert refusals[0].startswith("ML venv: the venv needs CUDA 13.0 (")
+    assert "driver 570.124.06 supports CUDA 12." in refusals[0]
+    # the same venv on an R580 driver passes
+    assert _refusals_for({"torch": "2.11.0+cu130"}, "13.0",
+                         DriverState(status="ok", driver_version="580.105.08"),
+                         SGLANG, tmp_path) == []
+    # a fresh host: nothing installed, no driver yet, the lock names no CUDA: checked later
+    assert _refusals_for({}, None, DriverState(status="absent"), SGLANG, tmp_path) == []
