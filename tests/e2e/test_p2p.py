@@ -95,3 +95,20 @@ def test_remeasure_on_request_stops_the_server_first():
         assert host.process_env(new_pid)["NCCL_P2P_LEVEL"] == "PHB"
     finally:
         lab.sandbox("down", check=False)
+
+
+def test_fresh_host_dry_run_and_a_bad_override():
+    (host,) = lab.up(hosts=1, scenario="single-gpu")
+    try:
+        dry = lab.deploy("--dry")
+        assert dry.returncode == 0, dry.output[-6000:]
+        assert "P2P will be measured after the driver loads" in dry.output
+        assert "P2P platform: kvm, no DMI" in dry.output  # the Firecracker-like scenario
+        bad = lab.deploy("--dry", "--data", "gpuhost_p2p_override=maybe")
+        assert bad.returncode != 0
+        assert ("host gpu1: gpuhost_p2p_override = 'maybe' is not allowed: one of on, off, "
+                "or None.") in bad.output
+        assert "Traceback" not in bad.output
+        assert host.ssh("test -e /var/lib/gpuhost/p2p.json || echo absent").strip() == "absent"
+    finally:
+        lab.sandbox("down", check=False)
