@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operations" / "files"))
 
-import p2p_check as c  # noqa: E402
+import p2p_check as c
 
 if __name__ == "__main__":
     import torch
