@@ -109,12 +109,14 @@ def test_slow_start_passes_with_progress(host, deploy):
     assert state(host) == "active"
 
 
-def test_crash_at_start_fails_with_the_journal(host, deploy):
-    run = deploy(**env("crash-on-start"))
+@pytest.mark.parametrize("mode", ["crash-on-start", "crash-on-request"])
+def test_crash_fails_with_the_journal(host, deploy, mode):
+    # crash-on-request dies on the server's own warmup request, before /health answers
+    run = deploy(**env(mode))
     assert run.returncode != 0
     assert "server not ready" in run.output
     assert "last 50 lines of the journal" in run.output
-    assert "crash-on-start mode" in run.output  # the journal's own line
+    assert f"{mode} mode" in run.output  # the journal's own line
     assert f"{UNIT} stopped" in run.output
     time.sleep(2)
     assert state(host) in ("inactive", "failed")
