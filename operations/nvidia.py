@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
 from typing import Final
@@ -536,7 +536,7 @@ def gpus_bound():
     see :class:`PciGpus`); raises OperationError naming each GPU bound elsewhere or unbound."""
 
     def check(state, host):
-        status, out = host.run_shell_command(PciGpus().command())
+        _status, out = host.run_shell_command(PciGpus().command())
         gpus = parse_lspci(out.stdout_lines)
         if gpus is None:
             raise OperationError("lspci is not installed (pciutils): cannot check GPU binding")

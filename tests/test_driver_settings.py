@@ -64,8 +64,8 @@ def test_unknown_torch_cuda_is_refused(tmp_path):
     ("data", "message"),
     [
         ({"gpuhost_driver_branch": "550"},
-         "gpuhost_driver_branch = '550' is not allowed: a branch that supports CUDA 12.8 "
-         "(driver >= 570.26)"),
+         ("gpuhost_driver_branch = '550' is not allowed: a branch that supports CUDA 12.8 "
+         "(driver >= 570.26)")),
         ({"gpuhost_driver_branch": 580},
          "gpuhost_driver_branch = 580 is not allowed: one of 535, 550"),
         ({"gpuhost_driver_flavour": "nouveau"},

@@ -99,8 +99,8 @@ def test_mismatch_reboots():
                    "nvidia-open": ["580.105.08-1"]},
              state=DriverState("mismatch", library_version="580.105"))
     assert not p.install and not p.refusals
-    assert p.reboot_reasons == ("the loaded module is not the installed driver (NVML 580.105: "
-                                "driver/library version mismatch)",)
+    assert p.reboot_reasons == (("the loaded module is not the installed driver (NVML 580.105: "
+                                "driver/library version mismatch)"),)
 
 
 def test_module_not_loaded_reboots():
@@ -177,8 +177,8 @@ def test_repository_table_refuses_others():
 
 def test_parse_lspci():
     out = [
-        "0000:00:06.0 3D controller [0302]: NVIDIA Corporation GH100 [H200 SXM 141GB] "
-        "[10de:2335] (rev a1)",
+        ("0000:00:06.0 3D controller [0302]: NVIDIA Corporation GH100 [H200 SXM 141GB] "
+        "[10de:2335] (rev a1)"),
         "\tSubsystem: NVIDIA Corporation Device [10de:18be]",
         "\tKernel driver in use: nouveau",
         "\tKernel modules: nvidiafb, nouveau, nvidia_drm, nvidia",

@@ -33,8 +33,8 @@ def run_lspci(tmp_path, driver: str | None, module_built: bool) -> list[str]:
 def test_nouveau_bound_before_the_driver(tmp_path):
     lines = run_lspci(tmp_path, "nouveau", module_built=False)
     assert lines == [
-        "0000:00:06.0 3D controller [0302]: NVIDIA Corporation GH100 [H200 SXM 141GB] "
-        "[10de:2335] (rev a1)",
+        ("0000:00:06.0 3D controller [0302]: NVIDIA Corporation GH100 [H200 SXM 141GB] "
+        "[10de:2335] (rev a1)"),
         "\tSubsystem: NVIDIA Corporation Device [10de:18be]",
         "\tKernel driver in use: nouveau",
         "\tKernel modules: nvidiafb, nouveau",
