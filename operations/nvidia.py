@@ -297,7 +297,8 @@ class DriverPlan:
     ``change``: an installed driver changes version (an upgrade or a downgrade);
     ``reboot_reasons``: why a reboot follows (empty: none); ``refusals``: why the stage must not
     run (empty: it may); ``warnings``: what is reported and left alone; ``keep_present``: a
-    driver no package installed is used as it is.
+    driver no package installed is used as it is; ``present``: the version nvidia-smi or
+    /proc/driver/nvidia reports, if any.
     """
 
     installed: tuple[str, ...]
@@ -311,10 +312,13 @@ class DriverPlan:
     warnings: tuple[str, ...] = ()
     keep_present: bool = False
     headers_unknown: bool = False
+    present: str | None = None
 
     def summary(self) -> str:
         """One line for the log and --dry: installed and target versions, what follows."""
         driver = ", ".join(upstream(v) for v in self.installed) or "none"
+        if self.keep_present:
+            driver = f"{self.present or 'of unknown version'} by no package (kept)"
         tk = upstream(self.toolkit_installed) if self.toolkit_installed else "none"
         target = self.target.rstrip("-*") if self.target.endswith("-*") else (
             f"newest {self.target}")
@@ -451,6 +455,7 @@ def plan_driver(
         warnings=tuple(warnings),
         keep_present=keep,
         headers_unknown=headers_unknown,
+        present=state.driver_version or files_.module_version,
     )
 
 

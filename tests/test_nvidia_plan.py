@@ -124,6 +124,7 @@ def test_unpackaged_driver_kept():
     files_ = DriverFiles("/usr/local/nvidia/bin/nvidia-smi", None, "580.159.04")
     p = plan(settings(gpuhost_unpackaged_driver="keep"), debs={}, files_=files_)
     assert p.keep_present and not p.install and not p.refusals and not p.reboot_reasons
+    assert p.summary().startswith("driver installed 580.95.05 by no package (kept), target")
 
 
 def test_unpackaged_driver_kept_but_too_old_for_cuda():

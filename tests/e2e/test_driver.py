@@ -119,7 +119,7 @@ def test_driver_change_dry_refused_then_allowed_and_mismatch_rebooted(one_gpu_ho
     assert nvidia == []
 
 
-def test_driver_outside_apt_is_refused_and_left_alone():
+def test_driver_outside_apt_is_refused_left_alone_or_replaced_on_request():
     host = lab.up(hosts=1, scenario="single-gpu")[0]
     # A runfile-style install: nvidia-smi in /usr/bin that no package owns.
     host.ssh("printf '#!/bin/sh\\necho \"NVIDIA-SMI has failed because it couldn'\"'\"'t "
@@ -135,6 +135,13 @@ def test_driver_outside_apt_is_refused_and_left_alone():
     assert "gpuhost_unpackaged_driver" in run.output
     assert checksum(host) == before and boot_id(host) == boot
     assert host.ssh("sha256sum /usr/bin/nvidia-smi") == smi
+
+    # Host data says to replace it: NVIDIA's packages take its place, and the host serves.
+    replaced = lab.deploy("--data", "gpuhost_unpackaged_driver=replace")
+    assert replaced.returncode == 0, replaced.output[-6000:]
+    assert host.ssh("dpkg-query -S /usr/bin/nvidia-smi").startswith("nvidia-smi: ")
+    assert boot_id(host) != boot and loaded_driver(host).startswith("580.")
+    assert serves(host)
 
 
 def test_no_headers_for_the_running_kernel_stops_before_the_driver():
