@@ -41,12 +41,30 @@ KEYRING: Final = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 #: curl or wget on the host), and lspci, which says which kernel driver holds each GPU.
 PREREQUISITES: Final = ("ca-certificates", "curl", "pciutils")
 
-#: The packages of each driver flavour in NVIDIA's repository, and the one that carries the
-#: kernel module (its version is the installed driver's).
+#: The packages of each driver flavour in NVIDIA's repository, per distribution family, and
+#: the one that carries the kernel module (its version is the installed driver's; {branch} is
+#: the driver branch). Debian's follow NVIDIA's debian12 repository (nvidia-kernel-open-dkms
+#: 580.95.05-1); Ubuntu's follow Ubuntu's naming, which NVIDIA's ubuntu2404/ubuntu2204
+#: repositories share (nvidia-dkms-580-open 580.95.05-0ubuntu1, packages.ubuntu.com).
 DRIVER_PACKAGES: Final = {
-    "open": (("nvidia-open",), "nvidia-kernel-open-dkms"),
-    "proprietary": (("nvidia-driver", "nvidia-kernel-dkms"), "nvidia-kernel-dkms"),
+    ("debian", "open"): (("nvidia-open",), "nvidia-kernel-open-dkms"),
+    ("debian", "proprietary"): (("nvidia-driver", "nvidia-kernel-dkms"), "nvidia-kernel-dkms"),
+    ("ubuntu", "open"): (("nvidia-open",), "nvidia-dkms-{branch}-open"),
+    ("ubuntu", "proprietary"): (("nvidia-driver-{branch}",), "nvidia-dkms-{branch}"),
 }
+#: Any installed kernel-module package of a flavour, whatever its branch.
+MODULE_PACKAGE_NAMES: Final = {
+    "open": re.compile(r"nvidia-kernel-open-dkms|nvidia-dkms-\d+-open"),
+    "proprietary": re.compile(r"nvidia-kernel-dkms|nvidia-dkms-\d+"),
+}
+
+
+def driver_package_names(folder: str, flavour: str, branch: str) -> tuple[list[str], str]:
+    """The driver packages to install and the kernel-module package, for a repository folder
+    ("ubuntu2404/x86_64"), a flavour ("open") and a branch ("580")."""
+    family = "ubuntu" if folder.startswith("ubuntu") else "debian"
+    packages, module = DRIVER_PACKAGES[(family, flavour)]
+    return [p.format(branch=branch) for p in packages], module.format(branch=branch)
 
 #: The server unit (operations/server.py) that must never run across a driver change.
 SERVER_UNIT: Final = "sglang.service"
@@ -343,6 +361,7 @@ def plan_driver(
     repo_url: str,
     source_path: str,
     lists_present: bool,
+    folder: str = "debian12/x86_64",
 ) -> DriverPlan:
     """Decide the nvidia stage from a host's facts (no side effects; units: none).
 
@@ -354,8 +373,11 @@ def plan_driver(
     installed one (nvidia-smi: "Driver/library version mismatch"), when no module is loaded
     although the packages are installed, after an install, and when nouveau holds a GPU.
     """
-    packages, module_package = DRIVER_PACKAGES[settings.driver_flavour]
-    installed = tuple(sorted(debs.get(module_package, ())))
+    packages, module_package = driver_package_names(folder, settings.driver_flavour,
+                                                    settings.driver_branch)
+    installed = tuple(sorted(v for name, versions in debs.items()
+                             if MODULE_PACKAGE_NAMES[settings.driver_flavour].fullmatch(name)
+                             for v in versions))
     target = driver_version_glob(settings)
     toolkit = toolkit_package(settings.cuda_toolkit)
     tk_versions = sorted(debs.get(toolkit) or ())
@@ -492,7 +514,9 @@ def driver_packages(packages: list[str], module_package: str, version_glob: str,
     pyinfra's apt.packages leaves held packages alone, which a driver change must not.
     """
     debs = host.get_fact(DebPackages)
-    installed = debs.get(module_package) or []
+    installed = sorted(v for name, versions in debs.items()
+                       if any(p.fullmatch(name) for p in MODULE_PACKAGE_NAMES.values())
+                       for v in versions)
     wanted = [*packages, module_package]
     matches = any(fnmatch.fnmatch(v, version_glob) for v in installed)
     if installed and not matches and not allow_change:
@@ -617,6 +641,7 @@ def nvidia(settings: Settings):
         repo_url=repo_url,
         source_path=source_path,
         lists_present=lists_present,
+        folder=folder,
     )
     logger.info(f"{host.print_prefix}NVIDIA: {plan.summary()}")
     for warning in plan.warnings:
@@ -626,7 +651,8 @@ def nvidia(settings: Settings):
     if plan.refusals:
         return
 
-    packages, module_package = DRIVER_PACKAGES[settings.driver_flavour]
+    packages, module_package = driver_package_names(folder, settings.driver_flavour,
+                                                    settings.driver_branch)
     toolkit = toolkit_package(settings.cuda_toolkit)
     tools = [p for p in PREREQUISITES if p not in debs]
     apt.packages(name="Download tools and lspci", packages=list(PREREQUISITES),

@@ -210,3 +210,38 @@ def test_pin_and_unattended_exclusions_cover_the_same_packages():
     for glob in pinned:
         assert any(glob.rstrip("*").startswith(e) for e in excluded), glob
     assert "cuda-" in excluded
+
+
+@pytest.mark.parametrize(
+    ("folder", "flavour", "names"),
+    [("debian12/x86_64", "open", (["nvidia-open"], "nvidia-kernel-open-dkms")),
+     ("debian12/x86_64", "proprietary",
+      (["nvidia-driver", "nvidia-kernel-dkms"], "nvidia-kernel-dkms")),
+     ("ubuntu2404/x86_64", "open", (["nvidia-open"], "nvidia-dkms-580-open")),
+     ("ubuntu2204/sbsa", "proprietary", (["nvidia-driver-580"], "nvidia-dkms-580"))],
+)
+def test_driver_package_names(folder, flavour, names):
+    from operations.nvidia import driver_package_names
+    assert driver_package_names(folder, flavour, "580") == names
+
+
+UBUNTU = {
+    "nvidia-open": ["580.95.05-0ubuntu1"],
+    "nvidia-dkms-580-open": ["580.95.05-0ubuntu1"],
+    "cuda-toolkit-12-8": ["12.8.1-1"],
+    f"linux-headers-{KERNEL}": ["6.1.0-1"],
+}
+
+
+def test_ubuntu_converged_and_change():
+    def ubuntu_plan(s):
+        return plan_driver(
+            s, debs=UBUNTU, state=DriverState("ok", driver_version="580.95.05", gpus=(GPU,)),
+            files_=PKG_FILES, headers=Headers(KERNEL, True, "6.1.0-1"),
+            gpus=(PciGpu("0000:00:06.0", "nvidia"),), sources=[], repo_url=REPO,
+            source_path=SOURCE, lists_present=True, folder="ubuntu2404/x86_64")
+    assert not ubuntu_plan(settings()).install
+    changed = ubuntu_plan(settings(gpuhost_driver_version="580.105.08"))
+    assert changed.change and changed.refusals
+    assert ubuntu_plan(settings(gpuhost_driver_branch="570",
+                                gpuhost_allow_driver_change=True)).change
