@@ -93,6 +93,8 @@ class Settings:
     wheel_cache: str = "~/.cache/gpuhost/wheels"
     # P2P
     p2p_override: str | None = None
+    p2p_remeasure: bool = False
+    p2p_check_timeout: int = 120
     # The server
     model: str = "lukealonso/GLM-5-NVFP4"
     served_model_name: str = "glm-5"
@@ -239,6 +241,8 @@ RULES: Final[Mapping[str, _Rule]] = {
     ),
     "wheel_cache": _text(r"(~|/)[^\s'\"]*", "a path on the controller, absolute or under ~"),
     "p2p_override": _one_of(P2P_OVERRIDES, optional=True),
+    "p2p_remeasure": _BOOL,
+    "p2p_check_timeout": _int_between(10, 3600),
     "model": _text(r"[^\s'\"]+", "a Hugging Face repository id or an absolute path"),
     "served_model_name": _text(_NAME, "a non-empty name of letters, digits, '_', '.', '-'"),
     "tensor_parallel_size": _int_between(1, 64),
@@ -307,8 +311,10 @@ def from_host_data(host: str, data: Mapping[str, Any]) -> Settings:
             continue
         name = key[len(PREFIX):]
         if name not in _FIELDS:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f" did you mean {close[0]}?" if close else f" known keys: {', '.join(known)}"
+            # Compared without the prefix, which every key shares and would make all look close.
+            close = difflib.get_close_matches(name, sorted(_FIELDS), n=1, cutoff=0.7)
+            hint = (f" did you mean {PREFIX}{close[0]}?" if close
+                    else f" known keys: {', '.join(known)}")
             raise SettingsError(f"host {host}: unknown key {key}:{hint}")
         rule = RULES[name]
         if not rule.check(value):

@@ -1,0 +1,131 @@
+"""A catalogue of bad host data: each stops the run with a message naming the key, the value and
+what is allowed, exits non-zero, and sends no command to the host (recorded on the host by a
+forced command in authorized_keys, not assumed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e import audit, lab
+
+pytestmark = [pytest.mark.e2e]
+
+# (case id, host data merged into the sandbox host's, words the message must contain)
+CASES = [
+    ("unknown-key-typo", {"gpuhost_tensor_paralel_size": 8},
+     ["gpuhost_tensor_paralel_size", "did you mean gpuhost_tensor_parallel_size"]),
+    ("unknown-key-unprefixed", {"served_model_name": "glm-5"},
+     ["served_model_name", "did you mean gpuhost_served_model_name"]),
+    ("unknown-key-far", {"gpuhost_colour": "blue"}, ["gpuhost_colour", "known keys"]),
+    ("tp-string", {"gpuhost_tensor_parallel_size": "8"},
+     ["gpuhost_tensor_parallel_size", "'8'", "an integer from 1 to 64"]),
+    ("tp-not-divisor", {"gpuhost_tensor_parallel_size": 3},
+     ["gpuhost_tensor_parallel_size", "= 3", "a divisor of gpuhost_gpu_count (8): 1, 2, 4, 8"]),
+    ("tp-above-gpus", {"gpuhost_tensor_parallel_size": 16},
+     ["gpuhost_tensor_parallel_size", "= 16", "a divisor"]),
+    ("tp-zero", {"gpuhost_tensor_parallel_size": 0},
+     ["gpuhost_tensor_parallel_size", "= 0", "an integer from 1 to 64"]),
+    ("gpu-count-bool", {"gpuhost_gpu_count": True}, ["gpuhost_gpu_count", "True", "an integer"]),
+    ("moe-backend", {"gpuhost_moe_runner_backend": "flashinfer_magic"},
+     ["--moe-runner-backend flashinfer_magic", "sglang 0.5.9 allows only", "flashinfer_trtllm"]),
+    ("nsa-backend", {"gpuhost_nsa_decode_backend": "nan_free"},
+     ["--nsa-decode-backend nan_free", "allows only", "trtllm"]),
+    ("attention-backend", {"gpuhost_attention_backend": "magic"},
+     ["--attention-backend magic", "allows only"]),
+    ("tool-parser", {"gpuhost_tool_call_parser": "glm99"}, ["--tool-call-parser glm99", "glm47"]),
+    ("renamed-flag", {"gpuhost_server_extra_args": ["--dsa-decode-backend", "trtllm"]},
+     ["--dsa-decode-backend", "calls it --nsa-decode-backend"]),
+    ("unknown-flag", {"gpuhost_server_extra_args": ["--warp-speed"]},
+     ["--warp-speed", "sglang 0.5.9 has no flag"]),
+    ("flag-missing-value", {"gpuhost_server_extra_args": ["--chunked-prefill-size"]},
+     ["--chunked-prefill-size needs a value"]),
+    ("extra-args-string", {"gpuhost_server_extra_args": "--foo"},
+     ["gpuhost_server_extra_args", "'--foo'", "a list of strings"]),
+    ("mem-fraction-high", {"gpuhost_mem_fraction_static": 1.5},
+     ["gpuhost_mem_fraction_static", "1.5", "strictly between 0 and 1"]),
+    ("mem-fraction-zero", {"gpuhost_mem_fraction_static": 0.0},
+     ["gpuhost_mem_fraction_static", "0.0", "strictly between 0 and 1"]),
+    ("mem-fraction-string", {"gpuhost_mem_fraction_static": "0.9"},
+     ["gpuhost_mem_fraction_static", "'0.9'", "a float"]),
+    ("port-high", {"gpuhost_server_port": 70000},
+     ["gpuhost_server_port", "70000", "an integer from 1 to 65535"]),
+    ("port-zero", {"gpuhost_server_port": 0}, ["gpuhost_server_port", "= 0", "from 1 to 65535"]),
+    ("served-name-empty", {"gpuhost_served_model_name": ""},
+     ["gpuhost_served_model_name", "''", "a non-empty name"]),
+    ("host-not-ip", {"gpuhost_server_host": "everywhere"},
+     ["gpuhost_server_host", "'everywhere'", "an IP address"]),
+    ("driver-branch-old", {"gpuhost_driver_branch": "535"},
+     ["gpuhost_driver_branch", "'535'", "570, 575, 580, 590"]),
+    ("driver-branch-int", {"gpuhost_driver_branch": 580},
+     ["gpuhost_driver_branch", "580", "one of"]),
+    ("driver-version-bad", {"gpuhost_driver_version": "latest"},
+     ["gpuhost_driver_version", "'latest'", "a driver version such as"]),
+    ("driver-version-other-branch", {"gpuhost_driver_version": "570.172.08"},
+     ["gpuhost_driver_version", "'570.172.08'", "a version of driver branch 580"]),
+    ("proprietary-on-blackwell", {"gpuhost_driver_flavour": "proprietary"},
+     ["gpuhost_driver_flavour", "'proprietary'", "only 'open' on compute capability 12.0"]),
+    ("flavour-unknown", {"gpuhost_driver_flavour": "nouveau"},
+     ["gpuhost_driver_flavour", "'nouveau'", "one of open, proprietary"]),
+    ("cuda-unknown", {"gpuhost_cuda_toolkit": "11.8"},
+     ["gpuhost_cuda_toolkit", "'11.8'", "one of 12.8, 13.0"]),
+    ("cuda13-on-570", {"gpuhost_cuda_toolkit": "13.0", "gpuhost_driver_branch": "570"},
+     ["gpuhost_driver_branch", "'570'", "a branch that supports CUDA 13.0"]),
+    ("compute-capability", {"gpuhost_compute_capability": "sm_120"},
+     ["gpuhost_compute_capability", "'sm_120'", "a compute capability"]),
+    ("p2p-override", {"gpuhost_p2p_override": "auto"},
+     ["gpuhost_p2p_override", "'auto'", "one of on, off, or None"]),
+    ("max-jobs-zero", {"gpuhost_max_jobs": 0}, ["gpuhost_max_jobs", "= 0", "an integer >= 1"]),
+    ("nvcc-threads-high", {"gpuhost_nvcc_threads": 64},
+     ["gpuhost_nvcc_threads", "64", "an integer from 1 to 16"]),
+    ("lock-missing", {"gpuhost_lock": "locks/none.txt"},
+     ["gpuhost_lock", "'locks/none.txt'", "an existing lock file"]),
+    ("venv-relative", {"gpuhost_venv_path": "venv"},
+     ["gpuhost_venv_path", "'venv'", "an absolute path"]),
+    ("env-lowercase", {"gpuhost_server_env": {"nccl_debug": "INFO"}},
+     ["gpuhost_server_env", "nccl_debug", "UPPER_CASE names"]),
+    ("repo-url-slash", {"gpuhost_cuda_repo_url": "http://mirror.example/repos/"},
+     ["gpuhost_cuda_repo_url", "without a trailing slash"]),
+]
+
+
+@pytest.fixture(scope="module")
+def audited_host():
+    (host,) = lab.up(hosts=1, scenario="reference-lab")
+    audit.install(host)
+    yield host
+    lab.sandbox("down", check=False)
+
+
+def _assert_refused(run: lab.Run, words: list[str], host: lab.Host) -> None:
+    assert run.returncode != 0, run.output[-2000:]
+    assert "Traceback" not in run.output, run.output[-4000:]
+    for word in words:
+        assert word in run.output, (word, run.output[-2000:])
+    assert audit.commands(host) == [], "a command reached the host"
+
+
+@pytest.mark.parametrize(("case", "data", "words"), CASES, ids=[c[0] for c in CASES])
+def test_bad_host_data_touches_no_host(audited_host, tmp_path, case, data, words):
+    audit.clear(audited_host)
+    inventory = audit.write_inventory(tmp_path / "inventory.py", data)
+    _assert_refused(lab.deploy(inventory=str(inventory)), words, audited_host)
+
+
+def test_two_hosts_one_address(audited_host, tmp_path):
+    audit.clear(audited_host)
+    (listed,) = [h for h in __import__("json").loads(lab.sandbox("status", "--json").stdout)]
+    twin = ("gpu1-twin", {"ssh_hostname": listed["address"], "ssh_user": "root",
+                          "ssh_key": listed["ssh_key"]})
+    inventory = audit.write_inventory(tmp_path / "inventory.py", {}, extra_hosts=[twin])
+    _assert_refused(lab.deploy(inventory=str(inventory)),
+                    ["hosts gpu1 and gpu1-twin both claim the address", listed["address"]],
+                    audited_host)
+
+
+def test_the_audit_sees_a_real_run(audited_host, tmp_path):
+    """The recording is not blind: a --dry run's facts reach the host and are recorded."""
+    audit.clear(audited_host)
+    inventory = audit.write_inventory(tmp_path / "inventory.py", {})
+    run = lab.deploy("--dry", inventory=str(inventory))
+    assert run.returncode == 0, run.output[-3000:]
+    assert any("nvidia-smi" in c for c in audit.commands(audited_host))
