@@ -83,7 +83,17 @@ def test_p2p_check_said_no_pairs():
 def test_dry_run_planned_or_refused_every_stage():
     text = (REAL / "dry-run.txt").read_text()
     assert "Traceback" not in text
-    assert "no package installed it: not touching it" in text
+    assert "driver installed 580.159.04 by no package (kept)" in text
+    assert "kept as it is (gpuhost_unpackaged_driver = 'keep')" in text
+    assert "no reboot" in text
+    assert "NVIDIA driver and CUDA toolkit | CUDA toolkit 12.8" in text
     assert "SGLang server: refused: PID 1 is 'process_api', not systemd" in text
-    assert "flash-attn 2.8.3.post2 from source (MAX_JOBS=6, NVCC_THREADS=4, arch 90)" in text
+    assert "(MAX_JOBS=6, NVCC_THREADS=4, arch 90)" in text
     assert "P2P | Measure P2P between GPUs" in text
+
+
+def test_torch_calls_of_the_p2p_check_on_real_torch():
+    text = (REAL / "torch-probe.txt").read_text()
+    assert "torch 2.11.0+cu130 devices 1" in text
+    assert "equal after corruption False" in text
+    assert "all-reduce 1 rank True" in text
