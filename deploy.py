@@ -4,7 +4,7 @@
     pyinfra inventory/lab.py deploy.py --dry    # show, per host, what would change
 
 Every host's data is validated before any host is touched. A stage that must not run on a host
-is refused while planning: --dry shows why, and a real run stops before any change.
+is refused while planning: --dry shows why; a real run takes that host out before any change.
 """
 
 from pyinfra import host, inventory

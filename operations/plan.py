@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 from pyinfra.api.exceptions import PyinfraError
 
 _refusals: dict[str, list[str]] = defaultdict(list)
@@ -30,9 +30,11 @@ def refuse(stage: str, reason: str) -> None:
 
 
 def stop_if_refused() -> None:
-    """Raise PlanError listing the host's refusals, unless this is a dry run (which only
-    shows them). Called at the end of deploy.py, before anything executes."""
+    """Take the host out of the run, with its refusals on screen, unless this is a dry run
+    (which only shows them). Called at the end of deploy.py, before anything executes; the
+    other hosts go on, and pyinfra exits non-zero when no host is left."""
     refusals = _refusals.get(host.name)
     if refusals and not is_dry_run():
-        raise PlanError(f"host {host.name}: nothing was changed, because:\n  - "
-                        + "\n  - ".join(refusals))
+        logger.error(f"{host.print_prefix}host {host.name}: nothing was changed, because:\n  - "
+                     + "\n  - ".join(refusals))
+        state.fail_hosts({host})
