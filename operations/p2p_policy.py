@@ -8,11 +8,18 @@ Standard library only, and no imports from this package: the host-side check
 | one GPU (no pairs)                         | n/a | NCCL_IB_DISABLE              | none         |
 | every pair OK for read and write, verified | on  | NCCL_IB_DISABLE              | none         |
 | any pair NS, CNS, GNS, TNS or U            | off | the reference launch's four  | --disable-custom-all-reduce |
-| reported OK, a copy or all-reduce failed   | off | the reference launch's four  | --disable-custom-all-reduce, with a warning |
+| reported OK, a copy or all-reduce failed   | off | the four, NCCL_P2P_DISABLE=1 | --disable-custom-all-reduce, with a warning |
+| forced off by gpuhost_p2p_override         | off | the four, NCCL_P2P_DISABLE=1 | --disable-custom-all-reduce, with a warning |
 
 The "off" settings are those of the reference lab's launch (../shared/reference-lab.md), which
 served GLM-5 on 8 GPUs in a Proxmox VM without peer-to-peer: NCCL_P2P_LEVEL=PHB,
 NCCL_ALLOC_P2P_NET_LL_BUFFERS=1, NCCL_MIN_NCHANNELS=8 and SGLang's custom all-reduce disabled.
+They keep NCCL off P2P only where the driver itself says no (NCCL checks the same status): with
+P2P reported OK, NCCL_P2P_LEVEL=PHB still lets NCCL go peer-to-peer over any path up to a host
+bridge, and NVLink always. Measured on two NVLinked H200s with NCCL 2.28.9
+(tests/fixtures/h200-x2-device/nccl-env.txt): the four alone, "via P2P/CUMEM"; with
+NCCL_P2P_DISABLE=1, "via SHM/direct/direct", the sum intact. So where P2P is reported OK but must
+not be used (it corrupted data, or the operator forced it off), NCCL_P2P_DISABLE=1 is added.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ NO_P2P_ENV = {
     "NCCL_ALLOC_P2P_NET_LL_BUFFERS": "1",
     "NCCL_MIN_NCHANNELS": "8",
 }
+#: For GPUs whose P2P the driver reports OK but which must not use it (module docstring).
+P2P_DISABLED_ENV = {**NO_P2P_ENV, "NCCL_P2P_DISABLE": "1"}
 NO_P2P_FLAGS = ("--disable-custom-all-reduce",)
 
 HOST_SIDE_CAUSES = (
@@ -83,7 +92,7 @@ def decide(
                             f"nvidia-smi reports P2P as {bad} between GPUs")
     elif verified is False:
         measured = Decision(
-            "off", dict(NO_P2P_ENV), NO_P2P_FLAGS,
+            "off", dict(P2P_DISABLED_ENV), NO_P2P_FLAGS,
             "nvidia-smi reports P2P OK, but peer copies or the all-reduce failed verification",
             (f"P2P is reported OK but does not work; likely causes: {HOST_SIDE_CAUSES}",),
         )
@@ -100,7 +109,7 @@ def decide(
              f"gpuhost_p2p_override = 'on' contradicts the measurement: {measured.reason}"),
         )
     return Decision(
-        "off", dict(NO_P2P_ENV), NO_P2P_FLAGS,
+        "off", dict(P2P_DISABLED_ENV), NO_P2P_FLAGS,
         f"forced off by gpuhost_p2p_override ({measured.reason})",
         (f"gpuhost_p2p_override = 'off' contradicts the measurement: {measured.reason}",),
     )

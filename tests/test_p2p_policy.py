@@ -2,7 +2,7 @@
 
 import pytest
 
-from operations.p2p_policy import NO_P2P_ENV, decide, env_file
+from operations.p2p_policy import NO_P2P_ENV, P2P_DISABLED_ENV, decide, env_file
 
 
 def m(n, code):
@@ -49,7 +49,11 @@ def test_all_ok():
 
 def test_ok_but_verification_failed_warns_with_causes():
     d = decide(m(2, "OK"), m(2, "OK"), verified=False)
-    assert d.p2p == "off" and d.env == NO_P2P_ENV
+    assert d.p2p == "off" and d.env == P2P_DISABLED_ENV
+    # NCCL would otherwise go peer-to-peer again: the driver still reports P2P OK
+    # (tests/fixtures/h200-x2-device/nccl-env.txt).
+    assert d.env["NCCL_P2P_DISABLE"] == "1"
+    assert NO_P2P_ENV.items() <= d.env.items()
     assert any("ACS" in w and "x-nv-gpudirect-clique" in w for w in d.warnings)
 
 
@@ -59,6 +63,12 @@ def test_override_contradicting_measurement_warns():
     assert any("contradicts the measurement" in w for w in d.warnings)
     d = decide(m(2, "OK"), m(2, "OK"), verified=True, override="off")
     assert d.p2p == "off" and d.server_args == ("--disable-custom-all-reduce",)
+    assert d.env == P2P_DISABLED_ENV
+
+
+def test_reported_off_keeps_the_reference_launch_exactly():
+    d = decide(m(8, "NS"), m(8, "NS"), verified=None)
+    assert d.env == NO_P2P_ENV and "NCCL_P2P_DISABLE" not in d.env
 
 
 def test_override_agreeing_is_silent():
@@ -99,6 +109,9 @@ def test_readme_table_mirrors_the_policy():
     assert cells[0][2] == cells[1][2] == f"`{base}`"
     assert cells[2][2] == f"`{no_p2p}`"
     assert cells[2][3] == " ".join(f"`{f}`" for f in NO_P2P_FLAGS)
+    assert cells[3][2] == "as above, and `NCCL_P2P_DISABLE=1`"
+    assert decide(m(2, "OK"), m(2, "OK"), verified=False).env == {**NO_P2P_ENV,
+                                                                  "NCCL_P2P_DISABLE": "1"}
     assert decide(m(1, "OK"), m(1, "OK")).p2p == "n/a"
     assert decide(m(2, "OK"), m(2, "OK"), verified=True).p2p == "on"
     assert decide(m(2, "TNS"), m(2, "OK")).env == NO_P2P_ENV

@@ -17,14 +17,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 BASE = {"NCCL_IB_DISABLE": "1"}
 NO_P2P = {**BASE, "NCCL_P2P_LEVEL": "PHB", "NCCL_ALLOC_P2P_NET_LL_BUFFERS": "1",
           "NCCL_MIN_NCHANNELS": "8"}
-NCCL_KEYS = set(NO_P2P) | {"NCCL_P2P_DISABLE"}
+P2P_DISABLED = {**NO_P2P, "NCCL_P2P_DISABLE": "1"}
+NCCL_KEYS = set(P2P_DISABLED)
 
 #: scenario: (P2P decision, NCCL environment, --disable-custom-all-reduce, verified)
 EXPECTED = {
     "bare-metal-p2p": ("on", BASE, False, True),
     "reference-lab": ("off", NO_P2P, True, True),
     "q35-cns": ("off", NO_P2P, True, True),
-    "p2p-ok-wrong-data": ("off", NO_P2P, True, False),
+    "p2p-ok-wrong-data": ("off", P2P_DISABLED, True, False),
     "single-gpu": ("n/a", BASE, False, None),
 }
 

@@ -799,3 +799,28 @@ def test_stack_installs_from_the_index_and_flash_attn_records_its_build(tmp_path
     )
     versions = {p["name"].lower().replace("_", "-"): p["version"] for p in listed}
     assert versions["flash-attn"] == "2.8.3.post2" and versions["torch"] == "2.9.1"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "args", "env", "expected"),
+    [
+        ("p2p-ok-wrong-data", {"tp_size": 2}, {}, "the custom all-reduce"),
+        ("p2p-ok-wrong-data", {"tp_size": 2, "disable_custom_all_reduce": True},
+         {"NCCL_P2P_LEVEL": "PHB"}, "NCCL's all-reduce (via P2P)"),
+        ("p2p-ok-wrong-data", {"tp_size": 2, "disable_custom_all_reduce": True},
+         {"NCCL_P2P_LEVEL": "PHB", "NCCL_P2P_DISABLE": "1"}, "None"),
+        ("p2p-ok-wrong-data", {"tp_size": 1}, {}, "None"),
+        ("bare-metal-p2p", {"tp_size": 2}, {}, "None"),
+    ],
+)
+def test_sglang_degenerates_when_its_all_reduce_goes_over_corrupting_p2p(
+        sglang_env, scenario, args, env, expected):
+    """The server stand-in answers "!!!" (NaN logits) where the tensor parallel all-reduce would
+    go peer-to-peer on a host whose P2P corrupts data; NCCL_P2P_LEVEL=PHB alone does not keep
+    NCCL off a PIX link (tests/fixtures/h200-x2-device/nccl-env.txt: on a real host neither)."""
+    code = ("import json, sys; from sglang._standin.server import corrupting_all_reduce; "
+            "print(corrupting_all_reduce(json.loads(sys.argv[1])))")
+    base = {k: v for k, v in sglang_env(scenario).items() if not k.startswith("NCCL_")}
+    out = subprocess.run([PYTHON, "-c", code, json.dumps(args)], capture_output=True, text=True,
+                         env={**base, **env}, timeout=60, check=True)
+    assert out.stdout.strip().startswith(expected), out.stdout

@@ -17,6 +17,11 @@ Behaviour modes, comma-separated in SANDBOX_SGLANG_MODE (default "normal"):
                     (the decode NaN crash)
   degenerate        answer with "!!!!..." (what NaN logits decode to)
 Startup takes SANDBOX_SGLANG_STARTUP_SECONDS (default 0.5) in every mode.
+
+On a scenario whose P2P corrupts data (peer_transfers "wrong-data"), the answers are degenerate
+as well when the tensor parallel group's all-reduce would go peer-to-peer: NCCL's, as the torch
+stand-in decides it from NCCL_P2P_DISABLE and NCCL_P2P_LEVEL, or SGLang's custom all-reduce (CUDA
+IPC between the GPUs), unless --disable-custom-all-reduce.
 """
 
 import json
@@ -108,6 +113,27 @@ def check_gpus(args):
     return None
 
 
+def corrupting_all_reduce(args):
+    """None, or which all-reduce of the tensor parallel group would corrupt activations: one that
+    goes peer-to-peer on a scenario whose peer transfers arrive wrong (module docstring)."""
+    from torch import _sandbox
+    from torch.distributed import _nccl_p2p
+
+    visible = _sandbox.visible_gpus()[: args.get("tp_size") or 1]
+    pairs = [(a, b) for a in range(len(visible)) for b in range(len(visible)) if a != b]
+    if not pairs or "wrong-data" not in _sandbox.peer_transfers().values():
+        return None
+    if not args.get("disable_custom_all_reduce") and any(_sandbox.peer_access(a, b)
+                                                        for a, b in pairs):
+        return "the custom all-reduce (CUDA IPC between the GPUs)"
+    disable = os.environ.get("NCCL_P2P_DISABLE", "")
+    level = os.environ.get("NCCL_P2P_LEVEL", "")
+    if any(_nccl_p2p(visible[a]["index"], visible[b]["index"], disable, level)
+           for a, b in pairs):
+        return "NCCL's all-reduce (via P2P)"
+    return None
+
+
 def main(argv):
     spec = load_spec()
     parser = build_parser(spec)
@@ -137,6 +163,12 @@ def main(argv):
     tp = args.get("tp_size") or 1
     for rank in range(tp):
         tp_log(rank, "Init torch distributed begin.")
+    corrupting = corrupting_all_reduce(args)
+    if corrupting:
+        # The real server would load and serve; its logits turn NaN. The log line is the stand-in's.
+        logger.warning("sandbox stand-in: %s goes peer-to-peer on a host whose P2P corrupts "
+                       "data: answers will be degenerate", corrupting)
+        modes = modes | {"degenerate"}
     tp_log(0, "Load weight begin. avail mem=94.50 GB")
     if "crash-on-start" in modes:
         time.sleep(min(startup, 1.0))
