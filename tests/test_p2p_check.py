@@ -114,7 +114,9 @@ def test_reported_ok_but_wrong_data_turns_p2p_off_with_the_causes(check):
     for cause in ("ACS", "IOMMU", "q35", "pcie=1", "x-nv-gpudirect-clique"):
         assert cause in warning
     assert "WRONG DATA on arrival" in proc.stdout and "WARNING:" in proc.stdout
-    assert env == {**NO_P2P, "GPUHOST_P2P_SERVER_ARGS": "--disable-custom-all-reduce"}
+    # P2P reported OK but broken: NCCL must be told, or it goes peer-to-peer again.
+    assert env == {**NO_P2P, "NCCL_P2P_DISABLE": "1",
+                   "GPUHOST_P2P_SERVER_ARGS": "--disable-custom-all-reduce"}
 
 
 def test_a_hanging_all_reduce_times_out_and_fails_verification(check):
