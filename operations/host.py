@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
+from typing import Final
 from time import monotonic, sleep
 
 from pyinfra import logger
@@ -89,6 +91,62 @@ class FileText(FactBase[str | None]):
         if not output or output[0] == "absent":
             return None
         return "\n".join(output[1:])
+
+
+class DpkgInterrupted(FactBase[list[str]]):
+    """What an interrupted package run left (dpkg(1)): the entries of dpkg's journal in
+    /var/lib/dpkg/updates, which make apt refuse with "dpkg was interrupted", and what
+    ``dpkg --audit`` reports (packages half-installed, unpacked but not configured, ...), one
+    line each; empty when dpkg is consistent.
+
+    .. code:: python
+
+        ["journal entry 0001", "The following packages are only half configured, ..."]
+    """
+
+    default = list
+
+    @override
+    def requires_command(self) -> str:
+        return "dpkg"
+
+    @override
+    def command(self) -> str:
+        return ("ls -A /var/lib/dpkg/updates 2>/dev/null | sed 's/^/journal entry /'; "
+                "dpkg --audit 2>/dev/null | head -n 40")
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line.strip()]
+
+
+#: Waits for dpkg's frontend lock as apt does, then runs dpkg under it (DPKG_FRONTEND_LOCKED:
+#: dpkg(1), ENVIRONMENT). argv: seconds to wait, then dpkg's arguments.
+_DPKG_UNDER_LOCK: Final = r"""
+import fcntl, os, signal, subprocess, sys
+def late(*_):
+    print(f"dpkg's lock (/var/lib/dpkg/lock-frontend) still held after {sys.argv[1]} s: another "
+          "package run is going on; let it finish, then run the deploy again", file=sys.stderr)
+    sys.exit(1)
+signal.signal(signal.SIGALRM, late)
+signal.alarm(int(sys.argv[1]))
+lock = open("/var/lib/dpkg/lock-frontend", "w")
+fcntl.lockf(lock, fcntl.LOCK_EX)
+signal.alarm(0)
+env = dict(os.environ, DPKG_FRONTEND_LOCKED="1", DEBIAN_FRONTEND="noninteractive")
+sys.exit(subprocess.run(["dpkg", *sys.argv[2:]], env=env).returncode)
+"""
+
+
+@operation(is_idempotent=False)
+def dpkg_finished(lock_timeout: int = 600):
+    """Finish what an interrupted package run left (see :class:`DpkgInterrupted`): wait up to
+    ``lock_timeout`` seconds for dpkg's frontend lock (a run that lost its SSH session may
+    still be going on), then ``dpkg --configure -a`` under the lock, keeping changed
+    configuration files (--force-confold). Packages left half-installed are reinstalled by
+    the apt operations after it, which see them as not installed."""
+    yield StringCommand("python3", "-c", shlex.quote(_DPKG_UNDER_LOCK), str(int(lock_timeout)),
+                        "--force-confdef", "--force-confold", "--configure", "-a")
 
 
 @operation(is_idempotent=False)

@@ -22,7 +22,13 @@ from typing_extensions import override
 
 from operations import REPO_ROOT
 from operations.gpu import NvidiaDriver
-from operations.host import AptListsPresent, HeldPackages, reboot
+from operations.host import (
+    AptListsPresent,
+    DpkgInterrupted,
+    HeldPackages,
+    dpkg_finished,
+    reboot,
+)
 from operations.nvsmi import DriverState
 from operations.plan import PlanError, refuse
 from operations.settings import CUDA_MIN_DRIVER, Settings
@@ -654,6 +660,18 @@ def nvidia(settings: Settings):
     packages, module_package = driver_package_names(folder, settings.driver_flavour,
                                                     settings.driver_branch)
     toolkit = toolkit_package(settings.cuda_toolkit)
+    files.put(
+        name="apt waits for dpkg's lock",
+        src=str(_templates() / "50gpuhost-dpkg-lock-timeout"),
+        dest="/etc/apt/apt.conf.d/50gpuhost-dpkg-lock-timeout",
+        mode="644",
+    )
+    interrupted = host.get_fact(DpkgInterrupted)
+    if interrupted:
+        logger.warning(f"{host.print_prefix}NVIDIA: an earlier package run was interrupted "
+                       f"({interrupted[0]}{', ...' if len(interrupted) > 1 else ''}): "
+                       "finishing it with dpkg --configure -a")
+        dpkg_finished(name="Finish the interrupted package run (dpkg --configure -a)")
     tools = [p for p in PREREQUISITES if p not in debs]
     apt.packages(name="Download tools and lspci", packages=list(PREREQUISITES),
                  no_recommends=True, update=bool(tools) or not lists_present)
