@@ -11,7 +11,9 @@ stand-ins read (nvidia-smi, the torch stand-in, the flash-attn stand-in's build)
       "virtualization": {"systemd_detect_virt": "kvm",          # what systemd-detect-virt answers
                          "dmi": {"sys_vendor": "QEMU", "product_name": "...", ...} | null},
       "host": {"cpu_count": 128,                                # what the real host's nproc says
-               "flash_attn_max_parallel_jobs": 64 | null},      # more compile jobs than this: OOM
+               "flash_attn_max_parallel_jobs": 64 | null,       # more compile jobs than this: OOM
+               "dkms_build_seconds": 0,                         # the kernel module's DKMS build
+               "flash_attn_build_seconds": 0},                  # flash-attn's compile (default 0)
       "gpus": [{"index": 0, "name": "...", "uuid": "GPU-...", "pci_bus_id": "00000000:01:00.0",
                 "compute_cap": "12.0", "memory_total_mib": 97887, "power_limit_w": 600.0,
                 "power_max_limit_w": 600.0, "clocks_sm_mhz": 180, "clocks_max_sm_mhz": 2430,
@@ -171,6 +173,12 @@ def _expand(name: str, raw: dict[str, Any]) -> dict[str, Any]:
     jobs = host.setdefault("flash_attn_max_parallel_jobs", None)
     if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
         raise fail(f"host.flash_attn_max_parallel_jobs must be null or >= 1, not {jobs!r}")
+    # How long the slow builds take (real: minutes; 0 keeps the lab fast). Tests that stop a
+    # deploy in the middle of one raise them on the host's copy of this document.
+    for key in ("dkms_build_seconds", "flash_attn_build_seconds"):
+        value = host.setdefault(key, 0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise fail(f"host.{key} must be a number of seconds >= 0, not {value!r}")
 
     defaults = raw.get("gpu_defaults") or {}
     gpus_raw = raw.get("gpus")

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 
 from packaging.version import Version, parse
@@ -126,6 +127,11 @@ def build_record():
         print("c++: fatal error: Killed signal terminated program cc1plus", file=sys.stderr)
         print("ninja: build stopped: subcommand failed.", file=sys.stderr)
         raise RuntimeError("Error compiling objects for extension")
+    seconds = float(host.get("flash_attn_build_seconds") or 0)
+    for step in range(1, 73):
+        if seconds:
+            print(f"[{step}/73] nvcc: flash_fwd_hdim... (sandbox stand-in)", flush=True)
+            time.sleep(seconds / 72)
     print(f"[73/73] ninja -j {jobs}: flash_attn_2_cuda (sandbox stand-in: nothing compiled)")
     return record
 
