@@ -20,3 +20,33 @@ def command_output(text: str, command: str) -> list[str]:
     start = lines.index(f"$ {command}") + 1
     end = next(i for i in range(start, len(lines)) if lines[i].startswith("# rc="))
     return lines[start:end]
+
+
+# --- no secret in the suite's own output (tests/secret_guard.py) ---------------------------------
+
+from tests.secret_guard import GUARD  # noqa: E402
+
+
+def pytest_runtest_logreport(report):
+    """Observe what pytest would show of each test: captured output and log, the failure."""
+    text = "\n".join(content for _, content in report.sections)
+    if report.longrepr is not None:
+        text += "\n" + str(report.longrepr)
+    GUARD.observe(f"{report.nodeid} ({report.when})", text)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    if GUARD.leaks():
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    leaks = GUARD.leaks()
+    if GUARD.secrets or leaks:
+        terminalreporter.section("secrets in the suite's output")
+        terminalreporter.line(f"{len(GUARD.secrets)} secret value(s) registered, "
+                              f"{len(GUARD.observed)} output(s) observed, "
+                              f"{len(leaks)} leak(s)")
+        for line in leaks:
+            terminalreporter.line(f"LEAK {line}", red=True)

@@ -11,13 +11,26 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox import lab as sandbox_lab
+from tests.secret_guard import GUARD
+
 ROOT = Path(__file__).resolve().parents[2]
 PYINFRA = ROOT / ".venv" / "bin" / "pyinfra"
 
 
 def sandbox(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sandbox", *args], cwd=ROOT, text=True,
-                          capture_output=True, check=check)
+    result = subprocess.run([sys.executable, "-m", "sandbox", *args], cwd=ROOT, text=True,
+                            capture_output=True, check=False)
+    GUARD.observe(f"python -m sandbox {' '.join(args)}", result.stdout + result.stderr)
+    if check:
+        result.check_returncode()
+    return result
+
+
+def register_hub_token() -> None:
+    """The hub stand-in's token, which `up` puts on every host: a secret to the guard."""
+    if sandbox_lab.HUB_TOKEN.is_file():
+        GUARD.register(sandbox_lab.HUB_TOKEN.read_text(), "Hugging Face token")
 
 
 @dataclass
@@ -56,6 +69,7 @@ class Host:
 
 def up(hosts: int = 1, scenario: str = "reference-lab") -> list[Host]:
     result = sandbox("up", "--hosts", str(hosts), "--scenario", scenario, check=False)
+    register_hub_token()
     if result.returncode != 0:
         raise AssertionError(f"sandbox up failed:\n{result.stdout}\n{result.stderr}")
     return status()
@@ -80,6 +94,8 @@ def deploy(*extra: str, inventory: str = "inventory/sandbox.py") -> Run:
         [str(PYINFRA), "-y", *extra, inventory, "deploy.py"],
         cwd=ROOT, text=True, capture_output=True, env=env, check=False,
     )
+    GUARD.observe(f"pyinfra -y {' '.join(extra)} {inventory} deploy.py",
+                  result.stdout + result.stderr)
     payload = None
     if "--json" in extra:
         try:

@@ -34,6 +34,7 @@ def dry_run(*extra: str) -> lab.Run:
     runs the operations' change detection and prints what they find."""
     result = subprocess.run([str(lab.PYINFRA), "inventory/sandbox.py", "deploy.py", "--dry",
                              *extra], cwd=lab.ROOT, text=True, capture_output=True, check=False)
+    lab.GUARD.observe(f"pyinfra --dry {' '.join(extra)}", result.stdout + result.stderr)
     return lab.Run(result.returncode, result.stdout + result.stderr, None)
 
 
