@@ -8,6 +8,7 @@ import re
 import shlex
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Final
 
 from pyinfra import host, logger
@@ -23,6 +24,7 @@ from operations import model as model_ops
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
 from operations.plan import refuse
+from operations.host import FileText
 from operations.preflight import InitSystem
 from operations.settings import PREFIX, Settings
 from operations.sglang import server_args
@@ -40,6 +42,11 @@ START_LIMIT_BURST: Final = 3
 DISK_HEADROOM_GIB: Final = 1.0
 #: Seconds between two progress lines of the health gate.
 PROGRESS_EVERY: Final = 10
+#: Folders under /run (systemd's RuntimeDirectory=) where each unit's ExecStartPre records the
+#: digest of what it started with (operations/files/unit_inputs.py).
+RUNTIME_DIRS: Final = {UNIT: "gpuhost-sglang", GATE_UNIT: "gpuhost-sglang-gate"}
+#: The units' InvocationIDs (one line each) when the health gate last passed.
+VERIFIED_FILE: Final = "/var/lib/gpuhost/sglang.verified"
 
 
 def systemd_quote(arg: str) -> str:
@@ -70,6 +77,19 @@ def env_context(settings: Settings) -> dict:
     return {"env": dict(settings.server_env)}
 
 
+def server_inputs(settings: Settings) -> tuple[list[str], str]:
+    """What the server reads at start, as unit_inputs.py takes it: the files and the venv."""
+    paths = [UNIT_PATH, SERVER_ENV_FILE, P2P_ENV_FILE]
+    if not settings.model_is_local:
+        paths.append(f"{settings.model_path}/{model_ops.STAMP}")
+    return paths, settings.venv_path
+
+
+def gate_inputs() -> list[str]:
+    """What the API key gate reads at start (its key file aside: no digest of a secret)."""
+    return [GATE_UNIT_PATH, f"{LIB_DIR}/api_gate.py"]
+
+
 def unit_context(settings: Settings) -> dict:
     """What templates/sglang.service.j2 is rendered with. StartLimitIntervalSec leaves room
     for START_LIMIT_BURST full starts (the start timeout and RestartSec each)."""
@@ -89,7 +109,13 @@ def unit_context(settings: Settings) -> dict:
         "start_limit_interval": START_LIMIT_BURST * (settings.server_start_timeout + RESTART_SEC),
         "gate_unit": GATE_UNIT if settings.server_is_public else None,
         "exec_args": " ".join(systemd_quote(a) for a in server_args(settings)),
+        "runtime_dir": RUNTIME_DIRS[UNIT],
+        "inputs_args": " ".join(systemd_quote(a) for a in _inputs_argv(*server_inputs(settings))),
     }
+
+
+def _inputs_argv(paths: list[str], venv: str | None = None) -> list[str]:
+    return (["--venv", venv] if venv else []) + list(paths)
 
 
 def gate_context(settings: Settings) -> dict:
@@ -102,6 +128,8 @@ def gate_context(settings: Settings) -> dict:
         "listen_port": settings.server_port,
         "backend_url": backend_url(settings),
         "key_file": systemd_quote(settings.api_key_file or ""),
+        "runtime_dir": RUNTIME_DIRS[GATE_UNIT],
+        "inputs_args": " ".join(systemd_quote(a) for a in _inputs_argv(gate_inputs())),
     }
 
 
@@ -170,6 +198,63 @@ class PortListeners(FactBase[dict]):
             return {}
 
 
+@dataclass(frozen=True)
+class UnitState:
+    """A server unit as the deploy reads it before changing anything: ``active`` systemd's
+    ActiveState ("active", "activating", "inactive", "failed", ...), ``invocation`` its
+    InvocationID (new at every start, systemd's own restarts included), ``need_reload``
+    systemd's NeedDaemonReload (the unit file changed since systemd read it),
+    ``started_with`` the digest its ExecStartPre wrote for the running process ("" when none)
+    and ``now`` the same digest of the files as they are (operations/files/unit_inputs.py;
+    "" when that script is not on the host yet)."""
+
+    active: str = "inactive"
+    invocation: str = ""
+    need_reload: bool = False
+    started_with: str = ""
+    now: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.active in ("active", "activating", "reloading")
+
+    @property
+    def stale(self) -> bool:
+        """Running with other inputs than the files now: an earlier run changed them and
+        stopped (killed, disconnected) before restarting the unit."""
+        return self.running and bool(self.now) and self.started_with != self.now
+
+
+class ServiceState(FactBase[UnitState]):
+    """:class:`UnitState` of ``unit`` (``systemctl show``, the digest under /run/``runtime_dir``
+    and ``unit_inputs.py`` run on ``inputs``: unit_inputs.py's arguments)."""
+
+    @override
+    def command(self, unit: str, runtime_dir: str, inputs: list[str]) -> str:
+        script = f"{LIB_DIR}/unit_inputs.py"
+        argv = " ".join(shlex.quote(a) for a in inputs)
+        return (f"systemctl show -p ActiveState -p InvocationID -p NeedDaemonReload "
+                f"{shlex.quote(unit)} 2>/dev/null; "
+                f"echo \"started_with=$(cat /run/{runtime_dir}/inputs 2>/dev/null)\"; "
+                f"if [ -f {script} ]; then echo \"now=$(python3 {script} {argv} 2>/dev/null)\"; "
+                "else echo now=; fi")
+
+    @override
+    def default(self) -> UnitState:
+        return UnitState()
+
+    @override
+    def process(self, output) -> UnitState:
+        values = dict(line.split("=", 1) for line in output if "=" in line)
+        return UnitState(
+            active=values.get("ActiveState") or "inactive",
+            invocation=values.get("InvocationID", ""),
+            need_reload=values.get("NeedDaemonReload") == "yes",
+            started_with=values.get("started_with", "").strip(),
+            now=values.get("now", "").strip(),
+        )
+
+
 def _check_secret_file(key: str, path: str) -> bool:
     """Refuse (and return False) unless ``path`` on the host is a file owned by root that
     neither its group nor others can read or write."""
@@ -220,10 +305,11 @@ def unit_restarted(unit: str):
     yield f"systemctl restart --no-block {unit}"
 
 
-def _wait_serving(state, host, argv: list[str], timeout: int) -> bool:
+def _wait_serving(state, host, argv: list[str], timeout: int, units: list[str]) -> bool:
     """Run the health gate in rounds of PROGRESS_EVERY seconds, printing its progress through
     pyinfra's logger (shown without -v); False when it failed, after showing why, the journal
-    and that the unit was stopped."""
+    and that the unit was stopped. When it passed, VERIFIED_FILE gets the InvocationIDs of
+    ``units``: the next deploy gates again only a unit started since."""
     waited, began = 0.0, time.monotonic()
     while True:
         command = StringCommand(*argv, "--poll-for", str(PROGRESS_EVERY),
@@ -239,12 +325,16 @@ def _wait_serving(state, host, argv: list[str], timeout: int) -> bool:
         if failed:
             return False
         if any(line.startswith("ready after") for line in lines):
-            return True
+            names = " ".join(shlex.quote(u) for u in units)
+            return host.run_shell_command(
+                f"mkdir -p {shlex.quote(VERIFIED_FILE.rsplit('/', 1)[0])} && "
+                f"systemctl show -p InvocationID --value {names} > {VERIFIED_FILE}.tmp && "
+                f"mv {VERIFIED_FILE}.tmp {VERIFIED_FILE}")[0]
 
 
 @operation(is_idempotent=False)
 def serving(url: str, model: str, timeout: int, public_url: str | None = None,
-            api_key_file: str | None = None):
+            api_key_file: str | None = None, units: tuple[str, ...] = (UNIT,)):
     """Wait until the server serves ``model`` and answers a fixed greedy chat completion with
     text that is neither empty nor degenerate (operations/files/health_check.py), printing
     progress every 10 s; with a public URL, also that the API key gate refuses a request
@@ -255,13 +345,14 @@ def serving(url: str, model: str, timeout: int, public_url: str | None = None,
     + timeout: seconds before giving up; the unit is then stopped and its journal shown
     + public_url: the API key gate's base URL, when the server is public
     + api_key_file: root-only file holding the key (read on the host, never shown)
+    + units: the units whose InvocationIDs VERIFIED_FILE records once the gate passed
     """
     argv = ["python3", f"{LIB_DIR}/health_check.py", "--url", shlex.quote(url),
             "--model", shlex.quote(model), "--unit", UNIT, "--timeout", str(timeout)]
     if public_url and api_key_file:
         argv += ["--public-url", shlex.quote(public_url),
                  "--api-key-file", shlex.quote(api_key_file)]
-    yield FunctionCommand(_wait_serving, (argv, timeout), {})
+    yield FunctionCommand(_wait_serving, (argv, timeout, list(units)), {})
 
 
 @deploy("SGLang server")
@@ -291,14 +382,35 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     _check_ports(settings)
     if not secrets_ok:
         return
-    was_running = bool(host.get_fact(SystemdStatus).get(UNIT))
-    gate_was_running = bool(host.get_fact(SystemdStatus).get(GATE_UNIT))
+    paths, venv = server_inputs(settings)
+    server_state = host.get_fact(ServiceState, unit=UNIT, runtime_dir=RUNTIME_DIRS[UNIT],
+                                 inputs=_inputs_argv(paths, venv))
+    gate_state = host.get_fact(ServiceState, unit=GATE_UNIT, runtime_dir=RUNTIME_DIRS[GATE_UNIT],
+                               inputs=_inputs_argv(gate_inputs()))
+    was_running = server_state.running
+    gate_was_running = gate_state.running
+    gated = (UNIT, GATE_UNIT) if settings.server_is_public else (UNIT,)
+    verified = (host.get_fact(FileText, path=VERIFIED_FILE) or "").split()
+    unverified = was_running and verified != [
+        s.invocation for s in (server_state, gate_state)[: len(gated)]]
+    for name, unit_state in ((UNIT, server_state), (GATE_UNIT, gate_state)):
+        if unit_state.stale:
+            logger.warning(f"{host.print_prefix}SGLang server: {name} runs with other inputs "
+                           "than the files now (an earlier run changed them and stopped before "
+                           "restarting it): restarting it")
+        if unit_state.need_reload:
+            logger.warning(f"{host.print_prefix}SGLang server: systemd has not read {name}'s "
+                           "unit file since it changed: reloading")
+    if unverified and not server_state.stale:
+        logger.warning(f"{host.print_prefix}SGLang server: not verified since it started (an "
+                       "earlier run stopped during the health gate, or systemd restarted it): "
+                       "the health gate runs")
     files.directory(name="gpuhost config folder", path="/etc/gpuhost", mode="755")
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
     shipped = {
         script: files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),
                           dest=f"{LIB_DIR}/{script}", mode="644")
-        for script in ("health_check.py", "model_fetch.py", "api_gate.py")
+        for script in ("health_check.py", "model_fetch.py", "api_gate.py", "unit_inputs.py")
     }
     changed: list[OperationMeta] = []
     if not settings.model_is_local:
@@ -337,25 +449,27 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
         systemd.service(name=f"Stop {GATE_UNIT} (the server binds the loopback only)",
                         service=GATE_UNIT, running=False, enabled=False)
         units.append(files.file(name=f"Remove {GATE_UNIT}", path=GATE_UNIT_PATH, present=False))
+    need_reload = server_state.need_reload or gate_state.need_reload
     systemd.daemon_reload(name="Reload systemd units",
-                          _if=lambda: any(u.did_change() for u in units))
+                          _if=lambda: need_reload or any(u.did_change() for u in units))
     started = unit_started(name=f"Start {UNIT}", unit=UNIT)
     changed += [env, unit, *inputs]
     restarted = unit_restarted(
         name=f"Restart {UNIT} (what it reads changed)",
         unit=UNIT,
-        _if=lambda: was_running and any(op.did_change() for op in changed),
+        _if=lambda: was_running and (server_state.stale
+                                     or any(op.did_change() for op in changed)),
     )
     public_url = None
     if settings.server_is_public:
         unit_started(name=f"Start {GATE_UNIT}", unit=GATE_UNIT)
-        gate_inputs = [units[1], shipped["api_gate.py"]]
+        gate_ops = [units[1], shipped["api_gate.py"]]
         unit_restarted(
             name=f"Restart {GATE_UNIT} (its unit or program changed)",
             unit=GATE_UNIT,
             # A restart of the server restarts the gate too (PartOf=).
             _if=lambda: gate_was_running and not restarted.did_change()
-            and any(op.did_change() for op in gate_inputs),
+            and (gate_state.stale or any(op.did_change() for op in gate_ops)),
         )
         public_url = _url(settings.server_host, settings.server_port)
     serving(
@@ -365,5 +479,6 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
         timeout=settings.health_timeout,
         public_url=public_url,
         api_key_file=settings.api_key_file,
-        _if=lambda: started.did_change() or restarted.did_change(),
+        units=gated,
+        _if=lambda: unverified or started.did_change() or restarted.did_change(),
     )

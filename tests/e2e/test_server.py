@@ -152,7 +152,7 @@ def test_noop_keeps_pid_and_one_flag_restarts_once(host, deploy):
 
 
 def test_api_key_and_no_secret_anywhere(host, deploy):
-    key = "sk-" + secrets.token_hex(24)
+    key = lab.GUARD.register("sk-" + secrets.token_hex(24), "API key")
     host.ssh(f"umask 077; printf '%s\\n' {key} > {KEY_FILE}")
     token = host.ssh("cat /root/hf_token").strip()
     # a new model folder: the download (with the token) runs inside this -vvv --diff run
@@ -180,6 +180,16 @@ def test_api_key_and_no_secret_anywhere(host, deploy):
         assert secret not in units
         assert secret not in journal
         assert secret not in process
+    # Each secret is in its own file and nowhere else on the host; those files, and every file
+    # or folder the server's secrets could reach, are root's alone.
+    holders = host.ssh(f"grep -rlsF -e {key} -e {token} /etc /opt /var /root /run /tmp /home "
+                       "/srv || true").split()
+    assert sorted(holders) == sorted([KEY_FILE, "/root/hf_token"])
+    modes = host.ssh(f"stat -c '%n %a %U %G' {KEY_FILE} /root/hf_token /etc/gpuhost/server.env "
+                     "/run/gpuhost-sglang /run/gpuhost-sglang-gate").splitlines()
+    assert modes == [f"{KEY_FILE} 600 root root", "/root/hf_token 600 root root",
+                     "/etc/gpuhost/server.env 600 root root", "/run/gpuhost-sglang 700 root root",
+                     "/run/gpuhost-sglang-gate 700 root root"]
 
 
 def test_bad_input_refused_while_planning(host, deploy):
