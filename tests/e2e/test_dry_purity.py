@@ -38,22 +38,27 @@ def dry_run(*extra: str) -> lab.Run:
     return lab.Run(result.returncode, result.stdout + result.stderr, None)
 
 
-def test_dry_run_on_a_bare_host_and_a_converged_one_changes_nothing():
-    (host,) = lab.up(hosts=1, scenario="single-gpu")
-    try:
-        before = state(host)
-        dry = dry_run()
-        assert dry.returncode == 0, dry.output[-4000:]
-        assert state(host) == before
+@pytest.fixture(scope="module")
+def host():
+    (h,) = lab.up(hosts=1, scenario="single-gpu")
+    yield h
+    lab.sandbox("down", check=False)
 
-        converged = lab.deploy()
-        assert converged.returncode == 0, converged.output[-6000:]
-        host.ssh("/opt/gpuhost/venv/bin/python -m pip uninstall -q -y packaging")
-        before = state(host)
-        dry = dry_run(*PENDING)
-        assert dry.returncode == 0, dry.output[-4000:]
-        assert "packaging missing" in dry.output  # the venv's drift is shown
-        assert "580.95.05" in dry.output  # the driver's target version is shown
-        assert state(host) == before
-    finally:
-        lab.sandbox("down", check=False)
+
+def test_dry_run_on_a_bare_host_changes_nothing(host):
+    before = state(host)
+    dry = dry_run()
+    assert dry.returncode == 0, dry.output[-4000:]
+    assert state(host) == before
+
+
+def test_dry_run_with_a_pending_change_in_every_stage_changes_nothing(host):
+    converged = lab.deploy()
+    assert converged.returncode == 0, converged.output[-6000:]
+    host.ssh("/opt/gpuhost/venv/bin/python -m pip uninstall -q -y packaging")
+    before = state(host)
+    dry = dry_run(*PENDING)
+    assert dry.returncode == 0, dry.output[-4000:]
+    assert "packaging missing" in dry.output  # the venv's drift is shown
+    assert "580.95.05" in dry.output  # the driver's target version is shown
+    assert state(host) == before
