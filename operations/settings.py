@@ -26,7 +26,8 @@ PREFIX: Final = "gpuhost_"
 
 #: CUDA toolkits this toolkit installs, each with the minimum Linux driver it needs (the
 #: "CUDA Toolkit and Corresponding Driver Versions" table of NVIDIA's CUDA release notes,
-#: https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/, Table 3, ">= driver" column).
+#: https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/, Table 3, ">= driver" column,
+#: Linux x86_64, each release's GA row; every value checked against that table on 2026-11-30).
 CUDA_MIN_DRIVER: Final[Mapping[str, str]] = {
     "12.4": "550.54.14",
     "12.6": "560.28.03",
