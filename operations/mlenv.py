@@ -24,7 +24,7 @@ from operations.flash_attn import STAMP_NAME, BuildPlan, built_wheel, read_stamp
 from operations.gpu import NvidiaDriver
 from operations.host import FileText, HostResources
 from operations.lock import Lock, read_lock
-from operations.plan import refuse
+from operations.plan import fact, refuse
 from operations.settings import Settings
 
 #: Memory one nvcc thread takes while compiling flash-attn's kernels, in GiB (flash-attn's
@@ -256,14 +256,14 @@ def check_driver_for_venv(settings: Settings, lock: Lock, installed: Mapping[str
     """Refuse the ML venv stage when the CUDA the venv needs (the newest of torch.version.cuda
     in the venv, its CUDA wheels and the lock's) is newer than the host's driver supports: the installed driver as nvidia-smi reports it,
     else the driver this deploy installs (gpuhost_driver_version or gpuhost_driver_branch)."""
-    torch_cuda = host.get_fact(VenvTorchCuda, venv=settings.venv_path)
+    torch_cuda = fact(VenvTorchCuda, venv=settings.venv_path)
     found = [c for c in (venv_cuda(installed), venv_cuda(lock.versions())) if c]
     if torch_cuda:
         found.append((torch_cuda, f"torch.version.cuda in {settings.venv_path}"))
     if not found:
         return
     needed = max(found, key=lambda c: Version(c[0]))
-    state = host.get_fact(NvidiaDriver)
+    state = fact(NvidiaDriver)
     driver = (state.driver_version if state.status == "ok" and state.driver_version
               else settings.driver_version or settings.driver_branch)
     problem = driver_problem(*needed, driver)
@@ -288,21 +288,21 @@ def mlenv(settings: Settings):
     CUDA the venv needs is newer than the installed (or planned) driver supports.
     """
     lock: Lock = read_lock(settings.lock_path)
-    resources = host.get_fact(HostResources)
+    resources = fact(HostResources)
     try:
         parallel = build_parallelism(resources.cores, resources.mem_available_gib,
                                      settings.max_jobs, settings.nvcc_threads)
     except BuildError as exc:
         raise BuildError(f"host {host.name}: {exc}") from None
     venv = settings.venv_path
-    installed = host.get_fact(VenvPackages, venv=venv)
+    installed = fact(VenvPackages, venv=venv)
     check_driver_for_venv(settings, lock, installed)
 
     apt.packages(name="Python venv and build tools", packages=list(BUILD_PACKAGES),
                  no_recommends=True)
     files.directory(name="Lock folder", path=LOCK_DIR, mode="755")
     files.put(name=f"Lock {lock.path.name}", src=StringIO(lock.requirements((FLASH_ATTN,))),
-                      dest=f"{LOCK_DIR}/stack.txt", mode="644")
+              dest=f"{LOCK_DIR}/stack.txt", mode="644", create_remote_dir=False)
     pip.venv(name=f"venv {venv}", path=venv, python="python3")
     stack = locked_packages(
         name="Locked ML stack",
@@ -316,13 +316,13 @@ def mlenv(settings: Settings):
     if flash is None:
         return [stack]
     files.put(name="Lock flash-attn", src=StringIO(flash.line + "\n"),
-              dest=f"{LOCK_DIR}/flash-attn.txt", mode="644")
+              dest=f"{LOCK_DIR}/flash-attn.txt", mode="644", create_remote_dir=False)
     torch = lock.get("torch")
-    stamp_text = host.get_fact(FileText, path=f"{venv}/{STAMP_NAME}")
+    stamp_text = fact(FileText, path=f"{venv}/{STAMP_NAME}")
     reasons = stale_reasons(
         read_stamp(stamp_text), installed.get(FLASH_ATTN), flash_attn=flash.version,
         torch_locked=torch.version if torch else "", torch_installed=installed.get("torch"),
-        cuda=settings.cuda_toolkit, python=host.get_fact(VenvPython, venv=venv),
+        cuda=settings.cuda_toolkit, python=fact(VenvPython, venv=venv),
         archs=settings.cuda_arch)
     built = built_wheel(
         name=(f"flash-attn {flash.version}: the fleet's cached wheel, or a build "

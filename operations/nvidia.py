@@ -30,7 +30,7 @@ from operations.host import (
     reboot,
 )
 from operations.nvsmi import DriverState
-from operations.plan import PlanError, refuse
+from operations.plan import PlanError, fact, refuse
 from operations.settings import CUDA_MIN_DRIVER, Settings
 
 #: NVIDIA's repository folder per (os-release ID, VERSION_ID) and per machine architecture
@@ -624,26 +624,26 @@ def nvidia(settings: Settings):
     unit from starting while nvidia-smi fails (no driver, or a driver/library version
     mismatch), so that no server runs across a driver change.
     """
-    meta = host.get_fact(LinuxDistribution).get("release_meta", {})
+    meta = fact(LinuxDistribution).get("release_meta", {})
     try:
         folder = repo_folder(meta.get("ID", "").lower(), meta.get("VERSION_ID", ""),
-                             host.get_fact(Arch))
+                             fact(Arch))
     except PlanError as exc:
         refuse("NVIDIA", str(exc))
         return
     repo_url = f"{settings.cuda_repo_url}/{folder}/"
     source_path = source_file(folder)
-    debs = host.get_fact(DebPackages)
-    lists_present = host.get_fact(AptListsPresent)
-    headers = host.get_fact(KernelHeaders)
+    debs = fact(DebPackages)
+    lists_present = fact(AptListsPresent)
+    headers = fact(KernelHeaders)
     plan = plan_driver(
         settings,
         debs=debs,
-        state=host.get_fact(NvidiaDriver),
-        files_=host.get_fact(NvidiaDriverFiles),
+        state=fact(NvidiaDriver),
+        files_=fact(NvidiaDriverFiles),
         headers=headers,
-        gpus=host.get_fact(PciGpus),
-        sources=host.get_fact(AptSources),
+        gpus=fact(PciGpus),
+        sources=fact(AptSources),
         repo_url=repo_url,
         source_path=source_path,
         lists_present=lists_present,
@@ -666,7 +666,7 @@ def nvidia(settings: Settings):
         dest="/etc/apt/apt.conf.d/50gpuhost-dpkg-lock-timeout",
         mode="644",
     )
-    interrupted = host.get_fact(DpkgInterrupted)
+    interrupted = fact(DpkgInterrupted)
     if interrupted:
         logger.warning(f"{host.print_prefix}NVIDIA: an earlier package run was interrupted "
                        f"({interrupted[0]}{', ...' if len(interrupted) > 1 else ''}): "
@@ -729,7 +729,7 @@ def nvidia(settings: Settings):
     systemd.daemon_reload(name="Reload systemd units (driver gate)", _if=gate.did_change)
 
     if not plan.keep_present:
-        if plan.install and host.get_fact(SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT):
+        if plan.install and fact(SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT):
             systemd.service(name=f"Stop {SERVER_UNIT} before the driver changes",
                             service=SERVER_UNIT, running=False)
         apt.packages(name=f"Kernel headers for {headers.kernel}",

@@ -14,6 +14,7 @@ from pyinfra.operations import files
 from operations import REPO_ROOT
 from operations.gpu import NvidiaDriver
 from operations.host import FileText
+from operations.plan import fact
 from operations.settings import Settings
 from operations.virt import Platform, VirtInfo
 
@@ -164,10 +165,10 @@ def p2p(settings: Settings):
     which the server's unit reads. Returns the operations whose change means the server must
     restart."""
     prefix = host.print_prefix
-    platform = host.get_fact(Platform)
+    platform = fact(Platform)
     logger.info(f"{prefix}P2P platform: {platform.describe()}")
-    record_text = host.get_fact(FileText, path=RECORD)
-    _, line, warnings = plan(host.get_fact(NvidiaDriver), record_text, settings.p2p_override,
+    record_text = fact(FileText, path=RECORD)
+    _, line, warnings = plan(fact(NvidiaDriver), record_text, settings.p2p_override,
                              settings.p2p_remeasure)
     logger.info(f"{prefix}{line}")
     record = _load(record_text) or {}
@@ -177,7 +178,8 @@ def p2p(settings: Settings):
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
     for name in SHIPPED:
         files.put(name=f"Ship {name.split('/')[-1]}", src=str(REPO_ROOT / "operations" / name),
-                  dest=f"{LIB_DIR}/{name.split('/')[-1]}", mode="644")
+                  dest=f"{LIB_DIR}/{name.split('/')[-1]}", mode="644",
+                  create_remote_dir=False)  # the folder is the operation above
     check = measured(name="Measure P2P between GPUs", venv=settings.venv_path,
                      override=settings.p2p_override, remeasure=settings.p2p_remeasure,
                      timeout=settings.p2p_check_timeout,

@@ -1,19 +1,52 @@
-"""Refusals found while planning: a stage that must not run on a host says why, the rest of the
-plan is still shown, and a real run stops before any change."""
+"""Planning: the host's facts as the stages read them, and refusals (a stage that must not run
+on a host says why, the rest of the plan is still shown, and a real run stops before any
+change)."""
 
 from __future__ import annotations
 
 import sys
 from collections import defaultdict
 
+from typing import Any, TypeVar
+
 from pyinfra import host, logger, state
+from pyinfra.api import FactBase
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.state import StateStage
+
+T = TypeVar("T")
 
 _refusals: dict[str, list[str]] = defaultdict(list)
 
 
 class PlanError(PyinfraError):
     """A host whose state forbids the planned change; the message says what to do."""
+
+
+def _key(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_key(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _key(v)) for k, v in value.items()))
+    return value
+
+
+def fact(cls: type[FactBase[T]], **kwargs: Any) -> T:
+    """``host.get_fact(cls, **kwargs)``, read once per host and arguments while planning.
+
+    pyinfra 3 runs a fact's command at every ``get_fact`` call; the stages read several facts
+    more than once (the driver's state in four of them), and each read is a round trip to the
+    host. While the deploy file is planned nothing has changed on the host yet, so one reading
+    serves every stage. During execution (an operation's body) this is plain ``get_fact``.
+    """
+    if getattr(state, "current_stage", None) == StateStage.Execute:
+        return host.get_fact(cls, **kwargs)
+    # On the Host object itself (pyinfra's ``host`` is a proxy to the current one).
+    cache = vars(host._get_module()).setdefault("_gpuhost_planned_facts", {})
+    key = (cls, _key(kwargs))
+    if key not in cache:
+        cache[key] = host.get_fact(cls, **kwargs)
+    return cache[key]
 
 
 def is_dry_run() -> bool:

@@ -10,7 +10,7 @@ from typing_extensions import override
 from operations.gpu import NvidiaDriver
 from operations.host import HostResources
 from operations.nvidia import repo_folder
-from operations.plan import PlanError, refuse
+from operations.plan import PlanError, fact, refuse
 from operations.settings import Settings
 
 
@@ -48,16 +48,16 @@ def preflight(settings: Settings) -> None:
     """Facts only: OS and architecture supported by NVIDIA's repository, the GPUs (when the
     driver already answers) matching host data. Refuses (operations.plan), with what to do,
     before any change to the host."""
-    meta = host.get_fact(LinuxDistribution).get("release_meta", {})
+    meta = fact(LinuxDistribution).get("release_meta", {})
     os_id, version_id = meta.get("ID", "").lower(), meta.get("VERSION_ID", "")
     try:
-        folder = repo_folder(os_id, version_id, host.get_fact(Arch))
+        folder = repo_folder(os_id, version_id, fact(Arch))
     except PlanError as exc:
         refuse("Preflight", str(exc))
         folder = "unsupported"
-    driver = host.get_fact(NvidiaDriver)
-    resources = host.get_fact(HostResources)
-    virt = host.get_fact(Virtualization)
+    driver = fact(NvidiaDriver)
+    resources = fact(HostResources)
+    virt = fact(Virtualization)
 
     if driver.status == "ok":
         count = len(driver.gpus)
@@ -73,7 +73,7 @@ def preflight(settings: Settings) -> None:
     else:
         gpus = f"driver {driver.status}"
     logger.info(
-        f"{host.print_prefix}{os_id} {version_id} ({folder}), kernel {host.get_fact(OsVersion)}, "
-        f"virtualisation {virt}, PID 1 {host.get_fact(InitSystem)}, {resources.cores} cores, "
+        f"{host.print_prefix}{os_id} {version_id} ({folder}), kernel {fact(OsVersion)}, "
+        f"virtualisation {virt}, PID 1 {fact(InitSystem)}, {resources.cores} cores, "
         f"{resources.mem_available_gib:.1f} GiB available; {gpus}"
     )

@@ -23,7 +23,7 @@ from operations import REPO_ROOT
 from operations import model as model_ops
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
-from operations.plan import refuse
+from operations.plan import fact, refuse
 from operations.host import FileText
 from operations.preflight import InitSystem
 from operations.settings import PREFIX, Settings
@@ -258,7 +258,7 @@ class ServiceState(FactBase[UnitState]):
 def _check_secret_file(key: str, path: str) -> bool:
     """Refuse (and return False) unless ``path`` on the host is a file owned by root that
     neither its group nor others can read or write."""
-    stat = host.get_fact(File, path=path)
+    stat = fact(File, path=path)
     allowed = "a file on the host owned by root with mode 0600 or 0400"
     if stat is None:
         why = "it does not exist"
@@ -276,7 +276,7 @@ def _check_ports(settings: Settings) -> None:
     ports = {"server_port": settings.server_port}
     if settings.server_is_public:
         ports["server_backend_port"] = settings.server_backend_port
-    listeners = host.get_fact(PortListeners, ports=tuple(sorted(ports.values())))
+    listeners = fact(PortListeners, ports=tuple(sorted(ports.values())))
     for key, port in ports.items():
         others = [u for u in listeners.get(str(port), []) if u not in (UNIT, GATE_UNIT)]
         if others:
@@ -368,7 +368,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     Refused while planning: PID 1 not systemd; a token or key file missing or readable by
     others; a port another unit listens on.
     """
-    init = host.get_fact(InitSystem)
+    init = fact(InitSystem)
     if init != "systemd":
         refuse("SGLang server", f"PID 1 is {init!r}, not systemd: the server runs as a systemd "
                                 "unit")
@@ -383,14 +383,14 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     if not secrets_ok:
         return
     paths, venv = server_inputs(settings)
-    server_state = host.get_fact(ServiceState, unit=UNIT, runtime_dir=RUNTIME_DIRS[UNIT],
+    server_state = fact(ServiceState, unit=UNIT, runtime_dir=RUNTIME_DIRS[UNIT],
                                  inputs=_inputs_argv(paths, venv))
-    gate_state = host.get_fact(ServiceState, unit=GATE_UNIT, runtime_dir=RUNTIME_DIRS[GATE_UNIT],
+    gate_state = fact(ServiceState, unit=GATE_UNIT, runtime_dir=RUNTIME_DIRS[GATE_UNIT],
                                inputs=_inputs_argv(gate_inputs()))
     was_running = server_state.running
     gate_was_running = gate_state.running
     gated = (UNIT, GATE_UNIT) if settings.server_is_public else (UNIT,)
-    verified = (host.get_fact(FileText, path=VERIFIED_FILE) or "").split()
+    verified = (fact(FileText, path=VERIFIED_FILE) or "").split()
     unverified = was_running and verified != [
         s.invocation for s in (server_state, gate_state)[: len(gated)]]
     for name, unit_state in ((UNIT, server_state), (GATE_UNIT, gate_state)):
@@ -409,7 +409,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
     shipped = {
         script: files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),
-                          dest=f"{LIB_DIR}/{script}", mode="644")
+                          dest=f"{LIB_DIR}/{script}", mode="644", create_remote_dir=False)
         for script in ("health_check.py", "model_fetch.py", "api_gate.py", "unit_inputs.py")
     }
     changed: list[OperationMeta] = []
@@ -445,7 +445,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
             **gate_context(settings),
         )
         units.append(gate)
-    elif host.get_fact(File, path=GATE_UNIT_PATH):
+    elif fact(File, path=GATE_UNIT_PATH):
         systemd.service(name=f"Stop {GATE_UNIT} (the server binds the loopback only)",
                         service=GATE_UNIT, running=False, enabled=False)
         units.append(files.file(name=f"Remove {GATE_UNIT}", path=GATE_UNIT_PATH, present=False))

@@ -1,0 +1,47 @@
+"""operations/plan.py: facts read once per host while planning, every time while executing."""
+
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra_testing.util import FakeState, create_host
+
+from operations.host import FileText
+from operations.plan import fact
+from operations.server import ServiceState
+
+
+def counting_host(state, name):
+    host = create_host(state, name=name)
+    calls = []
+
+    def get_fact(cls, **kwargs):
+        calls.append((cls.__name__, kwargs))
+        return f"{cls.__name__} of {name} #{len(calls)}"
+
+    host.get_fact = get_fact
+    return host, calls
+
+
+def test_planning_reads_each_fact_once_per_host_and_arguments():
+    state = FakeState()
+    gpu1, calls1 = counting_host(state, "gpu1")
+    gpu2, calls2 = counting_host(state, "gpu2")
+    with ctx_state.use(state):
+        with ctx_host.use(gpu1):
+            first = fact(FileText, path="/a")
+            assert fact(FileText, path="/a") == first == "FileText of gpu1 #1"
+            assert fact(FileText, path="/b") == "FileText of gpu1 #2"
+            inputs = ["--venv", "/opt/v", "/etc/u"]
+            assert fact(ServiceState, unit="u", runtime_dir="r", inputs=inputs) == \
+                fact(ServiceState, unit="u", runtime_dir="r", inputs=list(inputs))
+        with ctx_host.use(gpu2):
+            assert fact(FileText, path="/a") == "FileText of gpu2 #1"
+    assert len(calls1) == 3 and len(calls2) == 1
+
+
+def test_executing_reads_every_time():
+    state = FakeState()
+    state.current_stage = StateStage.Execute
+    host, calls = counting_host(state, "gpu1")
+    with ctx_state.use(state), ctx_host.use(host):
+        assert fact(FileText, path="/a") != fact(FileText, path="/a")
+    assert len(calls) == 2
