@@ -361,6 +361,11 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     when the server binds more than the loopback), start the server, restart it only when
     something it reads changed, and wait until it serves good answers.
 
+    What it reads may have changed in this run, or in an earlier one that stopped before the
+    restart: the digest the running server recorded at its start (:class:`ServiceState`) tells.
+    A server started but never verified (a run stopped during the health gate, or systemd
+    restarted it since) is verified again, without a restart.
+
     + settings: the host's validated settings
     + inputs: operations of earlier stages whose change means a restart (the venv, the P2P
       decision)
@@ -384,9 +389,9 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
         return
     paths, venv = server_inputs(settings)
     server_state = fact(ServiceState, unit=UNIT, runtime_dir=RUNTIME_DIRS[UNIT],
-                                 inputs=_inputs_argv(paths, venv))
+                        inputs=_inputs_argv(paths, venv))
     gate_state = fact(ServiceState, unit=GATE_UNIT, runtime_dir=RUNTIME_DIRS[GATE_UNIT],
-                               inputs=_inputs_argv(gate_inputs()))
+                      inputs=_inputs_argv(gate_inputs()))
     was_running = server_state.running
     gate_was_running = gate_state.running
     gated = (UNIT, GATE_UNIT) if settings.server_is_public else (UNIT,)
