@@ -138,6 +138,15 @@ def _resolve(flag: str, spec: ParserSpec, by_flag: dict[str, ArgSpec]) -> ArgSpe
     raise FlagError(f"sglang {spec.version} has no flag {flag}{hint}")
 
 
+def flags_named(args: list[str], spec: ParserSpec) -> list[tuple[str, ArgSpec]]:
+    """Each flag of a launch_server command line with the argument sglang's argparse takes it
+    for: ``--ho``, ``--host`` and ``--host=0.0.0.0`` all name ``--host``. Values are skipped.
+    Raises FlagError for an unknown or ambiguous flag, as :func:`check_server_args`."""
+    by_flag = spec.by_flag()
+    return [(token, _resolve(token.partition("=")[0], spec, by_flag))
+            for token in args if token.startswith("--")]
+
+
 def _check_value(flag: str, value: str, arg: ArgSpec, version: str) -> None:
     if arg.choices is not None and value not in arg.choices:
         raise FlagError(f"{flag} {value}: sglang {version} allows only "

@@ -39,7 +39,7 @@ def settings(tmp_path):
          ("gpuhost_server_backend_port = 8000 is not allowed: a port other than "
           "gpuhost_server_port (8000)")),
         ({"gpuhost_server_extra_args": ["--api-key", "sekrit"]},
-         "gpuhost_server_extra_args = ['--api-key', 'sekrit'] is not allowed: no --api-key"),
+         "gpuhost_server_extra_args = ['--api-key', '<hidden>'] is not allowed: no API key flag"),
         ({"gpuhost_hf_token_file": "hf_token"},
          "gpuhost_hf_token_file = 'hf_token' is not allowed: an absolute path on the host"),
         ({"gpuhost_api_key_file": "key"},
