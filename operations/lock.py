@@ -55,9 +55,11 @@ def read_lock(path: Path) -> Lock:
     Raises :class:`LockError` naming the file and the first bad line.
     """
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise LockError(f"lock {path}: cannot read it: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise LockError(f"lock {path}: not UTF-8 text (byte {exc.start})") from exc
     header: list[str] = []
     logical: list[tuple[int, str]] = []
     buffer, start = "", 0

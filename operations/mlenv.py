@@ -189,19 +189,20 @@ def locked_packages(venv: str, requirements: str, wanted: dict[str, str], index_
                        f"({len(changes)} to install, {len(extra)} to remove):\n    "
                        + describe_drift(changes, extra).replace("\n", "\n    "))
     if extra:
-        yield StringCommand(f"{venv}/bin/python", "-m", "pip", "uninstall", "--yes",
-                            "--disable-pip-version-check", *extra)
+        yield StringCommand(*(shlex.quote(c) for c in (
+            f"{venv}/bin/python", "-m", "pip", "uninstall", "--yes",
+            "--disable-pip-version-check", *extra)))
     if not changes:
         return
     command = []
     if env:
-        command += ["env", *(f"{k}={shlex.quote(v)}" for k, v in env.items())]
+        command += ["env", *(f"{k}={v}" for k, v in env.items())]
     command += [f"{venv}/bin/python", "-m", "pip", "install", "--no-deps", "--require-hashes",
                 "--disable-pip-version-check", *pip_index_args(index_url)]
     if not build_isolation:
         command.append("--no-build-isolation")
     command += ["-r", requirements]
-    yield StringCommand(*command)
+    yield StringCommand(*(shlex.quote(c) for c in command))
 
 
 class VenvPython(FactBase[str | None]):

@@ -105,4 +105,4 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
             "--headroom-gib", str(headroom_gib)]
     if token_file:
         args += ["--token-file", token_file]
-    yield StringCommand(python, f"{LIB_DIR}/model_fetch.py", *(shlex.quote(a) for a in args))
+    yield StringCommand(*(shlex.quote(a) for a in (python, f"{LIB_DIR}/model_fetch.py", *args)))

@@ -11,7 +11,7 @@ import difflib
 import ipaddress
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -20,7 +20,14 @@ from pyinfra.api.exceptions import PyinfraError
 
 from operations import REPO_ROOT
 from operations.lock import LockError, read_lock
-from operations.sglang import FlagError, check_server_args, load_parser_spec, server_args
+from operations.p2p_policy import NO_P2P_FLAGS as P2P_SERVER_FLAGS
+from operations.sglang import (
+    FlagError,
+    check_server_args,
+    flags_named,
+    load_parser_spec,
+    server_args,
+)
 
 PREFIX: Final = "gpuhost_"
 
@@ -202,6 +209,8 @@ def _is_driver_version(value: Any) -> bool:
 
 
 def _is_host(value: Any) -> bool:
+    if not isinstance(value, str) or "%" in value:  # no IPv6 zone: it would reach unit files
+        return False
     try:
         ipaddress.ip_address(value)
     except ValueError:
@@ -209,11 +218,53 @@ def _is_host(value: Any) -> bool:
     return True
 
 
+#: An absolute path whose every part is letters, digits and ``. _ + @ : -``, none of them
+#: "." or "..": it goes into shell commands, systemd units and pip's arguments unquoted by
+#: whoever reads them on the host.
+_PATH = r"(/(?!\.\.?(?:/|$))[A-Za-z0-9._+@:-]+)+"
+_PATH_DETAIL = "(letters, digits and . _ + @ : -; no '.' or '..' part, no trailing slash)"
+_PATH_ALLOWED = f"an absolute path {_PATH_DETAIL}"
+#: Where a venv must not go: the system's own folders (pip would write into them).
+_SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run",
+                "/sbin", "/sys", "/usr", "/var/lib/dpkg", "/var/lib/apt")
+
+
+def _is_venv_path(value: Any) -> bool:
+    return (isinstance(value, str) and bool(re.fullmatch(_PATH, value))
+            and value.count("/") >= 2
+            and not any(value == d or value.startswith(d + "/") for d in _SYSTEM_DIRS)
+            and not (value + "/").startswith("/opt/gpuhost/lib/")
+            and not (value + "/").startswith("/opt/gpuhost/lock/"))
+
+
+#: An http(s) URL: a host, then anything but whitespace (quoted wherever a shell sees it).
+_URL = r"https?://[^\s/]\S*"
+
+
 def _is_env(value: Any) -> bool:
+    # No backslash in a value: at a line's end, systemd's EnvironmentFile joins the next line.
     return isinstance(value, Mapping) and all(
         isinstance(k, str) and re.fullmatch(r"[A-Z_][A-Z0-9_]*", k) and isinstance(v, str)
-        for k, v in value.items()
+        and "\\" not in v for k, v in value.items()
     )
+
+
+def _control_characters(value: Any) -> bool:
+    """Whether a value holds a control character (a newline, a tab, NUL, ...) anywhere: in a
+    string, or in the strings of a list or dict. Host data reaches unit files, environment
+    files and shell commands line by line."""
+    if isinstance(value, str):
+        return any(ord(c) < 32 or ord(c) == 127 for c in value)
+    if isinstance(value, Mapping):
+        return any(_control_characters(k) or _control_characters(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_control_characters(v) for v in value)
+    return False
+
+
+#: Keys whose values are version-like strings: pyinfra's --data turns "570" into 570 and
+#: "13.0" into 13.0, so numbers are taken as the string they were typed as.
+_NUMBER_AS_TEXT: Final = ("driver_branch", "cuda_toolkit", "compute_capability")
 
 
 _BOOL = _Rule(lambda v: isinstance(v, bool), "True or False")
@@ -231,11 +282,13 @@ RULES: Final[Mapping[str, _Rule]] = {
     "allow_driver_change": _BOOL,
     "unpackaged_driver": _one_of(UNPACKAGED_DRIVER),
     "cuda_toolkit": _one_of(CUDA_TOOLKITS),
-    "cuda_repo_url": _text(r"https?://\S+[^/]", "an http(s) URL without a trailing slash"),
+    "cuda_repo_url": _text(_URL + r"(?<!/)", "an http(s) URL without a trailing slash"),
     "cuda_keyring_sha256": _text(r"[0-9a-f]{64}", "a sha256 hex digest", optional=True),
-    "venv_path": _text(r"/[^\s'\"]*[^/\s'\"]", "an absolute path without spaces or quotes"),
+    "venv_path": _Rule(_is_venv_path, f"{_PATH_ALLOWED}, at least two levels deep and "
+                       f"outside the system's folders ({', '.join(_SYSTEM_DIRS)}) and gpuhost's "
+                       "/opt/gpuhost/lib and /opt/gpuhost/lock"),
     "lock": _text(r"[^\s]+\.txt", "a path to a lock file (.txt) in locks/ or absolute"),
-    "pip_index_url": _text(r"https?://\S+", "an http(s) URL of a PEP 503 simple index"),
+    "pip_index_url": _text(_URL, "an http(s) URL of a PEP 503 simple index"),
     "max_jobs": _Rule(lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1, or None"),
     "nvcc_threads": _Rule(
         lambda v: v is None or (_is_int(v) and 1 <= v <= 16), "an integer from 1 to 16, or None"
@@ -244,7 +297,8 @@ RULES: Final[Mapping[str, _Rule]] = {
     "p2p_override": _one_of(P2P_OVERRIDES, optional=True),
     "p2p_remeasure": _BOOL,
     "p2p_check_timeout": _int_between(10, 3600),
-    "model": _text(r"[^\s'\"]+", "a Hugging Face repository id or an absolute path"),
+    "model": _text(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?|" + _PATH,
+                   f"a Hugging Face repository id (owner/name) or {_PATH_ALLOWED}"),
     "served_model_name": _text(_NAME, "a non-empty name of letters, digits, '_', '.', '-'"),
     "tensor_parallel_size": _int_between(1, 64),
     "mem_fraction_static": _Rule(
@@ -268,17 +322,18 @@ RULES: Final[Mapping[str, _Rule]] = {
         lambda v: isinstance(v, (list, tuple)) and all(isinstance(a, str) for a in v),
         "a list of strings",
     ),
-    "server_env": _Rule(_is_env, "a dict of UPPER_CASE names to string values"),
+    "server_env": _Rule(_is_env, "a dict of UPPER_CASE names to string values without "
+                        "backslashes"),
     "health_timeout": _int_between(10, 86400),
     "server_start_timeout": _int_between(60, 7 * 86400),
     "server_backend_port": _int_between(1, 65535),
-    "api_key_file": _text(r"/[^\s'\"]*[^/\s'\"]", "an absolute path on the host, root-only",
+    "api_key_file": _text(_PATH, f"an absolute path on the host, root-only {_PATH_DETAIL}",
                           optional=True),
-    "model_dir": _text(r"/[^\s'\"]*[^/\s'\"]", "an absolute path without spaces or quotes"),
-    "model_revision": _text(r"[A-Za-z0-9][A-Za-z0-9_.\-/]*",
+    "model_dir": _text(_PATH, _PATH_ALLOWED),
+    "model_revision": _text(r"(?!.*(?:^|/)\.\.?(?:/|$))[A-Za-z0-9][A-Za-z0-9_.\-/]*(?<!/)",
                             "a branch, tag or commit sha of the model's repository"),
-    "hf_endpoint": _text(r"https?://\S+[^/]", "an http(s) URL without a trailing slash"),
-    "hf_token_file": _text(r"/[^\s'\"]*[^/\s'\"]", "an absolute path on the host, root-only",
+    "hf_endpoint": _text(_URL + r"(?<!/)", "an http(s) URL without a trailing slash"),
+    "hf_token_file": _text(_PATH, f"an absolute path on the host, root-only {_PATH_DETAIL}",
                            optional=True),
 }
 
@@ -303,12 +358,21 @@ def from_host_data(host: str, data: Mapping[str, Any]) -> Settings:
     """
     values: dict[str, Any] = {}
     known = sorted(f"{PREFIX}{name}" for name in _FIELDS)
+    squashed = {re.sub(r"[^a-z0-9]", "", k): k for k in known}
     for key, value in data.items():
+        if not isinstance(key, str):
+            raise SettingsError(f"host {host}: host data key {key!r} is not allowed: keys are "
+                                "strings")
         if not key.startswith(PREFIX):
             if f"{PREFIX}{key}" in known:
                 raise SettingsError(
                     f"host {host}: unknown key {key}: did you mean {PREFIX}{key}?"
                 )
+            # A misspelt prefix (GPUHOST_, gpuhost-, gpuhots_) would leave the default on.
+            close = squashed.get(re.sub(r"[^a-z0-9]", "", key.lower())) or next(iter(
+                difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.9)), None)
+            if close:
+                raise SettingsError(f"host {host}: unknown key {key}: did you mean {close}?")
             continue
         name = key[len(PREFIX):]
         if name not in _FIELDS:
@@ -317,6 +381,13 @@ def from_host_data(host: str, data: Mapping[str, Any]) -> Settings:
             hint = (f" did you mean {PREFIX}{close[0]}?" if close
                     else f" known keys: {', '.join(known)}")
             raise SettingsError(f"host {host}: unknown key {key}:{hint}")
+        if name in _NUMBER_AS_TEXT and isinstance(value, (int, float)) \
+                and not isinstance(value, bool):
+            value = str(value)
+        if _control_characters(value):
+            raise _fail(host, name, value, "a value without control characters (newlines, "
+                                            "tabs, NUL): it is written into unit files, "
+                                            "environment files and commands")
         rule = RULES[name]
         if not rule.check(value):
             raise _fail(host, name, value, rule.allowed)
@@ -353,7 +424,7 @@ def _check_together(host: str, s: Settings) -> None:
             host,
             "driver_branch",
             s.driver_branch,
-            f"a branch that supports CUDA {s.cuda_toolkit} (driver >= {minimum}): "
+            f"a branch that supports CUDA {s.cuda_toolkit} (driver >= {CUDA_MIN_DRIVER[s.cuda_toolkit]}): "
             + ", ".join(b for b in DRIVER_BRANCHES if Version(b) >= Version(str(minimum.major))),
         )
     if s.driver_version is not None:
@@ -369,7 +440,8 @@ def _check_together(host: str, s: Settings) -> None:
                 host,
                 "driver_version",
                 s.driver_version,
-                f"a driver >= {minimum}, the minimum for CUDA {s.cuda_toolkit}",
+                f"a driver >= {CUDA_MIN_DRIVER[s.cuda_toolkit]}, the minimum for CUDA "
+                f"{s.cuda_toolkit}",
             )
     _check_server_exposure(host, s)
     if not s.lock_path.is_file():
@@ -390,12 +462,6 @@ def _check_server_exposure(host: str, s: Settings) -> None:
             f"a port other than {PREFIX}server_port ({s.server_port}): the API key gate listens "
             "there and the server behind it on 127.0.0.1",
         )
-    if "--api-key" in s.server_extra_args or "--admin-api-key" in s.server_extra_args:
-        raise _fail(
-            host, "server_extra_args", list(s.server_extra_args),
-            f"no --api-key or --admin-api-key (sglang logs its arguments and /server_info "
-            f"returns them): name a root-only key file in {PREFIX}api_key_file",
-        )
 
 
 def _check_server_flags(host: str, s: Settings) -> None:
@@ -408,12 +474,39 @@ def _check_server_flags(host: str, s: Settings) -> None:
     if sglang is None:
         raise _fail(host, "lock", s.lock, "a lock that pins sglang")
     try:
-        check_server_args(server_args(s), load_parser_spec(sglang.version))
+        spec = load_parser_spec(sglang.version)
+        check_server_args(server_args(s), spec)
+        extra = flags_named(list(s.server_extra_args), spec)
+        rendered = {arg.flags for _, arg in
+                    flags_named([*server_args(replace(s, server_extra_args=())),
+                                 *P2P_SERVER_FLAGS], spec)}
     except FlagError as exc:
         raise SettingsError(
             f"host {host}: the server's flags (gpuhost_* server keys, "
             f"gpuhost_server_extra_args) do not fit the locked sglang: {exc}"
         ) from None
+    for token, arg in extra:
+        if any("api-key" in flag for flag in arg.flags):
+            raise _fail(
+                host, "server_extra_args", _without_values(s.server_extra_args),
+                f"no API key flag ({token.partition('=')[0]} is {arg.flags[0]}; sglang logs "
+                "its arguments and "
+                f"/server_info returns them): name a root-only key file in {PREFIX}api_key_file",
+            )
+        if arg.flags in rendered:
+            raise _fail(
+                host, "server_extra_args", list(s.server_extra_args),
+                f"no flag gpuhost sets itself ({token} is {arg.flags[0]}, set from the "
+                f"{PREFIX}* server keys, the bind address and the P2P decision, which it would "
+                "silently override): set the matching key instead",
+            )
+
+
+def _without_values(args: Iterable[str]) -> list[str]:
+    """Extra server args for a message about an API key in them: every value replaced by
+    "<hidden>" (a key must not reach the screen or a log)."""
+    return [a.partition("=")[0] + "=<hidden>" if a.startswith("--") and "=" in a
+            else a if a.startswith("--") else "<hidden>" for a in args]
 
 
 def torch_cuda(lock: Any) -> str | None:
@@ -442,6 +535,11 @@ def _check_torch_cuda(host: str, s: Settings, lock: Any) -> None:
                     f"a lock whose torch says its CUDA release (a +cuXYZ version or an "
                     f"nvidia-cuda-runtime pin) among {', '.join(CUDA_MIN_DRIVER)}; "
                     f"torch {lock.get('torch').version} gives {cuda or 'none'}")
+    if Version(cuda).major != Version(s.cuda_toolkit).major:
+        raise _fail(host, "cuda_toolkit", s.cuda_toolkit,
+                    f"a CUDA {Version(cuda).major}.x toolkit: the locked torch "
+                    f"{lock.get('torch').version} is built for CUDA {cuda}, and flash-attn's "
+                    f"build needs an nvcc of the same major ({PREFIX}lock = {s.lock!r})")
     text = CUDA_MIN_DRIVER[cuda]
     minimum = Version(text)
     if s.driver_version is not None and Version(s.driver_version) < minimum:
@@ -462,14 +560,34 @@ def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, S
     Also raises :class:`SettingsError` when two hosts claim one address (``ssh_hostname``, or
     the host's name where it has none): one machine would be converged twice, concurrently.
     """
-    pairs = list(hosts)
-    claimed: dict[str, str] = {}
+    pairs = [(name, data if data is not None else {}) for name, data in hosts]
+    claimed: dict[tuple[str, int], str] = {}
     for name, data in pairs:
-        address = str(data.get("ssh_hostname") or name)
-        if address in claimed and not name.startswith("@"):
+        address = _address(name, data)
+        if address is None:
+            continue
+        if address in claimed:
+            shown = address[0] if address[1] == 22 else f"{address[0]} port {address[1]}"
             raise SettingsError(
-                f"hosts {claimed[address]} and {name} both claim the address {address} "
-                "(ssh_hostname): each host of an inventory must be a different machine"
+                f"hosts {claimed[address]} and {name} both claim the address {shown} "
+                "(ssh_hostname, ssh_port): each host of an inventory must be a different machine"
             )
         claimed[address] = name
     return {name: from_host_data(name, data) for name, data in pairs}
+
+
+def _address(name: str, data: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The SSH address a host is reached at, in one spelling: (host, port). Case, a trailing
+    dot and IPv6 notation do not make two addresses; pyinfra's ``@ssh/HOST`` names count,
+    other connectors (``@local``, ``@docker/...``) have none."""
+    if name.startswith("@"):
+        if not name.startswith("@ssh/"):
+            return None
+        name = name[len("@ssh/"):]
+    raw = str(data.get("ssh_hostname") or name).strip().rstrip(".").lower()
+    try:
+        raw = str(ipaddress.ip_address(raw.strip("[]")))
+    except ValueError:
+        pass
+    port = data.get("ssh_port", 22)
+    return raw, port if isinstance(port, int) else 22

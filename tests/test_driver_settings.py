@@ -43,14 +43,19 @@ def test_the_real_lock_needs_cuda_12_8():
 def test_driver_too_old_for_the_locked_torch(tmp_path):
     lock = lock_with(tmp_path, "torch==2.9.1+cu130")
     with pytest.raises(SettingsError) as err:
-        settings(lock, gpuhost_driver_branch="575")
-    assert ("gpuhost_driver_branch = '575' is not allowed: a branch >= 580: the locked torch "
-            "2.9.1+cu130 needs CUDA 13.0, driver >= 580.65.06") in str(err.value)
+        settings(lock, gpuhost_driver_branch="575", gpuhost_cuda_toolkit="13.0")
+    assert "gpuhost_driver_branch = '575' is not allowed: a branch that supports CUDA 13.0 " \
+        "(driver >= 580.65.06)" in str(err.value)
     with pytest.raises(SettingsError) as err:
-        settings(lock, gpuhost_driver_version="580.65.05")
+        settings(lock, gpuhost_driver_version="580.65.05", gpuhost_cuda_toolkit="13.0")
     assert "gpuhost_driver_version = '580.65.05' is not allowed: a driver >= 580.65.06" in str(
         err.value)
-    assert settings(lock, gpuhost_driver_version="580.95.05").driver_version == "580.95.05"
+    assert settings(lock, gpuhost_driver_version="580.95.05",
+                    gpuhost_cuda_toolkit="13.0").driver_version == "580.95.05"
+    # the toolkit must be of the locked torch's CUDA major (flash-attn's build)
+    with pytest.raises(SettingsError) as err:
+        settings(lock, gpuhost_driver_branch="580")
+    assert "gpuhost_cuda_toolkit = '12.8' is not allowed: a CUDA 13.x toolkit" in str(err.value)
 
 
 def test_unknown_torch_cuda_is_refused(tmp_path):
@@ -66,8 +71,8 @@ def test_unknown_torch_cuda_is_refused(tmp_path):
         ({"gpuhost_driver_branch": "550"},
          ("gpuhost_driver_branch = '550' is not allowed: a branch that supports CUDA 12.8 "
          "(driver >= 570.26)")),
-        ({"gpuhost_driver_branch": 580},
-         "gpuhost_driver_branch = 580 is not allowed: one of 535, 550"),
+        ({"gpuhost_driver_branch": 581},  # a number, as pyinfra's --data gives it
+         "gpuhost_driver_branch = '581' is not allowed: one of 535, 550"),
         ({"gpuhost_driver_flavour": "nouveau"},
          "gpuhost_driver_flavour = 'nouveau' is not allowed: one of open, proprietary"),
         ({"gpuhost_driver_version": "580.95"}, None),

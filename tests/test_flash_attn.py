@@ -168,7 +168,7 @@ def test_driver_against_the_venv(monkeypatch):
     assert "driver 575 supports CUDA 12.8 at most" in driver_problem("13.0", "x", "575")
 
 
-@pytest.mark.parametrize("value", ["120", "sm_120", "12", "12.0.1", "compute_120", 12.0])
+@pytest.mark.parametrize("value", ["120", "sm_120", "12", "12.0.1", "compute_120", 120])
 def test_an_architecture_that_is_not_a_compute_capability(tmp_path, value):
     lock = tmp_path / "lock.txt"
     lock.write_text("sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n")

@@ -165,3 +165,13 @@ def test_two_hosts_one_address(lock):
     a = {"gpuhost_lock": lock, "ssh_hostname": "10.0.0.5"}
     with pytest.raises(SettingsError, match="hosts a and b both claim the address 10.0.0.5"):
         for_inventory([("a", a), ("b", dict(a))])
+
+
+def test_readme_has_a_row_for_every_key():
+    from pathlib import Path
+
+    from operations.settings import RULES
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [key for key in RULES if f"| `gpuhost_{key}` |" not in readme]
+    assert missing == []
