@@ -8,7 +8,8 @@ Runs on the GPU host with the system python3 (standard library only), in one of 
                   server's process (--main-pid, systemd's $MAINPID) is gone: systemd waits for
                   ExecStartPost even when the main process has died.
   (default)       the gate: the unit must stay up (a crash, the unit failed or waiting to be
-                  restarted by systemd is a failure at once), /health 200, /v1/models lists the
+                  restarted by systemd is a failure at once) and be active (systemd finished
+                  starting it), /health 200, /v1/models lists the
                   model, then POST /v1/chat/completions with temperature 0 must return a
                   non-empty answer that is not degenerate (NaN text, one token repeated). With
                   --public-url and --api-key-file it also checks the API key gate: a request
@@ -177,7 +178,9 @@ def main() -> int:
         if active == "failed" or sub == "auto-restart" or (active == "inactive" and elapsed > 5) \
                 or (sub == "start-post" and main_pid == "0"):
             return _fail(args.unit, f"the unit is {active} ({sub}): the server exited", key)
-        if _request(f"{args.url}/health")[0] == 200:
+        # Ready needs systemd's word too: "active" once the unit's ExecStartPost saw /health
+        # (until then the unit is "activating", and a deploy that ended would leave it so).
+        if active == "active" and _request(f"{args.url}/health")[0] == 200:
             status, body = _request(f"{args.url}/v1/models")
             try:
                 names = [m.get("id") for m in json.loads(body).get("data", [])]
