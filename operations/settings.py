@@ -241,11 +241,21 @@ def _is_venv_path(value: Any) -> bool:
 _URL = r"https?://[^\s/]\S*"
 
 
+#: What the server's environment gets from gpuhost itself: the unit (CUDA_HOME, PATH,
+#: LD_LIBRARY_PATH), server.env (HF_HUB_OFFLINE: the weights are local) and the P2P decision
+#: (operations/p2p_policy.py). An EnvironmentFile wins over the unit's Environment= lines, and
+#: the P2P file is read last: gpuhost_server_env naming one of these would override gpuhost, or
+#: be silently overridden.
+RESERVED_ENV: Final = ("CUDA_HOME", "PATH", "LD_LIBRARY_PATH", "HF_HUB_OFFLINE",
+                       "NCCL_IB_DISABLE", "NCCL_P2P_LEVEL", "NCCL_ALLOC_P2P_NET_LL_BUFFERS",
+                       "NCCL_MIN_NCHANNELS", "NCCL_P2P_DISABLE", "GPUHOST_P2P_SERVER_ARGS")
+
+
 def _is_env(value: Any) -> bool:
     # No backslash in a value: at a line's end, systemd's EnvironmentFile joins the next line.
     return isinstance(value, Mapping) and all(
-        isinstance(k, str) and re.fullmatch(r"[A-Z_][A-Z0-9_]*", k) and isinstance(v, str)
-        and "\\" not in v for k, v in value.items()
+        isinstance(k, str) and re.fullmatch(r"[A-Z_][A-Z0-9_]*", k) and k not in RESERVED_ENV
+        and isinstance(v, str) and "\\" not in v for k, v in value.items()
     )
 
 
@@ -299,7 +309,8 @@ RULES: Final[Mapping[str, _Rule]] = {
     "p2p_check_timeout": _int_between(10, 3600),
     "model": _text(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?|" + _PATH,
                    f"a Hugging Face repository id (owner/name) or {_PATH_ALLOWED}"),
-    "served_model_name": _text(_NAME, "a non-empty name of letters, digits, '_', '.', '-'"),
+    "served_model_name": _text(_NAME, "a name of letters, digits, '_', '.', '-' that starts "
+                               "with a letter or digit"),
     "tensor_parallel_size": _int_between(1, 64),
     "mem_fraction_static": _Rule(
         lambda v: isinstance(v, float) and 0.0 < v < 1.0, "a float strictly between 0 and 1"
@@ -323,7 +334,8 @@ RULES: Final[Mapping[str, _Rule]] = {
         "a list of strings",
     ),
     "server_env": _Rule(_is_env, "a dict of UPPER_CASE names to string values without "
-                        "backslashes"),
+                        "backslashes, naming none of what gpuhost sets itself ("
+                        + ", ".join(RESERVED_ENV) + ")"),
     "health_timeout": _int_between(10, 86400),
     "server_start_timeout": _int_between(60, 7 * 86400),
     "server_backend_port": _int_between(1, 65535),

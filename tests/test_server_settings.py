@@ -24,7 +24,7 @@ def settings(tmp_path):
         ({"gpuhost_server_port": 65536},
          "gpuhost_server_port = 65536 is not allowed: an integer from 1 to 65535"),
         ({"gpuhost_served_model_name": ""},
-         "gpuhost_served_model_name = '' is not allowed: a non-empty name"),
+         "gpuhost_served_model_name = '' is not allowed: a name of letters"),
         ({"gpuhost_mem_fraction_static": 1.0},
          "gpuhost_mem_fraction_static = 1.0 is not allowed: a float strictly between 0 and 1"),
         ({"gpuhost_mem_fraction_static": 0.0},

@@ -58,7 +58,7 @@ def test_pyinfra_keys_are_left_alone(lock):
         ({"gpuhost_server_port": 70000},
          "gpuhost_server_port = 70000 is not allowed: an integer from 1 to 65535"),
         ({"gpuhost_served_model_name": ""},
-         "gpuhost_served_model_name = '' is not allowed: a non-empty name"),
+         "gpuhost_served_model_name = '' is not allowed: a name of letters"),
         ({"gpuhost_driver_branch": "535"},
          "gpuhost_driver_branch = '535' is not allowed: a branch that supports CUDA 12.8 "
          "(driver >= 570.26): 570, 575, 580, 590"),

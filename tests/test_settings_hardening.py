@@ -162,3 +162,11 @@ def test_a_toolkit_of_another_cuda_major_than_the_locked_torch():
         settings(gpuhost_cuda_toolkit="13.0")
     assert ("gpuhost_cuda_toolkit = '13.0' is not allowed: a CUDA 12.x toolkit: the locked torch "
             "2.9.1 is built for CUDA 12.8") in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["HF_HUB_OFFLINE", "PATH", "CUDA_HOME", "NCCL_P2P_LEVEL",
+                                  "GPUHOST_P2P_SERVER_ARGS"])
+def test_server_env_cannot_name_what_gpuhost_sets(name):
+    with pytest.raises(SettingsError, match="naming none of what gpuhost sets itself"):
+        settings(gpuhost_server_env={name: "0"})
+    assert settings(gpuhost_server_env={"NCCL_DEBUG": "INFO"}).server_env == {"NCCL_DEBUG": "INFO"}

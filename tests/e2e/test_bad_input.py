@@ -51,7 +51,7 @@ CASES = [
      ["gpuhost_server_port", "70000", "an integer from 1 to 65535"]),
     ("port-zero", {"gpuhost_server_port": 0}, ["gpuhost_server_port", "= 0", "from 1 to 65535"]),
     ("served-name-empty", {"gpuhost_served_model_name": ""},
-     ["gpuhost_served_model_name", "''", "a non-empty name"]),
+     ["gpuhost_served_model_name", "''", "a name of letters"]),
     ("host-not-ip", {"gpuhost_server_host": "everywhere"},
      ["gpuhost_server_host", "'everywhere'", "an IP address"]),
     ("driver-branch-old", {"gpuhost_driver_branch": "535"},
