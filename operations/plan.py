@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-
 from typing import Any, TypeVar
 
 from pyinfra import host, logger, state

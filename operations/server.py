@@ -23,8 +23,8 @@ from operations import REPO_ROOT
 from operations import model as model_ops
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
-from operations.plan import fact, refuse
 from operations.host import FileText
+from operations.plan import fact, refuse
 from operations.preflight import InitSystem
 from operations.settings import PREFIX, Settings
 from operations.sglang import server_args
@@ -77,12 +77,13 @@ def env_context(settings: Settings) -> dict:
     return {"env": dict(settings.server_env)}
 
 
-def server_inputs(settings: Settings) -> tuple[list[str], str]:
-    """What the server reads at start, as unit_inputs.py takes it: the files and the venv."""
+def server_inputs(settings: Settings) -> list[str]:
+    """What the server reads at start, as unit_inputs.py's arguments: the venv, then the
+    files."""
     paths = [UNIT_PATH, SERVER_ENV_FILE, P2P_ENV_FILE]
     if not settings.model_is_local:
         paths.append(f"{settings.model_path}/{model_ops.STAMP}")
-    return paths, settings.venv_path
+    return ["--venv", settings.venv_path, *paths]
 
 
 def gate_inputs() -> list[str]:
@@ -110,12 +111,8 @@ def unit_context(settings: Settings) -> dict:
         "gate_unit": GATE_UNIT if settings.server_is_public else None,
         "exec_args": " ".join(systemd_quote(a) for a in server_args(settings)),
         "runtime_dir": RUNTIME_DIRS[UNIT],
-        "inputs_args": " ".join(systemd_quote(a) for a in _inputs_argv(*server_inputs(settings))),
+        "inputs_args": " ".join(systemd_quote(a) for a in server_inputs(settings)),
     }
-
-
-def _inputs_argv(paths: list[str], venv: str | None = None) -> list[str]:
-    return (["--venv", venv] if venv else []) + list(paths)
 
 
 def gate_context(settings: Settings) -> dict:
@@ -129,7 +126,7 @@ def gate_context(settings: Settings) -> dict:
         "backend_url": backend_url(settings),
         "key_file": systemd_quote(settings.api_key_file or ""),
         "runtime_dir": RUNTIME_DIRS[GATE_UNIT],
-        "inputs_args": " ".join(systemd_quote(a) for a in _inputs_argv(gate_inputs())),
+        "inputs_args": " ".join(systemd_quote(a) for a in gate_inputs()),
     }
 
 
@@ -387,11 +384,10 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     _check_ports(settings)
     if not secrets_ok:
         return
-    paths, venv = server_inputs(settings)
     server_state = fact(ServiceState, unit=UNIT, runtime_dir=RUNTIME_DIRS[UNIT],
-                        inputs=_inputs_argv(paths, venv))
+                        inputs=server_inputs(settings))
     gate_state = fact(ServiceState, unit=GATE_UNIT, runtime_dir=RUNTIME_DIRS[GATE_UNIT],
-                      inputs=_inputs_argv(gate_inputs()))
+                      inputs=gate_inputs())
     was_running = server_state.running
     gate_was_running = gate_state.running
     gated = (UNIT, GATE_UNIT) if settings.server_is_public else (UNIT,)

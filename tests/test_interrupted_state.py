@@ -83,7 +83,8 @@ def test_the_unit_records_what_the_deploy_compares(settings):
     words = exec_start_pre("sglang.service.j2", server.unit_context(s))
     assert words[:4] == ["/usr/bin/python3", f"{server.LIB_DIR}/unit_inputs.py", "--write",
                          "%t/gpuhost-sglang/inputs"]
-    paths, venv = server.server_inputs(s)
+    flag, venv, *paths = server.server_inputs(s)
+    assert flag == "--venv"
     assert words[4:] == ["--venv", venv, *paths]
     assert paths == [server.UNIT_PATH, server.SERVER_ENV_FILE, server.P2P_ENV_FILE,
                      f"{s.model_path}/{MODEL_STAMP}"]
@@ -94,7 +95,7 @@ def test_the_unit_records_what_the_deploy_compares(settings):
 
 def test_a_local_model_has_no_stamp_to_follow(settings, tmp_path):
     s = settings(gpuhost_model=str(tmp_path))
-    paths, _ = server.server_inputs(s)
+    paths = server.server_inputs(s)
     assert not any(p.endswith(MODEL_STAMP) for p in paths)
 
 
