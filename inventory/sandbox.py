@@ -25,7 +25,9 @@ sandbox = [
         h["name"],
         {
             "ssh_hostname": h["address"],
-            "ssh_user": "root",
+            # A sudo user, as on a real lab: every command runs through pyinfra's sudo.
+            "ssh_user": h["ssh_user"],
+            "_sudo": h["ssh_user"] != "root",
             "ssh_key": h["ssh_key"],
             "ssh_known_hosts_file": h["known_hosts"],
             "ssh_strict_host_key_checking": "yes",

@@ -309,8 +309,9 @@ def _host_state(entry: dict[str, Any]) -> str:
 
 def status() -> list[dict[str, Any]]:
     """The hosts of the lab, as inventory/sandbox.py reads them (sandbox/README.md, Inventory):
-    name, address, gateway, state (running / booting / stopped), ssh_key, cuda_repo_url,
-    cuda_keyring_sha256, pip_index_url, lock (the stand-in lock's path). [] when no lab is up."""
+    name, address, gateway, state (running / booting / stopped), ssh_user (the operator, a sudo
+    user: the deploy never logs in as root), ssh_key, cuda_repo_url, cuda_keyring_sha256,
+    pip_index_url, lock (the stand-in lock's path). [] when no lab is up."""
     state = load_state()
     if state is None:
         return []
@@ -324,6 +325,7 @@ def status() -> list[dict[str, Any]]:
                 "address": spec.address,
                 "gateway": spec.gateway,
                 "state": _host_state(entry),
+                "ssh_user": rootfs.OPERATOR,
                 "ssh_key": str(SSH_KEY),
                 "cuda_repo_url": spec.cuda_repo_url,
                 "cuda_keyring_sha256": state.get("cuda_keyring_sha256"),

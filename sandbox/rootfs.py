@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Final
 
 from sandbox import pci
 from sandbox.layout import APT_ARCHIVES, GUEST_APT_ARCHIVES, ROOTFS_TAR, HostSpec
@@ -31,6 +32,24 @@ PACKAGES: tuple[str, ...] = (
     "procps",
     "less",
     "kmod",
+    "sudo",
+    "locales",
+)
+
+#: The operator the deploy logs in as: a user with passwordless sudo, as on a cloud image
+#: (Ubuntu's "ubuntu"), never root. The lab's root login stays for the tests' own checks.
+OPERATOR: Final = "gpuops"
+#: The hosts' locale (/etc/default/locale, which pam_env gives every SSH session, sudo keeping
+#: LANG): German, so that apt, dpkg and coreutils answer in German unless told LC_ALL=C.
+LOCALE: Final = "de_DE.UTF-8"
+
+# Run inside the new tree once, when the cached tarball is built: the locale compiled, the
+# operator created with passwordless sudo.
+CUSTOMIZE_HOOKS: tuple[str, ...] = (
+    f'echo "{LOCALE} UTF-8" > "$1/etc/locale.gen" && chroot "$1" locale-gen',
+    f'chroot "$1" useradd --create-home --shell /bin/bash --groups sudo {OPERATOR}',
+    f'echo "{OPERATOR} ALL=(ALL:ALL) NOPASSWD: ALL" > "$1/etc/sudoers.d/90-{OPERATOR}" '
+    f'&& chmod 0440 "$1/etc/sudoers.d/90-{OPERATOR}"',
 )
 
 SOURCES: tuple[str, ...] = (
@@ -83,6 +102,7 @@ def recipe() -> dict[str, object]:
         "variant": "minbase",
         "packages": list(PACKAGES),
         "sources": list(SOURCES),
+        "customize": list(CUSTOMIZE_HOOKS),
     }
 
 
@@ -97,6 +117,7 @@ def mmdebstrap_command(target: Path) -> list[str]:
         "--variant=minbase",
         "--format=tar",
         f"--include={','.join(PACKAGES)}",
+        *(f"--customize-hook={hook}" for hook in CUSTOMIZE_HOOKS),
         SUITE,
         str(target),
         *SOURCES,
@@ -162,6 +183,20 @@ def _mask(root: Path, unit: str) -> None:
     link.symlink_to("/dev/null")
 
 
+def _authorize_operator(root: Path, authorized_key: str) -> None:
+    """The lab's key in the operator's authorized_keys, owned by the operator (its uid and gid
+    as the tree's /etc/passwd has them)."""
+    entry = next(line.split(":") for line in (root / "etc/passwd").read_text().splitlines()
+                 if line.startswith(f"{OPERATOR}:"))
+    uid, gid, home = int(entry[2]), int(entry[3]), root / entry[5].lstrip("/")
+    ssh_dir = home / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    keys = ssh_dir / "authorized_keys"
+    _write(keys, authorized_key.strip() + "\n", 0o600)
+    for path in (ssh_dir, keys):
+        os.chown(path, uid, gid)
+
+
 def ssh_keygen(path: Path, kind: str, comment: str) -> None:
     """A new passphrase-less key pair at `path` and `path`.pub."""
     subprocess.run(
@@ -197,6 +232,8 @@ def personalise(spec: HostSpec, root: Path, authorized_key: str, hardware_json: 
     _write(root / "etc/ssh/sshd_config.d/50-gpuhost-sandbox.conf", SSHD_CONF)
     (root / "root/.ssh").mkdir(mode=0o700, parents=True, exist_ok=True)
     _write(root / "root/.ssh/authorized_keys", authorized_key.strip() + "\n", 0o600)
+    _authorize_operator(root, authorized_key)
+    _write(root / "etc/default/locale", f"LANG={LOCALE}\n")
     _write(
         root / "etc/apt/apt.conf.d/80sandbox-proxy",
         APT_PROXY_TEMPLATE.format(proxy=spec.proxy_url, gateway=spec.gateway),

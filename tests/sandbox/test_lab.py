@@ -138,12 +138,19 @@ def test_personalise_writes_what_a_host_needs(tmp_path):
     root = tmp_path / "root"
     (root / "etc/ssh").mkdir(parents=True)
     (root / "etc/ssh/ssh_host_ed25519_key").write_text("old image key")
+    (root / f"home/{rootfs.OPERATOR}").mkdir(parents=True)
+    (root / "etc/passwd").write_text(
+        f"{rootfs.OPERATOR}:x:{os.getuid()}:{os.getgid()}::/home/{rootfs.OPERATOR}:/bin/bash\n")
     keys = rootfs.personalise(HostSpec(4), root, "ssh-ed25519 AAAA lab", '{"schema": 1}\n')
     assert (root / "etc/hostname").read_text() == "gpu4\n"
     assert "127.0.1.1\tgpu4" in (root / "etc/hosts").read_text()
     assert (root / "etc/machine-id").read_text() == ""
     assert (root / "root/.ssh/authorized_keys").read_text() == "ssh-ed25519 AAAA lab\n"
     assert (root / "root/.ssh/authorized_keys").stat().st_mode & 0o777 == 0o600
+    operator_keys = root / f"home/{rootfs.OPERATOR}/.ssh/authorized_keys"
+    assert operator_keys.read_text() == "ssh-ed25519 AAAA lab\n"
+    assert operator_keys.stat().st_mode & 0o777 == 0o600
+    assert (root / "etc/default/locale").read_text() == f"LANG={rootfs.LOCALE}\n"
     proxy = (root / "etc/apt/apt.conf.d/80sandbox-proxy").read_text()
     assert 'Acquire::http::Proxy "http://10.213.4.1:8888";' in proxy
     assert 'Acquire::http::Proxy::10.213.4.1 "DIRECT";' in proxy
@@ -316,7 +323,8 @@ def test_down_leaves_nothing_and_is_idempotent(lab_host):
     _sandbox("down")
     assert json.loads(_sandbox("status", "--json").stdout) == []
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
-    assert "gpuhost-gpu" not in netns.stdout
-    assert not Path("/var/lib/gpuhost-sandbox/hosts/gpu1").exists()
+    # this lab's names only: another lab may be up beside it
+    assert HostSpec(1).netns not in netns.stdout.split()
+    assert not HostSpec(1).dir.exists()
     assert procs.cgroup_pids() == set()
     assert _ssh(lab_host, "true", timeout=30).returncode != 0
