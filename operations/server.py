@@ -26,6 +26,7 @@ from operations.p2p import LIB_DIR
 from operations.host import FileText
 from operations.plan import fact, refuse
 from operations.preflight import InitSystem
+from operations.secret_files import check_secret_file
 from operations.settings import PREFIX, Settings
 from operations.sglang import server_args
 
@@ -253,20 +254,11 @@ class ServiceState(FactBase[UnitState]):
 
 
 def _check_secret_file(key: str, path: str) -> bool:
-    """Refuse (and return False) unless ``path`` on the host is a file owned by root that
-    neither its group nor others can read or write."""
-    stat = fact(File, path=path)
-    allowed = "a file on the host owned by root with mode 0600 or 0400"
-    if stat is None:
-        why = "it does not exist"
-    elif stat is False:
-        why = "it is not a regular file"
-    elif stat.get("user") != "root" or int(stat.get("mode") or 0) % 100 != 0:
-        why = f"it is owned by {stat.get('user')} with mode {stat.get('mode')}"
-    else:
-        return True
-    refuse("SGLang server", f"{PREFIX}{key} = {path!r} is not allowed: {allowed} ({why})")
-    return False
+    """Refuse (and return False) unless ``path`` on the host is a regular file owned by root
+    that neither its group nor others can read or write, holding one line of header-safe text
+    (operations/secret_files.py)."""
+    what = "key file" if key == "api_key_file" else "token file"
+    return check_secret_file("SGLang server", key, path, what)
 
 
 def _check_ports(settings: Settings) -> None:
