@@ -120,3 +120,16 @@ def test_no_secret_reaches_the_unit(settings, tmp_path):
     assert "--listen 0.0.0.0 --port 8000 --backend http://127.0.0.1:30000" in gate_exec
     assert "--key-file /root/sglang.key" in gate_exec
     assert "PartOf=sglang.service" in unit_lines(gate)
+
+
+def test_gate_unit_is_bounded(settings):
+    """The gate faces the network: its unit caps memory and tasks, and the connection cap it
+    passes the gate fits inside TasksMax (a thread per connection)."""
+    s = settings(gpuhost_server_host="0.0.0.0", gpuhost_api_key_file="/root/sglang.key")
+    lines = unit_lines(render("sglang-gate.service.j2", gate_context(s)))
+    assert "MemoryMax=256M" in lines
+    (tasks,) = [line for line in lines if line.startswith("TasksMax=")]
+    (gate_exec,) = [line for line in lines if line.startswith("ExecStart=")]
+    words = shlex.split(gate_exec)
+    connections = int(words[words.index("--max-connections") + 1])
+    assert connections == 256 and int(tasks.removeprefix("TasksMax=")) > connections
