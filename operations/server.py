@@ -48,6 +48,12 @@ PROGRESS_EVERY: Final = 10
 RUNTIME_DIRS: Final = {UNIT: "gpuhost-sglang", GATE_UNIT: "gpuhost-sglang-gate"}
 #: The units' InvocationIDs (one line each) when the health gate last passed.
 VERIFIED_FILE: Final = "/var/lib/gpuhost/sglang.verified"
+#: The API key gate's bounds (operations/files/api_gate.py has the others): connections at
+#: once (a thread each), its unit's MemoryMax (measured: about 55 MiB with 256 connections
+#: open) and TasksMax (a task per connection and a margin).
+GATE_MAX_CONNECTIONS: Final = 256
+GATE_MEMORY_MAX: Final = "256M"
+GATE_TASKS_MAX: Final = GATE_MAX_CONNECTIONS + 16
 
 
 def systemd_quote(arg: str) -> str:
@@ -89,7 +95,7 @@ def server_inputs(settings: Settings) -> list[str]:
 
 def gate_inputs() -> list[str]:
     """What the API key gate reads at start (its key file aside: no digest of a secret)."""
-    return [GATE_UNIT_PATH, f"{LIB_DIR}/api_gate.py"]
+    return [GATE_UNIT_PATH, f"{LIB_DIR}/api_gate.py", f"{LIB_DIR}/secret_file.py"]
 
 
 def unit_context(settings: Settings) -> dict:
@@ -128,6 +134,9 @@ def gate_context(settings: Settings) -> dict:
         "key_file": systemd_quote(settings.api_key_file or ""),
         "runtime_dir": RUNTIME_DIRS[GATE_UNIT],
         "inputs_args": " ".join(systemd_quote(a) for a in gate_inputs()),
+        "max_connections": GATE_MAX_CONNECTIONS,
+        "memory_max": GATE_MEMORY_MAX,
+        "tasks_max": GATE_TASKS_MAX,
     }
 
 
@@ -340,7 +349,7 @@ def serving(url: str, model: str, timeout: int, public_url: str | None = None,
             "--model", shlex.quote(model), "--unit", UNIT, "--timeout", str(timeout)]
     if public_url and api_key_file:
         argv += ["--public-url", shlex.quote(public_url),
-                 "--api-key-file", shlex.quote(api_key_file)]
+                 "--api-key-file", shlex.quote(api_key_file), "--gate-unit", GATE_UNIT]
     yield FunctionCommand(_wait_serving, (argv, timeout, list(units)), {})
 
 
@@ -403,7 +412,8 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     shipped = {
         script: files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),
                           dest=f"{LIB_DIR}/{script}", mode="644", create_remote_dir=False)
-        for script in ("health_check.py", "model_fetch.py", "api_gate.py", "unit_inputs.py")
+        for script in ("health_check.py", "model_fetch.py", "api_gate.py", "unit_inputs.py",
+                       "secret_file.py")
     }
     changed: list[OperationMeta] = []
     if not settings.model_is_local:
@@ -454,16 +464,18 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
                                      or any(op.did_change() for op in changed)),
     )
     public_url = None
+    # A start or restart of the gate alone is verified in this run too (its key, its answers).
+    gate_changes: list[OperationMeta] = []
     if settings.server_is_public:
-        unit_started(name=f"Start {GATE_UNIT}", unit=GATE_UNIT)
-        gate_ops = [units[1], shipped["api_gate.py"]]
-        unit_restarted(
+        gate_changes.append(unit_started(name=f"Start {GATE_UNIT}", unit=GATE_UNIT))
+        gate_ops = [units[1], shipped["api_gate.py"], shipped["secret_file.py"]]
+        gate_changes.append(unit_restarted(
             name=f"Restart {GATE_UNIT} (its unit or program changed)",
             unit=GATE_UNIT,
             # A restart of the server restarts the gate too (PartOf=).
             _if=lambda: gate_was_running and not restarted.did_change()
             and (gate_state.stale or any(op.did_change() for op in gate_ops)),
-        )
+        ))
         public_url = _url(settings.server_host, settings.server_port)
     serving(
         name=f"Wait until {settings.served_model_name} answers",
@@ -473,5 +485,6 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
         public_url=public_url,
         api_key_file=settings.api_key_file,
         units=gated,
-        _if=lambda: unverified or started.did_change() or restarted.did_change(),
+        _if=lambda: unverified or any(op.did_change()
+                                      for op in (started, restarted, *gate_changes)),
     )

@@ -104,7 +104,8 @@ def test_the_gate_records_its_unit_and_program_not_the_key(settings, tmp_path):
     s = settings(gpuhost_server_host="0.0.0.0", gpuhost_api_key_file=str(key))
     words = exec_start_pre("sglang-gate.service.j2", server.gate_context(s))
     assert words[3] == "%t/gpuhost-sglang-gate/inputs"
-    assert words[4:] == [server.GATE_UNIT_PATH, f"{server.LIB_DIR}/api_gate.py"]
+    assert words[4:] == [server.GATE_UNIT_PATH, f"{server.LIB_DIR}/api_gate.py",
+                         f"{server.LIB_DIR}/secret_file.py"]
     assert str(key) not in words
 
 

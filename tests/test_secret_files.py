@@ -4,9 +4,12 @@ check's own command run here on real files, and read by the host's programs
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -169,3 +172,169 @@ def test_describe_withholds_an_exceptions_text_once_a_secret_is_loaded():
     assert secret_file.describe(OSError(28, "No space left on device", "/m/x"), True) == \
         "OSError: No space left on device: /m/x"
     assert secret_file.describe(KeyError("x"), False) == "KeyError: 'x'"
+
+
+# --- the host's programs: no error path shows a secret -----------------------------------------
+
+FAKE_SYSTEMCTL = r"""#!/usr/bin/env python3
+import json, os, sys
+states = json.load(open(os.environ["FAKE_UNITS"]))
+if sys.argv[1] == "show":
+    unit = sys.argv[-1]
+    active, sub = states.get(unit, ["active", "running"])
+    print(f"ActiveState={active}\nSubState={sub}\nMainPID=4242")
+"""
+FAKE_JOURNALCTL = "#!/bin/sh\necho \"journal of $3\"\n"
+
+
+class Served(BaseHTTPRequestHandler):
+    """The server on the loopback: /health, /v1/models, a chat completion."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, status, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/v1/models":
+            return self._send(200, {"data": [{"id": "glm-5"}]})
+        return self._send(200 if self.path == "/health" else 404, {})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        return self._send(200, {"choices": [{"message": {"content": "Paris"}}]})
+
+
+class FakeGate(Served):
+    """The API key gate: 401 without a Bearer header; /get_server_info answers
+    ``info_status``."""
+
+    info_status = 200
+
+    def do_GET(self):
+        if not (self.headers.get("Authorization") or "").startswith("Bearer "):
+            return self._send(401, {})
+        if self.path == "/get_server_info":
+            return self._send(FakeGate.info_status, {"model_path": "/m"})
+        return super().do_GET()
+
+
+@pytest.fixture
+def health_env(tmp_path):
+    """health_check.py against a local server and gate, with a fake systemctl and journalctl
+    on PATH: run(key file content, unit states) -> CompletedProcess."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("systemctl", FAKE_SYSTEMCTL), ("journalctl", FAKE_JOURNALCTL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    units = tmp_path / "units.json"
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), handler) for handler in (Served, FakeGate)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    url, gate_url = (f"http://127.0.0.1:{s.server_address[1]}" for s in servers)
+
+    def run(key: bytes, states: dict | None = None) -> subprocess.CompletedProcess:
+        units.write_text(json.dumps(states or {}))
+        key_file = secret(tmp_path, key)
+        result = subprocess.run(
+            [sys.executable, str(SCRIPT.parent / "health_check.py"), "--url", url,
+             "--model", "glm-5", "--unit", "sglang.service", "--timeout", "20",
+             "--public-url", gate_url, "--api-key-file", str(key_file),
+             "--gate-unit", "sglang-gate.service"],
+            env={"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_UNITS": str(units)},
+            capture_output=True, text=True, check=False, timeout=60)
+        GUARD.observe("health_check.py", result.stdout + result.stderr)
+        return result
+
+    yield run
+    for server in servers:
+        server.shutdown()
+
+
+def test_health_check_passes_with_a_good_key(health_env):
+    result = health_env(GOOD.encode() + b"\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ready after" in result.stdout
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (PART1.encode() + b"\n" + PART2.encode() + b"\n", "it has 2 lines"),
+    (b"", "it is empty"),
+    (b"\xff" + PART1.encode(), "it is not UTF-8 text"),
+], ids=["two-lines", "empty", "not-utf8"])
+def test_health_check_refuses_a_bad_key_file_without_showing_it(health_env, content, why):
+    result = health_env(content)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "server not ready: cannot check the API key gate: the key file " in output
+    assert f"is not one line of header-safe text: {why}" in output
+    assert "Traceback" not in output and "ready after" not in output
+    for part in (PART1, PART2, "SECRETPART"):
+        assert part not in output
+
+
+def test_health_check_names_a_gate_that_cannot_read_its_key(health_env):
+    FakeGate.info_status = 503
+    try:
+        result = health_env(GOOD.encode())
+    finally:
+        FakeGate.info_status = 200
+    assert result.returncode == 1
+    assert "the gate cannot read its key file" in result.stdout
+    assert "last 50 lines of the journal of sglang-gate.service" in result.stdout
+
+
+def test_health_check_fails_at_once_when_the_gate_crash_loops(health_env):
+    result = health_env(GOOD.encode(), {"sglang-gate.service": ["activating", "auto-restart"]})
+    assert result.returncode == 1
+    assert "sglang-gate.service is activating (auto-restart): the API key gate exited" \
+        in result.stdout
+    assert "journal of sglang-gate.service" in result.stdout
+
+
+FAKE_HUB = """
+class HfApi:
+    def __init__(self, endpoint=None, token=None):
+        self.token = token
+    def model_info(self, repo, revision=None, files_metadata=False):
+        # as requests does with a header it cannot send
+        raise ValueError(f"Invalid leading whitespace, reserved character(s), or return "
+                         f"character(s) in header value: 'Bearer {self.token}'")
+def snapshot_download(*a, **k):
+    raise AssertionError("must not download")
+"""
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (PART1.encode() + b"\n" + PART2.encode(), "is not one line of header-safe text: it has 2 lines"),
+    (b"\n", "is not one line of header-safe text: it is empty"),
+    (GOOD.encode() + b"\n", "model download failed: ValueError (its text is withheld"),
+], ids=["two-lines", "empty", "an-error-quoting-the-header"])
+def test_model_fetch_never_shows_the_token(tmp_path, content, expected):
+    fake = tmp_path / "fake" / "huggingface_hub"
+    (fake / "utils").mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_HUB)
+    (fake / "utils" / "__init__.py").write_text("class HfHubHTTPError(Exception):\n    pass\n")
+    token = secret(tmp_path, content, name="hf_token")
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "model_fetch.py"), "--repo", "org/gated",
+         "--revision", "main", "--dest", str(tmp_path / "models"), "--endpoint",
+         "http://127.0.0.1:9", "--token-file", str(token)],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "fake")},
+        capture_output=True, text=True, check=False)
+    output = result.stdout + result.stderr
+    GUARD.observe("model_fetch.py", output)
+    assert result.returncode == 1
+    assert expected in output
+    assert "Traceback" not in output
+    for value in (PART1, PART2, GOOD, "SECRETPART", "Bearer"):
+        assert value not in output

@@ -21,6 +21,9 @@ FILES = ROOT / "operations" / "files"
 
 
 def load(name):
+    # As on the host, where the scripts import secret_file.py from their own folder.
+    if str(FILES) not in sys.path:
+        sys.path.insert(0, str(FILES))
     spec = importlib.util.spec_from_file_location(name, FILES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

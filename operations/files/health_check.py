@@ -14,18 +14,23 @@ Runs on the GPU host with the system python3 (standard library only), in one of 
                   non-empty answer that is not degenerate (NaN text, one token repeated). With
                   --public-url and --api-key-file it also checks the API key gate: a request
                   without the key is refused (401/403), one with it served, and /get_server_info
-                  does not contain the key.
+                  does not contain the key; with --gate-unit, the gate's unit must not have
+                  failed (its journal is shown when it did). The key file must hold one line of
+                  header-safe text (secret_file.py, shipped beside this script): else exit 1
+                  saying so, the unit left as it is.
 
 Progress lines ("waiting N s: <last journal line>") every 10 s. With --poll-for S it returns
 exit 3 after S seconds still waiting (the deploy calls it again and prints the progress);
 --elapsed-offset carries the seconds already waited. On failure or timeout: the reason, the
 last 50 journal lines, the unit stopped (so systemd does not restart a broken server in a
-loop), exit 1. The key is never printed.
+loop), exit 1. The key is never printed, whatever fails: an unexpected error is reported as
+its type alone once the key is loaded (secret_file.describe), never as a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -34,6 +39,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+
+from secret_file import SecretFileError, describe, read_secret
 
 PROMPT = "What is the capital of France? Answer with one word."
 MAX_TOKENS = 32
@@ -52,7 +59,7 @@ def _request(url: str, data: dict | None = None, key: str | None = None,
             return response.status, response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, ""
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
         return 0, ""
 
 
@@ -74,12 +81,14 @@ def _unit_state(unit: str) -> tuple[str, str, str]:
     return props.get("ActiveState", ""), props.get("SubState", ""), props.get("MainPID", "")
 
 
-def _fail(unit: str, why: str, secret: str | None) -> int:
-    journal = _journal(unit, 50)
+def _fail(unit: str, why: str, secret: str | None, journal_of: str | None = None) -> int:
+    """Say why, show the journal (of ``journal_of``, else of ``unit``), stop ``unit``."""
+    journal_of = journal_of or unit
+    journal = _journal(journal_of, 50)
     if secret:
         journal = journal.replace(secret, "<api key>")
     print(f"server not ready: {why}", flush=True)
-    print(f"--- last 50 lines of the journal of {unit} ---")
+    print(f"--- last 50 lines of the journal of {journal_of} ---")
     print(journal)
     subprocess.run(["systemctl", "stop", unit], check=False)
     print(f"--- {unit} stopped ---", flush=True)
@@ -117,13 +126,21 @@ def completion(url: str, model: str, key: str | None) -> tuple[str | None, str]:
     return (message.get("content") or "").strip(), ""
 
 
-def check_gate(public_url: str, key: str) -> str | None:
-    """Why the API key gate is not safe, or None."""
+def check_gate(public_url: str, key: str, wait: float = 10.0) -> str | None:
+    """Why the API key gate is not safe, or None. A gate that answers nothing yet (just
+    started) is given ``wait`` seconds."""
+    deadline = time.monotonic() + wait
     status, _ = _request(f"{public_url}/v1/models")
+    while status == 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        status, _ = _request(f"{public_url}/v1/models")
     if status not in (401, 403):
         return f"GET {public_url}/v1/models without the key answered {status or 'nothing'}, " \
                "not 401/403"
     status, body = _request(f"{public_url}/get_server_info", key=key)
+    if status == 503:
+        return f"GET {public_url}/get_server_info with the key answered 503: the gate cannot " \
+               "read its key file (its journal says why)"
     if status != 200:
         return f"GET {public_url}/get_server_info with the key answered {status or 'nothing'}"
     if key in body:
@@ -145,7 +162,22 @@ def health_only(url: str, timeout: float, main_pid: int | None) -> int:
     return 1
 
 
+#: Whether a secret is loaded in this process: from then on an unexpected error is reported as
+#: its type alone (its text may quote a header).
+_SECRET_LOADED = False
+
+
 def main() -> int:
+    try:
+        return _main()
+    except Exception as exc:  # no traceback, and no secret, whatever went wrong
+        print(f"server not ready: the health check failed: {describe(exc, _SECRET_LOADED)}",
+              flush=True)
+        return 1
+
+
+def _main() -> int:
+    global _SECRET_LOADED
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="the server's own base URL (loopback)")
     parser.add_argument("--health-only", action="store_true")
@@ -157,6 +189,7 @@ def main() -> int:
     parser.add_argument("--elapsed-offset", type=float, default=0.0, help="seconds already waited")
     parser.add_argument("--public-url", help="the API key gate's base URL")
     parser.add_argument("--api-key-file", help="root-only file holding the API key")
+    parser.add_argument("--gate-unit", help="the API key gate's unit")
     args = parser.parse_args()
     if args.health_only:
         return health_only(args.url, args.timeout, args.main_pid)
@@ -165,8 +198,12 @@ def main() -> int:
 
     key = None
     if args.api_key_file:
-        with open(args.api_key_file) as fh:
-            key = fh.read().strip()
+        try:
+            key = read_secret(args.api_key_file, "key file")
+        except SecretFileError as exc:
+            print(f"server not ready: cannot check the API key gate: {exc}", flush=True)
+            return 1
+        _SECRET_LOADED = True
     start = time.monotonic() - args.elapsed_offset
     began = time.monotonic()
     last_report = began
@@ -178,6 +215,11 @@ def main() -> int:
         if active == "failed" or sub == "auto-restart" or (active == "inactive" and elapsed > 5) \
                 or (sub == "start-post" and main_pid == "0"):
             return _fail(args.unit, f"the unit is {active} ({sub}): the server exited", key)
+        if args.gate_unit and args.public_url:
+            gate_active, gate_sub, _ = _unit_state(args.gate_unit)
+            if gate_active == "failed" or gate_sub == "auto-restart":
+                return _fail(args.unit, f"{args.gate_unit} is {gate_active} ({gate_sub}): the "
+                             "API key gate exited", key, journal_of=args.gate_unit)
         # Ready needs systemd's word too: "active" once the unit's ExecStartPost saw /health
         # (until then the unit is "activating", and a deploy that ended would leave it so).
         if active == "active" and _request(f"{args.url}/health")[0] == 200:
@@ -198,7 +240,7 @@ def main() -> int:
                     if args.public_url and key:
                         why = check_gate(args.public_url, key)
                         if why:
-                            return _fail(args.unit, why, key)
+                            return _fail(args.unit, why, key, journal_of=args.gate_unit)
                     print(f"ready after {elapsed:.0f} s: {args.model} answers {answer[:60]!r}",
                           flush=True)
                     return 0

@@ -12,7 +12,10 @@ Runs on the GPU host with the ML venv's python (huggingface_hub comes with the l
 5. the stamp ``<dest>/.gpuhost-model.json``: {"repo", "revision", "sha", "files": {path: size}},
    what the deploy's ModelSnapshot fact compares with host data.
 
-The token is passed to huggingface_hub only, never printed.
+The token file must hold one line of header-safe text (secret_file.py, shipped beside this
+script): else exit 1 saying so. The token is passed to huggingface_hub only, never printed:
+once it is loaded, an unexpected error is reported as its type alone (secret_file.describe;
+an OSError with its strerror), never as a traceback (requests' InvalidHeader quotes the header).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import os
 import shutil
 import sys
 from pathlib import Path
+
+from secret_file import SecretFileError, describe, read_secret
 
 STAMP = ".gpuhost-model.json"
 GIB = 1024**3
@@ -35,7 +40,20 @@ def _free_bytes(path: Path) -> int:
     return shutil.disk_usage(probe).free
 
 
+#: Whether the token is loaded in this process (see describe).
+_SECRET_LOADED = False
+
+
 def main() -> int:
+    try:
+        return _main()
+    except Exception as exc:  # no traceback, and no token, whatever went wrong
+        print(f"model download failed: {describe(exc, _SECRET_LOADED)}", file=sys.stderr)
+        return 1
+
+
+def _main() -> int:
+    global _SECRET_LOADED
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", required=True)
     parser.add_argument("--revision", required=True, help="branch, tag or commit sha")
@@ -53,8 +71,12 @@ def main() -> int:
 
     token = None
     if args.token_file:
-        with open(args.token_file) as fh:
-            token = fh.read().strip() or None
+        try:
+            token = read_secret(args.token_file, "token file")
+        except SecretFileError as exc:
+            print(f"cannot download {args.repo}: {exc}", file=sys.stderr)
+            return 1
+        _SECRET_LOADED = True
     api = HfApi(endpoint=args.endpoint, token=token)
     try:
         info = api.model_info(args.repo, revision=args.revision, files_metadata=True)
