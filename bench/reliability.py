@@ -8,7 +8,10 @@ their own hosts there, replacing what the lab had), the tests:
 
 - tests/e2e/test_bad_input.py: each malformed inventory or host data is refused with a message
   naming the key, the value and what is allowed, a non-zero exit, and no command on the host
-  (recorded there by a forced command; the audit's own control case is counted apart);
+  (recorded there by a forced command; the audit's own control case is counted apart); each bad
+  secret file (several lines, empty, not UTF-8, a space, a symlink) is refused while planning,
+  naming the key and the file but never the content, with nothing changed on the host (counted
+  among the bad inputs, and apart);
 - tests/e2e/test_interrupted.py: the deploy killed at six points, each recovered by the next run;
 - tests/e2e/test_dry_purity.py: --dry on a bare host and on a converged one with a pending
   change in every stage, the host's state checksummed before and after;
@@ -38,6 +41,8 @@ FILES = {
 }
 #: The bad-input file's control case: a real run the audit must see (not a bad input).
 CONTROL = "test_the_audit_sees_a_real_run"
+#: The bad-input file's secret-file cases: refused on the host while planning.
+SECRET_FILES = "test_bad_secret_file_refused_while_planning"
 
 
 def outcomes(junit: Path) -> dict[str, list[tuple[str, str]]]:
@@ -78,6 +83,10 @@ def main() -> int:
                  if not name.startswith(CONTROL)]
         passed = sum(outcome == "passed" for _, outcome in cases)
         print(f"  {kind}: {len(cases)} tried, {passed} {held}")
+        secret_cases = [outcome for name, outcome in cases if name.startswith(SECRET_FILES)]
+        if secret_cases:
+            print(f"    of which bad secret files: {len(secret_cases)} tried, "
+                  f"{secret_cases.count('passed')} refused while planning, content unseen")
         for name, outcome in cases:
             if outcome != "passed":
                 print(f"    {outcome}: {name}")

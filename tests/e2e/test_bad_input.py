@@ -1,8 +1,14 @@
 """A catalogue of bad host data: each stops the run with a message naming the key, the value and
 what is allowed, exits non-zero, and sends no command to the host (recorded on the host by a
-forced command in authorized_keys, not assumed)."""
+forced command in authorized_keys, not assumed).
+
+Bad secret files (the API key file, the Hub token file) can only be seen on the host: each is
+refused while planning, with a message naming the key and the file and never its content, a
+non-zero exit, and nothing changed on the host (the run reads facts, then stops)."""
 
 from __future__ import annotations
+
+import base64
 
 import pytest
 
@@ -135,3 +141,58 @@ def test_the_audit_sees_a_real_run(audited_host, tmp_path):
     run = lab.deploy("--dry", inventory=str(inventory))
     assert run.returncode == 0, run.output[-3000:]
     assert any("nvidia-smi" in c for c in audit.commands(audited_host))
+
+
+# --- secret files, refused while planning --------------------------------------------------------
+
+SECRET_PATH = "/root/gpuhost-test-secret"
+LINK_TARGET = "/root/gpuhost-test-target.key"
+PART1 = lab.GUARD.register("SECRETPART1-" + "d4" * 10, "API key (test)")
+PART2 = lab.GUARD.register("SECRETPART2-" + "e5" * 10, "API key (test)")
+# (case id, host-data key, file content or None for a symlink to a good file, message words)
+SECRET_CASES = [
+    ("key-two-lines", "api_key_file", f"{PART1}\n{PART2}\n".encode(),
+     ["gpuhost_api_key_file", f"the key file {SECRET_PATH} is not one line of header-safe text: "
+      "it has 2 lines", "visible ASCII characters"]),
+    ("key-empty", "api_key_file", b"", ["gpuhost_api_key_file", "it is empty"]),
+    ("key-not-utf8", "api_key_file", b"\xff\xfe" + PART1.encode() + b"\n",
+     ["gpuhost_api_key_file", "it is not UTF-8 text"]),
+    ("key-space", "api_key_file", f"{PART1} {PART2}\n".encode(),
+     ["gpuhost_api_key_file", "it holds a space"]),
+    ("key-symlink", "api_key_file", None,
+     ["gpuhost_api_key_file", f"it is a symlink (to {LINK_TARGET}): name the file itself"]),
+    ("token-two-lines", "hf_token_file", f"{PART1}\r\n{PART2}\r\n".encode(),
+     ["gpuhost_hf_token_file", f"the token file {SECRET_PATH} is not one line of header-safe "
+      "text: it has 2 lines"]),
+]
+
+
+@pytest.mark.parametrize(("case", "key", "content", "words"), SECRET_CASES,
+                         ids=[c[0] for c in SECRET_CASES])
+def test_bad_secret_file_refused_while_planning(audited_host, tmp_path, case, key, content,
+                                                words):
+    if content is None:
+        setup = (f"umask 077; printf 'sk-good-key-0123456789abcdef\\n' > {LINK_TARGET}; "
+                 f"ln -sfn {LINK_TARGET} {SECRET_PATH}")
+    else:
+        encoded = base64.b64encode(content).decode()
+        setup = f"rm -f {SECRET_PATH}; umask 077; echo {encoded} | base64 -d > {SECRET_PATH}"
+    audited_host.ssh(f"{audit.PROBE}{setup}")
+    data = {f"gpuhost_{key}": SECRET_PATH}
+    if key == "api_key_file":
+        data["gpuhost_server_host"] = "0.0.0.0"
+    inventory = audit.write_inventory(tmp_path / "inventory.py", data)
+    try:
+        run = lab.deploy(inventory=str(inventory))
+    finally:
+        audited_host.ssh(f"{audit.PROBE}rm -f {SECRET_PATH} {LINK_TARGET}")
+    assert run.returncode != 0, run.output[-2000:]
+    assert "Traceback" not in run.output, run.output[-4000:]
+    for word in words:
+        assert word in run.output, (word, run.output[-2000:])
+    for part in (PART1, PART2, "SECRETPART"):
+        assert part not in run.output
+    # Planning read facts and stopped: nothing of gpuhost's is on the host.
+    left = audited_host.ssh(f"{audit.PROBE}ls -d /etc/gpuhost /opt/gpuhost "
+                            "/etc/apt/sources.list.d/cuda-* 2>/dev/null || true").split()
+    assert left == [], left
