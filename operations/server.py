@@ -368,8 +368,10 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     + inputs: operations of earlier stages whose change means a restart (the venv, the P2P
       decision)
 
-    Refused while planning: PID 1 not systemd; a token or key file missing or readable by
-    others; a port another unit listens on.
+    Refused while planning: PID 1 not systemd; a token or key file that is not a secret file
+    (operations/secret_files.py: missing, a symlink, readable by others, not one line of
+    header-safe text); a port another unit listens on. A start or restart of the API key gate
+    alone is verified by the health gate in the same run.
     """
     init = fact(InitSystem)
     if init != "systemd":
