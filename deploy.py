@@ -3,25 +3,30 @@
     pyinfra inventory/lab.py deploy.py          # converge every host
     pyinfra inventory/lab.py deploy.py --dry    # show, per host, what would change
 
-Every host's data is validated before any host is touched. A stage that must not run on a host
-is refused while planning: --dry shows why; a real run takes that host out before any change.
+Every host's data is validated before any host is touched. Each host is deployed by one run at
+a time (its deploy lock). A stage that must not run on a host is refused while planning: --dry
+shows why; a real run takes that host out before any change.
 """
 
 from pyinfra import host, inventory
 
+from operations import deploy_lock
 from operations.mlenv import mlenv
 from operations.nvidia import nvidia
 from operations.p2p import p2p
 from operations.plan import stop_if_refused
 from operations.preflight import preflight
+from operations.remote import use_run_env
 from operations.server import sglang_server
 from operations.settings import for_inventory
 
 settings = for_inventory((h.name, h.data.dict()) for h in inventory)[host.name]
+use_run_env()
 
-preflight(settings)
-nvidia(settings)
-venv_changes = mlenv(settings)
-p2p_changes = p2p(settings)
-sglang_server(settings, inputs=[*venv_changes, *p2p_changes])
+if deploy_lock.held(settings):
+    preflight(settings)
+    nvidia(settings)
+    venv_changes = mlenv(settings)
+    p2p_changes = p2p(settings)
+    sglang_server(settings, inputs=[*venv_changes, *p2p_changes])
 stop_if_refused()

@@ -22,11 +22,13 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.exceptions import OperationError
 
+from operations import remote
 from operations.cuda_compat import driver_problem
 
 #: The transient systemd unit the build runs in (``systemd-run``), detached from SSH.
 BUILD_UNIT: Final = "gpuhost-flash-attn-build.service"
-#: Where the build runs on the host: ``build.log`` and ``wheels/``.
+#: Where the build runs on the host: ``build.log``, ``wheels/``, ``key.json`` (the BuildKey it
+#: builds) and ``complete`` (written when pip wheel exited 0).
 BUILD_DIR: Final = "/opt/gpuhost/build/flash-attn"
 #: Where a wheel to install is put on the host.
 WHEEL_DIR: Final = "/opt/gpuhost/wheels"
@@ -227,24 +229,22 @@ class BuildPlan:
 
 
 class _Remote:
-    """Commands on one host through its connector (new SSH channel per command)."""
+    """Commands on one host, with the run's sudo and environment (operations/remote.py)."""
 
-    def __init__(self, host_, sudo: bool):
-        self.host, self.args = host_, ({"_sudo": True} if sudo else {})
+    def __init__(self, host_):
+        self.host = host_
 
-    def run(self, command: str, what: str) -> str:
-        ok, out = self.host.run_shell_command(command, **self.args)
+    def run(self, command: str, what: str, timeout: float = remote.DEFAULT_TIMEOUT_S) -> str:
+        ok, out = remote.shell(self.host, command, timeout=timeout)
         if not ok:
             raise OperationError(f"{what} failed: {out.stdout}\n{out.stderr}".strip())
         return out.stdout
 
     def put(self, src, dest: str) -> None:
-        if not self.host.put_file(src, dest, **self.args):
-            raise OperationError(f"could not send {dest}")
+        remote.put(self.host, src, dest)
 
     def get(self, src: str, dest: str) -> None:
-        if not self.host.get_file(src, dest, **self.args):
-            raise OperationError(f"could not fetch {src}")
+        remote.get(self.host, src, dest)
 
 
 def parse_nvcc_release(text: str) -> str | None:
@@ -273,13 +273,13 @@ def check_nvcc(nvcc: str | None, torch_cuda: str | None, torch_version: str, cud
                        f"{torch_cuda} differ in the minor version (torch accepts this)")
 
 
-def _probe(remote: _Remote, plan: BuildPlan) -> BuildKey:
+def _probe(on_host: _Remote, plan: BuildPlan) -> BuildKey:
     """Read the venv's Python, torch and torch.version.cuda, nvcc's release and the loaded
     driver; refuse (OperationError) an nvcc that cannot build for this torch, or a driver too old
     for the venv's CUDA (on a fresh host, planning could not yet read torch.version.cuda)."""
     script = ("import sys, torch; print('%d.%d' % sys.version_info[:2]); "
               "print(torch.__version__); print(torch.version.cuda)")
-    out = remote.run(
+    out = on_host.run(
         f"{shlex.quote(plan.venv)}/bin/python -c {shlex.quote(script)} && echo --driver && "
         "{ nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 "
         f"|| true; }} && echo --nvcc && {shlex.quote(plan.cuda_home)}/bin/nvcc --version",
@@ -327,61 +327,83 @@ def build_command(plan: BuildPlan) -> str:
         "--property=StandardError=inherit",
         f"--working-directory={BUILD_DIR}",
         *(f"--setenv={k}={v}" for k, v in env.items()),
+        # the marker says the build finished, also to a run that finds the unit gone
+        "/bin/sh", "-c", f'"$@" && : > {BUILD_DIR}/complete', "sh",
         *pip,
     ]
     return " ".join(shlex.quote(c) for c in command)
 
 
-def _unit_state(remote: _Remote) -> tuple[dict[str, str], str]:
-    out = remote.run(
+def _build_state(on_host: _Remote) -> tuple[dict[str, str], str, BuildKey | None, bool]:
+    """The build unit's state, the log's last line, the key the build in BUILD_DIR is for
+    (None where there is none) and whether it finished (its ``complete`` marker)."""
+    out = on_host.run(
         f"systemctl show -p LoadState -p ActiveState -p SubState -p Result -p ExecMainStatus "
-        f"{BUILD_UNIT}; echo ---; tail -n 1 {BUILD_DIR}/build.log 2>/dev/null || true",
-        "reading the build's state")
-    head, _, tail = out.partition("---")
+        f"{BUILD_UNIT}; echo ---; tail -n 1 {BUILD_DIR}/build.log 2>/dev/null || true; "
+        f"echo ---; cat {BUILD_DIR}/key.json 2>/dev/null || true; echo ---; "
+        f"test -e {BUILD_DIR}/complete && echo complete || true",
+        "reading the build's state", timeout=remote.POLL_TIMEOUT_S)
+    head, _, rest = out.partition("---\n")
+    tail, _, rest = rest.partition("---\n")
+    key_text, _, done = rest.partition("---\n")
     state = dict(line.split("=", 1) for line in head.splitlines() if "=" in line)
-    return state, tail.strip()
+    stamp = read_stamp(key_text)
+    return (state, tail.strip(), BuildKey.from_stamp(stamp) if stamp else None,
+            done.strip() == "complete")
 
 
-def _build(remote: _Remote, plan: BuildPlan) -> str:
-    """Start (or join) the build, poll it until it ends, return the built wheel's path on the
-    host. Raises OperationError with the log's tail when it fails."""
-    state, _ = _unit_state(remote)
-    if state.get("SubState") == "running":
+def _start(on_host: _Remote, plan: BuildPlan, key: BuildKey) -> None:
+    key_json = shlex.quote(json.dumps(asdict(key), sort_keys=True))
+    on_host.run(f"systemctl stop {BUILD_UNIT} 2>/dev/null; "
+               f"systemctl reset-failed {BUILD_UNIT} 2>/dev/null; "
+               f"rm -rf {BUILD_DIR} && mkdir -p {BUILD_DIR}/wheels && "
+               f"echo {key_json} > {BUILD_DIR}/key.json && {build_command(plan)}",
+               "starting the build with systemd-run")
+    logger.info(f"{host.print_prefix}flash-attn: build started in {BUILD_UNIT} "
+                f"(MAX_JOBS={plan.max_jobs}, NVCC_THREADS={plan.nvcc_threads}, "
+                f"MemoryMax={plan.memory_max_bytes / 2**30:.1f} GiB, log "
+                f"{BUILD_DIR}/build.log)")
+
+
+def _build(on_host: _Remote, plan: BuildPlan, key: BuildKey) -> str:
+    """Start the build, or adopt the one an earlier run started for the same key (still
+    running: follow it; finished: take its wheel), poll it until it ends, return the built
+    wheel's path on the host. Raises OperationError with the log's tail when it fails."""
+    state, _, built_for, done = _build_state(on_host)
+    running = state.get("SubState") == "running"
+    if built_for == key and done:
+        logger.info(f"{host.print_prefix}flash-attn: the build an earlier run started "
+                    f"finished meanwhile ({BUILD_DIR}): taking its wheel")
+    elif built_for == key and running:
         logger.info(f"{host.print_prefix}flash-attn: a build is already running "
                     f"({BUILD_UNIT}): following it")
     else:
-        remote.run(f"systemctl stop {BUILD_UNIT} 2>/dev/null; "
-                   f"systemctl reset-failed {BUILD_UNIT} 2>/dev/null; "
-                   f"rm -rf {BUILD_DIR} && mkdir -p {BUILD_DIR}/wheels && {build_command(plan)}",
-                   "starting the build with systemd-run")
-        logger.info(f"{host.print_prefix}flash-attn: build started in {BUILD_UNIT} "
-                    f"(MAX_JOBS={plan.max_jobs}, NVCC_THREADS={plan.nvcc_threads}, "
-                    f"MemoryMax={plan.memory_max_bytes / 2**30:.1f} GiB, log "
-                    f"{BUILD_DIR}/build.log)")
+        if running:
+            logger.info(f"{host.print_prefix}flash-attn: stopping the running build, which is "
+                        f"for {built_for.describe() if built_for else 'an unknown key'}")
+        _start(on_host, plan, key)
     start = time.monotonic()
     interval = POLL_FIRST_S
-    while True:
+    while not done:
         time.sleep(interval)
         elapsed = time.monotonic() - start
-        state, last = _unit_state(remote)
+        state, last, _, done = _build_state(on_host)
         sub = state.get("SubState", "?")
         logger.info(f"{host.print_prefix}flash-attn build: {elapsed:.0f} s, {sub}: "
                     f"{last[:160] or '(no output yet)'}")
         if sub != "running" and state.get("ActiveState") != "activating":
             break
         if elapsed > BUILD_TIMEOUT_S:
-            remote.run(f"systemctl stop {BUILD_UNIT}", "stopping the build")
+            on_host.run(f"systemctl stop {BUILD_UNIT}", "stopping the build")
             raise OperationError(f"flash-attn build still running after {elapsed:.0f} s: "
                                  f"stopped; see {BUILD_DIR}/build.log")
         interval = min(POLL_MAX_S, interval * 1.5)
-    ok = (state.get("SubState") == "exited" and state.get("Result") == "success"
-          and state.get("ExecMainStatus") == "0")
-    if not ok:
+    if not done:
         log = f"{BUILD_DIR}/build.log"
         # the compiler's own words (a kill, an error) come long before pip's traceback ends
-        errors = remote.run(f"grep -i -E {shlex.quote(ERROR_PATTERN)} {log} 2>/dev/null | "
+        errors = on_host.run(f"grep -i -E {shlex.quote(ERROR_PATTERN)} {log} 2>/dev/null | "
                             f"tail -n {ERROR_LINES} || true", "reading the build log")
-        tail = remote.run(f"tail -n {LOG_TAIL_LINES} {log} 2>/dev/null || true",
+        tail = on_host.run(f"tail -n {LOG_TAIL_LINES} {log} 2>/dev/null || true",
                           "reading the build log")
         result = state.get("Result", "?")
         why = (" (out of memory: lower gpuhost_max_jobs or gpuhost_nvcc_threads)"
@@ -392,41 +414,40 @@ def _build(remote: _Remote, plan: BuildPlan) -> str:
             + "\n".join(f"    {line}" for line in errors.splitlines())
             + f"\nlast lines of {log}:\n"
             + "\n".join(f"    {line}" for line in tail.splitlines()))
-    wheels = remote.run(f"ls {BUILD_DIR}/wheels/*.whl", "finding the built wheel").split()
+    wheels = on_host.run(f"ls {BUILD_DIR}/wheels/*.whl", "finding the built wheel").split()
     if len(wheels) != 1:
         raise OperationError(f"the build left {len(wheels)} wheels in {BUILD_DIR}/wheels")
-    remote.run(f"systemctl stop {BUILD_UNIT}", "unloading the finished build unit")
+    on_host.run(f"systemctl stop {BUILD_UNIT} 2>/dev/null; "
+               f"systemctl reset-failed {BUILD_UNIT} 2>/dev/null; true",
+               "unloading the finished build unit")
     return wheels[0]
 
 
-def _install(remote: _Remote, plan: BuildPlan, local: Path, digest: str) -> str:
+def _install(on_host: _Remote, plan: BuildPlan, local: Path, digest: str) -> str:
     dest = f"{WHEEL_DIR}/{local.name}"
-    remote.run(f"mkdir -p {WHEEL_DIR}", "making the wheel folder")
-    remote.put(str(local), dest)
-    remote.run(f"echo {digest}' '{shlex.quote(dest)} | sha256sum --check --quiet",
+    on_host.run(f"mkdir -p {WHEEL_DIR}", "making the wheel folder")
+    on_host.put(str(local), dest)
+    on_host.run(f"echo {digest}' '{shlex.quote(dest)} | sha256sum --check --quiet",
                f"checking the sha256 of {dest}")
-    remote.run(f"{shlex.quote(plan.venv)}/bin/python -m pip install --no-deps --no-index "
+    on_host.run(f"{shlex.quote(plan.venv)}/bin/python -m pip install --no-deps --no-index "
                f"--force-reinstall --disable-pip-version-check {shlex.quote(dest)}",
                f"installing {local.name}")
     return dest
 
 
-def converge(state, host, plan: BuildPlan, sudo: bool = False) -> bool:
+@remote.callback("the flash-attn build",
+                 f"a build goes on on the host ({BUILD_UNIT}) and the next run takes its wheel")
+def converge(state, host, plan: BuildPlan) -> None:
     """Execution time: probe the venv's torch and nvcc, then install the controller's cached
     wheel for that key or, where there is none, build it on this host (one host per key at a
-    time), fetch it into the cache and install it; write the stamp last. Returns False (the
-    host fails, its error printed) on an OperationError."""
-    try:
-        _converge(host, plan, sudo)
-    except OperationError as exc:
-        host.log_styled(f"flash-attn: {exc}", fg="red", log_func=logger.error)
-        return False
-    return True
+    time), fetch it into the cache and install it; write the stamp last. The host fails with
+    one line on an OperationError or a lost connection (operations/remote.py)."""
+    _converge(host, plan)
 
 
-def _converge(host, plan: BuildPlan, sudo: bool) -> None:
-    remote = _Remote(host, sudo)
-    key = _probe(remote, plan)
+def _converge(host, plan: BuildPlan) -> None:
+    on_host = _Remote(host)
+    key = _probe(on_host, plan)
     cache = WheelCache(plan.cache_root)
     with cache.claimed(key, host.name, log_prefix=host.print_prefix):
         found = cache.lookup(key)
@@ -435,32 +456,31 @@ def _converge(host, plan: BuildPlan, sudo: bool) -> None:
             logger.info(f"{host.print_prefix}flash-attn: installing the cached wheel "
                         f"{found[0].name} ({key.describe()})")
         else:
-            built = _build(remote, plan)
+            built = _build(on_host, plan, key)
             fetch_dir = cache.root / f".fetch.{host.name}.{os.getpid()}"
             fetch_dir.mkdir(parents=True, exist_ok=True)
             fetched = fetch_dir / Path(built).name
-            remote.get(built, str(fetched))
+            on_host.get(built, str(fetched))
             found = cache.store(key, fetched, host.name)
             fetch_dir.rmdir()
             source = f"built on {host.name}"
             logger.info(f"{host.print_prefix}flash-attn: built {found[0].name}, cached at "
                         f"{found[0]}")
         wheel, digest = found
-        _install(remote, plan, wheel, digest)
+        _install(on_host, plan, wheel, digest)
     stamp = {**asdict(key), "source": source, "wheel": wheel.name, "sha256": digest,
              "max_jobs": plan.max_jobs, "nvcc_threads": plan.nvcc_threads}
-    remote.put(StringIO(json.dumps(stamp, indent=2, sort_keys=True) + "\n"),
-               f"{plan.venv}/{STAMP_NAME}")
+    on_host.put(StringIO(json.dumps(stamp, indent=2, sort_keys=True) + "\n"),
+                f"{plan.venv}/{STAMP_NAME}")
 
 
 @operation()
-def built_wheel(plan: BuildPlan, reasons: list[str], sudo: bool = False):
+def built_wheel(plan: BuildPlan, reasons: list[str]):
     """flash-attn in the venv, built once per fleet (see :func:`converge`).
 
     + plan: what to build, with which parallelism and memory limit, and where the controller's
       cache is
     + reasons: why the stamp does not match (from :func:`stale_reasons`); [] means nothing to do
-    + sudo: run the host's commands with sudo (host data ``_sudo``)
 
     Raises OperationError (failing the host) for nvcc not matching torch.version.cuda, a failed
     build (with the log's last lines) or a wheel whose sha256 does not match.
@@ -469,4 +489,4 @@ def built_wheel(plan: BuildPlan, reasons: list[str], sudo: bool = False):
         host.noop(f"flash-attn {plan.flash_attn} built for the venv's torch (stamp matches)")
         return
     logger.info(f"{host.print_prefix}flash-attn {plan.flash_attn}: " + "; ".join(reasons))
-    yield FunctionCommand(converge, (plan,), {"sudo": sudo})
+    yield FunctionCommand(converge, (plan,), {})

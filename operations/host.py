@@ -12,6 +12,8 @@ from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError, OperationError
 from typing_extensions import override
 
+from operations import deploy_lock, remote
+
 
 @dataclass(frozen=True)
 class Resources:
@@ -149,6 +151,58 @@ def dpkg_finished(lock_timeout: int = 600):
                         "--force-confdef", "--force-confold", "--configure", "-a")
 
 
+#: ``apt-get update`` once apt's lists lock is free: apt waits for dpkg's lock
+#: (DPkg::Lock::Timeout) but fails at once on /var/lib/apt/lists/lock, which apt-daily and
+#: unattended-upgrades take too (seen with apt 2.6: "Could not get lock
+#: /var/lib/apt/lists/lock. It is held by process ..."). apt locks with fcntl(2) (apt-pkg's
+#: GetLock), so lockf here sees its lock. argv: seconds to wait.
+_UPDATE_WHEN_LISTS_FREE: Final = r"""
+import fcntl, subprocess, sys, time
+deadline, told = time.monotonic() + int(sys.argv[1]), False
+while True:
+    with open("/var/lib/apt/lists/lock", "w") as lock:
+        try:
+            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free = True
+        except OSError:
+            free = False
+    if free:
+        run = subprocess.run(["apt-get", "-q", "update"], capture_output=True, text=True)
+        print(run.stdout, end="")
+        if run.returncode == 0 or "/var/lib/apt/lists/lock" not in run.stderr:
+            print(run.stderr, end="", file=sys.stderr)
+            sys.exit(run.returncode)
+    if time.monotonic() > deadline:
+        print(f"apt's lists lock (/var/lib/apt/lists/lock) still held after {sys.argv[1]} s: "
+              "another apt run is going on; let it finish, then run the deploy again",
+              file=sys.stderr)
+        sys.exit(1)
+    if not told:
+        print("waiting for apt's lists lock (/var/lib/apt/lists/lock)", flush=True)
+        told = True
+    time.sleep(2)
+"""
+
+
+@operation(is_idempotent=False)
+def lists_updated(lock_timeout: int = 600):
+    """``apt-get update``, waiting up to ``lock_timeout`` seconds for apt's lists lock, as apt
+    itself waits for dpkg's (see _UPDATE_WHEN_LISTS_FREE); the wait is printed per host."""
+    command = StringCommand("python3", "-c", shlex.quote(_UPDATE_WHEN_LISTS_FREE),
+                            str(int(lock_timeout)))
+
+    @remote.callback("apt-get update")
+    def update(state, host):
+        ok, out = remote.shell(host, command, timeout=lock_timeout + remote.DEFAULT_TIMEOUT_S)
+        for line in out.stdout_lines:
+            if line.startswith("waiting for apt's lists lock"):
+                logger.info(f"{host.print_prefix}{line}")
+        if not ok:
+            raise OperationError("\n".join(out.stderr_lines[-20:]) or "apt-get update failed")
+
+    yield FunctionCommand(update, (), {})
+
+
 @operation(is_idempotent=False)
 def reboot(timeout: int = 600, interval: float = 2.0):
     """Reboot the host and wait until it is back with a new boot id.
@@ -162,23 +216,31 @@ def reboot(timeout: int = 600, interval: float = 2.0):
     """
     before: list[str] = []
 
+    @remote.callback("the reboot")
     def record(state, host):
-        status, out = host.run_shell_command("cat /proc/sys/kernel/random/boot_id")
+        status, out = remote.shell(host, "cat /proc/sys/kernel/random/boot_id")
         before.append(out.stdout.strip())
 
+    @remote.callback("the reboot", "the host may still be booting")
     def wait(state, host):
-        host.disconnect()
+        deploy_lock.release(host)
+        remote.close(host)
         deadline = monotonic() + timeout
         sleep(interval)
         while monotonic() < deadline:
             host.connect(show_errors=False)
             if host.connected:
-                status, out = host.run_shell_command("cat /proc/sys/kernel/random/boot_id")
+                try:
+                    status, out = remote.shell(host, "cat /proc/sys/kernel/random/boot_id",
+                                               timeout=30)
+                except OperationError:
+                    status = False
                 now = out.stdout.strip() if status else ""
                 if now and now != before[0]:
                     logger.info(f"{host.print_prefix}back after reboot (boot id {now[:8]})")
+                    deploy_lock.take_again(host)
                     return
-                host.disconnect()
+            remote.close(host)
             sleep(interval)
         raise OperationError(f"host did not come back with a new boot id within {timeout} s")
 

@@ -337,6 +337,5 @@ def mlenv(settings: Settings):
             memory_max_bytes=build_memory_max(resources.mem_available_gib),
             cache_root=settings.wheel_cache),
         reasons=reasons,
-        sudo=bool(host.data.get("_sudo")),
     )
     return [stack, built]

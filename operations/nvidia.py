@@ -21,12 +21,14 @@ from pyinfra.operations.util import any_changed
 from typing_extensions import override
 
 from operations import REPO_ROOT
+from operations import remote
 from operations.gpu import NvidiaDriver
 from operations.host import (
     AptListsPresent,
     DpkgInterrupted,
     HeldPackages,
     dpkg_finished,
+    lists_updated,
     reboot,
 )
 from operations.nvsmi import DriverState
@@ -570,8 +572,9 @@ def gpus_bound():
     """Check that every NVIDIA GPU on the PCI bus is bound to the nvidia driver (``lspci -Dnnk``,
     see :class:`PciGpus`); raises OperationError naming each GPU bound elsewhere or unbound."""
 
+    @remote.callback("the GPU binding check")
     def check(state, host):
-        _status, out = host.run_shell_command(PciGpus().command())
+        _status, out = remote.shell(host, PciGpus().command())
         gpus = parse_lspci(out.stdout_lines)
         if gpus is None:
             raise OperationError("lspci is not installed (pciutils): cannot check GPU binding")
@@ -673,8 +676,10 @@ def nvidia(settings: Settings):
                        "finishing it with dpkg --configure -a")
         dpkg_finished(name="Finish the interrupted package run (dpkg --configure -a)")
     tools = [p for p in PREREQUISITES if p not in debs]
+    if tools or not lists_present:
+        lists_updated(name="Update apt lists (for the download tools)")
     apt.packages(name="Download tools and lspci", packages=list(PREREQUISITES),
-                 no_recommends=True, update=bool(tools) or not lists_present)
+                 no_recommends=True)
     keyring = files.download(
         name="NVIDIA repository signing key",
         src=f"{repo_url}cuda-archive-keyring.gpg",
@@ -697,8 +702,8 @@ def nvidia(settings: Settings):
     )
     missing = [p for p in (toolkit,) if p not in debs]
     stale_lists = plan.install or bool(missing) or not lists_present
-    apt.update(name="Update apt lists",
-               _if=lambda: stale_lists or any_changed(keyring, source, pin)())
+    lists_updated(name="Update apt lists",
+                  _if=lambda: stale_lists or any_changed(keyring, source, pin)())
     if plan.headers_unknown:
         headers_installable(name=f"Kernel headers installable for {headers.kernel}",
                             kernel=headers.kernel)

@@ -12,6 +12,7 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.operations import files
 
 from operations import REPO_ROOT
+from operations import remote
 from operations.gpu import NvidiaDriver
 from operations.host import FileText
 from operations.plan import fact
@@ -80,10 +81,11 @@ def platform_hints(platform: VirtInfo, decision: dict) -> list[str]:
     return hints
 
 
+@remote.callback("the P2P report")
 def _report(state, host, hints: tuple[str, ...] = ()) -> None:
     """Print the measurement just written (the record's summary), per host; ``hints`` (from the
     platform, see platform_hints) follow a decision that found P2P broken."""
-    ok, out = host.run_shell_command(StringCommand("cat", RECORD))
+    ok, out = remote.shell(host, StringCommand("cat", RECORD))
     record = _load("\n".join(out.stdout_lines)) if ok else None
     if record is None:
         logger.warning(f"{host.print_prefix}P2P: no record at {RECORD} after the check")

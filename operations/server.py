@@ -19,7 +19,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files, systemd
 from typing_extensions import override
 
-from operations import REPO_ROOT
+from operations import REPO_ROOT, remote
 from operations import model as model_ops
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
@@ -303,6 +303,7 @@ def unit_restarted(unit: str):
     yield f"systemctl restart --no-block {unit}"
 
 
+@remote.callback("the health gate", "the server goes on starting on the host")
 def _wait_serving(state, host, argv: list[str], timeout: int, units: list[str]) -> bool:
     """Run the health gate in rounds of PROGRESS_EVERY seconds, printing its progress through
     pyinfra's logger (shown without -v); False when it failed, after showing why, the journal
@@ -312,8 +313,8 @@ def _wait_serving(state, host, argv: list[str], timeout: int, units: list[str]) 
     while True:
         command = StringCommand(*argv, "--poll-for", str(PROGRESS_EVERY),
                                 "--elapsed-offset", f"{waited:.0f}")
-        ok, output = host.run_shell_command(command, _success_exit_codes=[0, 3],
-                                            _timeout=timeout + 120)
+        ok, output = remote.shell(host, command, _success_exit_codes=[0, 3],
+                                  timeout=PROGRESS_EVERY + remote.POLL_TIMEOUT_S + 60)
         waited = time.monotonic() - began
         lines = output.stdout_lines + output.stderr_lines
         failed = not ok or any(line.startswith("server not ready") for line in lines)
@@ -324,8 +325,8 @@ def _wait_serving(state, host, argv: list[str], timeout: int, units: list[str]) 
             return False
         if any(line.startswith("ready after") for line in lines):
             names = " ".join(shlex.quote(u) for u in units)
-            return host.run_shell_command(
-                f"mkdir -p {shlex.quote(VERIFIED_FILE.rsplit('/', 1)[0])} && "
+            return remote.shell(
+                host, f"mkdir -p {shlex.quote(VERIFIED_FILE.rsplit('/', 1)[0])} && "
                 f"systemctl show -p InvocationID --value {names} > {VERIFIED_FILE}.tmp && "
                 f"mv {VERIFIED_FILE}.tmp {VERIFIED_FILE}")[0]
 

@@ -92,6 +92,8 @@ class Settings:
     cuda_toolkit: str = "12.8"
     cuda_repo_url: str = "https://developer.download.nvidia.com/compute/cuda/repos"
     cuda_keyring_sha256: str | None = None
+    # The run
+    deploy_lock_wait: int = 0
     # The ML venv
     venv_path: str = "/opt/gpuhost/venv"
     lock: str = "locks/cuda12.8.txt"
@@ -307,6 +309,7 @@ RULES: Final[Mapping[str, _Rule]] = {
     "p2p_override": _one_of(P2P_OVERRIDES, optional=True),
     "p2p_remeasure": _BOOL,
     "p2p_check_timeout": _int_between(10, 3600),
+    "deploy_lock_wait": _int_between(0, 86400),
     "model": _text(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?|" + _PATH,
                    f"a Hugging Face repository id (owner/name) or {_PATH_ALLOWED}"),
     "served_model_name": _text(_NAME, "a name of letters, digits, '_', '.', '-' that starts "

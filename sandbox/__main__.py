@@ -1,4 +1,5 @@
-"""python -m sandbox up [--hosts N] [--scenario NAME] | status [--json] | ask | down"""
+"""python -m sandbox up [--hosts N] [--scenario NAME] | status [--json] | ask | link NAME up|down
+| down"""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import sys
 
 from sandbox.ask import ask
-from sandbox.lab import BOOT_TIMEOUT_S, LabError, down, status, up
+from sandbox.lab import BOOT_TIMEOUT_S, LabError, down, link, status, up
 from sandbox.layout import DEFAULT_SCENARIO, MAX_HOSTS, SSH_KEY
 from sandbox.network import NetworkError
 from sandbox.rootfs import RootfsError
@@ -45,12 +46,17 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop hosts, services, namespaces; remove the host trees")
     p_ask = sub.add_parser("ask", help="print each host's /v1/models and one chat answer")
     p_ask.add_argument("--port", type=int, default=8000)
+    p_link = sub.add_parser("link", help="drop a host's side of its link, or bring it back")
+    p_link.add_argument("name", help="a host of this lab, e.g. gpu1")
+    p_link.add_argument("state", choices=("up", "down"))
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
             _print_status(up(args.hosts, args.scenario, args.boot_timeout))
         elif args.command == "down":
             down()
+        elif args.command == "link":
+            link(args.name, args.state == "up")
         elif args.command == "ask":
             for result in ask(args.port):
                 models = [m["id"] for m in result["models"]["data"]]

@@ -44,6 +44,18 @@ def create(spec: HostSpec) -> None:
         _ip(*args)
 
 
+def set_link(spec: HostSpec, up: bool) -> None:
+    """Drop (``up=False``) or bring back the host's side of its link, as a cable pulled at the
+    host: eth0 inside its namespace goes down (its default route with it) or comes back with
+    the route. This machine's side and routes are left alone."""
+    ns = spec.netns
+    if up:
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", ns, "route", "replace", "default", "via", spec.gateway)
+    else:
+        _ip("-n", ns, "link", "set", "eth0", "down")
+
+
 def lab_namespaces() -> list[str]:
     """Network namespaces on this machine named as the lab names them."""
     out = _ip("netns", "list", check=False).stdout

@@ -1,5 +1,5 @@
 """Record every command an SSH client sends to a sandbox host, through a forced command in
-root's authorized_keys (sshd(8), AUTHORIZED_KEYS FILE FORMAT, "command="), so a test can prove
+root's and the operator's authorized_keys (sshd(8), AUTHORIZED_KEYS FILE FORMAT, "command="), so a test can prove
 that a run sent nothing. The test's own probes start with ": probe;" and are not recorded."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def install(host: lab.Host) -> None:
         f"echo {encoded} | base64 -d > /usr/local/sbin/gpuhost-test-audit && "
         "chmod 755 /usr/local/sbin/gpuhost-test-audit && "
         "sed -i 's|^ssh-|command=\"/usr/local/sbin/gpuhost-test-audit\" ssh-|' "
-        f"/root/.ssh/authorized_keys && : > {LOG}"
+        "/root/.ssh/authorized_keys /home/*/.ssh/authorized_keys && "
+        f": > {LOG} && chmod 666 {LOG}"
     )
     host.ssh("echo audit-self-test")
     if commands(host) != ["echo audit-self-test"]:
@@ -55,15 +56,7 @@ def write_inventory(path: Path, overrides: dict, hosts: list[dict] | None = None
     listed = hosts if hosts is not None else json.loads(lab.sandbox("status", "--json").stdout)
     entries = []
     for h in listed:
-        data = {
-            "ssh_hostname": h["address"], "ssh_user": "root", "ssh_key": h["ssh_key"],
-            "ssh_known_hosts_file": h["known_hosts"], "ssh_strict_host_key_checking": "yes",
-            "gpuhost_cuda_repo_url": h["cuda_repo_url"],
-            "gpuhost_cuda_keyring_sha256": h["cuda_keyring_sha256"],
-            "gpuhost_pip_index_url": h["pip_index_url"], "gpuhost_lock": h["lock"],
-            **h.get("host_data", {}), **overrides,
-        }
-        entries.append((h["name"], data))
+        entries.append((h["name"], {**lab.inventory_data(h), **overrides}))
     entries += list(extra_hosts)
     path.write_text(f"sandbox = {entries!r}\n")
     return path

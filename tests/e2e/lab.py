@@ -67,6 +67,20 @@ class Host:
         return self.ssh(f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
 
 
+def inventory_data(listed: dict) -> dict:
+    """A host's data as inventory/sandbox.py gives it, from its ``sandbox status --json`` entry:
+    the operator's login with sudo, the stand-ins' URLs and lock, the scenario's data."""
+    return {
+        "ssh_hostname": listed["address"], "ssh_user": listed["ssh_user"],
+        "_sudo": listed["ssh_user"] != "root", "ssh_key": listed["ssh_key"],
+        "ssh_known_hosts_file": listed["known_hosts"], "ssh_strict_host_key_checking": "yes",
+        "gpuhost_cuda_repo_url": listed["cuda_repo_url"],
+        "gpuhost_cuda_keyring_sha256": listed["cuda_keyring_sha256"],
+        "gpuhost_pip_index_url": listed["pip_index_url"], "gpuhost_lock": listed["lock"],
+        **listed.get("host_data", {}),
+    }
+
+
 def up(hosts: int = 1, scenario: str = "reference-lab") -> list[Host]:
     result = sandbox("up", "--hosts", str(hosts), "--scenario", scenario, check=False)
     register_hub_token()

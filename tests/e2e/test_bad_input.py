@@ -126,8 +126,8 @@ def test_bad_host_data_touches_no_host(audited_host, tmp_path, case, data, words
 def test_two_hosts_one_address(audited_host, tmp_path):
     audit.clear(audited_host)
     (listed,) = [h for h in __import__("json").loads(lab.sandbox("status", "--json").stdout)]
-    twin = ("gpu1-twin", {"ssh_hostname": listed["address"], "ssh_user": "root",
-                          "ssh_key": listed["ssh_key"]})
+    twin = ("gpu1-twin", {"ssh_hostname": listed["address"], "ssh_user": listed["ssh_user"],
+                          "_sudo": True, "ssh_key": listed["ssh_key"]})
     inventory = audit.write_inventory(tmp_path / "inventory.py", {}, extra_hosts=[twin])
     _assert_refused(lab.deploy(inventory=str(inventory)),
                     ["hosts gpu1 and gpu1-twin both claim the address", listed["address"]],

@@ -50,7 +50,7 @@ if [ -f {KILL_AT} ]; then
     for arg in "$@"; do
         if [ "$arg" = "$(cat {KILL_AT})" ]; then
             rm -f {KILL_AT}
-            pkill -KILL -f '^sshd(-session)?: root'
+            pkill -KILL -f '^sshd(-session)?: gpuops'
             exit 1
         fi
     done

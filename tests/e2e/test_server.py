@@ -30,14 +30,7 @@ def write_inventory(path: Path, **overrides) -> str:
     (host data) merged into each host's data."""
     hosts = json.loads(lab.sandbox("status", "--json").stdout)
     entries = [
-        (h["name"], {
-            "ssh_hostname": h["address"], "ssh_user": "root", "ssh_key": h["ssh_key"],
-            "ssh_known_hosts_file": h["known_hosts"], "ssh_strict_host_key_checking": "yes",
-            "gpuhost_cuda_repo_url": h["cuda_repo_url"],
-            "gpuhost_cuda_keyring_sha256": h["cuda_keyring_sha256"],
-            "gpuhost_pip_index_url": h["pip_index_url"], "gpuhost_lock": h["lock"],
-            **h.get("host_data", {}), **overrides,
-        })
+        (h["name"], {**lab.inventory_data(h), **overrides})
         for h in hosts
     ]
     literal = json.dumps(json.dumps(entries))

@@ -1,0 +1,126 @@
+"""Hold the host's deploy lock for as long as the run that took it is connected.
+
+Run by the deploy on the host (as root, through sudo where the login is not root), on an SSH
+channel of its own that stays open for the whole run:
+
+    python3 deploy_lock.py --mode exclusive --wait 0 --holder '{"controller": "...", ...}'
+
+An flock(2) on /run/gpuhost/deploy.lock (tmpfs: a reboot releases it): ``exclusive`` for a
+deploy, ``shared`` for a dry run (dry runs read together; a deploy waits for them and they for
+it). Who holds it is kept beside it, one JSON file per holder in /run/gpuhost/deploy-lock.d/.
+
+Protocol on stdout, one line each: ``waiting <holders JSON>`` (once, when another run holds it
+and --wait allows waiting), then ``held`` or ``busy <holders JSON>`` (exit 75, EX_TEMPFAIL of
+sysexits.h). While held, it reads the controller's heartbeats (any bytes) on stdin and writes
+one byte every HEARTBEAT_S seconds; it lets go when stdin ends (the run ended or its connection
+closed), when nothing came for SILENCE_S seconds (the link dropped without a word), or when its
+own write fails (the connection is gone: once the link is back, the controller's kernel answers
+the write with a reset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import select
+import signal
+import sys
+import time
+
+LOCK = "/run/gpuhost/deploy.lock"
+HOLDERS = "/run/gpuhost/deploy-lock.d"
+HEARTBEAT_S = 15
+SILENCE_S = 300
+EX_TEMPFAIL = 75
+
+
+def holders(mine: str | None = None) -> list[dict]:
+    """The holders recorded beside the lock whose process still lives."""
+    found = []
+    for name in sorted(os.listdir(HOLDERS)) if os.path.isdir(HOLDERS) else []:
+        path = os.path.join(HOLDERS, name)
+        if path == mine:
+            continue
+        try:
+            with open(path) as fh:
+                entry = json.load(fh)
+            os.kill(int(entry["pid"]), 0)
+        except ProcessLookupError:
+            os.unlink(path)  # a holder killed with its channel (SIGPIPE) left it
+            continue
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        found.append(entry)
+    return found
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def take(fd: int, mode: str, wait: float) -> bool:
+    flag = fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH
+    deadline = time.monotonic() + wait
+    told = False
+    while True:
+        try:
+            fcntl.flock(fd, flag | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        if time.monotonic() >= deadline:
+            say("busy " + json.dumps(holders()))
+            return False
+        if not told:
+            say("waiting " + json.dumps(holders()))
+            told = True
+        time.sleep(1)
+
+
+def hold() -> None:
+    last = time.monotonic()
+    beat = last
+    while True:
+        ready, _, _ = select.select([0], [], [], HEARTBEAT_S)
+        now = time.monotonic()
+        if ready:
+            if not os.read(0, 4096):
+                return  # the run ended, or sshd closed the channel
+            last = now
+        elif now - last > SILENCE_S:
+            return
+        if now - beat >= HEARTBEAT_S:
+            os.write(1, b".")
+            beat = now
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("exclusive", "shared"), required=True)
+    parser.add_argument("--wait", type=float, default=0.0)
+    parser.add_argument("--holder", default="{}", help="JSON: who takes the lock")
+    args = parser.parse_args()
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # a write to a closed channel ends us
+    os.makedirs(HOLDERS, mode=0o755, exist_ok=True)
+    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    if not take(fd, args.mode, args.wait):
+        return EX_TEMPFAIL
+    entry = {**json.loads(args.holder), "mode": args.mode, "pid": os.getpid(),
+             "login": os.environ.get("SUDO_USER") or os.environ.get("USER") or str(os.getuid()),
+             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    mine = os.path.join(HOLDERS, f"{os.getpid()}.json")
+    with open(mine, "w") as fh:
+        json.dump(entry, fh)
+    try:
+        say("held")
+        hold()
+    finally:
+        os.unlink(mine)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Commands an operation's Python callback sends itself: with the arguments pyinfra gives its own
+commands (sudo, su, the environment, so ``LC_ALL=C`` too), and a lost connection said in one line
+instead of a traceback."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Final
+
+import gevent
+from paramiko import SSHException
+from pyinfra import config, logger
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
+from pyinfra.api.command import StringCommand
+from pyinfra.api.exceptions import OperationError
+
+#: What every command of a run gets in its environment (pyinfra's ``config.ENV``, merged into
+#: each command's ``_env``, facts' included): output is parsed in English whatever the host's
+#: locale (a German host's apt-cache says "Installationskandidat:"; LC_ALL outranks LANG and
+#: LC_*, and GNU gettext ignores LANGUAGE under the C locale: locale(7), gettext manual 2.3.3).
+RUN_ENV: Final = {"LC_ALL": "C"}
+
+#: Seconds a callback's command may go without finishing before the connection is checked
+#: (a poll of a build or of the server gives less: it answers at once on a live link).
+DEFAULT_TIMEOUT_S: Final = 300
+#: Seconds a file transfer may take (a wheel of hundreds of MB over a slow link).
+TRANSFER_TIMEOUT_S: Final = 1800
+#: Seconds a poll (one quick command) may take before the connection is checked.
+POLL_TIMEOUT_S: Final = 60
+#: Seconds the check (``true``) may take before the connection counts as lost.
+PROBE_TIMEOUT_S: Final = 20
+
+
+def use_run_env() -> None:
+    """Give every command of this run :data:`RUN_ENV` (host data's own ``_env`` still adds to it)."""
+    config.ENV = {**config.ENV, **RUN_ENV}
+
+
+class ConnectionLost(OperationError):
+    """The SSH connection to the host dropped while a callback was using it."""
+
+
+def connector_arguments(host) -> dict[str, Any]:
+    """The connector arguments pyinfra would give a command of this host now: ``_sudo`` and its
+    kin, ``_env`` (with :data:`RUN_ENV`), from ``--sudo`` and the host's data (pyinfra's own
+    ``pop_global_arguments``). A callback's ``host.run_shell_command`` gets none of them."""
+    arguments, _ = pop_global_arguments(host.state, host, {})
+    return {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
+
+
+#: What a dropped connection raises: paramiko's and the socket's errors, and the gevent.Timeout
+#: of :func:`shell` (a BaseException: no ``except Exception`` on the way, paramiko's included,
+#: swallows it, as it can a TimeoutError, which is an OSError).
+_DROPPED: Final = (gevent.Timeout, SSHException, OSError, EOFError)
+
+
+def _lost_or_slow(host, exc: BaseException, timeout: float) -> OperationError:
+    if not isinstance(exc, (gevent.Timeout, TimeoutError)):
+        return ConnectionLost(str(exc) or type(exc).__name__)
+    try:
+        with gevent.Timeout(PROBE_TIMEOUT_S):
+            alive, _ = host.connector.run_shell_command(StringCommand("true"))
+    except _DROPPED:
+        alive = False
+    if not alive:
+        return ConnectionLost(f"no answer for {timeout:.0f} s")
+    return OperationError(f"a command did not finish within {timeout:.0f} s")
+
+
+def shell(host, command: str | StringCommand, *, timeout: float = DEFAULT_TIMEOUT_S,
+          **arguments: Any):
+    """``host.run_shell_command`` with :func:`connector_arguments` (``arguments`` override them,
+    e.g. ``_success_exit_codes``); returns pyinfra's ``(ok, CommandOutput)``.
+
+    Raises ConnectionLost when the connection dropped (SSH's or the socket's errors, or no
+    answer within ``timeout`` seconds nor to a ``true`` after it), OperationError when only the
+    command was slow."""
+    merged = {**connector_arguments(host), **arguments}
+    try:
+        with gevent.Timeout(timeout):
+            return host.run_shell_command(command, **merged)
+    except _DROPPED as exc:
+        raise _lost_or_slow(host, exc, timeout) from None
+
+
+def put(host, src: Any, dest: str, *, timeout: float = TRANSFER_TIMEOUT_S) -> None:
+    """``host.put_file`` as :func:`shell` runs commands; OperationError when it fails."""
+    try:
+        with gevent.Timeout(timeout):
+            ok = host.put_file(src, dest, **connector_arguments(host))
+    except _DROPPED as exc:
+        raise _lost_or_slow(host, exc, timeout) from None
+    if not ok:
+        raise OperationError(f"could not send {dest}")
+
+
+def get(host, src: str, dest: Any, *, timeout: float = TRANSFER_TIMEOUT_S) -> None:
+    """``host.get_file`` as :func:`shell` runs commands; OperationError when it fails."""
+    try:
+        with gevent.Timeout(timeout):
+            ok = host.get_file(src, dest, **connector_arguments(host))
+    except _DROPPED as exc:
+        raise _lost_or_slow(host, exc, timeout) from None
+    if not ok:
+        raise OperationError(f"could not fetch {src}")
+
+
+def callback(during: str, goes_on: str = "") -> Callable:
+    """Make a FunctionCommand's function fail its host with one line instead of a traceback:
+    "connection to gpu1 lost during <during>: run again[; <goes_on>]" for a lost connection,
+    the OperationError's message for any other refusal. ``goes_on`` says what keeps running on
+    the host (a detached build the next run adopts)."""
+
+    def wrap(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def run(state, host, *args: Any, **kwargs: Any) -> bool:
+            try:
+                result = function(state, host, *args, **kwargs)
+            except ConnectionLost as exc:
+                tail = f"; {goes_on}" if goes_on else ""
+                host.log_styled(f"connection to {host.name} lost during {during} ({exc}): "
+                                f"run again{tail}", fg="red", log_func=logger.error)
+                close(host)
+                return False
+            except OperationError as exc:
+                host.log_styled(f"{during}: {exc}", fg="red", log_func=logger.error)
+                return False
+            return result is not False
+
+        return run
+
+    return wrap
+
+
+def close(host) -> None:
+    """Close the host's connection for good: its SSH client too (pyinfra's SSH connector keeps
+    the client open at ``disconnect``), so that a connection that stopped answering holds
+    nothing, and reconnect attempts leave no half-open connection on the host's sshd."""
+    disconnect = getattr(host.connector, "disconnect", None)
+    if disconnect is not None:
+        disconnect()  # pyinfra's: forgets the SFTP session kept for file transfers
+    client = getattr(host.connector, "client", None)
+    if client is not None:
+        client.close()
+    host.connected = False
