@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 import socket
 import time
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -20,13 +21,25 @@ from tests.e2e.test_server import changed, write_inventory
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 GATE = "sglang-gate.service"
+UNIT = "sglang.service"
 KEY_FILE = "/root/sglang-api.key"
 LIB_DIR = "/opt/gpuhost/lib"
 
 
+@dataclass
+class Public:
+    """A host converged with the gate in front (the key kept out of pytest's reports)."""
+
+    host: lab.Host
+    inventory: str
+    key: str = field(repr=False)
+
+    def __iter__(self):
+        return iter((self.host, self.key, self.inventory))
+
+
 @pytest.fixture(scope="module")
 def public(tmp_path_factory):
-    """A host converged with the gate in front: (host, key, inventory)."""
     (host,) = lab.up(hosts=1, scenario="reference-lab")
     key = lab.GUARD.register("sk-" + secrets.token_hex(24), "API key")
     host.ssh(f"umask 077; printf '%s\\n' {key} > {KEY_FILE}")
@@ -34,7 +47,7 @@ def public(tmp_path_factory):
                                 gpuhost_server_host="0.0.0.0", gpuhost_api_key_file=KEY_FILE)
     first = lab.deploy(inventory=inventory)
     assert first.returncode == 0, first.output[-6000:]
-    yield host, key, inventory
+    yield Public(host, inventory, key)
     lab.sandbox("down", check=False)
 
 
@@ -118,8 +131,9 @@ def test_a_restart_of_the_gate_alone_is_verified(public):
     run = lab.deploy("--json", inventory=inventory)
     assert run.returncode == 0, run.output[-6000:]
     names = changed(run)
-    assert f"Restart {GATE} (its unit or program changed)" in names, names
-    assert "Wait until glm-5 answers" in names, names
+    assert f"SGLang server | Restart {GATE} (its unit or program changed)" in names, names
+    assert "SGLang server | Wait until glm-5 answers" in names, names
+    assert f"SGLang server | Restart {UNIT} (what it reads changed)" not in names
     assert "ready after" in run.output
     assert host.main_pid() == server_pid and host.main_pid(GATE) != gate_pid
     again = lab.deploy("--json", inventory=inventory)
