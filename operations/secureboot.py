@@ -283,9 +283,9 @@ def plan_signing(
                 "trusts, so the host would come back from its reboot without a driver. Either "
                 "enrol a MOK key (mokutil --import CERT.der, then confirm it at the console at "
                 f"the next boot) and name it in host data: {PREFIX}mok_signing_key (the private "
-                f"key, root-only) and {PREFIX}mok_certificate (its DER certificate), DKMS's own "
-                "/var/lib/dkms/mok.key and mok.pub once enrolled, for one; or disable Secure "
-                "Boot in the firmware")
+                f"key, root-only) and {PREFIX}mok_certificate (its DER certificate; DKMS's own "
+                "/var/lib/dkms/mok.key and /var/lib/dkms/mok.pub do, once enrolled); or disable "
+                "Secure Boot in the firmware")
         elif state.enabled and not builds:
             notes.append(f"{state.summary()}; the driver is not built in this run")
         return SigningPlan(tuple(refusals), tuple(notes))
