@@ -377,8 +377,8 @@ def dkms_signing(settings: Settings, plan: SigningPlan) -> None:
             mok_certificate=settings.mok_certificate,
         )
     else:
-        files.file(name="No DKMS signing configuration of gpuhost's", path=DKMS_SIGNING_CONF,
-                   present=False)
+        files.file(name="No DKMS signing configuration (host data names no MOK)",
+                   path=DKMS_SIGNING_CONF, present=False)
 
 
 def _templates() -> Path:

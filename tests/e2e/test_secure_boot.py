@@ -86,8 +86,9 @@ def test_an_enrolled_key_signs_the_module_and_it_loads(secure_host):
     assert run.returncode == 0, run.output[-6000:]
     assert "is already enrolled" in run.output
     # DKMS reads its configuration by sourcing it (read_framework_conf): so does this check.
-    named = host.ssh("bash -c 'for i in /etc/dkms/framework.conf /etc/dkms/framework.conf.d/*.conf;"
-                     " do [ -e \"$i\" ] && . \"$i\"; done; echo \"$mok_signing_key $mok_certificate\"'")
+    named = host.ssh("bash -c 'for i in /etc/dkms/framework.conf "
+                     "/etc/dkms/framework.conf.d/*.conf; do [ -e \"$i\" ] && . \"$i\"; done; "
+                     "echo \"$mok_signing_key $mok_certificate\"'")
     assert named.split() == [KEY, CERT]
     assert host.ssh(f"stat -c '%U %a' {CONF}").split() == ["root", "644"]
     # The module was signed with the enrolled certificate, so it loaded after the reboot.
