@@ -33,6 +33,7 @@ from operations.host import (
 )
 from operations.nvsmi import DriverState
 from operations.plan import PlanError, fact, refuse
+from operations.secureboot import dkms_signing, secure_boot_signing
 from operations.settings import CUDA_MIN_DRIVER, Settings
 
 #: NVIDIA's repository folder per (os-release ID, VERSION_ID) and per machine architecture
@@ -621,7 +622,10 @@ def nvidia(settings: Settings):
 
     Logs, per host (also in --dry), the installed and target versions of the driver and the
     CUDA toolkit and whether a reboot and a server restart follow. Refuses (operations.plan)
-    before any change: an OS without NVIDIA's repository and what :func:`plan_driver` refuses.
+    before any change: an OS without NVIDIA's repository, what :func:`plan_driver` refuses,
+    and a DKMS build under Secure Boot without an enrolled MOK in host data
+    (operations.secureboot.plan_signing); DKMS's signing configuration is written before the
+    driver's packages install.
     The server unit is stopped before the driver packages change, the host is rebooted
     before the server stage runs, and a drop-in (templates/sglang-driver-gate.conf) keeps the
     unit from starting while nvidia-smi fails (no driver, or a driver/library version
@@ -655,9 +659,10 @@ def nvidia(settings: Settings):
     logger.info(f"{host.print_prefix}NVIDIA: {plan.summary()}")
     for warning in plan.warnings:
         logger.warning(f"{host.print_prefix}NVIDIA: {warning}")
-    for reason in plan.refusals:
+    signing = secure_boot_signing(settings, builds=plan.install)
+    for reason in (*plan.refusals, *signing.refusals):
         refuse("NVIDIA", reason)
-    if plan.refusals:
+    if plan.refusals or signing.refusals:
         return
 
     packages, module_package = driver_package_names(folder, settings.driver_flavour,
@@ -733,6 +738,7 @@ def nvidia(settings: Settings):
     )
     systemd.daemon_reload(name="Reload systemd units (driver gate)", _if=gate.did_change)
 
+    dkms_signing(settings, signing)
     if not plan.keep_present:
         if plan.install and fact(SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT):
             systemd.service(name=f"Stop {SERVER_UNIT} before the driver changes",

@@ -11,6 +11,7 @@ from operations.gpu import NvidiaDriver
 from operations.host import HostResources
 from operations.nvidia import repo_folder
 from operations.plan import PlanError, fact, refuse
+from operations.secureboot import SecureBoot
 from operations.settings import Settings
 
 
@@ -46,8 +47,9 @@ class InitSystem(FactBase[str]):
 @deploy("Preflight")
 def preflight(settings: Settings) -> None:
     """Facts only: OS and architecture supported by NVIDIA's repository, the GPUs (when the
-    driver already answers) matching host data. Refuses (operations.plan), with what to do,
-    before any change to the host."""
+    driver already answers) matching host data, the Secure Boot state (which the NVIDIA stage
+    weighs against a DKMS build: operations.secureboot). Refuses (operations.plan), with what
+    to do, before any change to the host."""
     meta = fact(LinuxDistribution).get("release_meta", {})
     os_id, version_id = meta.get("ID", "").lower(), meta.get("VERSION_ID", "")
     try:
@@ -58,6 +60,7 @@ def preflight(settings: Settings) -> None:
     driver = fact(NvidiaDriver)
     resources = fact(HostResources)
     virt = fact(Virtualization)
+    secure_boot = fact(SecureBoot)
 
     if driver.status == "ok":
         count = len(driver.gpus)
@@ -74,6 +77,7 @@ def preflight(settings: Settings) -> None:
         gpus = f"driver {driver.status}"
     logger.info(
         f"{host.print_prefix}{os_id} {version_id} ({folder}), kernel {fact(OsVersion)}, "
-        f"virtualisation {virt}, PID 1 {fact(InitSystem)}, {resources.cores} cores, "
+        f"virtualisation {virt}, {secure_boot.summary()}, PID 1 {fact(InitSystem)}, "
+        f"{resources.cores} cores, "
         f"{resources.mem_available_gib:.1f} GiB available; {gpus}"
     )

@@ -86,24 +86,22 @@ def shell(host, command: str | StringCommand, *, timeout: float = DEFAULT_TIMEOU
 
 def put(host, src: Any, dest: str, *, timeout: float = TRANSFER_TIMEOUT_S) -> None:
     """``host.put_file`` as :func:`shell` runs commands; OperationError when it fails."""
-    try:
-        with gevent.Timeout(timeout):
-            ok = host.put_file(src, dest, **connector_arguments(host))
-    except _DROPPED as exc:
-        raise _lost_or_slow(host, exc, timeout) from None
-    if not ok:
+    if not _transfer(host, host.put_file, src, dest, timeout):
         raise OperationError(f"could not send {dest}")
 
 
 def get(host, src: str, dest: Any, *, timeout: float = TRANSFER_TIMEOUT_S) -> None:
     """``host.get_file`` as :func:`shell` runs commands; OperationError when it fails."""
+    if not _transfer(host, host.get_file, src, dest, timeout):
+        raise OperationError(f"could not fetch {src}")
+
+
+def _transfer(host, method: Callable, src: Any, dest: Any, timeout: float) -> bool:
     try:
         with gevent.Timeout(timeout):
-            ok = host.get_file(src, dest, **connector_arguments(host))
+            return method(src, dest, **connector_arguments(host))
     except _DROPPED as exc:
         raise _lost_or_slow(host, exc, timeout) from None
-    if not ok:
-        raise OperationError(f"could not fetch {src}")
 
 
 def callback(during: str, goes_on: str = "") -> Callable:

@@ -94,6 +94,9 @@ class Settings:
     cuda_keyring_sha256: str | None = None
     # The run
     deploy_lock_wait: int = 0
+    # Secure Boot: the MOK DKMS signs the driver's kernel module with
+    mok_signing_key: str | None = None
+    mok_certificate: str | None = None
     # The ML venv
     venv_path: str = "/opt/gpuhost/venv"
     lock: str = "locks/cuda12.8.txt"
@@ -296,6 +299,10 @@ RULES: Final[Mapping[str, _Rule]] = {
     "cuda_toolkit": _one_of(CUDA_TOOLKITS),
     "cuda_repo_url": _text(_URL + r"(?<!/)", "an http(s) URL without a trailing slash"),
     "cuda_keyring_sha256": _text(r"[0-9a-f]{64}", "a sha256 hex digest", optional=True),
+    "mok_signing_key": _text(_PATH, "an absolute path on the host of a MOK's private key, "
+                             f"root-only (mode 0600 or 0400) {_PATH_DETAIL}", optional=True),
+    "mok_certificate": _text(_PATH, "an absolute path on the host of the MOK's DER "
+                             f"certificate, enrolled {_PATH_DETAIL}", optional=True),
     "venv_path": _Rule(_is_venv_path, f"{_PATH_ALLOWED}, at least two levels deep and "
                        f"outside the system's folders ({', '.join(_SYSTEM_DIRS)}) and gpuhost's "
                        "/opt/gpuhost/lib and /opt/gpuhost/lock"),
@@ -458,10 +465,25 @@ def _check_together(host: str, s: Settings) -> None:
                 f"a driver >= {CUDA_MIN_DRIVER[s.cuda_toolkit]}, the minimum for CUDA "
                 f"{s.cuda_toolkit}",
             )
+    _check_mok(host, s)
     _check_server_exposure(host, s)
     if not s.lock_path.is_file():
         raise _fail(host, "lock", s.lock, f"an existing lock file (not found: {s.lock_path})")
     _check_server_flags(host, s)
+
+
+def _check_mok(host: str, s: Settings) -> None:
+    """The MOK's key and certificate go together (DKMS signs with both), as two files."""
+    pair = {"mok_signing_key": s.mok_signing_key, "mok_certificate": s.mok_certificate}
+    for key, other in (("mok_signing_key", "mok_certificate"),
+                       ("mok_certificate", "mok_signing_key")):
+        if pair[key] is None and pair[other] is not None:
+            raise _fail(host, key, None, f"a path as well, since {PREFIX}{other} is set: DKMS "
+                        "signs with a private key and its certificate, named together")
+    if s.mok_signing_key is not None and s.mok_signing_key == s.mok_certificate:
+        raise _fail(host, "mok_certificate", s.mok_certificate,
+                    f"a file other than {PREFIX}mok_signing_key's: the private key and its "
+                    "DER certificate are two files")
 
 
 def _check_server_exposure(host: str, s: Settings) -> None:

@@ -76,6 +76,11 @@ VIRT_STANDINS: tuple[tuple[str, str], ...] = (
     ("dmidecode", "usr/local/sbin"),
 )
 
+# The firmware's Secure Boot state and MOK list as mokutil reports them (sandbox/standins/
+# secureboot/): a host under nspawn has no EFI variables of its own.
+SECUREBOOT_STANDIN = Path(__file__).with_name("standins") / "secureboot" / "mokutil"
+SECUREBOOT_STANDIN_DEST = "usr/local/bin/mokutil"
+
 HOSTS_TEMPLATE = """127.0.0.1\tlocalhost
 127.0.1.1\t{name}
 ::1\tlocalhost ip6-localhost ip6-loopback
@@ -243,6 +248,7 @@ def personalise(spec: HostSpec, root: Path, authorized_key: str, hardware_json: 
     # The scenario's machine as the guest's tools see it; /usr/local comes first on PATH.
     for tool, folder in VIRT_STANDINS:
         _write(root / folder / tool, (VIRT_STANDIN_DIR / tool).read_text(), 0o755)
+    _write(root / SECUREBOOT_STANDIN_DEST, SECUREBOOT_STANDIN.read_text(), 0o755)
     for unit in MASKED_UNITS:
         _mask(root, unit)
     return _fresh_host_keys(root, spec.name)

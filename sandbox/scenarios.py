@@ -13,7 +13,9 @@ stand-ins read (nvidia-smi, the torch stand-in, the flash-attn stand-in's build)
       "host": {"cpu_count": 128,                                # what the real host's nproc says
                "flash_attn_max_parallel_jobs": 64 | null,       # more compile jobs than this: OOM
                "dkms_build_seconds": 0,                         # the kernel module's DKMS build
-               "flash_attn_build_seconds": 0},                  # flash-attn's compile (default 0)
+               "flash_attn_build_seconds": 0,                   # flash-attn's compile (default 0)
+               "secure_boot": false,                            # what mokutil --sb-state says
+               "enrolled_mok": ["<sha256 of a DER cert>"]},     # MOKs the firmware holds ([])
       "gpus": [{"index": 0, "name": "...", "uuid": "GPU-...", "pci_bus_id": "00000000:01:00.0",
                 "compute_cap": "12.0", "memory_total_mib": 97887, "power_limit_w": 600.0,
                 "power_max_limit_w": 600.0, "clocks_sm_mhz": 180, "clocks_max_sm_mhz": 2430,
@@ -100,6 +102,7 @@ _UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-
 _BUS_ID = re.compile(r"^[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")
 _COMPUTE_CAP = re.compile(r"^[1-9][0-9]?\.[0-9]$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class ScenarioError(ValueError):
@@ -179,6 +182,17 @@ def _expand(name: str, raw: dict[str, Any]) -> dict[str, Any]:
         value = host.setdefault(key, 0)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise fail(f"host.{key} must be a number of seconds >= 0, not {value!r}")
+    # Secure Boot (the mokutil stand-in, sandbox/standins/secureboot/): on or off, and the
+    # certificates enrolled as MOKs, each as the sha256 of its DER file. Tests that enrol one
+    # add it to the host's copy of this document, as an operator at the console would.
+    if not isinstance(host.setdefault("secure_boot", False), bool):
+        raise fail(f"host.secure_boot must be true or false, not {host['secure_boot']!r}")
+    enrolled = host.setdefault("enrolled_mok", [])
+    if not isinstance(enrolled, list) or not all(
+        isinstance(v, str) and _SHA256.match(v) for v in enrolled
+    ):
+        raise fail(f"host.enrolled_mok must be a list of sha256 hex digests (lowercase, 64 "
+                   f"digits) of DER certificates, not {enrolled!r}")
 
     defaults = raw.get("gpu_defaults") or {}
     gpus_raw = raw.get("gpus")

@@ -230,3 +230,80 @@ def test_driver_refused_for_the_venvs_cuda(tmp_path):
                          SGLANG, tmp_path) == []
     # a fresh host: nothing installed, no driver yet, the lock names no CUDA: checked later
     assert _refusals_for({}, None, DriverState(status="absent"), SGLANG, tmp_path) == []
+
+
+class ScriptedHost:
+    """The build's host as _build sees it: each ``systemctl show ...`` answers the next state
+    of ``states`` (unit properties, the key the build dir is for, whether it finished);
+    every command is kept."""
+
+    def __init__(self, states):
+        self.states, self.commands = list(states), []
+
+    def run(self, command: str, what: str, timeout: float = 0) -> str:
+        self.commands.append(command)
+        if command.startswith("systemctl show"):
+            props, key, done = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+            return ("\n".join(f"{k}={v}" for k, v in props.items()) + "\n---\nlast line\n---\n"
+                    + (json.dumps(key.__dict__) if key else "") + "\n---\n"
+                    + ("complete\n" if done else ""))
+        if command.startswith("ls "):
+            return "/opt/gpuhost/build/flash-attn/wheels/flash_attn-2.8.3.post2-py3-none-any.whl\n"
+        return ""
+
+
+RUNNING = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running"}
+EXITED = {"LoadState": "loaded", "ActiveState": "active", "SubState": "exited",
+          "Result": "success", "ExecMainStatus": "0"}
+GONE = {"LoadState": "not-found", "ActiveState": "inactive", "SubState": "dead"}
+
+
+def started(host: ScriptedHost) -> bool:
+    return any("systemd-run" in c for c in host.commands)
+
+
+def test_a_build_that_finished_meanwhile_is_taken_not_rebuilt(monkeypatch):
+    from operations import flash_attn
+
+    for props in (EXITED, GONE):  # still loaded, or unloaded since (a reboot, a stop)
+        host = ScriptedHost([(props, KEY, True)])
+        wheel = flash_attn._build(host, plan(), KEY)
+        assert wheel.endswith("flash_attn-2.8.3.post2-py3-none-any.whl")
+        assert not started(host)
+
+
+def test_a_running_build_for_the_same_key_is_followed(monkeypatch):
+    from operations import flash_attn
+
+    monkeypatch.setattr(flash_attn.time, "sleep", lambda s: None)
+    host = ScriptedHost([(RUNNING, KEY, False), (RUNNING, KEY, False), (EXITED, KEY, True)])
+    flash_attn._build(host, plan(), KEY)
+    assert not started(host)
+
+
+def test_a_build_for_another_key_is_replaced(monkeypatch):
+    from operations import flash_attn
+
+    monkeypatch.setattr(flash_attn.time, "sleep", lambda s: None)
+    other = BuildKey("2.8.3.post2", "2.9.2+cu128", "12.8", "3.12", "120")
+    for before in [(RUNNING, other, False), (EXITED, other, True), (GONE, None, False)]:
+        host = ScriptedHost([before, (RUNNING, KEY, False), (EXITED, KEY, True)])
+        flash_attn._build(host, plan(), KEY)
+        (start,) = [c for c in host.commands if "systemd-run" in c]
+        assert "rm -rf /opt/gpuhost/build/flash-attn" in start
+        assert json.dumps(KEY.__dict__, sort_keys=True) in start  # the key.json it writes
+
+
+def test_an_ended_build_without_its_marker_failed(monkeypatch):
+    from operations import flash_attn
+
+    monkeypatch.setattr(flash_attn.time, "sleep", lambda s: None)
+    failed = {**EXITED, "Result": "exit-code", "ExecMainStatus": "1"}
+    host = ScriptedHost([(GONE, None, False), (RUNNING, KEY, False), (failed, KEY, False)])
+    with pytest.raises(OperationError, match="ended with result exit-code, exit status 1"):
+        flash_attn._build(host, plan(), KEY)
+
+
+def test_the_build_marks_its_own_success():
+    command = build_command(plan())
+    assert "/bin/sh -c '\"$@\" && : > /opt/gpuhost/build/flash-attn/complete' sh" in command

@@ -12,6 +12,7 @@ from operations.host import AptListsPresent, HeldPackages, HostResources
 from operations.mlenv import build_parallelism
 from operations.nvsmi import parse_p2p_matrix, parse_topology
 from operations.preflight import InitSystem, Virtualization
+from operations.secureboot import SecureBoot
 
 REAL = Path(__file__).parent / "fixtures" / "h200-device"
 
@@ -25,12 +26,20 @@ def recorded(name: str) -> tuple[str, list[str], int]:
 
 @pytest.mark.parametrize(
     "fact",
-    [NvidiaDriver, HostResources, HeldPackages, AptListsPresent, InitSystem, Virtualization],
+    [NvidiaDriver, HostResources, HeldPackages, AptListsPresent, InitSystem, Virtualization,
+     SecureBoot],
 )
 def test_fact_commands_are_the_ones_that_ran(fact):
     command, _, rc = recorded(fact.__name__)
     assert str(fact().command()) == command
     assert rc == 0
+
+
+def test_no_efi_no_secure_boot():
+    _, lines, _ = recorded("SecureBoot")
+    state = SecureBoot().process(lines)
+    assert (state.enabled, state.source) == (False, "none")
+    assert state.said == "no EFI: legacy boot, no Secure Boot"
 
 
 def test_driver_mounted_from_the_host():

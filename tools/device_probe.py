@@ -27,9 +27,10 @@ from operations.gpu import NvidiaDriver  # noqa: E402
 from operations.host import AptListsPresent, HeldPackages, HostResources  # noqa: E402
 from operations.mlenv import build_parallelism  # noqa: E402
 from operations.preflight import InitSystem, Virtualization  # noqa: E402
+from operations.secureboot import SecureBoot  # noqa: E402
 
 FACTS = [LinuxDistribution, OsVersion, Arch, DebPackages, HeldPackages, AptListsPresent,
-         HostResources, Virtualization, InitSystem, NvidiaDriver]
+         HostResources, Virtualization, InitSystem, SecureBoot, NvidiaDriver]
 RAW = {
     "topo-m": "nvidia-smi topo -m",
     "topo-p2p-r": "nvidia-smi topo -p2p r",

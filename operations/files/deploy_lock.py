@@ -29,20 +29,17 @@ import signal
 import sys
 import time
 
-LOCK = "/run/gpuhost/deploy.lock"
-HOLDERS = "/run/gpuhost/deploy-lock.d"
+RUN_DIR = "/run/gpuhost"
 HEARTBEAT_S = 15
 SILENCE_S = 300
 EX_TEMPFAIL = 75
 
 
-def holders(mine: str | None = None) -> list[dict]:
-    """The holders recorded beside the lock whose process still lives."""
+def holders(folder: str) -> list[dict]:
+    """The holders recorded in ``folder`` whose process still lives."""
     found = []
-    for name in sorted(os.listdir(HOLDERS)) if os.path.isdir(HOLDERS) else []:
-        path = os.path.join(HOLDERS, name)
-        if path == mine:
-            continue
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
         try:
             with open(path) as fh:
                 entry = json.load(fh)
@@ -61,7 +58,7 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def take(fd: int, mode: str, wait: float) -> bool:
+def take(fd: int, mode: str, wait: float, folder: str) -> bool:
     flag = fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH
     deadline = time.monotonic() + wait
     told = False
@@ -72,25 +69,25 @@ def take(fd: int, mode: str, wait: float) -> bool:
         except BlockingIOError:
             pass
         if time.monotonic() >= deadline:
-            say("busy " + json.dumps(holders()))
+            say("busy " + json.dumps(holders(folder)))
             return False
         if not told:
-            say("waiting " + json.dumps(holders()))
+            say("waiting " + json.dumps(holders(folder)))
             told = True
         time.sleep(1)
 
 
-def hold() -> None:
+def hold(silence: float) -> None:
     last = time.monotonic()
     beat = last
     while True:
-        ready, _, _ = select.select([0], [], [], HEARTBEAT_S)
+        ready, _, _ = select.select([0], [], [], min(HEARTBEAT_S, silence))
         now = time.monotonic()
         if ready:
             if not os.read(0, 4096):
                 return  # the run ended, or sshd closed the channel
             last = now
-        elif now - last > SILENCE_S:
+        elif now - last > silence:
             return
         if now - beat >= HEARTBEAT_S:
             os.write(1, b".")
@@ -102,21 +99,26 @@ def main() -> int:
     parser.add_argument("--mode", choices=("exclusive", "shared"), required=True)
     parser.add_argument("--wait", type=float, default=0.0)
     parser.add_argument("--holder", default="{}", help="JSON: who takes the lock")
+    parser.add_argument("--run-dir", default=RUN_DIR, help="where the lock lives")
+    parser.add_argument("--silence", type=float, default=SILENCE_S,
+                        help="seconds without a heartbeat before letting go")
     args = parser.parse_args()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # a write to a closed channel ends us
-    os.makedirs(HOLDERS, mode=0o755, exist_ok=True)
-    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    if not take(fd, args.mode, args.wait):
+    folder = os.path.join(args.run_dir, "deploy-lock.d")
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    fd = os.open(os.path.join(args.run_dir, "deploy.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    if not take(fd, args.mode, args.wait, folder):
         return EX_TEMPFAIL
+    holders(folder)  # sweeps the records of holders that died with their channel
     entry = {**json.loads(args.holder), "mode": args.mode, "pid": os.getpid(),
              "login": os.environ.get("SUDO_USER") or os.environ.get("USER") or str(os.getuid()),
              "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    mine = os.path.join(HOLDERS, f"{os.getpid()}.json")
+    mine = os.path.join(folder, f"{os.getpid()}.json")
     with open(mine, "w") as fh:
         json.dump(entry, fh)
     try:
         say("held")
-        hold()
+        hold(args.silence)
     finally:
         os.unlink(mine)
     return 0

@@ -51,6 +51,13 @@ class Host:
                                  f"{result.stdout}{result.stderr}")
         return result.stdout
 
+    def set_scenario_host(self, **fields) -> None:
+        """Change the host's scenario (its ``host`` fields, e.g. how many seconds the stand-in
+        DKMS and flash-attn builds take) in its copy of hardware.json."""
+        self.ssh("python3 - <<'EOF'\nimport json\np = '/etc/gpuhost-sandbox/hardware.json'\n"
+                 f"d = json.load(open(p))\nd['host'].update({json.dumps(fields)})\n"
+                 "json.dump(d, open(p, 'w'))\nEOF")
+
     def http_get(self, url: str) -> str:
         """GET a URL from inside the host (the server binds the host's 127.0.0.1)."""
         script = f"import urllib.request; print(urllib.request.urlopen({url!r}).read().decode())"

@@ -1,0 +1,108 @@
+"""The deploy lock's host side (operations/files/deploy_lock.py), run here as the host runs it,
+and how the controller says who holds it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from operations import deploy_lock
+
+SCRIPT = Path(deploy_lock.SCRIPT)
+
+
+class Holder:
+    """The holder process, its stdin the controller's heartbeats, its stdout the protocol."""
+
+    def __init__(self, run_dir: Path, mode: str = "exclusive", wait: float = 0,
+                 silence: float = 300, who: str = "ops@laptop"):
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--mode", mode, "--wait", str(wait), "--run-dir",
+             str(run_dir), "--silence", str(silence),
+             "--holder", json.dumps({"controller": who, "controller_pid": 4242})],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def line(self) -> str:
+        return self.proc.stdout.readline().strip().lstrip(".")
+
+    def end(self) -> int:
+        self.proc.stdin.close()
+        return self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return tmp_path / "run"
+
+
+def test_a_second_deploy_is_told_who_holds_it(run_dir):
+    first = Holder(run_dir)
+    assert first.line() == "held"
+    second = Holder(run_dir, who="cron@ctl")
+    said = second.line()
+    assert said.startswith("busy ")
+    (holder,) = json.loads(said[len("busy "):])
+    assert holder["controller"] == "ops@laptop" and holder["controller_pid"] == 4242
+    assert holder["mode"] == "exclusive" and holder["since"].endswith("Z")
+    assert second.proc.wait(timeout=10) == 75
+    assert first.end() == 0
+    assert list((run_dir / "deploy-lock.d").iterdir()) == []
+
+
+def test_dry_runs_share_it_and_a_deploy_waits_for_them(run_dir):
+    dry1, dry2 = Holder(run_dir, "shared"), Holder(run_dir, "shared")
+    assert dry1.line() == "held" and dry2.line() == "held"
+    deploy = Holder(run_dir, wait=30)
+    assert deploy.line().startswith("waiting ")
+    dry1.end()
+    dry2.end()
+    assert deploy.line() == "held"
+    assert deploy.end() == 0
+
+
+def test_it_lets_go_when_the_run_falls_silent(run_dir):
+    first = Holder(run_dir, silence=1)
+    assert first.line() == "held"
+    time.sleep(1.5)  # no heartbeat: the link dropped without a word
+    assert first.proc.wait(timeout=20) == 0
+    second = Holder(run_dir)
+    assert second.line() == "held"
+    second.end()
+
+
+def test_heartbeats_keep_it(run_dir):
+    first = Holder(run_dir, silence=1)
+    assert first.line() == "held"
+    for _ in range(4):
+        time.sleep(0.5)
+        first.proc.stdin.write("\n")
+        first.proc.stdin.flush()
+    assert first.proc.poll() is None
+    assert Holder(run_dir).line().startswith("busy ")
+    first.end()
+
+
+def test_a_holder_killed_with_its_channel_is_not_reported(run_dir):
+    first = Holder(run_dir)
+    assert first.line() == "held"
+    first.proc.kill()
+    first.proc.wait()
+    second = Holder(run_dir)
+    assert second.line() == "held"  # the lock died with the process; its record is swept
+    assert [p.name for p in (run_dir / "deploy-lock.d").iterdir()] == [f"{second.proc.pid}.json"]
+    second.end()
+
+
+def test_who_holds_it_in_words():
+    said = deploy_lock._describe(json.dumps([
+        {"mode": "exclusive", "controller": "ops@laptop", "controller_pid": 4242,
+         "login": "ubuntu", "since": "2026-12-01T14:02:11Z"}]))
+    assert said == ("a deploy by ops@laptop (pyinfra pid 4242, logged in as ubuntu, since "
+                    "2026-12-01T14:02:11Z)")
+    assert deploy_lock._describe("[]") == "another run"
+    assert deploy_lock._describe("not json") == "another run"

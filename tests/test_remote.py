@@ -1,0 +1,98 @@
+"""Commands of the deploy's own callbacks (operations/remote.py): a lost connection in one line,
+the run's environment."""
+
+from __future__ import annotations
+
+import gevent
+from paramiko import SSHException
+from pyinfra.api import Config
+from pyinfra.api.arguments import generate_env
+from pyinfra.api.exceptions import OperationError
+from pyinfra.context import ctx_config
+
+from operations import remote
+
+
+class FakeHost:
+    name = "gpu1"
+
+    def __init__(self, answers=()):
+        self.said: list[str] = []
+        self.connected = True
+        self.answers = list(answers)
+        self.connector = self
+
+    # pyinfra's Host
+    def log_styled(self, message, fg=None, log_func=None):
+        self.said.append(message)
+
+    def run_shell_command(self, command, **kwargs):
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        if answer == "hang":
+            gevent.sleep(5)
+        return answer, None
+
+    # its connector
+    client = None
+
+    def disconnect(self):
+        pass
+
+
+def test_a_lost_connection_is_one_line_and_fails_the_host(monkeypatch):
+    monkeypatch.setattr(remote, "connector_arguments", lambda host: {})
+
+    @remote.callback("the flash-attn build", "a build goes on on the host")
+    def poll(state, host):
+        remote.shell(host, "systemctl show x")
+
+    host = FakeHost([SSHException("SSH session not active")])
+    assert poll(None, host) is False
+    assert host.said == ["connection to gpu1 lost during the flash-attn build (SSH session not "
+                         "active): run again; a build goes on on the host"]
+    assert host.connected is False
+
+
+def test_no_answer_and_no_answer_to_true_is_a_lost_connection(monkeypatch):
+    monkeypatch.setattr(remote, "connector_arguments", lambda host: {})
+    monkeypatch.setattr(remote, "PROBE_TIMEOUT_S", 0.2)
+    host = FakeHost(["hang", "hang"])
+    try:
+        remote.shell(host, "cat /proc/loadavg", timeout=0.2)
+    except remote.ConnectionLost as exc:
+        assert "no answer for 0 s" in str(exc)
+    else:
+        raise AssertionError("no ConnectionLost")
+
+
+def test_a_slow_command_on_a_live_link_is_not_a_lost_connection(monkeypatch):
+    monkeypatch.setattr(remote, "connector_arguments", lambda host: {})
+    host = FakeHost(["hang", True])
+    try:
+        remote.shell(host, "sleep 100", timeout=0.2)
+    except remote.ConnectionLost:
+        raise AssertionError("a live link counted as lost") from None
+    except OperationError as exc:
+        assert "did not finish within 0 s" in str(exc)
+
+
+def test_a_refusal_is_its_message():
+    @remote.callback("the GPU binding check")
+    def check(state, host):
+        raise OperationError("GPUs not bound to nvidia: 0000:01:00.0 (nouveau)")
+
+    host = FakeHost()
+    assert check(None, host) is False
+    assert host.said == ["the GPU binding check: GPUs not bound to nvidia: 0000:01:00.0 "
+                         "(nouveau)"]
+    assert host.connected is True
+
+
+def test_every_command_of_the_run_is_in_the_c_locale():
+    run_config = Config(ENV={"HTTP_PROXY": "http://proxy:3128"})
+    with ctx_config.use(run_config):
+        remote.use_run_env()
+    env = generate_env(run_config, {"EXTRA": "1"})  # what pyinfra gives each command's _env
+    assert env == {"HTTP_PROXY": "http://proxy:3128", "LC_ALL": "C", "EXTRA": "1"}
