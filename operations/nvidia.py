@@ -16,7 +16,7 @@ from pyinfra.api import FactBase, FunctionCommand, StringCommand, deploy, operat
 from pyinfra.api.exceptions import OperationError, OperationValueError
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Arch, LinuxDistribution
-from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 from typing_extensions import override
@@ -814,9 +814,12 @@ def nvidia(settings: Settings):
 
     dkms_signing(settings, signing)
     if not plan.keep_present:
-        if plan.install and fact(SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT):
+        if plan.install and (fact(SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT)
+                             or fact(SystemdEnabled, services=SERVER_UNIT).get(SERVER_UNIT)):
+            # Disabled too: started at the reboot's boot, it would be stopped again by the P2P
+            # check; the server stage enables and starts it once, on the new driver.
             systemd.service(name=f"Stop {SERVER_UNIT} before the driver changes",
-                            service=SERVER_UNIT, running=False)
+                            service=SERVER_UNIT, running=False, enabled=False)
         apt.packages(name=f"Kernel headers for {headers.kernel}",
                      packages=[f"linux-headers-{headers.kernel}"], no_recommends=True)
         driver_packages(

@@ -282,12 +282,22 @@ def _check_ports(settings: Settings) -> None:
 
 
 @operation()
+def unit_enabled(unit: str):
+    """Enable ``unit`` (started at boot). Apart from :func:`unit_started`, so that a change of
+    that one means the unit was started."""
+    if host.get_fact(SystemdEnabled).get(unit):
+        host.noop(f"{unit} is enabled")
+        return
+    yield f"systemctl enable {unit}"
+
+
+@operation()
 def unit_started(unit: str):
-    """Enable ``unit`` and start it without waiting for it (``systemctl start --no-block``:
-    the unit's ExecStartPost holds it "activating" until the server answers, which may take
-    the whole start timeout; the health gate shows the progress meanwhile)."""
-    if not host.get_fact(SystemdEnabled).get(unit):
-        yield f"systemctl enable {unit}"
+    """Start ``unit`` without waiting for it (``systemctl start --no-block``: the unit's
+    ExecStartPost holds it "activating" until the server answers, which may take the whole
+    start timeout; the health gate shows the progress meanwhile). Read when it runs: a unit an
+    earlier stage stopped (the P2P check, a driver change) is started here, with the files as
+    they are now."""
     if host.get_fact(SystemdStatus).get(unit):
         host.noop(f"{unit} is running")
         return
@@ -454,16 +464,20 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     need_reload = server_state.need_reload or gate_state.need_reload
     systemd.daemon_reload(name="Reload systemd units",
                           _if=lambda: need_reload or any(u.did_change() for u in units))
+    unit_enabled(name=f"Enable {UNIT}", unit=UNIT)
     started = unit_started(name=f"Start {UNIT}", unit=UNIT)
     changed += [env, unit, *inputs]
+    # A unit started just now (an earlier stage stopped it) read the files as they are: a
+    # restart would only kill that start.
     restarted = unit_restarted(
         name=f"Restart {UNIT} (what it reads changed)",
         unit=UNIT,
-        _if=lambda: was_running and (server_state.stale
-                                     or any(op.did_change() for op in changed)),
+        _if=lambda: was_running and not started.did_change() and (
+            server_state.stale or any(op.did_change() for op in changed)),
     )
     public_url = None
     if settings.server_is_public:
+        unit_enabled(name=f"Enable {GATE_UNIT}", unit=GATE_UNIT)
         unit_started(name=f"Start {GATE_UNIT}", unit=GATE_UNIT)
         gate_ops = [units[1], shipped["api_gate.py"]]
         unit_restarted(
