@@ -79,6 +79,9 @@ def driver_package_names(folder: str, flavour: str, branch: str) -> tuple[list[s
 #: The server unit (operations/server.py) that must never run across a driver change.
 SERVER_UNIT: Final = "sglang.service"
 
+#: The server unit's drop-in this stage writes (templates/sglang-driver-gate.conf).
+DRIVER_GATE_DROPIN: Final = "10-gpuhost-driver-gate.conf"
+
 #: PCI vendor id of NVIDIA, and the PCI class of display controllers (0300 VGA, 0302 3D):
 #: the GPUs, as opposed to the HDMI audio functions of the same cards (pci.ids).
 NVIDIA_VENDOR: Final = "10de"
@@ -807,7 +810,7 @@ def nvidia(settings: Settings):
     gate = files.put(
         name=f"{SERVER_UNIT} starts only on a matching driver",
         src=str(_templates() / "sglang-driver-gate.conf"),
-        dest=f"/etc/systemd/system/{SERVER_UNIT}.d/10-gpuhost-driver-gate.conf",
+        dest=f"/etc/systemd/system/{SERVER_UNIT}.d/{DRIVER_GATE_DROPIN}",
         mode="644",
     )
     systemd.daemon_reload(name="Reload systemd units (driver gate)", _if=gate.did_change)
