@@ -421,9 +421,10 @@ def plan_driver(
     come back from its reboot without a driver); a driver install when apt's lists of NVIDIA's
     repository (``available``: the kernel-module package's versions, apt-cache madison; None
     when the repository is not configured yet, and then the install checks it) have no version
-    host data asks for: apt would ignore the pin and install the branch's newest. Reboots when the loaded module is not the
-    installed one (nvidia-smi: "Driver/library version mismatch"), when no module is loaded
-    although the packages are installed, after an install, and when nouveau holds a GPU.
+    host data asks for: apt would ignore the pin and install the branch's newest. Reboots when
+    the loaded module is not the installed one (nvidia-smi: "Driver/library version
+    mismatch"), when no module is loaded although the packages are installed, after an
+    install, and when nouveau holds a GPU.
     """
     packages, module_package = driver_package_names(folder, settings.driver_flavour,
                                                     settings.driver_branch)

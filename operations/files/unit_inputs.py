@@ -9,9 +9,10 @@ compares (operations/server.py, ServiceState). A deploy stopped after changing a
 before restarting the service leaves the two different: the next deploy restarts it.
 
 Each PATH counts with its name and content, or as absent; a folder (a unit's drop-in folder)
-with each ``*.conf`` file in it, by name order (the drop-ins systemd reads, systemd.unit(5)). The venv counts with the names of its
-``*.dist-info`` folders (name and version of every installed distribution) and flash-attn's
-build stamp, not with every file: pip replaces a distribution's dist-info with its files.
+with each ``*.conf`` file in it, by name order (the drop-ins systemd reads, systemd.unit(5)).
+The venv counts with the names of its ``*.dist-info`` folders (name and version of every
+installed distribution) and flash-attn's build stamp, not with every file: pip replaces a
+distribution's dist-info with its files.
 Standard library only: runs with the host's python3.
 """
 
