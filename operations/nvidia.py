@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import shlex
 from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
@@ -15,7 +16,7 @@ from pyinfra.api import FactBase, FunctionCommand, StringCommand, deploy, operat
 from pyinfra.api.exceptions import OperationError, OperationValueError
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Arch, LinuxDistribution
-from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 from typing_extensions import override
@@ -77,6 +78,9 @@ def driver_package_names(folder: str, flavour: str, branch: str) -> tuple[list[s
 
 #: The server unit (operations/server.py) that must never run across a driver change.
 SERVER_UNIT: Final = "sglang.service"
+
+#: The server unit's drop-in this stage writes (templates/sglang-driver-gate.conf).
+DRIVER_GATE_DROPIN: Final = "10-gpuhost-driver-gate.conf"
 
 #: PCI vendor id of NVIDIA, and the PCI class of display controllers (0300 VGA, 0302 3D):
 #: the GPUs, as opposed to the HDMI audio functions of the same cards (pci.ids).
@@ -165,6 +169,41 @@ class KernelHeaders(FactBase[Headers]):
             build_tree=values.get("build") == "yes",
             candidate=None if candidate in ("", "(none)") else candidate,
         )
+
+
+class AptVersions(FactBase["tuple[str, ...] | None"]):
+    """The versions of a package that apt's lists offer (``apt-cache madison``), newest first;
+    None where apt-cache is missing.
+
+    .. code:: python
+
+        ("580.105.08-1", "580.95.05-1", "570.172.08-1")
+
+    madison's format (apt-cache(8)): one line per version and source,
+    "nvidia-kernel-open-dkms | 580.95.05-1 | https://.../debian12/x86_64  Packages".
+    """
+
+    @override
+    def command(self, package: str) -> str:
+        return (f"if command -v apt-cache >/dev/null 2>&1; then "
+                f"apt-cache madison {shlex.quote(package)} 2>/dev/null; echo rc=0; "
+                "else echo rc=127; fi")
+
+    @override
+    def process(self, output: list[str]) -> tuple[str, ...] | None:
+        return parse_madison(output)
+
+
+def parse_madison(output: list[str]) -> tuple[str, ...] | None:
+    """Parse :class:`AptVersions`' output: each version once, in apt's order; None for rc=127."""
+    if output and output[-1].strip() == "rc=127":
+        return None
+    versions: list[str] = []
+    for line in output:
+        fields_ = [f.strip() for f in line.split("|")]
+        if len(fields_) >= 3 and fields_[1] and fields_[1] not in versions:
+            versions.append(fields_[1])
+    return tuple(versions)
 
 
 @dataclass(frozen=True)
@@ -371,6 +410,7 @@ def plan_driver(
     source_path: str,
     lists_present: bool,
     folder: str = "debian12/x86_64",
+    available: tuple[str, ...] | None = None,
 ) -> DriverPlan:
     """Decide the nvidia stage from a host's facts (no side effects; units: none).
 
@@ -378,9 +418,13 @@ def plan_driver(
     ``gpuhost_allow_driver_change``; a driver no package installed, unless
     ``gpuhost_unpackaged_driver`` says "keep" or "replace"; a driver install when the running
     kernel has no headers and apt offers none (DKMS could not build the module: the host would
-    come back from its reboot without a driver). Reboots when the loaded module is not the
-    installed one (nvidia-smi: "Driver/library version mismatch"), when no module is loaded
-    although the packages are installed, after an install, and when nouveau holds a GPU.
+    come back from its reboot without a driver); a driver install when apt's lists of NVIDIA's
+    repository (``available``: the kernel-module package's versions, apt-cache madison; None
+    when the repository is not configured yet, and then the install checks it) have no version
+    host data asks for: apt would ignore the pin and install the branch's newest. Reboots when
+    the loaded module is not the installed one (nvidia-smi: "Driver/library version
+    mismatch"), when no module is loaded although the packages are installed, after an
+    install, and when nouveau holds a GPU.
     """
     packages, module_package = driver_package_names(folder, settings.driver_flavour,
                                                     settings.driver_branch)
@@ -445,12 +489,23 @@ def plan_driver(
             "for this run to allow it")
     install = not keep and (change or any(p not in debs for p in (*packages, module_package)))
 
+    configured = lists_present and any(s.file == source_path for s in sources)
+    if install and configured and available is not None and not any(
+            fnmatch.fnmatch(v, target) for v in available):
+        offered = [upstream(v) for v in available
+                   if upstream(v).startswith(f"{settings.driver_branch}.")] or [
+            upstream(v) for v in available]
+        refusals.append(
+            f"NVIDIA's repository has no {module_package} {target} (gpuhost_driver_branch, "
+            f"gpuhost_driver_version): it has {', '.join(offered) or 'no version of it'}. apt "
+            "would install another driver than the one pinned: set gpuhost_driver_version to "
+            "one it has, or None for the branch's newest")
+
     headers_unknown = False
     headers_package = f"linux-headers-{headers.kernel}"
     have_headers = headers.build_tree or headers_package in debs
     if install and not have_headers and headers.candidate is None:
-        configured = any(s.file == source_path for s in sources)
-        if lists_present and configured:
+        if configured:
             refusals.append(
                 f"no kernel headers for the running kernel {headers.kernel}: apt has no "
                 f"installable {headers_package}, so DKMS cannot build the NVIDIA module and the "
@@ -520,8 +575,15 @@ def driver_packages(packages: list[str], module_package: str, version_glob: str,
     + allow_change: allow changing an installed driver of another version (held packages are
       changed too); without it such a change raises OperationError
 
-    pyinfra's apt.packages leaves held packages alone, which a driver change must not.
+    pyinfra's apt.packages leaves held packages alone, which a driver change must not. apt
+    ignores a pin that matches no version and installs the newest instead, so the install is
+    refused when apt's lists (``apt-cache madison``) have no version matching ``version_glob``,
+    and the host fails unless the installed ``module_package`` then matches it.
     """
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", module_package):
+        raise OperationValueError(f"package name {module_package!r}")
+    if not re.fullmatch(r"[0-9][0-9.]*(-\*|\.\*)", version_glob):
+        raise OperationValueError(f"driver version pattern {version_glob!r}")
     debs = host.get_fact(DebPackages)
     installed = sorted(v for name, versions in debs.items()
                        if any(p.fullmatch(name) for p in MODULE_PACKAGE_NAMES.values())
@@ -538,10 +600,24 @@ def driver_packages(packages: list[str], module_package: str, version_glob: str,
     args = ["--no-install-recommends"]
     if installed:
         args += ["--allow-downgrades", "--allow-change-held-packages"]
+    # version_glob and module_package are checked above: safe unquoted, and the glob must stay
+    # unquoted to match in `case`.
+    yield StringCommand(
+        f"ok=; have=; for v in $(apt-cache madison {module_package} | cut -d'|' -f2); do "
+        f"have=\"$have $v\"; case \"$v\" in {version_glob}) ok=1;; esac; done; "
+        f"if [ -z \"$ok\" ]; then echo \"NVIDIA's repository has no {module_package} "
+        f"{version_glob} (it has:${{have:- none}}): set gpuhost_driver_version to one it has\" "
+        ">&2; exit 1; fi"
+    )
     yield StringCommand(
         "DEBIAN_FRONTEND=noninteractive", "apt-get", "-y",
         "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold",
         "install", *args, *wanted,
+    )
+    yield StringCommand(
+        f"p=$(dpkg-query -W -f='${{Version}}' {module_package}); case \"$p\" in "
+        f"{version_glob}) ;; *) echo \"{module_package} $p installed, {version_glob} wanted\" "
+        ">&2; exit 1;; esac"
     )
 
 
@@ -655,6 +731,8 @@ def nvidia(settings: Settings):
         source_path=source_path,
         lists_present=lists_present,
         folder=folder,
+        available=fact(AptVersions, package=driver_package_names(
+            folder, settings.driver_flavour, settings.driver_branch)[1]),
     )
     logger.info(f"{host.print_prefix}NVIDIA: {plan.summary()}")
     for warning in plan.warnings:
@@ -733,16 +811,19 @@ def nvidia(settings: Settings):
     gate = files.put(
         name=f"{SERVER_UNIT} starts only on a matching driver",
         src=str(_templates() / "sglang-driver-gate.conf"),
-        dest=f"/etc/systemd/system/{SERVER_UNIT}.d/10-gpuhost-driver-gate.conf",
+        dest=f"/etc/systemd/system/{SERVER_UNIT}.d/{DRIVER_GATE_DROPIN}",
         mode="644",
     )
     systemd.daemon_reload(name="Reload systemd units (driver gate)", _if=gate.did_change)
 
     dkms_signing(settings, signing)
     if not plan.keep_present:
-        if plan.install and fact(SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT):
+        if plan.install and (fact(SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT)
+                             or fact(SystemdEnabled, services=SERVER_UNIT).get(SERVER_UNIT)):
+            # Disabled too: started at the reboot's boot, it would be stopped again by the P2P
+            # check; the server stage enables and starts it once, on the new driver.
             systemd.service(name=f"Stop {SERVER_UNIT} before the driver changes",
-                            service=SERVER_UNIT, running=False)
+                            service=SERVER_UNIT, running=False, enabled=False)
         apt.packages(name=f"Kernel headers for {headers.kernel}",
                      packages=[f"linux-headers-{headers.kernel}"], no_recommends=True)
         driver_packages(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+from io import StringIO
 from typing import Final
 
 from pyinfra import host, logger
@@ -12,7 +13,7 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.operations import files
 
 from operations import REPO_ROOT
-from operations import remote
+from operations import p2p_policy, remote
 from operations.gpu import NvidiaDriver
 from operations.host import FileText
 from operations.plan import fact
@@ -161,6 +162,20 @@ def measured(venv: str, override: str | None, remeasure: bool = False, timeout: 
     yield FunctionCommand(_report, (hints,), {})
 
 
+def recorded_env(record_text: str | None) -> str | None:
+    """/etc/gpuhost/p2p.env as the P2P check wrote it from the record's decision
+    (p2p_policy.env_file), or None when the record holds no usable decision."""
+    decision = (_load(record_text) or {}).get("decision")
+    if not isinstance(decision, dict):
+        return None
+    try:
+        return p2p_policy.env_file(p2p_policy.Decision(
+            **{**decision, "server_args": tuple(decision.get("server_args", ())),
+               "warnings": tuple(decision.get("warnings", ()))}))
+    except (TypeError, ValueError):
+        return None
+
+
 @deploy("P2P")
 def p2p(settings: Settings):
     """Ship the P2P check and run it when needed; the decision lands in /etc/gpuhost/p2p.env,
@@ -186,4 +201,13 @@ def p2p(settings: Settings):
                      override=settings.p2p_override, remeasure=settings.p2p_remeasure,
                      timeout=settings.p2p_check_timeout,
                      hints=tuple(platform_hints(platform, {"p2p": "off", "warnings": ["?"]})))
-    return [check]
+    needed, _, _ = plan(fact(NvidiaDriver), record_text, settings.p2p_override,
+                        settings.p2p_remeasure)
+    env_text = None if needed else recorded_env(record_text)
+    if env_text is None:
+        return [check]
+    # The record is the source of truth: a hand-edited p2p.env is rewritten before the server
+    # stage decides on a restart.
+    env = files.put(name=f"{ENV_FILE} from the recorded measurement", src=StringIO(env_text),
+                    dest=ENV_FILE, mode="644")
+    return [check, env]

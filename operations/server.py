@@ -21,6 +21,7 @@ from typing_extensions import override
 
 from operations import REPO_ROOT, remote
 from operations import model as model_ops
+from operations.nvidia import DRIVER_GATE_DROPIN
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
 from operations.host import FileText
@@ -35,6 +36,10 @@ UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
 GATE_UNIT: Final = "sglang-gate.service"
 GATE_UNIT_PATH: Final = f"/etc/systemd/system/{GATE_UNIT}"
 SERVER_ENV_FILE: Final = "/etc/gpuhost/server.env"
+#: The server unit's drop-in folder (systemd.unit(5): ``<unit>.d/*.conf`` under
+#: /etc/systemd/system). gpuhost owns OWN_DROPINS; host data may allow others by name.
+DROPIN_DIR: Final = f"/etc/systemd/system/{UNIT}.d"
+OWN_DROPINS: Final = (DRIVER_GATE_DROPIN,)
 #: systemd's pause before restarting a failed server, and how many starts it gets within
 #: StartLimitIntervalSec (sized from the start timeout) before it stays failed.
 RESTART_SEC: Final = 10
@@ -87,7 +92,7 @@ def env_context(settings: Settings) -> dict:
 def server_inputs(settings: Settings) -> list[str]:
     """What the server reads at start, as unit_inputs.py's arguments: the venv, then the
     files."""
-    paths = [UNIT_PATH, SERVER_ENV_FILE, P2P_ENV_FILE]
+    paths = [UNIT_PATH, DROPIN_DIR, SERVER_ENV_FILE, P2P_ENV_FILE]
     if not settings.model_is_local:
         paths.append(f"{settings.model_path}/{model_ops.STAMP}")
     return ["--venv", settings.venv_path, *paths]
@@ -205,6 +210,34 @@ class PortListeners(FactBase[dict]):
             return {}
 
 
+class DropIns(FactBase[list[str]]):
+    """The file names of the drop-ins in a unit's drop-in folder (``*.conf``, the only ones
+    systemd reads, systemd.unit(5)), sorted; empty when the folder does not exist.
+
+    .. code:: python
+
+        ["10-gpuhost-driver-gate.conf", "50-local.conf"]
+    """
+
+    default = list
+
+    @override
+    def command(self, path: str) -> str:
+        return (f"for f in {shlex.quote(path)}/*.conf; do "
+                'if [ -e "$f" ] || [ -L "$f" ]; then echo "${f##*/}"; fi; done')
+
+    @override
+    def process(self, output) -> list[str]:
+        return sorted(line.strip() for line in output if line.strip())
+
+
+def foreign_dropins(present: Iterable[str], allowed: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The drop-ins gpuhost does not own, split into (to remove, allowed by host data)."""
+    allowed = set(allowed)
+    theirs = [name for name in present if name not in OWN_DROPINS]
+    return ([n for n in theirs if n not in allowed], [n for n in theirs if n in allowed])
+
+
 @dataclass(frozen=True)
 class UnitState:
     """A server unit as the deploy reads it before changing anything: ``active`` systemd's
@@ -283,12 +316,22 @@ def _check_ports(settings: Settings) -> None:
 
 
 @operation()
+def unit_enabled(unit: str):
+    """Enable ``unit`` (started at boot). Apart from :func:`unit_started`, so that a change of
+    that one means the unit was started."""
+    if host.get_fact(SystemdEnabled).get(unit):
+        host.noop(f"{unit} is enabled")
+        return
+    yield f"systemctl enable {unit}"
+
+
+@operation()
 def unit_started(unit: str):
-    """Enable ``unit`` and start it without waiting for it (``systemctl start --no-block``:
-    the unit's ExecStartPost holds it "activating" until the server answers, which may take
-    the whole start timeout; the health gate shows the progress meanwhile)."""
-    if not host.get_fact(SystemdEnabled).get(unit):
-        yield f"systemctl enable {unit}"
+    """Start ``unit`` without waiting for it (``systemctl start --no-block``: the unit's
+    ExecStartPost holds it "activating" until the server answers, which may take the whole
+    start timeout; the health gate shows the progress meanwhile). Read when it runs: a unit an
+    earlier stage stopped (the P2P check, a driver change) is started here, with the files as
+    they are now."""
     if host.get_fact(SystemdStatus).get(unit):
         host.noop(f"{unit} is running")
         return
@@ -442,6 +485,17 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
         **unit_context(settings),
     )
     units = [unit]
+    removed: list[OperationMeta] = []
+    remove, kept = foreign_dropins(fact(DropIns, path=DROPIN_DIR), settings.allowed_dropins)
+    for name in kept:
+        logger.info(f"{host.print_prefix}SGLang server: drop-in {DROPIN_DIR}/{name} is not "
+                    f"gpuhost's: kept ({PREFIX}allowed_dropins)")
+    for name in remove:
+        logger.warning(f"{host.print_prefix}SGLang server: drop-in {DROPIN_DIR}/{name} is not "
+                       f"gpuhost's and host data does not allow it: removing it (allow it "
+                       f"with {PREFIX}allowed_dropins)")
+        removed.append(files.file(name=f"Remove the foreign drop-in {name}",
+                                  path=f"{DROPIN_DIR}/{name}", present=False))
     if settings.server_is_public:
         gate = files.template(
             name=f"Unit {GATE_UNIT}",
@@ -455,21 +509,26 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
         systemd.service(name=f"Stop {GATE_UNIT} (the server binds the loopback only)",
                         service=GATE_UNIT, running=False, enabled=False)
         units.append(files.file(name=f"Remove {GATE_UNIT}", path=GATE_UNIT_PATH, present=False))
+    units += removed  # after the gate's, which gate_ops below finds at units[1]
     need_reload = server_state.need_reload or gate_state.need_reload
     systemd.daemon_reload(name="Reload systemd units",
                           _if=lambda: need_reload or any(u.did_change() for u in units))
+    unit_enabled(name=f"Enable {UNIT}", unit=UNIT)
     started = unit_started(name=f"Start {UNIT}", unit=UNIT)
-    changed += [env, unit, *inputs]
+    changed += [*removed, env, unit, *inputs]
+    # A unit started just now (an earlier stage stopped it) read the files as they are: a
+    # restart would only kill that start.
     restarted = unit_restarted(
         name=f"Restart {UNIT} (what it reads changed)",
         unit=UNIT,
-        _if=lambda: was_running and (server_state.stale
-                                     or any(op.did_change() for op in changed)),
+        _if=lambda: was_running and not started.did_change() and (
+            server_state.stale or any(op.did_change() for op in changed)),
     )
     public_url = None
     # A start or restart of the gate alone is verified in this run too (its key, its answers).
     gate_changes: list[OperationMeta] = []
     if settings.server_is_public:
+        unit_enabled(name=f"Enable {GATE_UNIT}", unit=GATE_UNIT)
         gate_changes.append(unit_started(name=f"Start {GATE_UNIT}", unit=GATE_UNIT))
         gate_ops = [units[1], shipped["api_gate.py"], shipped["secret_file.py"]]
         gate_changes.append(unit_restarted(

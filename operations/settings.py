@@ -135,6 +135,7 @@ class Settings:
     server_start_timeout: int = 3600
     server_backend_port: int = 30000
     api_key_file: str | None = None
+    allowed_dropins: tuple[str, ...] = ()
     # Model weights
     model_dir: str = "/opt/gpuhost/models"
     model_revision: str = "main"
@@ -282,6 +283,11 @@ def _control_characters(value: Any) -> bool:
 _NUMBER_AS_TEXT: Final = ("driver_branch", "cuda_toolkit", "compute_capability")
 
 
+#: A drop-in's file name: systemd reads only ``*.conf`` in a unit's ``.d`` folder
+#: (systemd.unit(5), "drop-in").
+DROPIN_NAME: Final = r"[A-Za-z0-9][A-Za-z0-9._+@-]*\.conf"
+
+
 _BOOL = _Rule(lambda v: isinstance(v, bool), "True or False")
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.\-]*"
 
@@ -349,6 +355,12 @@ RULES: Final[Mapping[str, _Rule]] = {
     "health_timeout": _int_between(10, 86400),
     "server_start_timeout": _int_between(60, 7 * 86400),
     "server_backend_port": _int_between(1, 65535),
+    "allowed_dropins": _Rule(
+        lambda v: isinstance(v, (list, tuple)) and all(
+            isinstance(n, str) and re.fullmatch(DROPIN_NAME, n) for n in v),
+        "a list of drop-in file names under /etc/systemd/system/sglang.service.d/ such as "
+        '"50-local.conf" (letters, digits and . _ + @ -, ending in .conf)',
+    ),
     "api_key_file": _text(_PATH, f"an absolute path on the host, root-only {_PATH_DETAIL}",
                           optional=True),
     "model_dir": _text(_PATH, _PATH_ALLOWED),
@@ -413,7 +425,8 @@ def from_host_data(host: str, data: Mapping[str, Any]) -> Settings:
         rule = RULES[name]
         if not rule.check(value):
             raise _fail(host, name, value, rule.allowed)
-        values[name] = tuple(value) if name == "server_extra_args" else value
+        values[name] = tuple(value) if name in ("server_extra_args", "allowed_dropins") \
+            else value
 
     settings = Settings(**values)
     _check_together(host, settings)

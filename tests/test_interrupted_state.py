@@ -52,6 +52,26 @@ def test_digest_follows_contents_absence_and_the_venv(tmp_path, venv):
     assert unit_inputs.inputs_digest(paths, str(venv)) != before
 
 
+def test_digest_follows_a_drop_in_folders_conf_files(tmp_path):
+    unit, folder = tmp_path / "unit", tmp_path / "sglang.service.d"
+    unit.write_text("ExecStart=a\n")
+    paths = [str(unit), str(folder)]
+    absent = unit_inputs.inputs_digest(paths)
+    folder.mkdir()
+    (folder / "10-gpuhost-driver-gate.conf").write_text("[Service]\nExecStartPre=x\n")
+    ours = unit_inputs.inputs_digest(paths)
+    assert ours != absent
+    (folder / "README").write_text("systemd reads only *.conf")
+    assert unit_inputs.inputs_digest(paths) == ours
+    (folder / "50-theirs.conf").write_text("[Service]\nRestart=no\n")
+    theirs = unit_inputs.inputs_digest(paths)
+    assert theirs != ours
+    (folder / "50-theirs.conf").write_text("[Service]\nRestart=always\n")
+    assert unit_inputs.inputs_digest(paths) not in (ours, theirs)
+    (folder / "50-theirs.conf").unlink()
+    assert unit_inputs.inputs_digest(paths) == ours
+
+
 def test_flash_attn_stamp_name_is_the_builds():
     assert unit_inputs.FLASH_ATTN_STAMP == STAMP_NAME
 
@@ -86,7 +106,8 @@ def test_the_unit_records_what_the_deploy_compares(settings):
     flag, venv, *paths = server.server_inputs(s)
     assert flag == "--venv"
     assert words[4:] == ["--venv", venv, *paths]
-    assert paths == [server.UNIT_PATH, server.SERVER_ENV_FILE, server.P2P_ENV_FILE,
+    assert paths == [server.UNIT_PATH, server.DROPIN_DIR, server.SERVER_ENV_FILE,
+                     server.P2P_ENV_FILE,
                      f"{s.model_path}/{MODEL_STAMP}"]
     command = server.ServiceState().command(server.UNIT, "gpuhost-sglang", ["--venv", venv, *paths])
     assert "cat /run/gpuhost-sglang/inputs" in command

@@ -12,6 +12,7 @@ from operations.nvidia import (
     Headers,
     PciGpu,
     parse_lspci,
+    parse_madison,
     plan_driver,
     repo_folder,
 )
@@ -42,7 +43,7 @@ def settings(**data):
 
 
 def plan(s=None, *, debs=None, state=None, files_=PKG_FILES, headers=None, gpus=None,
-         sources=None, lists_present=True):
+         sources=None, lists_present=True, available=None):
     return plan_driver(
         s or settings(),
         debs=CONVERGED if debs is None else debs,
@@ -54,6 +55,7 @@ def plan(s=None, *, debs=None, state=None, files_=PKG_FILES, headers=None, gpus=
         repo_url=REPO,
         source_path=SOURCE,
         lists_present=lists_present,
+        available=available,
     )
 
 
@@ -245,3 +247,42 @@ def test_ubuntu_converged_and_change():
     assert changed.change and changed.refusals
     assert ubuntu_plan(settings(gpuhost_driver_branch="570",
                                 gpuhost_allow_driver_change=True)).change
+
+
+REPO_VERSIONS = ("580.105.08-1", "580.95.05-1", "570.172.08-1")
+
+
+def test_a_pinned_version_the_repository_lacks_is_refused_naming_what_it_has():
+    p = plan(settings(gpuhost_driver_version="580.82.07"), debs={}, state=DriverState("absent"),
+             files_=NO_FILES, available=REPO_VERSIONS)
+    assert p.install
+    assert len(p.refusals) == 1, p.refusals
+    assert ("NVIDIA's repository has no nvidia-kernel-open-dkms 580.82.07-* "
+            "(gpuhost_driver_branch, gpuhost_driver_version): it has 580.105.08, 580.95.05."
+            ) in p.refusals[0]
+
+
+def test_a_pinned_version_the_repository_has_installs():
+    p = plan(settings(gpuhost_driver_version="580.95.05"), debs={}, state=DriverState("absent"),
+             files_=NO_FILES, available=REPO_VERSIONS)
+    assert p.install and not p.refusals
+
+
+def test_the_pin_is_not_judged_by_lists_of_an_unconfigured_repository():
+    p = plan(settings(gpuhost_driver_version="580.82.07"), debs={}, state=DriverState("absent"),
+             files_=NO_FILES, sources=[], available=())
+    assert p.install and not p.refusals  # driver_packages checks it once the repository is in
+
+
+def test_a_converged_host_is_not_refused_when_its_version_left_the_repository():
+    p = plan(available=("580.105.08-1",))
+    assert not p.install and not p.refusals
+
+
+def test_madison_versions():
+    out = [" nvidia-kernel-open-dkms | 580.105.08-1 | http://r/debian12/x86_64  Packages",
+           " nvidia-kernel-open-dkms | 580.95.05-1 | http://r/debian12/x86_64  Packages",
+           " nvidia-kernel-open-dkms | 580.95.05-1 | http://mirror/debian12/x86_64  Packages",
+           "rc=0"]
+    assert parse_madison(out) == ("580.105.08-1", "580.95.05-1")
+    assert parse_madison(["rc=127"]) is None

@@ -8,9 +8,11 @@ the file under /run says what the running process read; the deploy runs it witho
 compares (operations/server.py, ServiceState). A deploy stopped after changing a file and
 before restarting the service leaves the two different: the next deploy restarts it.
 
-Each PATH counts with its name and content, or as absent. The venv counts with the names of its
-``*.dist-info`` folders (name and version of every installed distribution) and flash-attn's
-build stamp, not with every file: pip replaces a distribution's dist-info with its files.
+Each PATH counts with its name and content, or as absent; a folder (a unit's drop-in folder)
+with each ``*.conf`` file in it, by name order (the drop-ins systemd reads, systemd.unit(5)).
+The venv counts with the names of its ``*.dist-info`` folders (name and version of every
+installed distribution) and flash-attn's build stamp, not with every file: pip replaces a
+distribution's dist-info with its files.
 Standard library only: runs with the host's python3.
 """
 
@@ -40,7 +42,13 @@ def inputs_digest(paths: list[str], venv: str | None = None) -> str:
     """The digest (module docstring) of ``paths`` and, if given, the venv at ``venv``."""
     digest = hashlib.sha256()
     for path in paths:
-        _file(digest, path)
+        if os.path.isdir(path):
+            digest.update(f"dir {path}\0".encode())
+            for name in sorted(os.listdir(path)):
+                if name.endswith(".conf"):
+                    _file(digest, os.path.join(path, name))
+        else:
+            _file(digest, path)
     if venv:
         dists = sorted(os.path.basename(p) for p in
                        glob.glob(os.path.join(venv, "lib", "python3*", "site-packages",
