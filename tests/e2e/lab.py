@@ -43,7 +43,9 @@ class Host:
         result = subprocess.run(
             ["ssh", "-i", self.ssh_key, "-o", "StrictHostKeyChecking=no",
              "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-             "-o", "BatchMode=yes", f"root@{self.address}", command],
+             "-o", "BatchMode=yes",
+             # the checks read English (sshd accepts LC_*); the deploy gets the host's German
+             "-o", "SetEnv=LC_ALL=C", f"root@{self.address}", command],
             text=True, capture_output=True, timeout=120, check=False,
         )
         if check and result.returncode != 0:
