@@ -337,19 +337,25 @@ def build_command(plan: BuildPlan) -> str:
 def _build_state(on_host: _Remote) -> tuple[dict[str, str], str, BuildKey | None, bool]:
     """The build unit's state, the log's last line, the key the build in BUILD_DIR is for
     (None where there is none) and whether it finished (its ``complete`` marker)."""
+    # each part after a line of its own: the log's last line may have no newline (pip's
+    # progress), and a marker printed after it would join it
     out = on_host.run(
         f"systemctl show -p LoadState -p ActiveState -p SubState -p Result -p ExecMainStatus "
-        f"{BUILD_UNIT}; echo ---; tail -n 1 {BUILD_DIR}/build.log 2>/dev/null || true; "
-        f"echo ---; cat {BUILD_DIR}/key.json 2>/dev/null || true; echo ---; "
+        f"{BUILD_UNIT}; printf '\\n---\\n'; tail -n 1 {BUILD_DIR}/build.log 2>/dev/null; "
+        f"printf '\\n---\\n'; cat {BUILD_DIR}/key.json 2>/dev/null; printf '\\n---\\n'; "
         f"test -e {BUILD_DIR}/complete && echo complete || true",
         "reading the build's state", timeout=remote.POLL_TIMEOUT_S)
-    head, _, rest = out.partition("---\n")
-    tail, _, rest = rest.partition("---\n")
-    key_text, _, done = rest.partition("---\n")
-    state = dict(line.split("=", 1) for line in head.splitlines() if "=" in line)
-    stamp = read_stamp(key_text)
-    return (state, tail.strip(), BuildKey.from_stamp(stamp) if stamp else None,
-            done.strip() == "complete")
+    parts: list[list[str]] = [[]]
+    for line in out.splitlines():
+        if line == "---":
+            parts.append([])
+        elif line.strip():
+            parts[-1].append(line)
+    head, tail, key_lines, done = (parts + [[], [], []])[:4]
+    state = dict(line.split("=", 1) for line in head if "=" in line)
+    stamp = read_stamp("\n".join(key_lines))
+    return (state, tail[-1].strip() if tail else "",
+            BuildKey.from_stamp(stamp) if stamp else None, done == ["complete"])
 
 
 def _start(on_host: _Remote, plan: BuildPlan, key: BuildKey) -> None:

@@ -244,9 +244,12 @@ class ScriptedHost:
         self.commands.append(command)
         if command.startswith("systemctl show"):
             props, key, done = self.states.pop(0) if len(self.states) > 1 else self.states[0]
-            return ("\n".join(f"{k}={v}" for k, v in props.items()) + "\n---\nlast line\n---\n"
-                    + (json.dumps(key.__dict__) if key else "") + "\n---\n"
-                    + ("complete\n" if done else ""))
+            # as pyinfra gives stdout: lines joined, the last without its newline; the log's
+            # last line has none of its own (pip's progress), hence the blank line printf adds
+            return ("\n".join(f"{k}={v}" for k, v in props.items()) + "\n\n---\n"
+                    + "Building wheel for flash-attn (setup.py): started\n---\n"
+                    + (json.dumps(key.__dict__) if key else "") + "\n\n---"
+                    + ("\ncomplete" if done else ""))
         if command.startswith("ls "):
             return "/opt/gpuhost/build/flash-attn/wheels/flash_attn-2.8.3.post2-py3-none-any.whl\n"
         return ""
