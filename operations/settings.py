@@ -687,6 +687,20 @@ def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]],
     return settings
 
 
+def notes(s: Settings) -> list[str]:
+    """Host data that is allowed but has no effect, one sentence each, for a warning: an API
+    key file on a loopback bind (only a wider bind puts the API key gate, which reads the
+    key, in front of the server; sglang itself never gets the key)."""
+    found = []
+    if s.api_key_file is not None and not s.server_is_public:
+        found.append(
+            f"{PREFIX}api_key_file = {s.api_key_file!r} has no effect: {PREFIX}server_host = "
+            f"{s.server_host!r} is a loopback address, where the server answers without the "
+            "API key gate; bind a wider address to require the key, or remove "
+            f"{PREFIX}api_key_file")
+    return found
+
+
 def for_run(inventory: Any) -> dict[str, Settings]:
     """:func:`for_inventory` of pyinfra's inventory, each problem with where its value came
     from (:func:`data_sources`); on a problem, exit with every problem listed.
@@ -695,9 +709,10 @@ def for_run(inventory: Any) -> dict[str, Settings]:
     <file> line <n>", naming the innermost frame outside pyinfra (pyinfra_cli/exceptions.py,
     ``WrappedError``): a line of this module, not of the user's data. SystemExit is no
     Exception, so neither the deploy file's loader nor the CLI wraps it: pyinfra prints its
-    message alone and exits 1, before any operation reaches any host.
+    message alone and exits 1, before any operation reaches any host. The current host's
+    :func:`notes` are logged as warnings.
     """
-    from pyinfra import state
+    from pyinfra import host, logger, state
 
     from operations.inventory_check import command_line
 
@@ -705,11 +720,15 @@ def for_run(inventory: Any) -> dict[str, Settings]:
     folder = Path(getattr(state, "cwd", None) or ".") / "group_data"
     hosts = list(inventory)
     try:
-        return for_inventory(((h.name, h.data.dict()) for h in hosts),
-                             {h.name: data_sources(h, inventory_file, folder) for h in hosts})
+        settings = for_inventory(((h.name, h.data.dict()) for h in hosts),
+                                 {h.name: data_sources(h, inventory_file, folder) for h in hosts})
     except SettingsError as exc:
         raise SystemExit("gpuhost: host data refused, no host was touched:\n  - "
                          + "\n  - ".join(exc.problems)) from None
+    if host.name in settings:
+        for note in notes(settings[host.name]):
+            logger.warning(f"{host.print_prefix}host data: {note}")
+    return settings
 
 
 def data_sources(host: Any, inventory_file: str | None = None,

@@ -11,7 +11,13 @@ import pytest
 from pyinfra.api import Inventory
 
 from operations import REPO_ROOT
-from operations.settings import SettingsError, data_sources, for_inventory, from_host_data
+from operations.settings import (
+    SettingsError,
+    data_sources,
+    for_inventory,
+    from_host_data,
+    notes,
+)
 
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 
@@ -92,3 +98,13 @@ def test_cli_lists_every_problem_with_its_source_and_no_internal_line(tmp_path):
     assert "It is set in --data." in output
     assert "pyinfra error in" not in output and "settings.py line" not in output
     assert "Traceback" not in output
+
+
+def test_an_api_key_file_on_a_loopback_bind_is_noted():
+    s = from_host_data("gpu1", {"gpuhost_api_key_file": "/etc/gpuhost/api.key"})
+    (note,) = notes(s)
+    assert note.startswith("gpuhost_api_key_file = '/etc/gpuhost/api.key' has no effect: "
+                           "gpuhost_server_host = '127.0.0.1' is a loopback address")
+    public = from_host_data("gpu1", {"gpuhost_api_key_file": "/etc/gpuhost/api.key",
+                                     "gpuhost_server_host": "0.0.0.0"})
+    assert notes(public) == [] and notes(from_host_data("gpu1", {})) == []
