@@ -411,9 +411,9 @@ def from_host_data(host: str, data: Mapping[str, Any],
         raise SettingsError("\n".join(problems), problems=problems)
     values: dict[str, Any] = {}
     for key, value in data.items():
-        name = key[len(PREFIX):]
         if not key.startswith(PREFIX):
             continue
+        name = key[len(PREFIX):]
         if name in _NUMBER_AS_TEXT and isinstance(value, (int, float)) \
                 and not isinstance(value, bool):
             value = str(value)
