@@ -18,9 +18,9 @@ from operations.plan import stop_if_refused
 from operations.preflight import preflight
 from operations.remote import use_run_env
 from operations.server import sglang_server
-from operations.settings import for_inventory
+from operations.settings import for_run
 
-settings = for_inventory((h.name, h.data.dict()) for h in inventory)[host.name]
+settings = for_run(inventory)[host.name]
 use_run_env()
 
 if deploy_lock.held(settings):

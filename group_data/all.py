@@ -3,7 +3,14 @@
 Each key is one row of the README's host data table; the values not set here take the
 defaults in operations/settings.py, which are the reference lab's (../shared/reference-lab.md).
 Set a key here to change it for the whole fleet, in an inventory's host data for one host.
+
+pyinfra executes this file while it builds the inventory, before it connects to any host: the
+inventory check runs here (a host given twice with different data, a --limit matching no host).
 """
+
+from operations import inventory_check
+
+inventory_check.check()
 
 # The server profile: GLM-5-NVFP4 on SGLang at tensor parallel size 8, as launched in the
 # reference lab.

@@ -246,13 +246,17 @@ class UnitState:
     systemd's NeedDaemonReload (the unit file changed since systemd read it),
     ``started_with`` the digest its ExecStartPre wrote for the running process ("" when none)
     and ``now`` the same digest of the files as they are (operations/files/unit_inputs.py;
-    "" when that script is not on the host yet)."""
+    "" when that script is not on the host yet), ``changed`` which of those inputs differ from
+    what the running process read (unit_inputs.py --changed; empty when that was not recorded),
+    ``result`` systemd's Result ("success", "exit-code", "start-limit-hit", ...)."""
 
     active: str = "inactive"
     invocation: str = ""
     need_reload: bool = False
     started_with: str = ""
     now: str = ""
+    changed: tuple[str, ...] = ()
+    result: str = ""
 
     @property
     def running(self) -> bool:
@@ -273,11 +277,12 @@ class ServiceState(FactBase[UnitState]):
     def command(self, unit: str, runtime_dir: str, inputs: list[str]) -> str:
         script = f"{LIB_DIR}/unit_inputs.py"
         argv = " ".join(shlex.quote(a) for a in inputs)
-        return (f"systemctl show -p ActiveState -p InvocationID -p NeedDaemonReload "
+        return (f"systemctl show -p ActiveState -p InvocationID -p NeedDaemonReload -p Result "
                 f"{shlex.quote(unit)} 2>/dev/null; "
                 f"echo \"started_with=$(cat /run/{runtime_dir}/inputs 2>/dev/null)\"; "
                 f"if [ -f {script} ]; then echo \"now=$(python3 {script} {argv} 2>/dev/null)\"; "
-                "else echo now=; fi")
+                f"echo \"changed=$(python3 {script} --changed /run/{runtime_dir}/inputs {argv} "
+                "2>/dev/null)\"; else echo now=; fi")
 
     @override
     def default(self) -> UnitState:
@@ -292,7 +297,72 @@ class ServiceState(FactBase[UnitState]):
             need_reload=values.get("NeedDaemonReload") == "yes",
             started_with=values.get("started_with", "").strip(),
             now=values.get("now", "").strip(),
+            changed=tuple(c for c in values.get("changed", "").strip().split("|") if c),
+            result=values.get("Result", ""),
         )
+
+
+#: Lines of a failed unit's journal shown when the deploy starts it again.
+JOURNAL_LINES: Final = 15
+
+
+class UnitJournal(FactBase[list]):
+    """The last ``lines`` lines of ``unit``'s journal (``journalctl -u UNIT -n LINES -o
+    short-iso``, journalctl(1)), e.g. ``["2026-12-01T14:00:00+0000 gpu1 systemd[1]:
+    sglang.service: Start request repeated too quickly."]``."""
+
+    @override
+    def command(self, unit: str, lines: int = JOURNAL_LINES) -> str:
+        return (f"journalctl -u {shlex.quote(unit)} -n {int(lines)} --no-pager -o short-iso "
+                "2>/dev/null || true")
+
+    @override
+    def default(self) -> list:
+        return []
+
+    @override
+    def process(self, output) -> list:
+        return [line for line in output if not line.startswith("-- ")]
+
+
+def stale_message(unit: str, state: UnitState) -> str:
+    """What the deploy says of a unit running with other inputs than the files now: which
+    inputs differ, as the unit recorded them at its start, not a guess at why."""
+    if state.changed:
+        what = f"{', '.join(state.changed)} changed since it started"
+    elif not state.started_with:
+        what = "it recorded no inputs at its start (/run was emptied, or an older gpuhost " \
+               "started it)"
+    else:
+        what = "which of them changed is not recorded (an older gpuhost started it)"
+    return f"{unit} runs with other inputs than the files now: {what}: restarting it"
+
+
+def unverified_message(units: tuple[str, ...], states: tuple[UnitState, ...],
+                       recorded: list[str]) -> str:
+    """Why the health gate runs for a server that runs and was not restarted: which unit's
+    InvocationID differs from the ones VERIFIED_FILE recorded when the gate last passed, or
+    that the units gated now are not the ones gated then (a bind switched to or from the
+    loopback)."""
+    if not recorded:
+        why = f"no passed health gate is recorded ({VERIFIED_FILE})"
+    elif len(recorded) != len(units):
+        then = " and ".join((UNIT, GATE_UNIT)[: len(recorded)])
+        why = (f"the health gate last passed for {then}; it is {' and '.join(units)} now "
+               "(the bind address changed to or from the loopback)")
+    else:
+        since = [u for u, st, rec in zip(units, states, recorded) if st.invocation != rec]
+        why = (f"{' and '.join(since)} started since the health gate last passed "
+               "(its InvocationID differs from the one recorded then)")
+    return f"not verified as it runs now: {why}: the health gate runs"
+
+
+def failed_message(unit: str, state: UnitState, journal: list[str]) -> str:
+    """What the deploy says of a unit systemd left failed, before it starts it again: that it
+    failed, systemd's Result, and the journal's last lines."""
+    lines = "".join(f"\n    {line}" for line in journal) or "\n    (the journal is empty)"
+    return (f"{unit} had failed (systemd's Result: {state.result or 'unknown'}): starting it "
+            f"again. The last lines of its journal:{lines}")
 
 
 def _check_secret_file(key: str, path: str) -> bool:
@@ -443,16 +513,17 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
         s.invocation for s in (server_state, gate_state)[: len(gated)]]
     for name, unit_state in ((UNIT, server_state), (GATE_UNIT, gate_state)):
         if unit_state.stale:
-            logger.warning(f"{host.print_prefix}SGLang server: {name} runs with other inputs "
-                           "than the files now (an earlier run changed them and stopped before "
-                           "restarting it): restarting it")
+            logger.warning(f"{host.print_prefix}SGLang server: "
+                           f"{stale_message(name, unit_state)}")
+        if unit_state.active == "failed" and (name == UNIT or settings.server_is_public):
+            logger.warning(f"{host.print_prefix}SGLang server: " + failed_message(
+                name, unit_state, fact(UnitJournal, unit=name)))
         if unit_state.need_reload:
             logger.warning(f"{host.print_prefix}SGLang server: systemd has not read {name}'s "
                            "unit file since it changed: reloading")
     if unverified and not server_state.stale:
-        logger.warning(f"{host.print_prefix}SGLang server: not verified since it started (an "
-                       "earlier run stopped during the health gate, or systemd restarted it): "
-                       "the health gate runs")
+        logger.warning(f"{host.print_prefix}SGLang server: " + unverified_message(
+            gated, (server_state, gate_state)[: len(gated)], verified))
     files.directory(name="gpuhost config folder", path="/etc/gpuhost", mode="755")
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
     shipped = {

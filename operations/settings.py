@@ -7,9 +7,11 @@ allowed, before any operation is planned for any host.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import ipaddress
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -73,7 +75,15 @@ P2P_OVERRIDES: Final = ("on", "off")
 
 
 class SettingsError(PyinfraError):
-    """Host data that cannot be used: the message names host, key, value and what is allowed."""
+    """Host data that cannot be used: the message names host, key, value and what is allowed
+    (one line per problem, every problem found). ``key`` is the setting a single problem is
+    about (None when not one key's); ``problems`` every problem's line."""
+
+    def __init__(self, message: str, key: str | None = None,
+                 problems: Iterable[str] | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.problems: list[str] = list(problems) if problems is not None else [message]
 
 
 @dataclass(frozen=True)
@@ -376,64 +386,102 @@ assert _FIELDS == set(RULES), "every setting needs exactly one rule"
 
 
 def _fail(host: str, key: str, value: Any, allowed: str) -> SettingsError:
-    return SettingsError(f"host {host}: {PREFIX}{key} = {value!r} is not allowed: {allowed}.")
+    return SettingsError(f"host {host}: {PREFIX}{key} = {value!r} is not allowed: {allowed}.",
+                         key=f"{PREFIX}{key}")
 
 
-def from_host_data(host: str, data: Mapping[str, Any]) -> Settings:
+def _sourced(exc: SettingsError, sources: Mapping[str, str] | None) -> str:
+    """A problem's line, with where its key's value came from when ``sources`` tells."""
+    message = str(exc)
+    if sources is None or exc.key is None:
+        return message
+    where = sources.get(exc.key)
+    return message + (f" It is set in {where}." if where else " It is the default.")
+
+
+def from_host_data(host: str, data: Mapping[str, Any],
+                   sources: Mapping[str, str] | None = None) -> Settings:
     """Build one host's :class:`Settings` from its merged host data.
 
     + host: the host's name, for messages
     + data: pyinfra host data (inventory, group_data and defaults merged)
+    + sources: where each key's value came from (:func:`data_sources`), added to messages
 
     Raises :class:`SettingsError` for an unknown ``gpuhost_`` key (with the closest known key),
     a value of the wrong type or outside what is allowed, or settings that contradict each
     other (a tensor parallel size that does not divide the GPU count, the proprietary driver
-    flavour on Blackwell).
+    flavour on Blackwell): every such problem, one line each. Settings are checked against
+    each other only once every value is allowed on its own.
     """
-    values: dict[str, Any] = {}
-    known = sorted(f"{PREFIX}{name}" for name in _FIELDS)
-    squashed = {re.sub(r"[^a-z0-9]", "", k): k for k in known}
+    problems: list[str] = []
     for key, value in data.items():
-        if not isinstance(key, str):
-            raise SettingsError(f"host {host}: host data key {key!r} is not allowed: keys are "
-                                "strings")
+        try:
+            _check_key(host, key, value)
+        except SettingsError as exc:
+            problems.append(_sourced(exc, sources))
+    if problems:
+        raise SettingsError("\n".join(problems), problems=problems)
+    values: dict[str, Any] = {}
+    for key, value in data.items():
         if not key.startswith(PREFIX):
-            if f"{PREFIX}{key}" in known:
-                raise SettingsError(
-                    f"host {host}: unknown key {key}: did you mean {PREFIX}{key}?"
-                )
-            # A misspelt prefix (GPUHOST_, gpuhost-, gpuhots_) would leave the default on.
-            close = squashed.get(re.sub(r"[^a-z0-9]", "", key.lower())) or next(iter(
-                difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.9)), None)
-            if close:
-                raise SettingsError(f"host {host}: unknown key {key}: did you mean {close}?")
             continue
         name = key[len(PREFIX):]
-        if name not in _FIELDS:
-            # Compared without the prefix, which every key shares and would make all look close.
-            close = difflib.get_close_matches(name, sorted(_FIELDS), n=1, cutoff=0.7)
-            hint = (f" did you mean {PREFIX}{close[0]}?" if close
-                    else f" known keys: {', '.join(known)}")
-            raise SettingsError(f"host {host}: unknown key {key}:{hint}")
         if name in _NUMBER_AS_TEXT and isinstance(value, (int, float)) \
                 and not isinstance(value, bool):
             value = str(value)
-        if _control_characters(value):
-            raise _fail(host, name, value, "a value without control characters (newlines, "
-                                            "tabs, NUL): it is written into unit files, "
-                                            "environment files and commands")
-        rule = RULES[name]
-        if not rule.check(value):
-            raise _fail(host, name, value, rule.allowed)
         values[name] = tuple(value) if name in ("server_extra_args", "allowed_dropins") \
             else value
 
     settings = Settings(**values)
-    _check_together(host, settings)
+    for check in _TOGETHER:
+        try:
+            check(host, settings)
+        except SettingsError as exc:
+            problems.append(_sourced(exc, sources))
+    if problems:
+        raise SettingsError("\n".join(problems), problems=problems)
     return settings
 
 
-def _check_together(host: str, s: Settings) -> None:
+def _check_key(host: str, key: Any, value: Any) -> None:
+    """Raise :class:`SettingsError` unless ``key = value`` is allowed on its own."""
+    known = sorted(f"{PREFIX}{name}" for name in _FIELDS)
+    squashed = {re.sub(r"[^a-z0-9]", "", k): k for k in known}
+    if not isinstance(key, str):
+        raise SettingsError(f"host {host}: host data key {key!r} is not allowed: keys are "
+                            "strings")
+    if not key.startswith(PREFIX):
+        if f"{PREFIX}{key}" in known:
+            raise SettingsError(
+                f"host {host}: unknown key {key}: did you mean {PREFIX}{key}?", key=key
+            )
+        # A misspelt prefix (GPUHOST_, gpuhost-, gpuhots_) would leave the default on.
+        close = squashed.get(re.sub(r"[^a-z0-9]", "", key.lower())) or next(iter(
+            difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.9)), None)
+        if close:
+            raise SettingsError(f"host {host}: unknown key {key}: did you mean {close}?",
+                                key=key)
+        return
+    name = key[len(PREFIX):]
+    if name not in _FIELDS:
+        # Compared without the prefix, which every key shares and would make all look close.
+        close = difflib.get_close_matches(name, sorted(_FIELDS), n=1, cutoff=0.7)
+        hint = (f" did you mean {PREFIX}{close[0]}?" if close
+                else f" known keys: {', '.join(known)}")
+        raise SettingsError(f"host {host}: unknown key {key}:{hint}", key=key)
+    if name in _NUMBER_AS_TEXT and isinstance(value, (int, float)) \
+            and not isinstance(value, bool):
+        value = str(value)
+    if _control_characters(value):
+        raise _fail(host, name, value, "a value without control characters (newlines, "
+                                        "tabs, NUL): it is written into unit files, "
+                                        "environment files and commands")
+    rule = RULES[name]
+    if not rule.check(value):
+        raise _fail(host, name, value, rule.allowed)
+
+
+def _check_tensor_parallel(host: str, s: Settings) -> None:
     if s.tensor_parallel_size > s.gpu_count or s.gpu_count % s.tensor_parallel_size:
         divisors = [n for n in range(1, s.gpu_count + 1) if s.gpu_count % n == 0]
         raise _fail(
@@ -443,6 +491,9 @@ def _check_together(host: str, s: Settings) -> None:
             f"a divisor of {PREFIX}gpu_count ({s.gpu_count}): "
             + ", ".join(str(n) for n in divisors),
         )
+
+
+def _check_flavour(host: str, s: Settings) -> None:
     major, minor = (int(p) for p in s.compute_capability.split("."))
     if s.driver_flavour != "open" and (major, minor) >= OPEN_MODULE_ONLY_FROM:
         raise _fail(
@@ -452,6 +503,9 @@ def _check_together(host: str, s: Settings) -> None:
             f"only 'open' on compute capability {s.compute_capability}: NVIDIA supports "
             "Blackwell and newer GPUs with the open kernel modules only",
         )
+
+
+def _check_driver(host: str, s: Settings) -> None:
     minimum = Version(CUDA_MIN_DRIVER[s.cuda_toolkit])
     branch_ok = Version(s.driver_branch) >= Version(str(minimum.major))
     if not branch_ok:
@@ -478,8 +532,9 @@ def _check_together(host: str, s: Settings) -> None:
                 f"a driver >= {CUDA_MIN_DRIVER[s.cuda_toolkit]}, the minimum for CUDA "
                 f"{s.cuda_toolkit}",
             )
-    _check_mok(host, s)
-    _check_server_exposure(host, s)
+
+
+def _check_lock(host: str, s: Settings) -> None:
     if not s.lock_path.is_file():
         raise _fail(host, "lock", s.lock, f"an existing lock file (not found: {s.lock_path})")
     _check_server_flags(host, s)
@@ -603,14 +658,24 @@ def _check_torch_cuda(host: str, s: Settings, lock: Any) -> None:
                     f"({PREFIX}lock = {s.lock!r})")
 
 
-def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, Settings]:
-    """Validate every host's settings at once, so one bad host stops the run before any host
-    is touched. Takes ``(name, data)`` pairs; returns settings by host name.
+#: The checks of settings against each other: each runs, so that every problem is reported.
+_TOGETHER: Final = (_check_tensor_parallel, _check_flavour, _check_driver, _check_mok,
+                    _check_server_exposure, _check_lock)
 
-    Also raises :class:`SettingsError` when two hosts claim one address (``ssh_hostname``, or
-    the host's name where it has none): one machine would be converged twice, concurrently.
+
+def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]],
+                  sources: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Settings]:
+    """Validate every host's settings at once, so one bad host stops the run before any host
+    is touched. Takes ``(name, data)`` pairs, and optionally each host's :func:`data_sources`
+    by name; returns settings by host name.
+
+    Raises :class:`SettingsError` with every problem of every host, one line each (and where
+    the value came from, when ``sources`` tells); also when two hosts claim one address
+    (``ssh_hostname``, or the host's name where it has none): one machine would be converged
+    twice, concurrently.
     """
     pairs = [(name, data if data is not None else {}) for name, data in hosts]
+    problems: list[str] = []
     claimed: dict[tuple[str, int], str] = {}
     for name, data in pairs:
         address = _address(name, data)
@@ -618,12 +683,123 @@ def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, S
             continue
         if address in claimed:
             shown = address[0] if address[1] == 22 else f"{address[0]} port {address[1]}"
-            raise SettingsError(
+            problems.append(
                 f"hosts {claimed[address]} and {name} both claim the address {shown} "
                 "(ssh_hostname, ssh_port): each host of an inventory must be a different machine"
             )
+            continue
         claimed[address] = name
-    return {name: from_host_data(name, data) for name, data in pairs}
+    settings: dict[str, Settings] = {}
+    for name, data in pairs:
+        try:
+            settings[name] = from_host_data(name, data, (sources or {}).get(name))
+        except SettingsError as exc:
+            problems += exc.problems
+    if problems:
+        raise SettingsError("\n".join(problems), problems=problems)
+    return settings
+
+
+def notes(s: Settings) -> list[str]:
+    """Host data that is allowed but has no effect, one sentence each, for a warning: an API
+    key file on a loopback bind (only a wider bind puts the API key gate, which reads the
+    key, in front of the server; sglang itself never gets the key)."""
+    found = []
+    if s.api_key_file is not None and not s.server_is_public:
+        found.append(
+            f"{PREFIX}api_key_file = {s.api_key_file!r} has no effect: {PREFIX}server_host = "
+            f"{s.server_host!r} is a loopback address, where the server answers without the "
+            "API key gate; bind a wider address to require the key, or remove "
+            f"{PREFIX}api_key_file")
+    return found
+
+
+def for_run(inventory: Any) -> dict[str, Settings]:
+    """:func:`for_inventory` of pyinfra's inventory, each problem with where its value came
+    from (:func:`data_sources`); on a problem, exit with every problem listed.
+
+    SystemExit, because pyinfra shows an error raised in a deploy file as "pyinfra error in
+    <file> line <n>", naming the innermost frame outside pyinfra (pyinfra_cli/exceptions.py,
+    ``WrappedError``): a line of this module, not of the user's data. SystemExit is no
+    Exception, so neither the deploy file's loader nor the CLI wraps it: pyinfra prints its
+    message alone and exits 1, before any operation reaches any host. The current host's
+    :func:`notes` are logged as warnings.
+    """
+    from pyinfra import host, logger, state
+
+    from operations.inventory_check import command_line
+
+    inventory_file, _ = command_line(sys.argv[1:])
+    folder = Path(getattr(state, "cwd", None) or ".") / "group_data"
+    hosts = list(inventory)
+    try:
+        settings = for_inventory(((h.name, h.data.dict()) for h in hosts),
+                                 {h.name: data_sources(h, inventory_file, folder) for h in hosts})
+    except SettingsError as exc:
+        raise SystemExit("gpuhost: host data refused, no host was touched:\n  - "
+                         + "\n  - ".join(exc.problems)) from None
+    if host.name in settings:
+        for note in notes(settings[host.name]):
+            logger.warning(f"{host.print_prefix}host data: {note}")
+    return settings
+
+
+def data_sources(host: Any, inventory_file: str | None = None,
+                 group_data_dir: Path | None = None) -> dict[str, str]:
+    """Where each of a pyinfra host's data keys gets its value, for messages: ``--data`` (the
+    CLI's override data), the inventory (the host's own entry, or a group's data there), a
+    ``group_data/<group>.py`` file, or ``group_data/all.py`` / the inventory's ``all`` data.
+
+    pyinfra's HostData looks a key up in that order: override data, host data, group data
+    (a later group winning), then the inventory's global data (pyinfra/api/host.py,
+    ``Host.__init__``; pyinfra/api/inventory.py, ``get_groups_data``); the CLI puts a group's
+    data from the inventory and from group_data/<group>.py into one dict, group_data/all.py
+    into the global data (pyinfra_cli/inventory.py, ``make_inventory_from_files``). Which of the
+    two a group's key came from is told by the file's own top-level assignments.
+
+    + host: a pyinfra Host
+    + inventory_file: the inventory's path, for messages
+    + group_data_dir: the group_data folder pyinfra read (default: ./group_data)
+    """
+    inventory = host.inventory
+    folder = group_data_dir if group_data_dir is not None else Path("group_data")
+    in_inventory = f"the inventory {inventory_file}" if inventory_file else "the inventory"
+
+    def group_source(group: str, key: str) -> str:
+        path = folder / f"{group}.py"
+        if key in _assigned_names(path):
+            return f"group_data/{group}.py"
+        return f"{in_inventory} (group {group}'s data)"
+
+    layers: list[tuple[Callable[[str], str], Mapping[str, Any]]] = [
+        (lambda key: "--data", inventory.get_override_data()),
+        (lambda key: f"{in_inventory} (host {host.name}'s entry)",
+         inventory.get_host_data(host.name)),
+    ]
+    for group in reversed(list(dict.fromkeys(host.groups))):
+        layers.append((lambda key, g=group: group_source(g, key), inventory.get_group_data(group)))
+    layers.append((lambda key: group_source("all", key), inventory.get_data()))
+    found: dict[str, str] = {}
+    for label, data in layers:
+        for key in data:
+            if key not in found:
+                found[key] = label(key)
+    return found
+
+
+def _assigned_names(path: Path) -> set[str]:
+    """The names a Python file assigns at its top level (nothing when it does not exist or does
+    not parse)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+        names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
 
 
 def _address(name: str, data: Mapping[str, Any]) -> tuple[str, int] | None:
