@@ -84,3 +84,21 @@ def test_a_failed_unit_is_named_with_systemds_result_and_its_journal():
     assert message.startswith("sglang.service had failed (systemd's Result: start-limit-hit): "
                               "starting it again. The last lines of its journal:\n    2026")
     assert "Start request repeated too quickly." in message and "-- Boot" not in message
+
+
+def test_a_drop_in_folder_is_its_drop_ins(tmp_path):
+    from operations.files import unit_inputs
+
+    folder = tmp_path / "sglang.service.d"
+    folder.mkdir()
+    (folder / "10-gpuhost-driver-gate.conf").write_text("[Unit]\n")
+    (folder / "README").write_text("not a drop-in\n")
+    unit = tmp_path / "sglang.service"
+    unit.write_text("[Service]\n")
+    record = tmp_path / "inputs"
+    assert unit_inputs.main(["--write", str(record), str(unit), str(folder)]) == 0
+    (folder / "60-local.conf").write_text("[Service]\nRestart=no\n")
+    now = unit_inputs.inputs_parts([str(unit), str(folder)])
+    recorded = unit_inputs._read_parts(f"{record}.parts")
+    assert unit_inputs.changed_inputs(recorded, now) == [
+        f"{folder}/60-local.conf (not an input at its start)"]

@@ -50,9 +50,16 @@ def _part(path: str) -> str:
 
 
 def inputs_parts(paths: list[str], venv: str | None = None) -> dict[str, str]:
-    """Each input by name (a path; "<venv>'s installed distributions"), with a digest of what
-    it is now ("absent" for a missing file)."""
-    parts = {path: _part(path) for path in paths}
+    """Each input by name (a path, each drop-in of a folder; "<venv>'s installed
+    distributions"), with a digest of what it is now ("absent" for a missing file)."""
+    parts = {}
+    for path in paths:
+        if os.path.isdir(path):  # a drop-in folder: each drop-in on its own
+            for name in sorted(os.listdir(path)):
+                if name.endswith(".conf"):
+                    parts[os.path.join(path, name)] = _part(os.path.join(path, name))
+        else:
+            parts[path] = _part(path)
     if venv:
         dists = sorted(os.path.basename(p) for p in
                        glob.glob(os.path.join(venv, "lib", "python3*", "site-packages",
