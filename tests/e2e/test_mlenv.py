@@ -107,12 +107,14 @@ def test_a_rebuilt_venv_installs_the_cached_wheel(hosts, cache):
 def test_a_failed_build_fails_the_host_with_its_log(hosts, tmp_path):
     host = hosts[0]
     pid = host.main_pid()
-    # the "hardware" now kills any parallel compile (as too little memory would), the stamp
-    # is gone and the cache is empty: this host must build, and the build fails
+    # the "hardware" now kills any parallel compile (as too little memory would); the stamp,
+    # the host's finished build (which a run would adopt) and the cache are gone: this host
+    # must build, and the build fails
     hardware = "/etc/gpuhost-sandbox/hardware.json"
     host.ssh(f"cp {hardware} /tmp/hardware.json && python3 -c \"import json; p='{hardware}'; "
              "d=json.load(open(p)); d['host']['flash_attn_max_parallel_jobs']=0; "
-             f"json.dump(d, open(p, 'w'))\" && rm {VENV}/gpuhost-flash-attn.json")
+             f"json.dump(d, open(p, 'w'))\" && rm -r {VENV}/gpuhost-flash-attn.json "
+             "/opt/gpuhost/build")
     try:
         run = deploy(tmp_path / "empty-cache")
     finally:
