@@ -26,6 +26,7 @@ from typing import Any
 
 from sandbox import hub, network, procs, rootfs, scenarios, services
 from sandbox.layout import (
+    CACHE,
     DEFAULT_SCENARIO,
     HOSTS_DIR,
     KNOWN_HOSTS,
@@ -77,6 +78,16 @@ def _exclusive() -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise LabError(f"another `up` or `down` holds {STATE_DIR / '.lock'}") from None
+        yield
+
+
+@contextlib.contextmanager
+def _shared_cache() -> Iterator[None]:
+    """One lab at a time fills the caches all labs share (the root filesystem, PyPI's real
+    wheels); another lab's `up` waits for it rather than fetching the same files alongside."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
 
@@ -147,7 +158,8 @@ def build_www(kernel_release: str) -> str | None:
         keyring_sha256 = nvidia_repo.build(WWW, kernel_release)["keyring_sha256"]
     pypi_index = _optional_module("sandbox.pypi_index")
     if pypi_index is not None:
-        pypi_index.build(WWW, PYPI_CACHE, LOCK_FILE)
+        with _shared_cache():
+            pypi_index.build(WWW, PYPI_CACHE, LOCK_FILE)
     return keyring_sha256
 
 
@@ -224,7 +236,9 @@ def up(
         ensure_tools()
         _down(defer_removal=True)
         authorized_key = ensure_ssh_key()
-        if rootfs.ensure_tarball():
+        with _shared_cache():
+            built = rootfs.ensure_tarball()
+        if built:
             _say(f"root filesystem built in {time.monotonic() - started:.0f}s")
         state: dict[str, Any] = {
             "version": STATE_VERSION,

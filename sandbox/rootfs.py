@@ -289,7 +289,7 @@ def harvest_apt_archives(root: Path, pool: Path = APT_ARCHIVES) -> int:
         cached = pool / deb.name
         if cached.exists() and os.path.samefile(deb, cached):
             continue
-        incoming = pool / f".{deb.name}.incoming"
+        incoming = pool / f".{deb.name}.{os.getpid()}.incoming"  # labs harvest side by side
         incoming.unlink(missing_ok=True)
         os.link(deb, incoming)
         os.replace(incoming, cached)

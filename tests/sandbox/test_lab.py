@@ -23,33 +23,38 @@ from sandbox import __main__ as cli
 from sandbox import httpd, lab, network, procs, rootfs, services, supervisor
 from sandbox.layout import LAB, HostSpec, host_from_name, host_specs
 
-#: For the tests that pin lab 0's addresses and names (README, sandbox/README.md); under
-#: GPUHOST_SANDBOX_LAB=L the same layout is shifted (10.(213+L), gpuhostL-...).
-lab_0_only = pytest.mark.skipif(LAB != 0, reason="pins lab 0's documented layout")
+#: The documented layout (sandbox/README.md) of this process's lab: lab 0's names and subnets,
+#: shifted under GPUHOST_SANDBOX_LAB=L (bin/test's second worker runs in lab 1) to
+#: 10.(213+L).N, namespaces gpuhostL-gpuN, links ghLxN, state in /var/lib/gpuhost-sandbox-labL.
+NET = f"10.{213 + LAB}"
+NS = f"gpuhost{LAB or ''}-"
+STATE = "/var/lib/gpuhost-sandbox" + (f"-lab{LAB}" if LAB else "")
+
+
+def veth(n: int) -> str:
+    return f"gh{LAB}x{n}" if LAB else f"gh{n}"
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- addresses and names ---------------------------------------------------------------------
-@lab_0_only
 def test_host_n_gets_its_own_24():
     spec = HostSpec(7)
-    assert (spec.name, spec.netns, spec.veth) == ("gpu7", "gpuhost-gpu7", "gh7")
+    assert (spec.name, spec.netns, spec.veth) == ("gpu7", f"{NS}gpu7", veth(7))
     assert (spec.gateway, spec.address, spec.subnet) == (
-        "10.213.7.1",
-        "10.213.7.2",
-        "10.213.7.0/24",
+        f"{NET}.7.1",
+        f"{NET}.7.2",
+        f"{NET}.7.0/24",
     )
-    assert spec.netns_path == Path("/run/netns/gpuhost-gpu7")
-    assert spec.root == Path("/var/lib/gpuhost-sandbox/hosts/gpu7/root")
-    assert spec.console_log == Path("/var/lib/gpuhost-sandbox/hosts/gpu7/console.log")
-    assert spec.cuda_repo_url == "http://10.213.7.1:8080/compute/cuda/repos"
-    assert spec.pip_index_url == "http://10.213.7.1:8080/simple/"
-    assert spec.proxy_url == "http://10.213.7.1:8888"
-@lab_0_only
+    assert spec.netns_path == Path(f"/run/netns/{NS}gpu7")
+    assert spec.root == Path(f"{STATE}/hosts/gpu7/root")
+    assert spec.console_log == Path(f"{STATE}/hosts/gpu7/console.log")
+    assert spec.cuda_repo_url == f"http://{NET}.7.1:8080/compute/cuda/repos"
+    assert spec.pip_index_url == f"http://{NET}.7.1:8080/simple/"
+    assert spec.proxy_url == f"http://{NET}.7.1:8888"
 def test_hosts_are_numbered_from_one():
     assert [s.name for s in host_specs(3)] == ["gpu1", "gpu2", "gpu3"]
-    assert host_specs(254)[-1].address == "10.213.254.2"
+    assert host_specs(254)[-1].address == f"{NET}.254.2"
 
 
 @pytest.mark.parametrize("count", [0, 255, -1])
@@ -63,19 +68,17 @@ def test_names_round_trip():
     for bad in ("gpu", "gpux", "node1", "gpu0"):
         with pytest.raises(ValueError):
             host_from_name(bad)
-@lab_0_only
 def test_link_commands_put_gateway_outside_and_address_inside():
     cmds = [" ".join(c) for c in network.link_commands(HostSpec(3))]
-    assert cmds[0] == "netns add gpuhost-gpu3"
-    assert "link add gh3 type veth peer name eth0 netns gpuhost-gpu3" in cmds
-    assert "addr add 10.213.3.1/24 dev gh3" in cmds
-    assert "-n gpuhost-gpu3 addr add 10.213.3.2/24 dev eth0" in cmds
-    assert "-n gpuhost-gpu3 link set lo up" in cmds
-    assert cmds[-1] == "-n gpuhost-gpu3 route add default via 10.213.3.1"
+    assert cmds[0] == f"netns add {NS}gpu3"
+    assert f"link add {veth(3)} type veth peer name eth0 netns {NS}gpu3" in cmds
+    assert f"addr add {NET}.3.1/24 dev {veth(3)}" in cmds
+    assert f"-n {NS}gpu3 addr add {NET}.3.2/24 dev eth0" in cmds
+    assert f"-n {NS}gpu3 link set lo up" in cmds
+    assert cmds[-1] == f"-n {NS}gpu3 route add default via {NET}.3.1"
 
 
 # --- nspawn, supervisor ----------------------------------------------------------------------
-@lab_0_only
 def test_nspawn_command_line_is_the_readme_one():
     cmd = supervisor.nspawn_command(HostSpec(2))
     assert cmd[0] == "systemd-nspawn"
@@ -87,9 +90,9 @@ def test_nspawn_command_line_is_the_readme_one():
         "--link-journal=no",
     ):
         assert flag in cmd
-    assert cmd[cmd.index("-D") + 1] == "/var/lib/gpuhost-sandbox/hosts/gpu2/root"
+    assert cmd[cmd.index("-D") + 1] == f"{STATE}/hosts/gpu2/root"
     assert cmd[cmd.index("-M") + 1] == "gpu2"
-    assert "--network-namespace-path=/run/netns/gpuhost-gpu2" in cmd
+    assert f"--network-namespace-path=/run/netns/{NS}gpu2" in cmd
     # The shared .deb cache is seeded into each host, not bind-mounted (one apt lock per host).
     assert not any(arg.startswith("--bind") for arg in cmd)
 
@@ -133,7 +136,6 @@ def test_image_is_minimal_cloud_vm():
     assert {"systemd", "systemd-sysv", "dbus", "openssh-server", "python3"} <= set(included)
     for product_installs_these in ("curl", "python3-venv", "build-essential", "gcc"):
         assert product_installs_these not in included
-@lab_0_only
 def test_personalise_writes_what_a_host_needs(tmp_path):
     root = tmp_path / "root"
     (root / "etc/ssh").mkdir(parents=True)
@@ -152,8 +154,8 @@ def test_personalise_writes_what_a_host_needs(tmp_path):
     assert operator_keys.stat().st_mode & 0o777 == 0o600
     assert (root / "etc/default/locale").read_text() == f"LANG={rootfs.LOCALE}\n"
     proxy = (root / "etc/apt/apt.conf.d/80sandbox-proxy").read_text()
-    assert 'Acquire::http::Proxy "http://10.213.4.1:8888";' in proxy
-    assert 'Acquire::http::Proxy::10.213.4.1 "DIRECT";' in proxy
+    assert f'Acquire::http::Proxy "http://{NET}.4.1:8888";' in proxy
+    assert f'Acquire::http::Proxy::{NET}.4.1 "DIRECT";' in proxy
     assert (root / "etc/gpuhost-sandbox/hardware.json").read_text() == '{"schema": 1}\n'
     assert (
         "PermitRootLogin prohibit-password"
@@ -188,12 +190,11 @@ def test_remove_tree_refuses_a_tree_with_mounts(tmp_path, monkeypatch):
 
 
 # --- services, processes ---------------------------------------------------------------------
-@lab_0_only
 def test_proxy_listens_on_the_link_only_and_admits_its_subnet(tmp_path):
     conf = services.proxy_conf(HostSpec(5), tmp_path)
-    assert "Listen 10.213.5.1\n" in conf
+    assert f"Listen {NET}.5.1\n" in conf
     assert "Port 8888\n" in conf
-    assert "Allow 10.213.5.0/24\n" in conf
+    assert f"Allow {NET}.5.0/24\n" in conf
     assert f'PidFile "{tmp_path}/proxy-gpu5.pid"' in conf
 
 
