@@ -18,6 +18,7 @@ from operations.plan import stop_if_refused
 from operations.preflight import preflight
 from operations.remote import use_run_env
 from operations.server import sglang_server
+from operations.stack_check import known_behaviour
 from operations.settings import for_run
 
 settings = for_run(inventory)[host.name]
@@ -25,6 +26,7 @@ use_run_env()
 
 if deploy_lock.held(settings):
     preflight(settings)
+    known_behaviour(settings)
     nvidia(settings)
     venv_changes = mlenv(settings)
     p2p_changes = p2p(settings)
