@@ -3,10 +3,13 @@ sglang (operations/sglang_choices.py), printed for each host; a certain failure 
 
 from __future__ import annotations
 
+import json
+
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
 from operations.gpu import NvidiaDriver
+from operations.host import FileText
 from operations.lock import LockError, read_lock
 from operations.plan import fact, refuse
 from operations.settings import Settings
@@ -45,13 +48,28 @@ def capabilities(settings: Settings) -> tuple[list[str], str]:
     return [settings.compute_capability], "gpuhost_compute_capability"
 
 
+def model_architecture(config_text: str | None) -> str | None:
+    """The architecture a model's ``config.json`` names (``architectures[0]``, as sglang reads
+    it: ``hf_config.architectures[0]`` in server_args.py); None where there is no such file
+    yet (the weights are downloaded by the server stage) or it names none."""
+    if config_text is None:
+        return None
+    try:
+        names = json.loads(config_text).get("architectures") or []
+    except (ValueError, AttributeError):
+        return None
+    return str(names[0]) if names else None
+
+
 @deploy("Stack")
 def known_behaviour(settings: Settings) -> None:
     """Print each row of the stack's known behaviour that applies to this host (the locked
     versions, the GPUs' compute capability, the settings), one line each with its source; a
     row that refuses takes the host out while planning (operations.plan), naming the setting
     to change and its alternatives. On compute capability 12.x, also warn about each backend
-    setting left ``auto`` or unset, naming what sglang would choose."""
+    setting left ``auto`` or unset, naming what sglang would choose. Where the weights are
+    already on the host, their ``config.json`` must name ``gpuhost_model_architecture``, or the
+    host is refused."""
     try:
         lock = read_lock(settings.lock_path)
     except LockError:
@@ -62,6 +80,12 @@ def known_behaviour(settings: Settings) -> None:
         ep = expert_parallel(list(settings.server_extra_args), load_parser_spec(sglang))
     except FlagError:
         ep = False
+    config = f"{settings.model_path}/config.json"
+    named = model_architecture(fact(FileText, path=config))
+    if named is not None and named != settings.model_architecture:
+        refuse("Stack", f"the model's {config} names the architecture {named}, host data says "
+                        f"gpuhost_model_architecture = {settings.model_architecture!r}: set it "
+                        f"to {named!r}, which the known behaviour is matched against")
     found, origin = capabilities(settings)
     for capability in found:
         target = Target(versions, capability, settings, ep)

@@ -10,7 +10,7 @@ import pytest
 from operations.settings import Settings
 from operations.sglang import load_parser_spec
 from operations.sglang_choices import BACKEND_SETTINGS, choice, left_to_sglang
-from operations.stack_check import expert_parallel
+from operations.stack_check import expert_parallel, model_architecture
 from operations.stack_facts import FACTS, Target, applicable, applies, describe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,3 +191,16 @@ def test_another_sglang_is_named_as_not_read():
 ])
 def test_expert_parallel(args, expected):
     assert expert_parallel(args, load_parser_spec("0.5.9")) is expected
+
+
+# --- the model's architecture from its config.json -----------------------------------------
+
+
+def test_model_architecture_from_config_json():
+    # The shape of GLM-5's config.json (and the sandbox hub's stand-in of it).
+    assert model_architecture('{"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "x"}') \
+        == "GlmMoeDsaForCausalLM"
+    assert model_architecture(None) is None  # not downloaded yet
+    assert model_architecture('{"model_type": "x"}') is None
+    assert model_architecture("not json") is None
+    assert model_architecture("[1, 2]") is None

@@ -55,3 +55,10 @@ def test_fresh_host_converges_then_nothing_changes(reference_host):
     assert second.returncode == 0, second.output[-6000:]
     assert changed_operations(second) == []
     assert host.main_pid() == pid
+
+    # The weights are on the host now: their config.json's architecture is what the known
+    # behaviour is matched against, and host data naming another is refused while planning.
+    other = lab.deploy("--dry", "--data", "gpuhost_model_architecture=Qwen3MoeForCausalLM")
+    assert ("names the architecture GlmMoeDsaForCausalLM, host data says "
+            "gpuhost_model_architecture = 'Qwen3MoeForCausalLM'") in other.output, \
+        other.output[-4000:]
