@@ -18,8 +18,8 @@ from operations.plan import stop_if_refused
 from operations.preflight import preflight
 from operations.remote import use_run_env
 from operations.server import sglang_server
-from operations.stack_check import known_behaviour
 from operations.settings import for_run
+from operations.stack_check import known_behaviour
 
 settings = for_run(inventory)[host.name]
 use_run_env()
