@@ -19,12 +19,14 @@ from operations.preflight import preflight
 from operations.remote import use_run_env
 from operations.server import sglang_server
 from operations.settings import for_run
+from operations.stack_check import known_behaviour
 
 settings = for_run(inventory)[host.name]
 use_run_env()
 
 if deploy_lock.held(settings):
     preflight(settings)
+    known_behaviour(settings)
     nvidia(settings)
     venv_changes = mlenv(settings)
     p2p_changes = p2p(settings)

@@ -34,6 +34,18 @@ class Lock:
     header: tuple[str, ...]
     pins: tuple[Pin, ...]
 
+    @property
+    def python_version(self) -> str | None:
+        """The Python version ("3.12") the lock was resolved for, as its header names it: the
+        ``--python-version X.Y`` of the ``uv pip compile`` command that made it (tools/lock.py
+        writes that command into the header, "which runs: uv pip compile ... --python-version
+        3.12 ..."). None when the header names none."""
+        for line in self.header:
+            found = re.search(r"--python-version[= ](\d+\.\d+)\b", line)
+            if found:
+                return found.group(1)
+        return None
+
     def get(self, name: str) -> Pin | None:
         wanted = canonicalize_name(name)
         return next((p for p in self.pins if p.name == wanted), None)

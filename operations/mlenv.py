@@ -272,6 +272,29 @@ def check_driver_for_venv(settings: Settings, lock: Lock, installed: Mapping[str
         refuse("ML venv", problem)
 
 
+def python_problem(lock: Lock, lock_name: str, python: str | None, venv: str,
+                   venv_exists: bool) -> str | None:
+    """Why the venv cannot hold the lock: its interpreter (``python``, major.minor: the venv's
+    own where it exists, else the host's python3 that makes it) is not the Python the lock was
+    resolved for (:attr:`Lock.python_version`, its header's ``--python-version``). The locked
+    wheels are built for that Python (locks/cuda12.8.txt: cp312 wheels, and airportsdata
+    20261103, which declares Requires-Python >=3.12), so pip cannot install them with another.
+    None when they match, or when either is unknown."""
+    wanted = lock.python_version
+    if wanted is None or python is None or python == wanted:
+        return None
+    if venv_exists:
+        where = (f"the venv {venv} was made with Python {python}: remove it (rm -rf {venv}) "
+                 f"for a python3 {wanted} to make it again")
+    else:
+        where = f"the host's python3, which would make the venv {venv}, is Python {python}"
+    return (f"the lock {lock_name} is resolved for Python {wanted} (its header's "
+            f"--python-version), and {where}; pip cannot install that lock with it. Deploy to "
+            f"a host whose python3 is {wanted} (Ubuntu 24.04's is 3.12), or set "
+            f"gpuhost_lock to a lock resolved for Python {python} (a locks/<stack>.in with "
+            f"'#: python-version = {python}', then python tools/lock.py <stack>)")
+
+
 @deploy("ML venv")
 def mlenv(settings: Settings):
     """Converge the venv at ``gpuhost_venv_path`` to the lock ``gpuhost_lock`` (distributions
@@ -286,7 +309,8 @@ def mlenv(settings: Settings):
     Returns the operations whose change means the server must restart. Raises LockError for
     a lock that does not parse, BuildError for a MAX_JOBS or NVCC_THREADS above the host's
     safe bound (both before any change). Refuses the stage (operations/plan.refuse) when the
-    CUDA the venv needs is newer than the installed (or planned) driver supports.
+    CUDA the venv needs is newer than the installed (or planned) driver supports, and when
+    the venv's Python is not the one the lock was resolved for (:func:`python_problem`).
     """
     lock: Lock = read_lock(settings.lock_path)
     resources = fact(HostResources)
@@ -298,6 +322,10 @@ def mlenv(settings: Settings):
     venv = settings.venv_path
     installed = fact(VenvPackages, venv=venv)
     check_driver_for_venv(settings, lock, installed)
+    problem = python_problem(lock, settings.lock, fact(VenvPython, venv=venv), venv,
+                             venv_exists=bool(installed))
+    if problem:
+        refuse("ML venv", problem)
 
     apt.packages(name="Python venv and build tools", packages=list(BUILD_PACKAGES),
                  no_recommends=True)

@@ -124,13 +124,15 @@ class Settings:
     tensor_parallel_size: int = 8
     mem_fraction_static: float = 0.92
     max_running_requests: int = 64
-    kv_cache_dtype: str = "auto"
+    model_architecture: str = "GlmMoeDsaForCausalLM"
+    kv_cache_dtype: str = "fp8_e4m3"
     quantization: str | None = "modelopt_fp4"
     attention_backend: str | None = "flashinfer"
     fp8_gemm_backend: str | None = "cutlass"
+    fp4_gemm_backend: str | None = "flashinfer_cutlass"
     nsa_decode_backend: str | None = "trtllm"
     nsa_prefill_backend: str | None = "trtllm"
-    moe_runner_backend: str | None = "flashinfer_trtllm"
+    moe_runner_backend: str | None = "flashinfer_cutlass"
     reasoning_parser: str | None = "glm45"
     tool_call_parser: str | None = "glm47"
     trust_remote_code: bool = True
@@ -342,10 +344,14 @@ RULES: Final[Mapping[str, _Rule]] = {
         lambda v: isinstance(v, float) and 0.0 < v < 1.0, "a float strictly between 0 and 1"
     ),
     "max_running_requests": _int_between(1, 65536),
+    "model_architecture": _text(r"[A-Za-z][A-Za-z0-9_]*", "a model architecture as the "
+                                "model's config.json names it (its architectures[0]), such as "
+                                "GlmMoeDsaForCausalLM"),
     "kv_cache_dtype": _text(_NAME, "a kv cache dtype such as auto, fp8_e4m3"),
     "quantization": _text(_NAME, "a quantization method name", optional=True),
     "attention_backend": _text(_NAME, "an attention backend name", optional=True),
     "fp8_gemm_backend": _text(_NAME, "an FP8 GEMM backend name", optional=True),
+    "fp4_gemm_backend": _text(_NAME, "an FP4 GEMM backend name", optional=True),
     "nsa_decode_backend": _text(_NAME, "an NSA decode backend name", optional=True),
     "nsa_prefill_backend": _text(_NAME, "an NSA prefill backend name", optional=True),
     "moe_runner_backend": _text(_NAME, "a MoE runner backend name", optional=True),

@@ -46,6 +46,7 @@ def server_args(settings: Settings) -> list[str]:
         ("--quantization", s.quantization),
         ("--attention-backend", s.attention_backend),
         ("--fp8-gemm-backend", s.fp8_gemm_backend),
+        ("--fp4-gemm-backend", s.fp4_gemm_backend),
         ("--nsa-decode-backend", s.nsa_decode_backend),
         ("--nsa-prefill-backend", s.nsa_prefill_backend),
         ("--moe-runner-backend", s.moe_runner_backend),

@@ -183,6 +183,8 @@ LOCK_HEADER = """\
 # wheel) under the real name and version of locks/cuda12.8.txt's stack, served by the lab's
 # index. Install as the real lock: pip install --require-hashes --no-deps -r this file, with
 # flash-attn last and --no-build-isolation once torch and its build requirements are in.
+#   resolved for: --python-version 3.11 (the hosts' Debian 12 python3; the real wheels below
+#   are CPython 3.11 builds), named as locks/cuda12.8.txt's header names its own.
 """
 
 
@@ -210,6 +212,9 @@ def build(www: Path, cache: Path, lock_path: Path) -> None:
     stamp = {"inputs": _inputs_digest(real)}
     simple = www / "simple"
     if (simple / "index.html").exists() and lock_path.exists() and _read_json(www / STAMP) == stamp:
+        if not lock_path.read_text().startswith(LOCK_HEADER):
+            # An index built before the header changed: the same pins, the header of now.
+            lock_path.write_text(lock_text(simple))
         return
     files: list[tuple[str, str, Path]] = []  # (project, version, file)
     with tempfile.TemporaryDirectory(prefix="gpuhost-pypi-") as tmp:

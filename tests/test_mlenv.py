@@ -1,8 +1,12 @@
-"""Build parallelism for flash-attn, drift between a venv and its lock."""
+"""Build parallelism for flash-attn, drift between a venv and its lock, the venv's Python
+against the one the lock was resolved for."""
+
+from pathlib import Path
 
 import pytest
 
-from operations.mlenv import BuildError, build_parallelism, drift, pip_index_args
+from operations.lock import read_lock
+from operations.mlenv import BuildError, build_parallelism, drift, pip_index_args, python_problem
 
 
 @pytest.mark.parametrize(
@@ -46,3 +50,45 @@ def test_http_index_is_trusted_for_transport_only():
     assert pip_index_args("https://pypi.org/simple") == ["--index-url", "https://pypi.org/simple"]
     assert pip_index_args("http://10.213.1.1:8080/simple/")[-2:] == [
         "--trusted-host", "10.213.1.1"]
+
+
+# --- the venv's Python against the lock's ---------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+PIN = "sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n"
+
+
+def lock_with_header(tmp_path, header):
+    path = tmp_path / "lock.txt"
+    path.write_text(header + PIN)
+    return read_lock(path)
+
+
+def test_the_real_lock_is_resolved_for_python_3_12():
+    assert read_lock(ROOT / "locks" / "cuda12.8.txt").python_version == "3.12"
+
+
+def test_the_stand_in_lock_declares_the_sandbox_hosts_python(tmp_path):
+    from sandbox.pypi_index import LOCK_HEADER
+    assert lock_with_header(tmp_path, LOCK_HEADER).python_version == "3.11"
+
+
+def test_a_lock_without_a_python_version(tmp_path):
+    lock = lock_with_header(tmp_path, "# a lock by hand\n")
+    assert lock.python_version is None
+    assert python_problem(lock, "my.txt", "3.11", "/opt/v", venv_exists=False) is None
+
+
+def test_python_problem_names_both_versions_and_what_to_do():
+    lock = read_lock(ROOT / "locks" / "cuda12.8.txt")
+    assert python_problem(lock, "locks/cuda12.8.txt", "3.12", "/opt/v", False) is None
+    assert python_problem(lock, "locks/cuda12.8.txt", None, "/opt/v", False) is None
+    fresh = python_problem(lock, "locks/cuda12.8.txt", "3.11", "/opt/gpuhost/venv", False)
+    assert fresh.startswith("the lock locks/cuda12.8.txt is resolved for Python 3.12 (its "
+                            "header's --python-version), and the host's python3, which would "
+                            "make the venv /opt/gpuhost/venv, is Python 3.11")
+    assert "Deploy to a host whose python3 is 3.12 (Ubuntu 24.04's is 3.12)" in fresh
+    assert "set gpuhost_lock to a lock resolved for Python 3.11" in fresh
+    assert "'#: python-version = 3.11', then python tools/lock.py <stack>" in fresh
+    made = python_problem(lock, "locks/cuda12.8.txt", "3.10", "/opt/gpuhost/venv", True)
+    assert "the venv /opt/gpuhost/venv was made with Python 3.10: remove it" in made

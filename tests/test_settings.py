@@ -23,7 +23,14 @@ def test_defaults_are_the_reference_launch(lock):
     s = settings(lock)
     assert s.tensor_parallel_size == 8 and s.gpu_count == 8
     assert s.mem_fraction_static == 0.92
-    assert s.moe_runner_backend == "flashinfer_trtllm"
+    # The measured baseline's MoE runner backend, not the last launch's experiment
+    # (../shared/reference-lab.md): flashinfer_trtllm has no SM12x kernels.
+    assert s.moe_runner_backend == "flashinfer_cutlass"
+    # What the reference launch's auto resolved to for GLM-5 on SM120 (sglang 0.5.9's
+    # _set_default_nsa_kv_cache_dtype), and sglang 0.5.9's FP4 GEMM default, both explicit.
+    assert s.kv_cache_dtype == "fp8_e4m3"
+    assert s.fp4_gemm_backend == "flashinfer_cutlass"
+    assert s.model_architecture == "GlmMoeDsaForCausalLM"
     assert s.nsa_decode_backend == s.nsa_prefill_backend == "trtllm"
     assert s.cuda_home == "/usr/local/cuda-12.8"
     assert s.cuda_arch == "120"

@@ -48,7 +48,31 @@ def test_unit_is_the_reference_launch(settings):
     reference[reference.index("--model") + 1] = "/opt/gpuhost/models/lukealonso/GLM-5-NVFP4"
     # Bound to the loopback by default (0.0.0.0 needs an API key and goes through the gate).
     reference[reference.index("--host") + 1] = "127.0.0.1"
+    # The measured baseline's MoE runner backend, not the last launch's experiment.
+    reference[reference.index("--moe-runner-backend") + 1] = "flashinfer_cutlass"
+    # Explicit on SM120: what auto resolved to there, and sglang 0.5.9's FP4 GEMM default.
+    reference[reference.index("--kv-cache-dtype") + 1] = "fp8_e4m3"
+    at = reference.index("--fp8-gemm-backend") + 2
+    reference[at:at] = ["--fp4-gemm-backend", "flashinfer_cutlass"]
     assert words[1:-1] == reference
+
+
+#: sglang 0.5.9's launch_server flags whose automatic choice depends on the GPU
+#: (operations/sglang_choices.py, from the wheel's server_args.py).
+BACKEND_FLAGS = ("--attention-backend", "--kv-cache-dtype", "--nsa-prefill-backend",
+                 "--nsa-decode-backend", "--moe-runner-backend", "--fp8-gemm-backend",
+                 "--fp4-gemm-backend")
+
+
+def test_unit_names_every_backend_on_sm120(settings):
+    s = settings(gpuhost_compute_capability="12.0")
+    text = render("sglang.service.j2", unit_context(s))
+    (exec_start,) = [line for line in unit_lines(text) if line.startswith("ExecStart=")]
+    words = shlex.split(exec_start.removeprefix("ExecStart="))
+    for flag in BACKEND_FLAGS:
+        assert flag in words, flag
+        value = words[words.index(flag) + 1]
+        assert not value.startswith("--") and value != "auto", (flag, value)
 
 
 def test_unit_reads_both_environment_files(settings):

@@ -42,7 +42,7 @@ def test_fresh_host_converges_then_nothing_changes(reference_host):
     args = host.process_args(pid)
     assert "--disable-custom-all-reduce" in args
     assert args[args.index("--tensor-parallel-size") + 1] == "8"
-    assert args[args.index("--moe-runner-backend") + 1] == "flashinfer_trtllm"
+    assert args[args.index("--moe-runner-backend") + 1] == "flashinfer_cutlass"
     models = json.loads(host.http_get("http://127.0.0.1:8000/v1/models"))
     assert [m["id"] for m in models["data"]] == ["glm-5"]
     assert host.ssh("stat -c %a /etc/gpuhost/server.env").strip() == "600"
@@ -55,3 +55,10 @@ def test_fresh_host_converges_then_nothing_changes(reference_host):
     assert second.returncode == 0, second.output[-6000:]
     assert changed_operations(second) == []
     assert host.main_pid() == pid
+
+    # The weights are on the host now: their config.json's architecture is what the known
+    # behaviour is matched against, and host data naming another is refused while planning.
+    other = lab.deploy("--dry", "--data", "gpuhost_model_architecture=Qwen3MoeForCausalLM")
+    assert ("names the architecture GlmMoeDsaForCausalLM, host data says "
+            "gpuhost_model_architecture = 'Qwen3MoeForCausalLM'") in other.output, \
+        other.output[-4000:]

@@ -1,0 +1,103 @@
+"""Planning: the stack's known behaviour (operations/stack_facts.py) and the backends left to
+sglang (operations/sglang_choices.py), printed for each host; a certain failure refuses it."""
+
+from __future__ import annotations
+
+import json
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+
+from operations.gpu import NvidiaDriver
+from operations.host import FileText
+from operations.lock import LockError, read_lock
+from operations.plan import fact, refuse
+from operations.settings import Settings
+from operations.sglang import FlagError, ParserSpec, flags_named, load_parser_spec
+from operations.sglang_choices import left_to_sglang
+from operations.stack_facts import Target, applicable, describe
+
+
+def expert_parallel(extra_args: list[str], spec: ParserSpec) -> bool:
+    """Whether ``gpuhost_server_extra_args`` turn on expert parallelism
+    (``--expert-parallel-size`` above 1, in any spelling argparse takes) or a MoE all-to-all
+    backend other than none (``--moe-a2a-backend``): then the server is not tensor parallel
+    only."""
+    for i, token in enumerate(extra_args):
+        if not token.startswith("--"):
+            continue
+        try:
+            ((_, arg),) = flags_named([token], spec)
+        except FlagError:
+            continue  # refused with the flags while the settings were read
+        _, eq, inline = token.partition("=")
+        value = inline if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+        if arg.flags[0] == "--expert-parallel-size" and value.strip() not in ("", "1"):
+            return True
+        if arg.flags[0] == "--moe-a2a-backend" and value.strip() not in ("", "none"):
+            return True
+    return False
+
+
+def capabilities(settings: Settings) -> tuple[list[str], str]:
+    """The GPUs' compute capabilities and where they come from: nvidia-smi when the driver
+    answers, else host data (``gpuhost_compute_capability``)."""
+    driver = fact(NvidiaDriver)
+    if driver.status == "ok" and driver.gpus:
+        return sorted({g.compute_capability for g in driver.gpus}), "nvidia-smi"
+    return [settings.compute_capability], "gpuhost_compute_capability"
+
+
+def model_architecture(config_text: str | None) -> str | None:
+    """The architecture a model's ``config.json`` names (``architectures[0]``, as sglang reads
+    it: ``hf_config.architectures[0]`` in server_args.py); None where there is no such file
+    yet (the weights are downloaded by the server stage) or it names none."""
+    if config_text is None:
+        return None
+    try:
+        names = json.loads(config_text).get("architectures") or []
+    except (ValueError, AttributeError):
+        return None
+    return str(names[0]) if names else None
+
+
+@deploy("Stack")
+def known_behaviour(settings: Settings) -> None:
+    """Print each row of the stack's known behaviour that applies to this host (the locked
+    versions, the GPUs' compute capability, the settings), one line each with its source; a
+    row that refuses takes the host out while planning (operations.plan), naming the setting
+    to change and its alternatives. On compute capability 12.x, also warn about each backend
+    setting left ``auto`` or unset, naming what sglang would choose. Where the weights are
+    already on the host, their ``config.json`` must name ``gpuhost_model_architecture``, or the
+    host is refused."""
+    try:
+        lock = read_lock(settings.lock_path)
+    except LockError:
+        return  # refused while the settings were read
+    versions = lock.versions()
+    sglang = versions.get("sglang", "")
+    try:
+        ep = expert_parallel(list(settings.server_extra_args), load_parser_spec(sglang))
+    except FlagError:
+        ep = False
+    config = f"{settings.model_path}/config.json"
+    named = model_architecture(fact(FileText, path=config))
+    if named is not None and named != settings.model_architecture:
+        refuse("Stack", f"the model's {config} names the architecture {named}, host data says "
+                        f"gpuhost_model_architecture = {settings.model_architecture!r}: set it "
+                        f"to {named!r}, which the known behaviour is matched against")
+    found, origin = capabilities(settings)
+    for capability in found:
+        target = Target(versions, capability, settings, ep)
+        rows = applicable(target)
+        for row in rows:
+            line = describe(row, target)
+            if row.verdict == "refuse":
+                refuse("Stack", line)
+            else:
+                logger.warning(f"{host.print_prefix}Stack: warn: {line}")
+        for warning in left_to_sglang(settings, capability, sglang):
+            logger.warning(f"{host.print_prefix}Stack: warn: {warning}")
+        logger.info(f"{host.print_prefix}Stack: compute capability {capability} (from "
+                    f"{origin}), model architecture {settings.model_architecture}: "
+                    f"{len(rows)} known behaviour(s) apply")

@@ -1,0 +1,206 @@
+"""The stack's known behaviour (operations/stack_facts.py): each row applies at its boundaries
+and not beyond them; what sglang 0.5.9 chooses for a backend left to it
+(operations/sglang_choices.py); expert parallelism read from the extra server flags."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from operations.settings import Settings
+from operations.sglang import load_parser_spec
+from operations.sglang_choices import BACKEND_SETTINGS, choice, left_to_sglang
+from operations.stack_check import expert_parallel, model_architecture
+from operations.stack_facts import FACTS, Target, applicable, applies, describe
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCKED = {"sglang": "0.5.9", "flashinfer-python": "0.6.3", "torch": "2.9.1"}
+ROW = {row.name: row for row in FACTS}
+
+
+def target(versions=None, cc="12.0", ep=False, **settings):
+    return Target({**LOCKED, **(versions or {})}, cc, replace(Settings(), **settings), ep)
+
+
+def names(t):
+    return [row.name for row in applicable(t)]
+
+
+def test_the_reference_lab_defaults():
+    # GLM-5 on SM120 with the reference lab's settings: the two risks, no refusal.
+    assert names(target()) == ["deepgemm-paged-mqa-logits-sm120",
+                               "flashinfer-cutlass-fp4-gemm-pdl-race"]
+
+
+def test_rows_name_a_source_and_what_to_do():
+    for row in FACTS:
+        assert row.source and row.happens, row.name
+        if row.verdict == "refuse":
+            assert row.change and row.alternatives, row.name
+            assert hasattr(Settings(), row.change), row.name
+            assert getattr(Settings(), row.change) in row.alternatives, row.name  # defaults pass
+        else:
+            assert row.workaround, row.name
+
+
+@pytest.mark.parametrize(("cc", "applies_"), [("12.0", True), ("12.1", True), ("10.0", False),
+                                              ("11.0", False), ("13.0", False), ("9.0", False)])
+def test_trtllm_moe_is_refused_on_sm12x_only(cc, applies_):
+    t = target(cc=cc, moe_runner_backend="flashinfer_trtllm")
+    assert applies(ROW["flashinfer-trtllm-moe-sm12x"], t) is applies_
+
+
+def test_trtllm_moe_refusal_names_the_setting_and_alternatives():
+    t = target(moe_runner_backend="flashinfer_trtllm")
+    assert not applies(ROW["flashinfer-trtllm-moe-sm12x"], target())
+    line = describe(ROW["flashinfer-trtllm-moe-sm12x"], t)
+    assert "set gpuhost_moe_runner_backend (now 'flashinfer_trtllm') to one of " \
+           "flashinfer_cutlass, cutlass, triton" in line
+    assert "flashinfer-ai/flashinfer/issues/2045" in line
+    assert "flashinfer-python 0.6.3 on compute capability 12.0" in line
+
+
+def test_trtllm_moe_row_needs_flashinfer_in_the_lock():
+    t = Target({"sglang": "0.5.9"}, "12.0",
+               replace(Settings(), moe_runner_backend="flashinfer_trtllm"))
+    assert not applies(ROW["flashinfer-trtllm-moe-sm12x"], t)
+
+
+@pytest.mark.parametrize("backend", ["auto", None, "triton", "cutlass", "deep_gemm",
+                                     "flashinfer_cutedsl"])
+def test_modelopt_fp4_backends_that_share_one_kernel(backend):
+    row = ROW["modelopt-fp4-moe-one-kernel"]
+    assert applies(row, target(moe_runner_backend=backend))
+    assert not applies(row, target(moe_runner_backend=backend, ep=True))
+    assert not applies(row, target(moe_runner_backend=backend, quantization="fp8"))
+    assert not applies(row, target({"sglang": "0.5.10"}, moe_runner_backend=backend))
+
+
+def test_flashinfer_cutlass_is_a_moe_path_of_its_own():
+    assert not applies(ROW["modelopt-fp4-moe-one-kernel"], target())
+
+
+def test_auto_moe_is_flashinfer_trtllm_on_sm100():
+    assert not applies(ROW["modelopt-fp4-moe-one-kernel"], target(cc="10.0",
+                                                                   moe_runner_backend="auto"))
+    assert applies(ROW["modelopt-fp4-moe-one-kernel"], target(cc="9.0", moe_runner_backend="auto"))
+
+
+@pytest.mark.parametrize(("cc", "applies_"), [("9.0", False), ("10.0", True), ("12.0", True)])
+def test_dsa_auto_kv_cache_from_compute_capability_10(cc, applies_):
+    row = ROW["dsa-auto-kv-cache-fp8"]
+    assert applies(row, target(cc=cc, kv_cache_dtype="auto")) is applies_
+    assert not applies(row, target(cc=cc, kv_cache_dtype="bfloat16"))
+    assert not applies(row, target(cc=cc, kv_cache_dtype="auto",
+                                   model_architecture="Qwen3MoeForCausalLM"))
+
+
+@pytest.mark.parametrize(("prefill", "decode", "applies_"),
+                         [(None, "trtllm", True), ("trtllm", None, True), (None, None, True),
+                          ("trtllm", "trtllm", False)])
+def test_dsa_nsa_backends_left_unset(prefill, decode, applies_):
+    row = ROW["dsa-auto-nsa-flashmla"]
+    t = target(nsa_prefill_backend=prefill, nsa_decode_backend=decode)
+    assert applies(row, t) is applies_
+    assert not applies(row, replace(t, compute_capability="9.0"))
+    assert not applies(row, replace(t, versions={**LOCKED, "sglang": "0.5.10"}))
+
+
+def test_deepgemm_mqa_logits_on_sm12x_for_dsa_models():
+    row = ROW["deepgemm-paged-mqa-logits-sm120"]
+    assert applies(row, target())
+    assert applies(row, target({"sglang": "0.5.12"}))
+    assert not applies(row, target({"sglang": "0.5.8"}))
+    assert not applies(row, target(cc="10.0"))
+    assert not applies(row, target(model_architecture="Qwen3MoeForCausalLM"))
+
+
+@pytest.mark.parametrize(("flashinfer", "concurrency", "applies_"),
+                         [("0.6.3", 64, True), ("0.6.6", 256, True), ("0.6.3", 63, False),
+                          ("0.6.7", 64, False), ("0.6.7.post2", 64, False)])
+def test_fp4_gemm_race_from_64_concurrent_requests(flashinfer, concurrency, applies_):
+    row = ROW["flashinfer-cutlass-fp4-gemm-pdl-race"]
+    t = target({"flashinfer-python": flashinfer}, max_running_requests=concurrency)
+    assert applies(row, t) is applies_
+
+
+def test_fp4_gemm_race_needs_that_gemm_on_sm12x():
+    row = ROW["flashinfer-cutlass-fp4-gemm-pdl-race"]
+    assert applies(row, target(fp4_gemm_backend=None))  # sglang 0.5.9's default
+    assert not applies(row, target(fp4_gemm_backend="flashinfer_cudnn"))
+    assert not applies(row, target(quantization=None))
+    assert not applies(row, target(cc="10.0"))
+
+
+# --- what sglang 0.5.9 chooses for a backend left to it -----------------------------------
+
+
+def test_reference_defaults_leave_nothing_to_sglang_on_sm120():
+    assert left_to_sglang(Settings(), "12.0", "0.5.9") == []
+
+
+def test_every_backend_left_to_sglang_is_warned_about_on_sm120():
+    s = replace(Settings(), attention_backend=None, kv_cache_dtype="auto",
+                nsa_prefill_backend=None, nsa_decode_backend=None, moe_runner_backend="auto",
+                fp8_gemm_backend="auto", fp4_gemm_backend=None)
+    warnings = left_to_sglang(s, "12.0", "0.5.9")
+    assert len(warnings) == len(BACKEND_SETTINGS)
+    joined = "\n".join(warnings)
+    assert "gpuhost_attention_backend is unset (None: the flag is left out) on compute " \
+           "capability 12.0: sglang 0.5.9 chooses nsa" in joined
+    assert "gpuhost_kv_cache_dtype is 'auto' on compute capability 12.0: sglang 0.5.9 " \
+           "chooses fp8_e4m3 (_set_default_nsa_kv_cache_dtype" in joined
+    assert "chooses flashmla_auto (_set_default_nsa_backends, KV cache fp8_e4m3)" in joined
+    assert "chooses flashmla_kv (_set_default_nsa_backends" in joined
+    assert "cutlass_fp4_group_mm" in joined
+    assert "chooses flashinfer_cutlass (ServerArgs.fp4_gemm_runner_backend" in joined
+    assert left_to_sglang(s, "10.0", "0.5.9") == []
+    assert left_to_sglang(s, "9.0", "0.5.9") == []
+
+
+def test_nsa_choice_follows_an_explicit_bf16_kv_cache():
+    s = replace(Settings(), kv_cache_dtype="bf16", nsa_prefill_backend=None,
+                nsa_decode_backend=None)
+    assert choice(s, "nsa_prefill_backend").startswith("flashmla_sparse")
+    assert choice(s, "nsa_decode_backend").startswith("trtllm")
+
+
+def test_nsa_backends_do_not_matter_without_dsa():
+    s = replace(Settings(), model_architecture="Qwen3MoeForCausalLM", nsa_prefill_backend=None)
+    assert choice(s, "nsa_prefill_backend") is None
+
+
+def test_another_sglang_is_named_as_not_read():
+    s = replace(Settings(), attention_backend=None)
+    (warning,) = left_to_sglang(s, "12.0", "0.5.10")
+    assert "sglang 0.5.9 would choose nsa" in warning
+    assert "the locked sglang 0.5.10 was not read" in warning
+
+
+# --- expert parallelism in the extra flags ------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ([], False),
+    (["--ep-size", "1"], False),
+    (["--ep-size", "8"], True),
+    (["--expert-parallel-size=2"], True),
+    (["--moe-a2a-backend", "none"], False),
+    (["--moe-a2a-backend", "deepep"], True),
+    (["--chunked-prefill-size", "8"], False),
+])
+def test_expert_parallel(args, expected):
+    assert expert_parallel(args, load_parser_spec("0.5.9")) is expected
+
+
+# --- the model's architecture from its config.json -----------------------------------------
+
+
+def test_model_architecture_from_config_json():
+    # The shape of GLM-5's config.json (and the sandbox hub's stand-in of it).
+    assert model_architecture('{"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "x"}') \
+        == "GlmMoeDsaForCausalLM"
+    assert model_architecture(None) is None  # not downloaded yet
+    assert model_architecture('{"model_type": "x"}') is None
+    assert model_architecture("not json") is None
+    assert model_architecture("[1, 2]") is None
