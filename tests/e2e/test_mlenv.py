@@ -1,4 +1,5 @@
-"""The ML venv end to end on two fresh sandbox hosts: one flash-attn build between them, a second
+"""The ML venv end to end on two fresh sandbox hosts: GPUs other than host data says stop the hosts
+before any build, then one flash-attn build between them, a second
 run that changes nothing, a venv changed by hand repaired, a rebuilt VM served from the cache.
 Checked with ssh on the hosts (the build log systemd wrote, pip list), not through pyinfra."""
 
@@ -53,11 +54,32 @@ def flash_attn_build_env(host: lab.Host) -> dict:
     return json.loads(host.ssh(f"{VENV}/bin/python -c '{script}'"))
 
 
+def test_gpus_other_than_host_data_stop_before_the_build(hosts, cache):
+    # fresh hosts: no driver answers while planning, so only the deploy itself, once the driver
+    # stage has loaded it, can compare the GPUs (SM120) with host data
+    run = deploy(cache, "--data", "gpuhost_compute_capability=9.0")
+    assert run.returncode != 0, run.output[-6000:]
+    assert ("the GPUs have compute capability 12.0 (nvidia-smi), host data says "
+            "gpuhost_compute_capability = '9.0': set gpuhost_compute_capability = '12.0'"
+            in run.output), run.output[-6000:]
+    assert "Traceback" not in run.output
+    assert not any(built_here(h) for h in hosts)
+    assert [p for p in cache.iterdir() if p.is_dir()] == []  # nothing cached
+    for h in hosts:
+        assert h.ssh(f"ls {VENV}/lib/python3*/site-packages/ | grep -c '^flash_attn' "
+                     "|| true").strip() == "0"
+
+
 def test_two_fresh_hosts_converge_with_one_build(hosts, cache):
     first = deploy(cache)
     assert first.returncode == 0, first.output[-6000:]
     assert [built_here(h) for h in hosts].count(True) == 1, first.output[-6000:]
     envs = [flash_attn_build_env(h) for h in hosts]
+    # what the CUDA toolkit's cuobjdump lists in the installed extension module
+    for h in hosts:
+        listed = h.ssh(f"/usr/local/cuda-12.8/bin/cuobjdump --list-elf "
+                       f"{VENV}/lib/python3*/site-packages/flash_attn_2_cuda.*.so")
+        assert ".sm_120.cubin" in listed, listed
     assert envs[0] == envs[1]  # one wheel, installed on both
     assert envs[0]["FLASH_ATTN_CUDA_ARCHS"] == "120"
     assert envs[0]["torch_cuda"] == envs[0]["nvcc_release"] == "12.8"
