@@ -455,14 +455,18 @@ def check_machine_code(on_host: _Remote, plan: BuildPlan, wheel: str) -> None:
     check_wheel_code(Path(wheel).name, parse_wheel_check(out), plan.archs)
 
 
-def _install(on_host: _Remote, plan: BuildPlan, local: Path, digest: str) -> str:
+def _install(on_host: _Remote, plan: BuildPlan, local: Path, digest: str, *,
+             check: bool) -> str:
+    """Send the wheel, check its sha256 and (``check``: a cached one) its machine code, and
+    install it; a refused wheel is removed from the host."""
     dest = f"{WHEEL_DIR}/{local.name}"
     on_host.run(f"mkdir -p {WHEEL_DIR}", "making the wheel folder")
     on_host.put(str(local), dest)
     on_host.run(f"echo {digest}' '{shlex.quote(dest)} | sha256sum --check --quiet",
                f"checking the sha256 of {dest}")
     try:
-        check_machine_code(on_host, plan, dest)
+        if check:
+            check_machine_code(on_host, plan, dest)
     except OperationError:
         on_host.run(f"rm -f {shlex.quote(dest)}", "removing the refused wheel")
         raise
@@ -496,11 +500,11 @@ def _converge(host, plan: BuildPlan) -> None:
             built = _build(on_host, plan, key)
             try:
                 check_machine_code(on_host, plan, built)
-            except OperationError:
+            except ArchitectureError as exc:
                 # not adopted by the next run either: it builds again
                 on_host.run(f"rm -rf {BUILD_DIR}/wheels {BUILD_DIR}/complete",
                             "removing the refused wheel")
-                raise
+                raise ArchitectureError(f"{exc}: it is neither cached nor installed") from None
             fetch_dir = cache.root / f".fetch.{host.name}.{os.getpid()}"
             fetch_dir.mkdir(parents=True, exist_ok=True)
             fetched = fetch_dir / Path(built).name
@@ -512,11 +516,13 @@ def _converge(host, plan: BuildPlan) -> None:
                         f"{found[0]}")
         wheel, digest = found
         try:
-            _install(on_host, plan, wheel, digest)
-        except ArchitectureError:
-            if source.startswith("controller cache"):
-                cache.discard(key)
-            raise
+            # a wheel built just now was checked on the host that built it
+            _install(on_host, plan, wheel, digest, check=source.startswith("controller"))
+        except ArchitectureError as exc:
+            cache.discard(key)
+            raise ArchitectureError(
+                f"{exc}: not installed, and removed from the controller's cache "
+                f"({wheel.parent}): the next run builds it") from None
     stamp = {**asdict(key), "source": source, "wheel": wheel.name, "sha256": digest,
              "max_jobs": plan.max_jobs, "nvcc_threads": plan.nvcc_threads}
     on_host.put(StringIO(json.dumps(stamp, indent=2, sort_keys=True) + "\n"),

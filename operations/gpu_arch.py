@@ -138,6 +138,4 @@ def check_wheel_code(wheel: str, code: WheelCode, arch: str) -> None:
         return
     has = ", ".join(code.architectures()) or "no machine code"
     objects = ", ".join(code.objects) or "no shared object"
-    raise ArchitectureError(
-        f"{wheel} has {has} ({objects}), the GPUs need sm_{arch}: it is neither cached nor "
-        "installed")
+    raise ArchitectureError(f"{wheel} has {has} ({objects}), the GPUs need sm_{arch}")

@@ -1,6 +1,7 @@
 """The ML venv end to end on two fresh sandbox hosts: GPUs other than host data says stop the hosts
 before any build, then one flash-attn build between them, a second
-run that changes nothing, a venv changed by hand repaired, a rebuilt VM served from the cache.
+run that changes nothing, a venv changed by hand repaired (a superseded kernel cache removed), a
+rebuilt VM served from the cache.
 Checked with ssh on the hosts (the build log systemd wrote, pip list), not through pyinfra."""
 
 import json
@@ -13,6 +14,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 VENV = "/opt/gpuhost/venv"
 BUILD_LOG = "/opt/gpuhost/build/flash-attn/build.log"
+KERNELS = "/var/cache/gpuhost/kernels"
+#: the kernel cache folder of the default lock (flashinfer-python 0.6.3, torch 2.9.1), CUDA 12.8
+#: and the reference lab's SM120
+KERNEL_KEY = "flashinfer0.6.3-torch2.9.1-cuda12.8-sm120"
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +109,9 @@ def test_drift_is_reported_and_repaired(hosts, cache):
                  f"--no-index --no-build-isolation /tmp/{name}")
     drifted = pip_list(host)
     assert "sgl-kernel" not in drifted and drifted["flashinfer-cubin"] == "0.6.2"
+    # a kernel cache of an older flashinfer, left by an earlier stack
+    host.ssh(f"mkdir -p {KERNELS}/flashinfer0.6.2-torch2.9.1-cuda12.8-sm120/triton && "
+             f"touch {KERNELS}/flashinfer0.6.2-torch2.9.1-cuda12.8-sm120/triton/k.cubin")
 
     repair = deploy(cache)
     assert repair.returncode == 0, repair.output[-6000:]
@@ -111,6 +119,14 @@ def test_drift_is_reported_and_repaired(hosts, cache):
                  "gpuhost-e2e-extra 1.0 not in the lock: removed"):
         assert line in repair.output, repair.output[-6000:]
     assert pip_list(host) == before
+    assert host.ssh(f"ls {KERNELS}").split() == [KERNEL_KEY]
+    assert host.ssh(f"ls {KERNELS}/{KERNEL_KEY}").split() == [
+        "flashinfer", "torch_extensions", "torchinductor", "triton"]
+    unit_env = host.ssh("systemctl show -p Environment sglang.service")
+    for name, sub in (("FLASHINFER_WORKSPACE_BASE", "flashinfer"), ("TRITON_CACHE_DIR", "triton"),
+                      ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
+                      ("TORCH_EXTENSIONS_DIR", "torch_extensions")):
+        assert f"{name}={KERNELS}/{KERNEL_KEY}/{sub}" in unit_env.split(), unit_env
 
     again = deploy(cache, "--json")
     assert again.returncode == 0, again.output[-6000:]
