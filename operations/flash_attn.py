@@ -476,6 +476,27 @@ def _install(on_host: _Remote, plan: BuildPlan, local: Path, digest: str, *,
     return dest
 
 
+def _build_and_cache(host, on_host: _Remote, plan: BuildPlan, key, cache: WheelCache):
+    """Build the wheel on this host, check its machine code there, fetch it into the
+    controller's cache; returns its cached path and sha256."""
+    built = _build(on_host, plan, key)
+    try:
+        check_machine_code(on_host, plan, built)
+    except ArchitectureError as exc:
+        # not adopted by the next run either: it builds again
+        on_host.run(f"rm -rf {BUILD_DIR}/wheels {BUILD_DIR}/complete",
+                    "removing the refused wheel")
+        raise ArchitectureError(f"{exc}: it is neither cached nor installed") from None
+    fetch_dir = cache.root / f".fetch.{host.name}.{os.getpid()}"
+    fetch_dir.mkdir(parents=True, exist_ok=True)
+    fetched = fetch_dir / Path(built).name
+    on_host.get(built, str(fetched))
+    found = cache.store(key, fetched, host.name)
+    fetch_dir.rmdir()
+    logger.info(f"{host.print_prefix}flash-attn: built {found[0].name}, cached at {found[0]}")
+    return found
+
+
 @remote.callback("the flash-attn build",
                  f"a build goes on on the host ({BUILD_UNIT}) and the next run takes its wheel")
 def converge(state, host, plan: BuildPlan) -> None:
@@ -496,33 +517,21 @@ def _converge(host, plan: BuildPlan) -> None:
             source = f"controller cache {found[0]}"
             logger.info(f"{host.print_prefix}flash-attn: installing the cached wheel "
                         f"{found[0].name} ({key.describe()})")
-        else:
-            built = _build(on_host, plan, key)
             try:
-                check_machine_code(on_host, plan, built)
+                _install(on_host, plan, *found, check=True)
             except ArchitectureError as exc:
-                # not adopted by the next run either: it builds again
-                on_host.run(f"rm -rf {BUILD_DIR}/wheels {BUILD_DIR}/complete",
-                            "removing the refused wheel")
-                raise ArchitectureError(f"{exc}: it is neither cached nor installed") from None
-            fetch_dir = cache.root / f".fetch.{host.name}.{os.getpid()}"
-            fetch_dir.mkdir(parents=True, exist_ok=True)
-            fetched = fetch_dir / Path(built).name
-            on_host.get(built, str(fetched))
-            found = cache.store(key, fetched, host.name)
-            fetch_dir.rmdir()
+                # a wheel cached by an older gpuhost, or built for other GPUs: built again
+                cache.discard(key)
+                logger.warning(f"{host.print_prefix}flash-attn: {exc}: not installed, and "
+                               f"removed from the controller's cache ({found[0].parent}); "
+                               "building it on this host instead")
+                found = None
+        if found is None:
+            found = _build_and_cache(host, on_host, plan, key, cache)
             source = f"built on {host.name}"
-            logger.info(f"{host.print_prefix}flash-attn: built {found[0].name}, cached at "
-                        f"{found[0]}")
-        wheel, digest = found
-        try:
             # a wheel built just now was checked on the host that built it
-            _install(on_host, plan, wheel, digest, check=source.startswith("controller"))
-        except ArchitectureError as exc:
-            cache.discard(key)
-            raise ArchitectureError(
-                f"{exc}: not installed, and removed from the controller's cache "
-                f"({wheel.parent}): the next run builds it") from None
+            _install(on_host, plan, *found, check=False)
+        wheel, digest = found
     stamp = {**asdict(key), "source": source, "wheel": wheel.name, "sha256": digest,
              "max_jobs": plan.max_jobs, "nvcc_threads": plan.nvcc_threads}
     on_host.put(StringIO(json.dumps(stamp, indent=2, sort_keys=True) + "\n"),
@@ -539,8 +548,8 @@ def built_wheel(plan: BuildPlan, reasons: list[str]):
 
     Raises OperationError (failing the host) for GPUs whose compute capability is not host
     data's, nvcc not matching torch.version.cuda, a failed build (with the log's last lines), a
-    wheel whose sha256 does not match, or one without machine code for the GPUs (neither cached
-    nor installed; a cache entry found so is removed).
+    wheel whose sha256 does not match, or a built one without machine code for the GPUs (neither
+    cached nor installed). A cached wheel without it is removed from the cache and built anew.
     """
     if not reasons:
         host.noop(f"flash-attn {plan.flash_attn} built for the venv's torch (stamp matches)")

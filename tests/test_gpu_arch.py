@@ -1,6 +1,7 @@
 """The GPUs' compute capability against host data once the driver answers, and the machine code
 in a flash-attn wheel (cuobjdump --list-elf) before it is cached or installed."""
 
+import re
 import stat
 import zipfile
 from pathlib import Path
@@ -160,8 +161,25 @@ def test_a_refused_build_is_neither_cached_nor_installed(monkeypatch, tmp_path):
     assert any("rm -rf /opt/gpuhost/build/flash-attn/wheels" in c for c in host_.commands)
 
 
-def test_a_refused_cached_wheel_leaves_the_cache(monkeypatch, tmp_path):
-    host_ = BuildingHost()
+class RebuildingHost(BuildingHost):
+    """A host given a cached wheel with sm_90 only, whose own build has sm_120."""
+
+    def run(self, command, what, timeout=0):
+        self.commands.append(command)
+        if "--list-elf" in command:
+            arch = "sm_120" if "/b/wheels/" in command else "sm_90"
+            return wheel_check_output(("flash_attn_2_cuda.so",
+                                       f"ELF file    1: flash_attn_2_cuda.1.{arch}.cubin\n", 0))
+        return ""
+
+    def get(self, src, dest):
+        self.commands.append(f"get {src}")
+        Path(dest).write_bytes(b"built wheel")
+
+
+def test_a_refused_cached_wheel_leaves_the_cache_and_is_built_again(monkeypatch, tmp_path,
+                                                                    caplog):
+    host_ = RebuildingHost()
     key = BuildKey("2.8.3.post2", "2.9.1+cu128", "12.8", "3.12", "120")
     cache = WheelCache(tmp_path)
     wheel = tmp_path / "fa.whl"
@@ -169,14 +187,16 @@ def test_a_refused_cached_wheel_leaves_the_cache(monkeypatch, tmp_path):
     cache.store(key, wheel, "gpu0")
     monkeypatch.setattr(flash_attn, "_Remote", lambda h: host_)
     monkeypatch.setattr(flash_attn, "_probe", lambda on_host, p: key)
+    monkeypatch.setattr(flash_attn, "_build", lambda on_host, p, k: "/b/wheels/fa-built.whl")
 
     class Host:
         name = "gpu1"
         print_prefix = ""
 
-    with pytest.raises(ArchitectureError, match="fa.whl has sm_90 .*: not installed, and "
-                       "removed from the controller's cache .*: the next run builds it$"):
-        flash_attn._converge(Host(), plan(cache_root=str(tmp_path)))
-    assert cache.lookup(key) is None
-    assert not any("pip install" in c for c in host_.commands)
-    assert not (tmp_path / key.slug()).exists()
+    flash_attn._converge(Host(), plan(cache_root=str(tmp_path)))
+    assert re.search("fa.whl has sm_90 .*: not installed, and removed from the controller's "
+                     "cache .*; building it on this host instead", caplog.text)
+    installs = [c for c in host_.commands if "pip install" in c]
+    assert len(installs) == 1 and "fa-built.whl" in installs[0]
+    cached, _ = cache.lookup(key)
+    assert cached.name == "fa-built.whl" and cached.read_bytes() == b"built wheel"
