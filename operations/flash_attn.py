@@ -24,6 +24,9 @@ from pyinfra.api.exceptions import OperationError
 
 from operations import remote
 from operations.cuda_compat import driver_problem
+from operations.gpu_arch import (COMPUTE_CAP_QUERY, ArchitectureError, check_compute_capability,
+                                 check_wheel_code, parse_compute_caps, parse_wheel_check,
+                                 wheel_check_command)
 
 #: The transient systemd unit the build runs in (``systemd-run``), detached from SSH.
 BUILD_UNIT: Final = "gpuhost-flash-attn-build.service"
@@ -152,6 +155,14 @@ class WheelCache:
             return None
         return (wheel, digest) if digest == meta.get("sha256") else None
 
+    def discard(self, key: BuildKey) -> None:
+        """Remove the key's entry (a wheel refused on the host), so that the next run builds."""
+        folder = self.root / key.slug()
+        if folder.exists():
+            gone = self.root / f".{key.slug()}.discarded.{os.getpid()}"
+            os.replace(folder, gone)
+            _remove_tree(gone)
+
     def store(self, key: BuildKey, wheel: Path, built_on: str) -> tuple[Path, str]:
         """Move a fetched wheel into the cache; returns its cached path and sha256."""
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
@@ -221,6 +232,7 @@ class BuildPlan:
     index_url: str
     flash_attn: str
     archs: str
+    compute_capability: str
     cuda_home: str
     max_jobs: int
     nvcc_threads: int
@@ -274,18 +286,23 @@ def check_nvcc(nvcc: str | None, torch_cuda: str | None, torch_version: str, cud
 
 
 def _probe(on_host: _Remote, plan: BuildPlan) -> BuildKey:
-    """Read the venv's Python, torch and torch.version.cuda, nvcc's release and the loaded
-    driver; refuse (OperationError) an nvcc that cannot build for this torch, or a driver too old
-    for the venv's CUDA (on a fresh host, planning could not yet read torch.version.cuda)."""
+    """Read the venv's Python, torch and torch.version.cuda, the loaded driver and the GPUs'
+    compute capability, and nvcc's release; refuse (OperationError) GPUs whose compute
+    capability is not host data's (on a fresh host the driver answers only now, after the
+    driver stage: planning could not compare them), an nvcc that cannot build for this torch,
+    or a driver too old for the venv's CUDA (planning could not yet read torch.version.cuda)."""
     script = ("import sys, torch; print('%d.%d' % sys.version_info[:2]); "
               "print(torch.__version__); print(torch.version.cuda)")
     out = on_host.run(
         f"{shlex.quote(plan.venv)}/bin/python -c {shlex.quote(script)} && echo --driver && "
         "{ nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 "
-        f"|| true; }} && echo --nvcc && {shlex.quote(plan.cuda_home)}/bin/nvcc --version",
-        "reading torch, the driver and nvcc on the host")
+        f"|| true; }} && echo --compute-cap && {{ {COMPUTE_CAP_QUERY} 2>&1 || true; }} && "
+        f"echo --nvcc && {shlex.quote(plan.cuda_home)}/bin/nvcc --version",
+        "reading torch, the driver, the GPUs and nvcc on the host")
     head, _, rest = out.partition("--driver\n")
-    driver_text, _, nvcc_text = rest.partition("--nvcc\n")
+    driver_text, _, rest = rest.partition("--compute-cap\n")
+    caps_text, _, nvcc_text = rest.partition("--nvcc\n")
+    check_compute_capability(parse_compute_caps(caps_text), plan.compute_capability)
     python, torch_version, torch_cuda = (line.strip() for line in head.splitlines()[:3])
     nvcc = parse_nvcc_release(nvcc_text)
     check_nvcc(nvcc, torch_cuda, torch_version, plan.cuda_home)
@@ -429,16 +446,55 @@ def _build(on_host: _Remote, plan: BuildPlan, key: BuildKey) -> str:
     return wheels[0]
 
 
-def _install(on_host: _Remote, plan: BuildPlan, local: Path, digest: str) -> str:
+def check_machine_code(on_host: _Remote, plan: BuildPlan, wheel: str) -> None:
+    """Refuse (ArchitectureError) a wheel on the host that has no machine code for the GPUs'
+    architecture, as the toolkit's ``cuobjdump --list-elf`` lists its shared objects."""
+    out = on_host.run(wheel_check_command(f"{plan.venv}/bin/python", wheel,
+                                          f"{plan.cuda_home}/bin/cuobjdump"),
+                      f"listing the machine code in {Path(wheel).name} (cuobjdump --list-elf)")
+    check_wheel_code(Path(wheel).name, parse_wheel_check(out), plan.archs)
+
+
+def _install(on_host: _Remote, plan: BuildPlan, local: Path, digest: str, *,
+             check: bool) -> str:
+    """Send the wheel, check its sha256 and (``check``: a cached one) its machine code, and
+    install it; a refused wheel is removed from the host."""
     dest = f"{WHEEL_DIR}/{local.name}"
     on_host.run(f"mkdir -p {WHEEL_DIR}", "making the wheel folder")
     on_host.put(str(local), dest)
     on_host.run(f"echo {digest}' '{shlex.quote(dest)} | sha256sum --check --quiet",
                f"checking the sha256 of {dest}")
+    try:
+        if check:
+            check_machine_code(on_host, plan, dest)
+    except OperationError:
+        on_host.run(f"rm -f {shlex.quote(dest)}", "removing the refused wheel")
+        raise
     on_host.run(f"{shlex.quote(plan.venv)}/bin/python -m pip install --no-deps --no-index "
                f"--force-reinstall --disable-pip-version-check {shlex.quote(dest)}",
                f"installing {local.name}")
     return dest
+
+
+def _build_and_cache(host, on_host: _Remote, plan: BuildPlan, key, cache: WheelCache):
+    """Build the wheel on this host, check its machine code there, fetch it into the
+    controller's cache; returns its cached path and sha256."""
+    built = _build(on_host, plan, key)
+    try:
+        check_machine_code(on_host, plan, built)
+    except ArchitectureError as exc:
+        # not adopted by the next run either: it builds again
+        on_host.run(f"rm -rf {BUILD_DIR}/wheels {BUILD_DIR}/complete",
+                    "removing the refused wheel")
+        raise ArchitectureError(f"{exc}: it is neither cached nor installed") from None
+    fetch_dir = cache.root / f".fetch.{host.name}.{os.getpid()}"
+    fetch_dir.mkdir(parents=True, exist_ok=True)
+    fetched = fetch_dir / Path(built).name
+    on_host.get(built, str(fetched))
+    found = cache.store(key, fetched, host.name)
+    fetch_dir.rmdir()
+    logger.info(f"{host.print_prefix}flash-attn: built {found[0].name}, cached at {found[0]}")
+    return found
 
 
 @remote.callback("the flash-attn build",
@@ -461,19 +517,21 @@ def _converge(host, plan: BuildPlan) -> None:
             source = f"controller cache {found[0]}"
             logger.info(f"{host.print_prefix}flash-attn: installing the cached wheel "
                         f"{found[0].name} ({key.describe()})")
-        else:
-            built = _build(on_host, plan, key)
-            fetch_dir = cache.root / f".fetch.{host.name}.{os.getpid()}"
-            fetch_dir.mkdir(parents=True, exist_ok=True)
-            fetched = fetch_dir / Path(built).name
-            on_host.get(built, str(fetched))
-            found = cache.store(key, fetched, host.name)
-            fetch_dir.rmdir()
+            try:
+                _install(on_host, plan, *found, check=True)
+            except ArchitectureError as exc:
+                # a wheel cached by an older gpuhost, or built for other GPUs: built again
+                cache.discard(key)
+                logger.warning(f"{host.print_prefix}flash-attn: {exc}: not installed, and "
+                               f"removed from the controller's cache ({found[0].parent}); "
+                               "building it on this host instead")
+                found = None
+        if found is None:
+            found = _build_and_cache(host, on_host, plan, key, cache)
             source = f"built on {host.name}"
-            logger.info(f"{host.print_prefix}flash-attn: built {found[0].name}, cached at "
-                        f"{found[0]}")
+            # a wheel built just now was checked on the host that built it
+            _install(on_host, plan, *found, check=False)
         wheel, digest = found
-        _install(on_host, plan, wheel, digest)
     stamp = {**asdict(key), "source": source, "wheel": wheel.name, "sha256": digest,
              "max_jobs": plan.max_jobs, "nvcc_threads": plan.nvcc_threads}
     on_host.put(StringIO(json.dumps(stamp, indent=2, sort_keys=True) + "\n"),
@@ -488,8 +546,10 @@ def built_wheel(plan: BuildPlan, reasons: list[str]):
       cache is
     + reasons: why the stamp does not match (from :func:`stale_reasons`); [] means nothing to do
 
-    Raises OperationError (failing the host) for nvcc not matching torch.version.cuda, a failed
-    build (with the log's last lines) or a wheel whose sha256 does not match.
+    Raises OperationError (failing the host) for GPUs whose compute capability is not host
+    data's, nvcc not matching torch.version.cuda, a failed build (with the log's last lines), a
+    wheel whose sha256 does not match, or a built one without machine code for the GPUs (neither
+    cached nor installed). A cached wheel without it is removed from the cache and built anew.
     """
     if not reasons:
         host.noop(f"flash-attn {plan.flash_attn} built for the venv's torch (stamp matches)")

@@ -360,7 +360,8 @@ def mlenv(settings: Settings):
         plan=BuildPlan(
             venv=venv, requirements=f"{LOCK_DIR}/flash-attn.txt",
             index_url=settings.pip_index_url, flash_attn=flash.version,
-            archs=settings.cuda_arch, cuda_home=settings.cuda_home,
+            archs=settings.cuda_arch, compute_capability=settings.compute_capability,
+            cuda_home=settings.cuda_home,
             max_jobs=parallel.max_jobs, nvcc_threads=parallel.nvcc_threads,
             memory_max_bytes=build_memory_max(resources.mem_available_gib),
             cache_root=settings.wheel_cache),

@@ -25,6 +25,8 @@ from operations.nvidia import DRIVER_GATE_DROPIN
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
 from operations.host import FileText
+from operations.kernel_cache import (KernelCacheFolders, cache_env, cache_key, kernel_cache,
+                                     remove_superseded)
 from operations.plan import fact, refuse
 from operations.preflight import InitSystem
 from operations.secret_files import check_secret_file
@@ -124,6 +126,7 @@ def unit_context(settings: Settings) -> dict:
         "exec_args": " ".join(systemd_quote(a) for a in server_args(settings)),
         "runtime_dir": RUNTIME_DIRS[UNIT],
         "inputs_args": " ".join(systemd_quote(a) for a in server_inputs(settings)),
+        "kernel_cache_env": cache_env(cache_key(settings)),
     }
 
 
@@ -471,7 +474,9 @@ def serving(url: str, model: str, timeout: int, public_url: str | None = None,
 def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     """Download the model, template the unit and its environment (and the API key gate's unit
     when the server binds more than the loopback), start the server, restart it only when
-    something it reads changed, and wait until it serves good answers.
+    something it reads changed, and wait until it serves good answers. The unit places the
+    kernel caches in a folder keyed by flashinfer, torch, CUDA and the compute capability
+    (operations/kernel_cache.py); the folders of other keys are removed once it serves.
 
     What it reads may have changed in this run, or in an earlier one that stopped before the
     restart: the digest the running server recorded at its start (:class:`ServiceState`) tells.
@@ -541,6 +546,9 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
             endpoint=settings.hf_endpoint, python=f"{settings.venv_path}/bin/python",
             token_file=settings.hf_token_file, headroom_gib=DISK_HEADROOM_GIB,
         ))
+    kernels = cache_key(settings)
+    kernel_folders = fact(KernelCacheFolders)
+    kernel_cache(kernels)
     env = files.template(
         name="Server environment",
         src=str(REPO_ROOT / "templates" / "server.env.j2"),
@@ -621,3 +629,5 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
         _if=lambda: unverified or any(op.did_change()
                                       for op in (started, restarted, *gate_changes)),
     )
+    # after the restart: the server that read them is gone
+    remove_superseded(kernels, kernel_folders)

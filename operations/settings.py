@@ -260,11 +260,13 @@ _URL = r"https?://[^\s/]\S*"
 
 
 #: What the server's environment gets from gpuhost itself: the unit (CUDA_HOME, PATH,
-#: LD_LIBRARY_PATH), server.env (HF_HUB_OFFLINE: the weights are local) and the P2P decision
+#: LD_LIBRARY_PATH, the kernel caches of operations/kernel_cache.py), server.env (HF_HUB_OFFLINE: the weights are local) and the P2P decision
 #: (operations/p2p_policy.py). An EnvironmentFile wins over the unit's Environment= lines, and
 #: the P2P file is read last: gpuhost_server_env naming one of these would override gpuhost, or
 #: be silently overridden.
 RESERVED_ENV: Final = ("CUDA_HOME", "PATH", "LD_LIBRARY_PATH", "HF_HUB_OFFLINE",
+                       "FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                       "TORCH_EXTENSIONS_DIR",
                        "NCCL_IB_DISABLE", "NCCL_P2P_LEVEL", "NCCL_ALLOC_P2P_NET_LL_BUFFERS",
                        "NCCL_MIN_NCHANNELS", "NCCL_P2P_DISABLE", "GPUHOST_P2P_SERVER_ARGS")
 

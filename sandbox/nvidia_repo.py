@@ -48,6 +48,7 @@ class CudaRelease:
     release: str  # "12.8"
     toolkit: str  # meta packages: cuda-toolkit-X-Y, cuda-compiler-X-Y, cuda-libraries-X-Y
     nvcc: str  # cuda-nvcc-X-Y
+    cuobjdump: str  # cuda-cuobjdump-X-Y
     cudart: str  # cuda-cudart-X-Y and the config-common packages
     built_on: str  # nvcc --version's "Built on" line
     build: str  # nvcc --version's "Build" line
@@ -67,6 +68,7 @@ CUDA_RELEASES = (
         "12.8",
         "12.8.1",
         "12.8.93",
+        "12.8.90",  # cuda-cuobjdump-12-8 12.8.90-1 (a listing of NVIDIA's repository)
         "12.8.90",
         "Fri_Feb_21_20:23:50_PST_2025",
         "cuda_12.8.r12.8/compiler.35583870_0",
@@ -76,6 +78,7 @@ CUDA_RELEASES = (
         "13.0",
         "13.0.2",
         "13.0.88",
+        "13.0.85",  # cuda-cuobjdump-13-0 (shared/fixtures/h200-1gpu/dpkg-query.txt)
         "13.0.96",
         "Wed_Aug_20_01:58:59_PM_PDT_2025",
         "cuda_13.0.r13.0/compiler.36424714_0",
@@ -345,6 +348,10 @@ def _toolkit(cuda: CudaRelease) -> list[Deb]:
     nvcc = render(
         "nvcc", RELEASE=rel, NVCC_VERSION=cuda.nvcc, BUILT_ON=cuda.built_on, BUILD=cuda.build
     ).encode()
+    cuobjdump = render(
+        "cuobjdump", RELEASE=rel, CUOBJDUMP_VERSION=cuda.cuobjdump, BUILT_ON=cuda.built_on,
+        BUILD=cuda.build,
+    ).encode()
     version_json = (
         json.dumps(
             {
@@ -376,7 +383,15 @@ def _toolkit(cuda: CudaRelease) -> list[Deb]:
                 "cuda-toolkit-config-common",
             ],
         ),
-        Deb(f"cuda-compiler-{d}", tk, "CUDA compiler", depends=[f"cuda-nvcc-{d} (>= {cuda.nvcc})"]),
+        Deb(f"cuda-compiler-{d}", tk, "CUDA compiler",
+            depends=[f"cuda-nvcc-{d} (>= {cuda.nvcc})",
+                     f"cuda-cuobjdump-{d} (>= {cuda.cuobjdump})"]),
+        Deb(
+            f"cuda-cuobjdump-{d}",
+            f"{cuda.cuobjdump}-1",
+            "CUDA cuobjdump",
+            files={f"{root}/bin/cuobjdump": (cuobjdump, 0o755)},
+        ),
         Deb(
             f"cuda-libraries-{d}",
             tk,

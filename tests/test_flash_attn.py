@@ -97,7 +97,8 @@ def test_one_holder_per_key(tmp_path):
 def plan(**kw):
     base = {"venv": "/opt/gpuhost/venv", "requirements": "/opt/gpuhost/lock/flash-attn.txt",
             "index_url": "http://10.213.1.1:8080/simple/", "flash_attn": "2.8.3.post2",
-            "archs": "120", "cuda_home": "/usr/local/cuda-12.8", "max_jobs": 20,
+            "archs": "120", "compute_capability": "12.0", "cuda_home": "/usr/local/cuda-12.8",
+            "max_jobs": 20,
             "nvcc_threads": 4, "memory_max_bytes": build_memory_max(124.6),
             "cache_root": "/tmp/cache"}
     return BuildPlan(**{**base, **kw})

@@ -1,5 +1,7 @@
-"""The ML venv end to end on two fresh sandbox hosts: one flash-attn build between them, a second
-run that changes nothing, a venv changed by hand repaired, a rebuilt VM served from the cache.
+"""The ML venv end to end on two fresh sandbox hosts: GPUs other than host data says stop the hosts
+before any build, then one flash-attn build between them, a second
+run that changes nothing, a venv changed by hand repaired (a superseded kernel cache removed), a
+rebuilt VM served from the cache.
 Checked with ssh on the hosts (the build log systemd wrote, pip list), not through pyinfra."""
 
 import json
@@ -12,6 +14,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 VENV = "/opt/gpuhost/venv"
 BUILD_LOG = "/opt/gpuhost/build/flash-attn/build.log"
+KERNELS = "/var/cache/gpuhost/kernels"
+#: the kernel cache folder of the default lock (flashinfer-python 0.6.3, torch 2.9.1), CUDA 12.8
+#: and the reference lab's SM120
+KERNEL_KEY = "flashinfer0.6.3-torch2.9.1-cuda12.8-sm120"
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +59,32 @@ def flash_attn_build_env(host: lab.Host) -> dict:
     return json.loads(host.ssh(f"{VENV}/bin/python -c '{script}'"))
 
 
+def test_gpus_other_than_host_data_stop_before_the_build(hosts, cache):
+    # fresh hosts: no driver answers while planning, so only the deploy itself, once the driver
+    # stage has loaded it, can compare the GPUs (SM120) with host data
+    run = deploy(cache, "--data", "gpuhost_compute_capability=9.0")
+    assert run.returncode != 0, run.output[-6000:]
+    assert ("the GPUs have compute capability 12.0 (nvidia-smi), host data says "
+            "gpuhost_compute_capability = '9.0': set gpuhost_compute_capability = '12.0'"
+            in run.output), run.output[-6000:]
+    assert "Traceback" not in run.output
+    assert not any(built_here(h) for h in hosts)
+    assert [p for p in cache.iterdir() if p.is_dir()] == []  # nothing cached
+    for h in hosts:
+        assert h.ssh(f"ls {VENV}/lib/python3*/site-packages/ | grep -c '^flash_attn' "
+                     "|| true").strip() == "0"
+
+
 def test_two_fresh_hosts_converge_with_one_build(hosts, cache):
     first = deploy(cache)
     assert first.returncode == 0, first.output[-6000:]
     assert [built_here(h) for h in hosts].count(True) == 1, first.output[-6000:]
     envs = [flash_attn_build_env(h) for h in hosts]
+    # what the CUDA toolkit's cuobjdump lists in the installed extension module
+    for h in hosts:
+        listed = h.ssh(f"/usr/local/cuda-12.8/bin/cuobjdump --list-elf "
+                       f"{VENV}/lib/python3*/site-packages/flash_attn_2_cuda.*.so")
+        assert ".sm_120.cubin" in listed, listed
     assert envs[0] == envs[1]  # one wheel, installed on both
     assert envs[0]["FLASH_ATTN_CUDA_ARCHS"] == "120"
     assert envs[0]["torch_cuda"] == envs[0]["nvcc_release"] == "12.8"
@@ -82,6 +109,9 @@ def test_drift_is_reported_and_repaired(hosts, cache):
                  f"--no-index --no-build-isolation /tmp/{name}")
     drifted = pip_list(host)
     assert "sgl-kernel" not in drifted and drifted["flashinfer-cubin"] == "0.6.2"
+    # a kernel cache of an older flashinfer, left by an earlier stack
+    host.ssh(f"mkdir -p {KERNELS}/flashinfer0.6.2-torch2.9.1-cuda12.8-sm120/triton && "
+             f"touch {KERNELS}/flashinfer0.6.2-torch2.9.1-cuda12.8-sm120/triton/k.cubin")
 
     repair = deploy(cache)
     assert repair.returncode == 0, repair.output[-6000:]
@@ -89,6 +119,14 @@ def test_drift_is_reported_and_repaired(hosts, cache):
                  "gpuhost-e2e-extra 1.0 not in the lock: removed"):
         assert line in repair.output, repair.output[-6000:]
     assert pip_list(host) == before
+    assert host.ssh(f"ls {KERNELS}").split() == [KERNEL_KEY]
+    assert host.ssh(f"ls {KERNELS}/{KERNEL_KEY}").split() == [
+        "flashinfer", "torch_extensions", "torchinductor", "triton"]
+    unit_env = host.ssh("systemctl show -p Environment sglang.service")
+    for name, sub in (("FLASHINFER_WORKSPACE_BASE", "flashinfer"), ("TRITON_CACHE_DIR", "triton"),
+                      ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
+                      ("TORCH_EXTENSIONS_DIR", "torch_extensions")):
+        assert f"{name}={KERNELS}/{KERNEL_KEY}/{sub}" in unit_env.split(), unit_env
 
     again = deploy(cache, "--json")
     assert again.returncode == 0, again.output[-6000:]

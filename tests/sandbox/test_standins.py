@@ -341,6 +341,7 @@ def test_installed_standins_answer(repo, tmp_path):
         "nvidia-smi_580.105.08-1_amd64.deb",
         "cuda-nvcc-12-8_12.8.93-1_amd64.deb",
         "cuda-nvcc-13-0_13.0.88-1_amd64.deb",
+        "cuda-cuobjdump-13-0_13.0.85-1_amd64.deb",
         "cuda-keyring_1.1-1_all.deb",
         f"linux-headers-{KERNEL}_6.1.0-1_amd64.deb",
     ):
@@ -359,6 +360,22 @@ def test_installed_standins_answer(repo, tmp_path):
         check=True,
     ).stdout
     assert nvcc13 == fixture_like_nvcc_13()
+    cuobjdump = str(root / "usr/local/cuda-13.0/bin/cuobjdump")
+    standin_so = tmp_path / "flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so"
+    standin_so.write_text("gpuhost sandbox stand-in shared object\n"
+                          '{"cubins": ["sm_90", "sm_120"]}\n')
+    listed = subprocess.run([cuobjdump, "--list-elf", str(standin_so)], capture_output=True,
+                            text=True, check=True).stdout
+    # the real one's lines (tests/fixtures/h200-device/cuobjdump-list-elf.txt)
+    stem = "flash_attn_2_cuda.cpython-311-x86_64-linux-gnu"
+    assert listed == (f"ELF file    1: {stem}.1.sm_90.cubin\n"
+                      f"ELF file    2: {stem}.2.sm_120.cubin\n")
+    (tmp_path / "plain.so").write_bytes(b"\x7fELF")
+    plain = subprocess.run([cuobjdump, "--list-elf", str(tmp_path / "plain.so")],
+                           capture_output=True, text=True, check=False)
+    assert plain.returncode == 255
+    assert plain.stderr == (f"cuobjdump info    : File '{tmp_path / 'plain.so'}' does not "
+                            "contain device code\n")
     (tmp_path / "hw.json").write_text(scenarios.hardware_json("q35-cns"))
     (tmp_path / "loaded").write_text("580.105.08\n")
     out = subprocess.run(
@@ -789,6 +806,10 @@ def test_stack_installs_from_the_index_and_flash_attn_records_its_build(tmp_path
         "120",
     )
     assert (recorded["nvcc_release"], recorded["torch_cuda"]) == ("12.8", "12.8")
+    # the extension module's stand-in names the cubins of the architectures it was given
+    (module,) = (venv / "lib").glob("python3*/site-packages/flash_attn_2_cuda.*.so")
+    assert module.read_text().splitlines() == ["gpuhost sandbox stand-in shared object",
+                                               '{"cubins": ["sm_120"]}']
     listed = json.loads(
         subprocess.run(
             [str(venv / "bin/python"), "-m", "pip", "list", "--format=json"],

@@ -4,13 +4,17 @@
 # first), needs nvcc under CUDA_HOME, compares nvcc's release with torch.version.cuda, honours
 # FLASH_ATTENTION_FORCE_BUILD / FLASH_ATTENTION_SKIP_CUDA_BUILD / FLASH_ATTN_CUDA_ARCHS /
 # NVCC_THREADS / MAX_JOBS, and compiles nothing: it records what it was given in
-# flash_attn/build_env.json inside the built package. When the host's scenario caps the
+# flash_attn/build_env.json inside the built package, and writes a stand-in of the extension
+# module (flash_attn_2_cuda<EXT_SUFFIX>, at the wheel's top level as in the real wheel) naming
+# the cubins the real build would give it (sm_<arch> for each of FLASH_ATTN_CUDA_ARCHS), which
+# the CUDA toolkit stand-in's cuobjdump lists. When the host's scenario caps the
 # parallel compile jobs (host.flash_attn_max_parallel_jobs), more jobs fail the build as the
 # compiler being killed for memory would.
 import json
 import os
 import subprocess
 import sys
+import sysconfig
 import time
 import warnings
 
@@ -34,6 +38,8 @@ BASE_WHEEL_URL = (
 FORCE_BUILD = os.getenv("FLASH_ATTENTION_FORCE_BUILD", "FALSE") == "TRUE"
 SKIP_CUDA_BUILD = os.getenv("FLASH_ATTENTION_SKIP_CUDA_BUILD", "FALSE") == "TRUE"
 HARDWARE = os.environ.get("GPUHOST_SANDBOX_HARDWARE", "/etc/gpuhost-sandbox/hardware.json")
+# The first line of a stand-in shared object (sandbox/standins/nvidia/cuobjdump reads it).
+STANDIN_SO_MAGIC = "gpuhost sandbox stand-in shared object"
 
 
 def get_cuda_bare_metal_version(cuda_dir):
@@ -144,6 +150,12 @@ class BuildPyRecordingEnv(build_py):
         with open(target, "w") as fh:
             json.dump(record, fh, indent=2, sort_keys=True)
             fh.write("\n")
+        if "cuda_archs" in record:
+            module = "flash_attn_2_cuda" + sysconfig.get_config_var("EXT_SUFFIX")
+            with open(os.path.join(self.build_lib, module), "w") as fh:
+                fh.write(STANDIN_SO_MAGIC + "\n")
+                json.dump({"cubins": [f"sm_{a}" for a in record["cuda_archs"]]}, fh)
+                fh.write("\n")
 
 
 class CachedWheelsCommand(_bdist_wheel):
