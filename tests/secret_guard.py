@@ -5,8 +5,7 @@ made by tests) is registered here; everything the suite would show is observed: 
 report (captured stdout, stderr and log, the failure text) and the whole output of every deploy
 and sandbox command the end-to-end helpers run (tests/e2e/lab.py), shown or not. At the end of
 the session tests/conftest.py fails the run if a registered value appears in anything observed,
-naming where and which kind of secret, never the value. Under pytest-xdist each worker guards
-its own tests and hands its ``summary()`` to the controller, which reports them all.
+naming where and which kind of secret, never the value.
 """
 
 from __future__ import annotations
@@ -45,11 +44,6 @@ class Guard:
                 if value in text:
                     found.append(f"{where}: the {kind}")
         return sorted(set(found))
-
-    def summary(self) -> dict:
-        """What the end-of-session report needs, as plain data (an xdist worker's output)."""
-        return {"secrets": len(self.secrets), "observed": len(self.observed),
-                "leaks": self.leaks()}
 
 
 GUARD = Guard()

@@ -1,0 +1,150 @@
+"""The whole suite in lanes (bin/test): each end-to-end module is a unit of work, the rest of
+the suite one more; GPUHOST_TEST_WORKERS lanes (default 2) take the next unit as they finish,
+and lane i runs it in a pytest process of its own with GPUHOST_SANDBOX_LAB = base + i (base:
+GPUHOST_SANDBOX_LAB, default 0), so two modules never share, or take down, each other's sandbox
+hosts. A unit's whole output is printed when it ends, then one line for the suite.
+
+    .venv/bin/python -m tests.lanes [pytest arguments]
+
+The end-to-end modules wait on their hosts most of the time (boots, deploys, the server's
+start), so two lanes on a 2-core machine take much less than one. Arguments go to every unit's
+pytest; arguments naming test paths run just those, in one plain pytest process.
+
+Why not pytest-xdist: pyinfra_cli, which pyinfra-testing and the inventory check import, calls
+gevent's ``monkey.patch_all()`` on import (pyinfra_cli/__init__.py); in an xdist worker that
+happens after execnet's I/O thread started, and the worker stops at once with gevent's LoopExit
+"This operation would block forever".
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+E2E = ROOT / "tests" / "e2e"
+#: pytest's exit status when a unit collects nothing (e.g. ``-m "not e2e"`` on an e2e module)
+NO_TESTS = 5
+
+
+@dataclass
+class Unit:
+    name: str
+    args: list[str]
+    rc: int | None = None
+    seconds: float = 0.0
+    lab: int = 0
+    counts: tuple[int, int, int, int] = (0, 0, 0, 0)  # tests, failures, errors, skipped
+
+
+def weight(path: Path) -> int:
+    """How long a module is likely to take, for starting the longest first: its boots and
+    deploys, as the text says (a proxy; a lane takes the next unit whenever it finishes)."""
+    text = path.read_text()
+    return 3 * text.count("lab.up(") + text.count("deploy(")
+
+
+def units() -> list[Unit]:
+    modules = sorted(E2E.glob("test_*.py"), key=lambda p: (-weight(p), p.name))
+    found = [Unit(str(p.relative_to(ROOT)), [str(p.relative_to(ROOT))]) for p in modules]
+    return found + [Unit("the rest of tests/", ["tests", f"--ignore={E2E.relative_to(ROOT)}"])]
+
+
+def names_paths(args: list[str]) -> bool:
+    return any(not a.startswith("-") and (ROOT / a.split("::")[0]).exists() for a in args)
+
+
+def counts(junit: Path) -> tuple[int, int, int, int]:
+    """tests, failures, errors, skipped, from pytest's --junitxml report (absent: nothing ran)."""
+    try:
+        suites = ET.parse(junit).getroot()
+    except (OSError, ET.ParseError):
+        return (0, 0, 0, 0)
+    total = [0, 0, 0, 0]
+    for suite in suites.iter("testsuite"):
+        for i, key in enumerate(("tests", "failures", "errors", "skipped")):
+            total[i] += int(suite.get(key, 0))
+    return tuple(total)
+
+
+def run_unit(unit: Unit, lab: int, extra: list[str], reports: Path, say) -> None:
+    junit = reports / f"{Path(unit.args[0]).stem}.xml"
+    env = {**os.environ, "GPUHOST_SANDBOX_LAB": str(lab), "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
+    say(f"[lab {lab}] {unit.name}: started")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                           f"--junitxml={junit}", *unit.args, *extra],
+                          cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, check=False)
+    unit.rc, unit.lab = proc.returncode, lab
+    unit.seconds = time.monotonic() - started
+    unit.counts = counts(junit)
+    say(f"\n{'=' * 30} {unit.name} (lab {lab}): exit {unit.rc} in {unit.seconds:.0f} s "
+        f"{'=' * 30}\n{proc.stdout.rstrip()}\n")
+
+
+def main(args: list[str]) -> int:
+    if names_paths(args):
+        return subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT).returncode
+    lanes = int(os.environ.get("GPUHOST_TEST_WORKERS", "2") or "2")
+    base = os.environ.get("GPUHOST_SANDBOX_LAB", "0")
+    if not base.isdigit() or lanes < 1 or int(base) + lanes - 1 > 9:
+        print(f"GPUHOST_SANDBOX_LAB = {base!r} with GPUHOST_TEST_WORKERS = {lanes}: the lanes' "
+              "labs must lie within 0 to 9 (at least one lane)", file=sys.stderr)
+        return 2
+    todo: queue.Queue[Unit] = queue.Queue()
+    every = units()
+    for unit in every:
+        todo.put(unit)
+    printing = threading.Lock()
+
+    def say(text: str) -> None:
+        with printing:
+            print(text, flush=True)
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpuhost-lanes-") as reports:
+        def lane(lab: int) -> None:
+            while True:
+                try:
+                    unit = todo.get_nowait()
+                except queue.Empty:
+                    return
+                run_unit(unit, lab, args, Path(reports), say)
+
+        threads = [threading.Thread(target=lane, args=(int(base) + i,)) for i in range(lanes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return summary(every, time.monotonic() - started)
+
+
+def summary(every: list[Unit], wall: float) -> int:
+    print(f"{'=' * 30} {len(every)} units in {wall:.0f} s on "
+          f"{len({u.lab for u in every})} lane(s) {'=' * 30}")
+    for unit in every:
+        tests, failures, errors, skipped = unit.counts
+        print(f"{unit.seconds:7.0f} s  lab {unit.lab}  exit {unit.rc}  {unit.name}  "
+              f"({tests - failures - errors - skipped} passed, {failures} failed, "
+              f"{errors} errors, {skipped} skipped)")
+    tests, failures, errors, skipped = (sum(u.counts[i] for u in every) for i in range(4))
+    bad = [u.name for u in every if u.rc not in (0, NO_TESTS)]
+    print(f"{'=' * 30} {failures} failed, {tests - failures - errors - skipped} passed, "
+          f"{skipped} skipped, {errors} errors in {wall:.0f} s "
+          f"({'all units passed' if not bad else 'failing: ' + ', '.join(bad)}) {'=' * 30}")
+    if bad:
+        return 1
+    return NO_TESTS if all(u.rc == NO_TESTS for u in every) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
