@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, operation
+from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.exceptions import OperationError
 
 from operations import remote
 from operations.cuda_compat import driver_problem
+from operations.disk import no_space_named
 
 #: The transient systemd unit the build runs in (``systemd-run``), detached from SSH.
 BUILD_UNIT: Final = "gpuhost-flash-attn-build.service"
@@ -234,7 +235,8 @@ class _Remote:
     def __init__(self, host_):
         self.host = host_
 
-    def run(self, command: str, what: str, timeout: float = remote.DEFAULT_TIMEOUT_S) -> str:
+    def run(self, command: str | StringCommand, what: str,
+            timeout: float = remote.DEFAULT_TIMEOUT_S) -> str:
         ok, out = remote.shell(self.host, command, timeout=timeout)
         if not ok:
             raise OperationError(f"{what} failed: {out.stdout}\n{out.stderr}".strip())
@@ -435,9 +437,9 @@ def _install(on_host: _Remote, plan: BuildPlan, local: Path, digest: str) -> str
     on_host.put(str(local), dest)
     on_host.run(f"echo {digest}' '{shlex.quote(dest)} | sha256sum --check --quiet",
                f"checking the sha256 of {dest}")
-    on_host.run(f"{shlex.quote(plan.venv)}/bin/python -m pip install --no-deps --no-index "
-               f"--force-reinstall --disable-pip-version-check {shlex.quote(dest)}",
-               f"installing {local.name}")
+    on_host.run(no_space_named(f"installing {local.name} into {plan.venv}", plan.venv, [
+        f"{plan.venv}/bin/python", "-m", "pip", "install", "--no-deps", "--no-index",
+        "--force-reinstall", "--disable-pip-version-check", dest]), f"installing {local.name}")
     return dest
 
 

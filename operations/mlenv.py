@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from packaging.version import Version
 from pyinfra import host, logger, state
-from pyinfra.api import FactBase, StringCommand, deploy, operation
+from pyinfra.api import FactBase, deploy, operation
 from pyinfra.api.exceptions import FactProcessError, OperationError, PyinfraError
 from pyinfra.facts.files import File
 from pyinfra.operations import apt, files
@@ -22,11 +22,11 @@ from typing_extensions import override
 
 from operations import REPO_ROOT
 from operations.cuda_compat import driver_problem, venv_cuda
+from operations.disk import NO_SPACE, no_space_named
 from operations.flash_attn import STAMP_NAME, BuildPlan, built_wheel, read_stamp, stale_reasons
 from operations.gpu import NvidiaDriver
 from operations.host import FileText, HostResources
 from operations.lock import Lock, read_lock
-from operations.p2p import LIB_DIR
 from operations.plan import fact, is_dry_run, refuse
 from operations.settings import Settings
 
@@ -90,19 +90,6 @@ def build_parallelism(
     return BuildParallelism(max_jobs or jobs_bound, threads, bound)
 
 
-#: The wrapper that names a full disk (operations/files/no_space.py), shipped by this stage
-#: (model_fetch.py imports it too) and run by the host's python3: it needs no working venv.
-NO_SPACE: Final = f"{LIB_DIR}/no_space.py"
-
-
-def no_space_named(what: str, path: str, command: list[str]) -> StringCommand:
-    """``command`` run by the host's python3 through no_space.py: its output and exit status as
-    they are, except where it fails for lack of disk space (ENOSPC), which is said in one line
-    naming ``what`` it did, the path written, its file system and the space free there."""
-    return StringCommand(*(shlex.quote(c) for c in (
-        "python3", NO_SPACE, "--what", what, "--path", path, "--", *command)))
-
-
 class VenvHealth(TypedDict):
     """Whether a venv runs: ``state`` is "absent" (no bin/python and no pyvenv.cfg: nothing to
     keep), "ok" (its python and its pip both answer) or "broken"; ``why`` says what failed;
@@ -114,7 +101,8 @@ class VenvHealth(TypedDict):
 
 
 #: What the venv's python must print: a truncated or empty file "runs" as an empty shell
-#: script, with exit status 0 and no output.
+#: script, with exit status 0 and no output (a shell runs a file execve(2) refuses with ENOEXEC
+#: as a script of its own: POSIX, XCU 2.9.1.1 "Command Search and Execution").
 _PYTHON_OK: Final = "gpuhost-venv-python-ok"
 
 
@@ -302,8 +290,9 @@ def venv_that_runs(path: str, python: str = "python3"):
         host.noop(f"venv {path} runs")
         return
     yield no_space_named(f"creating the venv {path}", path, [*command, path])
-    # pip apart: venv runs ensurepip with its output captured, and says only "returned
-    # non-zero exit status 1"; run so, ensurepip's own error (ENOSPC) is seen
+    # pip apart: venv runs ensurepip through subprocess.check_output with stderr=STDOUT
+    # (CPython's Lib/venv/__init__.py, _setup_pip) and says only "returned non-zero exit
+    # status 1"; run on its own, ensurepip's error (ENOSPC) is seen
     yield no_space_named(f"installing pip into the venv {path}", path,
                          [f"{path}/bin/python", "-m", "ensurepip", "--upgrade", "--default-pip"])
 

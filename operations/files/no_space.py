@@ -29,7 +29,8 @@ import signal
 import subprocess
 import sys
 
-#: What a program prints for a full disk (LC_ALL=C): Python's OSError, strerror(3), the name.
+#: What a program prints for a full disk (LC_ALL=C): Python's OSError ("[Errno 28]": ENOSPC is 28
+#: in Linux's asm-generic/errno-base.h), glibc's strerror(3) text, the name itself.
 _SIGNS = re.compile(r"\[Errno 28\]|No space left on device|\bENOSPC\b")
 #: The file Python's OSError names, where it names one.
 _NAMED = re.compile(r"No space left on device: '([^']+)'")
@@ -155,8 +156,8 @@ def main(argv: list[str]) -> int:
 def _wait(child: subprocess.Popen) -> tuple[bytes, bytes]:
     """The child's output once it exits. The child goes with this process: killed when this
     process is told to stop (SIGTERM, SIGHUP, SIGINT) or when no one reads its stdout any more
-    (the SSH channel closed: a pipe's writing end polls POLLERR), as it would have died of
-    SIGPIPE writing there itself."""
+    (the SSH channel closed: poll(2) sets POLLERR on a pipe's writing end once its reading end
+    is closed), as it would have died of SIGPIPE writing there itself."""
 
     def stop(signum, _frame):
         child.kill()
