@@ -27,6 +27,7 @@ from operations.flash_attn import STAMP_NAME, BuildPlan, built_wheel, read_stamp
 from operations.gpu import NvidiaDriver
 from operations.host import FileText, HostResources
 from operations.lock import Lock, read_lock
+from operations.p2p import LIB_DIR
 from operations.plan import fact, is_dry_run, refuse
 from operations.settings import Settings
 

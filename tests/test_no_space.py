@@ -92,8 +92,9 @@ def test_the_python_a_broken_venv_is_recreated_with_answers_for_it(tmp_path):
     fact = VenvPython()
     out = subprocess.run(["sh", "-c", fact.command(str(path))], capture_output=True, text=True,
                          check=True)
-    host_python = subprocess.run(["python3", "-c", "import sys; print('%d.%d' % "
-                                  "sys.version_info[:2])"], capture_output=True, text=True)
+    version = "import sys; print('%d.%d' % sys.version_info[:2])"
+    host_python = subprocess.run(["python3", "-c", version], capture_output=True, text=True,
+                                 check=True)
     assert fact.process(out.stdout.splitlines()) == host_python.stdout.strip()
 
 

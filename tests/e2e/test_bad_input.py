@@ -98,8 +98,8 @@ CASES = [
     ("repo-url-slash", {"gpuhost_cuda_repo_url": "http://mirror.example/repos/"},
      ["gpuhost_cuda_repo_url", "without a trailing slash"]),
     ("dropins-string", {"gpuhost_allowed_dropins": "50-local.conf"},
-     ["gpuhost_allowed_dropins = '50-local.conf' is not allowed: a list of drop-in file names "
-      "under /etc/systemd/system/sglang.service.d/"]),
+     [("gpuhost_allowed_dropins = '50-local.conf' is not allowed: a list of drop-in file names "
+       "under /etc/systemd/system/sglang.service.d/")]),
     ("dropins-path", {"gpuhost_allowed_dropins": ["../x.conf"]},
      ["gpuhost_allowed_dropins = ['../x.conf'] is not allowed: a list of drop-in file names"]),
     ("dropins-not-conf", {"gpuhost_allowed_dropins": ["x.service"]},
@@ -149,8 +149,8 @@ def test_a_host_given_twice_with_different_data(audited_host, tmp_path):
     inventory = audit.write_inventory(tmp_path / "inventory.py", {"gpuhost_server_port": 8000},
                                       extra_hosts=[again])
     run = lab.deploy(inventory=str(inventory))
-    _assert_refused(run, [f"host {listed['name']} is given twice in {inventory} with different "
-                          "data", "gpuhost_server_port = 9000"], audited_host)
+    twice = f"host {listed['name']} is given twice in {inventory} with different data"
+    _assert_refused(run, [twice, "gpuhost_server_port = 9000"], audited_host)
     assert "Connecting to hosts" not in run.output
 
 
