@@ -6,7 +6,8 @@ pure, secrets kept out of the output, from the end-to-end tests that check each.
 Runs, on sandbox lab L (GPUHOST_SANDBOX_LAB; default: this shell's, else 0; the tests boot
 their own hosts there, replacing what the lab had), the tests:
 
-- tests/e2e/test_bad_input.py: each malformed inventory or host data is refused with a message
+- tests/e2e/test_bad_input.py: each malformed inventory or host data (a host given twice with
+  different data and a --limit that matches no host among them) is refused with a message
   naming the key, the value and what is allowed, a non-zero exit, and no command on the host
   (recorded there by a forced command; the audit's own control case is counted apart); each bad
   secret file (several lines, empty, not UTF-8, a space, a symlink) is refused while planning,

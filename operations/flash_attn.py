@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, operation
+from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.exceptions import OperationError
 
 from operations import remote
 from operations.cuda_compat import driver_problem
+from operations.disk import no_space_named
 from operations.gpu_arch import (COMPUTE_CAP_QUERY, ArchitectureError, check_compute_capability,
                                  check_wheel_code, parse_compute_caps, parse_wheel_check,
                                  wheel_check_command)
@@ -246,7 +247,8 @@ class _Remote:
     def __init__(self, host_):
         self.host = host_
 
-    def run(self, command: str, what: str, timeout: float = remote.DEFAULT_TIMEOUT_S) -> str:
+    def run(self, command: str | StringCommand, what: str,
+            timeout: float = remote.DEFAULT_TIMEOUT_S) -> str:
         ok, out = remote.shell(self.host, command, timeout=timeout)
         if not ok:
             raise OperationError(f"{what} failed: {out.stdout}\n{out.stderr}".strip())
@@ -470,9 +472,9 @@ def _install(on_host: _Remote, plan: BuildPlan, local: Path, digest: str, *,
     except OperationError:
         on_host.run(f"rm -f {shlex.quote(dest)}", "removing the refused wheel")
         raise
-    on_host.run(f"{shlex.quote(plan.venv)}/bin/python -m pip install --no-deps --no-index "
-               f"--force-reinstall --disable-pip-version-check {shlex.quote(dest)}",
-               f"installing {local.name}")
+    on_host.run(no_space_named(f"installing {local.name} into {plan.venv}", plan.venv, [
+        f"{plan.venv}/bin/python", "-m", "pip", "install", "--no-deps", "--no-index",
+        "--force-reinstall", "--disable-pip-version-check", dest]), f"installing {local.name}")
     return dest
 
 

@@ -9,22 +9,26 @@ import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from io import StringIO
-from typing import Final
+from typing import Final, TypedDict
 from urllib.parse import urlsplit
 
 from packaging.version import Version
-from pyinfra import host, logger
-from pyinfra.api import FactBase, StringCommand, deploy, operation
-from pyinfra.api.exceptions import FactProcessError, PyinfraError
-from pyinfra.operations import apt, files, pip
+from pyinfra import host, logger, state
+from pyinfra.api import FactBase, deploy, operation
+from pyinfra.api.exceptions import FactProcessError, OperationError, PyinfraError
+from pyinfra.facts.files import File
+from pyinfra.operations import apt, files
 from typing_extensions import override
 
+from operations import REPO_ROOT
 from operations.cuda_compat import driver_problem, venv_cuda
+from operations.disk import NO_SPACE, no_space_named
 from operations.flash_attn import STAMP_NAME, BuildPlan, built_wheel, read_stamp, stale_reasons
 from operations.gpu import NvidiaDriver
 from operations.host import FileText, HostResources
 from operations.lock import Lock, read_lock
-from operations.plan import fact, refuse
+from operations.p2p import LIB_DIR
+from operations.plan import fact, is_dry_run, refuse
 from operations.settings import Settings
 
 #: Memory one nvcc thread takes while compiling flash-attn's kernels, in GiB (flash-attn's
@@ -87,6 +91,59 @@ def build_parallelism(
     return BuildParallelism(max_jobs or jobs_bound, threads, bound)
 
 
+class VenvHealth(TypedDict):
+    """Whether a venv runs: ``state`` is "absent" (no bin/python and no pyvenv.cfg: nothing to
+    keep), "ok" (its python and its pip both answer) or "broken"; ``why`` says what failed;
+    ``is_venv`` whether pyvenv.cfg is there (only a venv is ever cleared)."""
+
+    state: str
+    why: str
+    is_venv: bool
+
+
+#: What the venv's python must print: a truncated or empty file "runs" as an empty shell
+#: script, with exit status 0 and no output (a shell runs a file execve(2) refuses with ENOEXEC
+#: as a script of its own: POSIX, XCU 2.9.1.1 "Command Search and Execution").
+_PYTHON_OK: Final = "gpuhost-venv-python-ok"
+
+
+class VenvRuns(FactBase[VenvHealth]):
+    """Whether the venv's python and its pip run (a full disk while the venv was created or
+    installed into can leave either half-written):
+
+    .. code:: python
+
+        {"state": "broken", "why": "bin/python printed nothing (exit 0)", "is_venv": True}
+    """
+
+    @override
+    def command(self, venv: str) -> str:
+        q = shlex.quote(venv)
+        last = "printf '%s\\n' \"$out\" | tail -n 1 | cut -c1-300"
+        return (
+            f"v={q}; p=\"$v/bin/python\"; "
+            "if [ -e \"$v/pyvenv.cfg\" ]; then echo venv; else echo not-a-venv; fi; "
+            "if [ ! -e \"$p\" ] && [ ! -L \"$p\" ]; then "
+            "if [ -e \"$v/pyvenv.cfg\" ]; then echo broken; echo 'it has no bin/python'; "
+            "else echo absent; fi; exit 0; fi; "
+            f"out=$(\"$p\" -c 'print(\"{_PYTHON_OK}\")' 2>&1 </dev/null); rc=$?; "
+            f"if [ \"$out\" != {_PYTHON_OK} ]; then echo broken; "
+            "if [ -z \"$out\" ]; then echo \"bin/python printed nothing (exit $rc)\"; "
+            f"else echo \"bin/python exited $rc: $({last})\"; fi; exit 0; fi; "
+            "out=$(\"$p\" -m pip --version --disable-pip-version-check 2>&1 </dev/null); rc=$?; "
+            "if [ $rc -eq 0 ] && printf '%s\\n' \"$out\" | grep -q '^pip '; then echo ok; "
+            f"else echo broken; echo \"pip exited $rc: $({last})\"; fi"
+        )
+
+    @override
+    def process(self, output: list[str]) -> VenvHealth:
+        lines = [line.strip() for line in output]
+        if len(lines) < 2 or lines[1] not in ("absent", "ok", "broken"):
+            raise FactProcessError(f"venv check: cannot read {output[:3]!r}")
+        return {"state": lines[1], "why": lines[2] if len(lines) > 2 else "",
+                "is_venv": lines[0] == "venv"}
+
+
 class VenvPackages(FactBase[dict[str, str]]):
     """Distributions installed in a venv, by canonical name (``pip list --format=json``).
 
@@ -95,7 +152,7 @@ class VenvPackages(FactBase[dict[str, str]]):
         {"torch": "2.9.1+cu128", "sglang": "0.5.9"}
 
     pyinfra's PipPackages drops versions with a local part such as ``+cu128``; this does not.
-    Empty where the venv does not exist yet.
+    Empty where the venv does not exist yet. Read only where VenvRuns says its pip runs.
     """
 
     default = dict
@@ -163,7 +220,7 @@ def describe_drift(changed: dict[str, tuple[str | None, str]], extra: dict[str, 
 @operation()
 def locked_packages(venv: str, requirements: str, wanted: dict[str, str], index_url: str,
                     env: dict[str, str] | None = None, build_isolation: bool = True,
-                    remove_unlocked: Iterable[str] | None = None):
+                    remove_unlocked: Iterable[str] | None = None, recreated: bool = False):
     """Install a venv's distributions from a lock file on the host, only those that drifted.
 
     + venv: the venv's path
@@ -174,11 +231,16 @@ def locked_packages(venv: str, requirements: str, wanted: dict[str, str], index_
     + build_isolation: False to build sdists against the venv's own torch
     + remove_unlocked: every name the lock holds (``wanted`` and the rest); installed
       distributions outside it, pip aside, are uninstalled. None leaves them alone.
+    + recreated: the venv does not run and an earlier operation recreates it: while planning
+      it counts as empty (its pip cannot list anything yet)
+
+    pip runs through no_space.py: a full disk is said in one line (:func:`no_space_named`).
 
     What differs is printed per host before anything runs (in ``--dry`` too): each drifted
     distribution with its installed and locked version, each unlocked one.
     """
-    installed = host.get_fact(VenvPackages, venv=venv)
+    installed = ({} if recreated and not state.is_executing
+                 else host.get_fact(VenvPackages, venv=venv))
     changes = drift(installed, wanted)
     extra = unlocked(installed, remove_unlocked) if remove_unlocked is not None else {}
     if not changes and not extra:
@@ -189,9 +251,9 @@ def locked_packages(venv: str, requirements: str, wanted: dict[str, str], index_
                        f"({len(changes)} to install, {len(extra)} to remove):\n    "
                        + describe_drift(changes, extra).replace("\n", "\n    "))
     if extra:
-        yield StringCommand(*(shlex.quote(c) for c in (
+        yield no_space_named(f"pip uninstall in {venv}", venv, [
             f"{venv}/bin/python", "-m", "pip", "uninstall", "--yes",
-            "--disable-pip-version-check", *extra)))
+            "--disable-pip-version-check", *extra])
     if not changes:
         return
     command = []
@@ -202,7 +264,38 @@ def locked_packages(venv: str, requirements: str, wanted: dict[str, str], index_
     if not build_isolation:
         command.append("--no-build-isolation")
     command += ["-r", requirements]
-    yield StringCommand(*(shlex.quote(c) for c in command))
+    yield no_space_named(f"pip install into {venv}", venv, command)
+
+
+@operation()
+def venv_that_runs(path: str, python: str = "python3"):
+    """A venv at ``path`` whose python and pip run: created where there is none (or where
+    its bin/activate is missing, as pyinfra's pip.venv does), cleared and created again
+    (``python -m venv --clear``) where its python or pip does not run (half-written by a full
+    disk, a python upgraded away under it). Only a folder with a pyvenv.cfg is cleared.
+
+    + path: the venv's folder
+    + python: the interpreter that creates it
+
+    The creation runs through no_space.py: a full disk is said in one line. Raises
+    OperationError for a folder that does not run and is no venv (planning refuses it first).
+    """
+    health = host.get_fact(VenvRuns, venv=path)
+    command = [python, "-m", "venv", "--without-pip"]
+    if health["state"] == "broken":
+        if not health["is_venv"]:
+            raise OperationError(f"{path} does not run ({health['why']}) and has no pyvenv.cfg: "
+                                 "not a venv, left alone")
+        command.append("--clear")
+    elif health["state"] == "ok" and host.get_fact(File, path=f"{path}/bin/activate"):
+        host.noop(f"venv {path} runs")
+        return
+    yield no_space_named(f"creating the venv {path}", path, [*command, path])
+    # pip apart: venv runs ensurepip through subprocess.check_output with stderr=STDOUT
+    # (CPython's Lib/venv/__init__.py, _setup_pip) and says only "returned non-zero exit
+    # status 1"; run on its own, ensurepip's error (ENOSPC) is seen
+    yield no_space_named(f"installing pip into the venv {path}", path,
+                         [f"{path}/bin/python", "-m", "ensurepip", "--upgrade", "--default-pip"])
 
 
 class VenvPython(FactBase[str | None]):
@@ -218,7 +311,9 @@ class VenvPython(FactBase[str | None]):
     def command(self, venv: str) -> str:
         q = shlex.quote(venv)
         version = "import sys; print('%d.%d' % sys.version_info[:2])"
-        return (f"if [ -x {q}/bin/python ]; then {q}/bin/python -c \"{version}\"; "
+        # a venv's python that does not run (see VenvRuns) is recreated from python3
+        return (f"if [ -x {q}/bin/python ] && v=$({q}/bin/python -c \"{version}\" 2>/dev/null) "
+                "&& [ -n \"$v\" ]; then echo \"$v\"; "
                 f"elif command -v python3 >/dev/null; then python3 -c \"{version}\"; fi")
 
     @override
@@ -306,6 +401,10 @@ def mlenv(settings: Settings):
 
     + settings: the host's validated settings
 
+    A venv whose python or pip does not run (half-written by a full disk, say) is said so and
+    recreated; a folder there that does not run and has no pyvenv.cfg is refused. The venv's
+    creation and pip run through no_space.py: a full disk ends the host's run with one line.
+
     Returns the operations whose change means the server must restart. Raises LockError for
     a lock that does not parse, BuildError for a MAX_JOBS or NVCC_THREADS above the host's
     safe bound (both before any change). Refuses the stage (operations/plan.refuse) when the
@@ -320,7 +419,16 @@ def mlenv(settings: Settings):
     except BuildError as exc:
         raise BuildError(f"host {host.name}: {exc}") from None
     venv = settings.venv_path
-    installed = fact(VenvPackages, venv=venv)
+    health = fact(VenvRuns, venv=venv)
+    recreated = health["state"] == "broken"
+    if recreated and not health["is_venv"]:
+        refuse("ML venv", f"{venv} does not run ({health['why']}) and has no pyvenv.cfg: it is "
+                          "not a venv, and gpuhost clears only a venv: remove it, or set "
+                          "gpuhost_venv_path to another folder")
+    elif recreated:
+        logger.warning(f"{host.print_prefix}venv at {venv} does not run ({health['why']}): "
+                       + ("it will be recreated" if is_dry_run() else "recreated"))
+    installed = {} if recreated else fact(VenvPackages, venv=venv)
     check_driver_for_venv(settings, lock, installed)
     problem = python_problem(lock, settings.lock, fact(VenvPython, venv=venv), venv,
                              venv_exists=bool(installed))
@@ -330,9 +438,12 @@ def mlenv(settings: Settings):
     apt.packages(name="Python venv and build tools", packages=list(BUILD_PACKAGES),
                  no_recommends=True)
     files.directory(name="Lock folder", path=LOCK_DIR, mode="755")
+    files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
+    files.put(name="Ship no_space.py", src=str(REPO_ROOT / "operations/files/no_space.py"),
+              dest=NO_SPACE, mode="644", create_remote_dir=False)
     files.put(name=f"Lock {lock.path.name}", src=StringIO(lock.requirements((FLASH_ATTN,))),
               dest=f"{LOCK_DIR}/stack.txt", mode="644", create_remote_dir=False)
-    pip.venv(name=f"venv {venv}", path=venv, python="python3")
+    venv_that_runs(name=f"venv {venv}", path=venv, python="python3")
     stack = locked_packages(
         name="Locked ML stack",
         venv=venv,
@@ -340,6 +451,7 @@ def mlenv(settings: Settings):
         wanted={p.name: p.version for p in lock.pins if p.name != FLASH_ATTN},
         index_url=settings.pip_index_url,
         remove_unlocked=[p.name for p in lock.pins],
+        recreated=recreated,
     )
     flash = lock.get(FLASH_ATTN)
     if flash is None:

@@ -534,6 +534,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     shipped = {
         script: files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),
                           dest=f"{LIB_DIR}/{script}", mode="644", create_remote_dir=False)
+        # model_fetch.py imports no_space.py too, which the ML venv stage ships
         for script in ("health_check.py", "model_fetch.py", "api_gate.py", "unit_inputs.py",
                        "secret_file.py")
     }

@@ -165,6 +165,7 @@ class RebuildingHost(BuildingHost):
     """A host given a cached wheel with sm_90 only, whose own build has sm_120."""
 
     def run(self, command, what, timeout=0):
+        command = str(command)  # the install is a StringCommand (operations/disk.py)
         self.commands.append(command)
         if "--list-elf" in command:
             arch = "sm_120" if "/b/wheels/" in command else "sm_90"

@@ -6,7 +6,9 @@ Runs on the GPU host with the ML venv's python (huggingface_hub comes with the l
 1. the repository's metadata at the revision (HfApi.model_info with files_metadata=True: the
    commit sha, every file with its size), with the token read from --token-file (root-only);
 2. a disk-space preflight: the bytes still missing plus --headroom-gib must fit in the free
-   space of the destination's file system, else exit 2 before downloading anything;
+   space of the destination's file system, else exit 2 before downloading anything (a disk
+   that fills up all the same, ENOSPC on any write, exits 2 with one line: what was being
+   written, the space free there, what the snapshot needs; no_space.py, shipped beside);
 3. snapshot_download of that commit into --dest (resumes what is partly there);
 4. completeness: every file of the metadata present with its size, else exit 1 naming them;
 5. the stamp ``<dest>/.gpuhost-model.json``: {"repo", "revision", "sha", "files": {path: size}},
@@ -27,6 +29,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from no_space import enospc, human, where
 from secret_file import SecretFileError, describe, read_secret
 
 STAMP = ".gpuhost-model.json"
@@ -42,14 +45,33 @@ def _free_bytes(path: Path) -> int:
 
 #: Whether the token is loaded in this process (see describe).
 _SECRET_LOADED = False
+#: What the download is at, for a full disk's message: repo, dest, and once the metadata is
+#: read, the snapshot's size and the bytes still missing.
+_AT: dict = {}
 
 
 def main() -> int:
     try:
         return _main()
     except Exception as exc:  # no traceback, and no token, whatever went wrong
+        full = enospc(exc)
+        if full is not None:
+            print(no_space_line(full), file=sys.stderr)
+            return 2
         print(f"model download failed: {describe(exc, _SECRET_LOADED)}", file=sys.stderr)
         return 1
+
+
+def no_space_line(exc: OSError) -> str:
+    """One line for a download that ran out of disk: what was written, where it is and what is
+    free there, and what the snapshot needs where the metadata said."""
+    written = exc.filename or _AT.get("dest", "")
+    line = (f"model download of {_AT.get('repo', '?')} into {_AT.get('dest', '?')} failed: no "
+            f"space left on the device (ENOSPC) writing {written}: {where(str(written))}")
+    if "total" in _AT:
+        line += (f"; the snapshot needs {human(_AT['total'])} in all, {human(_AT['need'])} of "
+                 "it still to download when this run began")
+    return line
 
 
 def _main() -> int:
@@ -62,6 +84,7 @@ def _main() -> int:
     parser.add_argument("--token-file", help="root-only file holding the Hub token")
     parser.add_argument("--headroom-gib", type=float, default=1.0)
     args = parser.parse_args()
+    _AT.update(repo=f"{args.repo}@{args.revision}", dest=str(args.dest))
 
     os.environ["HF_ENDPOINT"] = args.endpoint
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -102,6 +125,7 @@ def _main() -> int:
 
     todo = missing_bytes()
     need = sum(todo.values())
+    _AT.update(repo=f"{args.repo}@{sha}", total=sum(files.values()), need=need)
     free = _free_bytes(args.dest)
     if need + args.headroom_gib * GIB > free:
         print(f"not enough disk for {args.repo}@{sha} in {args.dest}: {need / GIB:.2f} GiB to "

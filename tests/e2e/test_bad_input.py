@@ -97,6 +97,13 @@ CASES = [
      ["gpuhost_server_env", "nccl_debug", "UPPER_CASE names"]),
     ("repo-url-slash", {"gpuhost_cuda_repo_url": "http://mirror.example/repos/"},
      ["gpuhost_cuda_repo_url", "without a trailing slash"]),
+    ("dropins-string", {"gpuhost_allowed_dropins": "50-local.conf"},
+     [("gpuhost_allowed_dropins = '50-local.conf' is not allowed: a list of drop-in file names "
+       "under /etc/systemd/system/sglang.service.d/")]),
+    ("dropins-path", {"gpuhost_allowed_dropins": ["../x.conf"]},
+     ["gpuhost_allowed_dropins = ['../x.conf'] is not allowed: a list of drop-in file names"]),
+    ("dropins-not-conf", {"gpuhost_allowed_dropins": ["x.service"]},
+     ["gpuhost_allowed_dropins = ['x.service'] is not allowed: a list of drop-in file names"]),
 ]
 
 
@@ -132,6 +139,28 @@ def test_two_hosts_one_address(audited_host, tmp_path):
     _assert_refused(lab.deploy(inventory=str(inventory)),
                     ["hosts gpu1 and gpu1-twin both claim the address", listed["address"]],
                     audited_host)
+
+
+def test_a_host_given_twice_with_different_data(audited_host, tmp_path):
+    """The last entry would silently win: refused while pyinfra loads the inventory."""
+    audit.clear(audited_host)
+    (listed,) = __import__("json").loads(lab.sandbox("status", "--json").stdout)
+    again = (listed["name"], {**lab.inventory_data(listed), "gpuhost_server_port": 9000})
+    inventory = audit.write_inventory(tmp_path / "inventory.py", {"gpuhost_server_port": 8000},
+                                      extra_hosts=[again])
+    run = lab.deploy(inventory=str(inventory))
+    twice = f"host {listed['name']} is given twice in {inventory} with different data"
+    _assert_refused(run, [twice, "gpuhost_server_port = 9000"], audited_host)
+    assert "Connecting to hosts" not in run.output
+
+
+def test_a_limit_that_matches_no_host(audited_host, tmp_path):
+    """A CI job's typo: exits non-zero, before connecting."""
+    audit.clear(audited_host)
+    inventory = audit.write_inventory(tmp_path / "inventory.py", {})
+    run = lab.deploy("--limit", "gpu9", inventory=str(inventory))
+    _assert_refused(run, ["--limit gpu9 matches no host"], audited_host)
+    assert "Connecting to hosts" not in run.output
 
 
 def test_the_audit_sees_a_real_run(audited_host, tmp_path):

@@ -1,0 +1,101 @@
+"""A venv a full disk left half-written, and the full disk itself, on one converged sandbox host:
+a venv whose python or pip does not run is recreated by the next run, and a full file system
+(a small tmpfs mounted on the host) while the venv is created or installed into ends the run
+with one line naming ENOSPC, the file system and what is free there. Checked over ssh (the
+venv's python, pip check, the server's MainPID), never through pyinfra."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e import lab
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+VENV = "/opt/gpuhost/venv"
+FULL = "/opt/full"
+
+
+@pytest.fixture(scope="module")
+def host():
+    (h,) = lab.up(hosts=1, scenario="reference-lab")
+    first = lab.deploy()
+    assert first.returncode == 0, first.output[-6000:]
+    yield h
+    lab.sandbox("down", check=False)
+
+
+def changed(run: lab.Run) -> list[str]:
+    assert run.results is not None, run.output[-3000:]
+    return [op["name"] for op in run.results["results"]["operations"]
+            if op["success"] or op["error"]]
+
+
+def assert_recreated(host: lab.Host, why: str) -> None:
+    pid = host.main_pid()
+    run = lab.deploy()
+    assert run.returncode == 0, run.output[-6000:]
+    assert "Traceback" not in run.output, run.output[-6000:]
+    assert f"venv at {VENV} does not run ({why}): recreated" in run.output, run.output[-6000:]
+    assert host.ssh(f"{VENV}/bin/python -c 'print(6 * 7)'").strip() == "42"
+    assert "No broken requirements" in host.ssh(f"{VENV}/bin/python -m pip check")
+    assert "sglang" in host.ssh(f"{VENV}/bin/python -m pip list --disable-pip-version-check")
+    assert host.main_pid() != pid  # restarted on the recreated venv
+    again = lab.deploy("--json")
+    assert again.returncode == 0 and changed(again) == [], again.output[-6000:]
+
+
+def test_a_venv_whose_python_does_not_run_is_recreated(host):
+    """A truncated bin/python: it "runs" as an empty shell script, exit 0 and no output."""
+    host.ssh(f"rm {VENV}/bin/python && : > {VENV}/bin/python && chmod 755 {VENV}/bin/python")
+    assert_recreated(host, "bin/python printed nothing (exit 0)")
+
+
+def test_a_venv_whose_pip_does_not_run_is_recreated(host):
+    host.ssh(f"rm -rf {VENV}/lib/python3*/site-packages/pip")
+    assert_recreated(host, f"pip exited 1: {VENV}/bin/python: No module named pip")
+
+
+@pytest.fixture
+def full_disk(host):
+    """A small tmpfs on the host: mounted by the test at the size it needs, removed after."""
+    host.ssh(f"mkdir -p {FULL}")
+
+    def mount(size_kib: int) -> None:
+        host.ssh(f"mount -t tmpfs -o size={size_kib}k tmpfs {FULL}")
+
+    yield mount
+    host.ssh(f"umount {FULL} 2>/dev/null; rmdir {FULL}", check=False)
+
+
+def test_a_full_disk_while_the_venv_is_created_is_named_and_the_half_venv_recreated(
+        host, full_disk):
+    pid = host.main_pid()
+    full_disk(4096)  # python -m venv fits, its pip does not
+    inside = ("--data", f"gpuhost_venv_path={FULL}/venv")
+    line = (f"installing pip into the venv {FULL}/venv: no space left on the device (ENOSPC) "
+            f"writing {FULL}/venv: {FULL}/venv is on tmpfs mounted on {FULL}, ")
+    run = lab.deploy(*inside)
+    assert run.returncode != 0, run.output[-6000:]
+    assert "Traceback" not in run.output and "ensurepip" not in run.output, run.output[-6000:]
+    assert line in run.output and "free of 4.0 MiB (df)" in run.output, run.output[-6000:]
+    # the next run finds the venv half-made (no pip): recreated, and the disk still full
+    again = lab.deploy(*inside)
+    assert again.returncode != 0, again.output[-6000:]
+    assert (f"venv at {FULL}/venv does not run (pip exited 1: {FULL}/venv/bin/python: No "
+            "module named pip): recreated") in again.output, again.output[-6000:]
+    assert line in again.output and "Traceback" not in again.output, again.output[-6000:]
+    assert host.main_pid() == pid  # the host's own venv and server were left alone
+
+
+def test_a_full_disk_during_the_locked_install_is_named(host, full_disk):
+    # room for the venv and its pip, not for the lock's distributions
+    fresh = int(host.ssh("rm -rf /tmp/venv-size && python3 -m venv /tmp/venv-size && "
+                         "du -sk /tmp/venv-size | cut -f1; rm -rf /tmp/venv-size").strip())
+    full_disk(fresh + 2048)
+    run = lab.deploy("--data", f"gpuhost_venv_path={FULL}/venv")
+    assert run.returncode != 0, run.output[-6000:]
+    assert "Traceback" not in run.output, run.output[-6000:]
+    assert (f"pip install into {FULL}/venv: no space left on the device (ENOSPC) writing "
+            f"{FULL}/venv") in run.output, run.output[-6000:]
+    assert f"mounted on {FULL}, " in run.output and " free of " in run.output
