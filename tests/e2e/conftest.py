@@ -24,3 +24,14 @@ def reference_host():
     (host,) = lab.up(hosts=1, scenario="reference-lab")
     yield host
     lab.sandbox("down", check=False)
+
+
+@pytest.fixture(scope="module")
+def converged_host():
+    """One fresh sandbox host of the reference lab scenario, converged by a first deploy (which
+    must succeed), removed afterwards."""
+    (host,) = lab.up(hosts=1, scenario="reference-lab")
+    first = lab.deploy()
+    assert first.returncode == 0, first.output[-6000:]
+    yield host
+    lab.sandbox("down", check=False)

@@ -17,12 +17,8 @@ FULL = "/opt/full"
 
 
 @pytest.fixture(scope="module")
-def host():
-    (h,) = lab.up(hosts=1, scenario="reference-lab")
-    first = lab.deploy()
-    assert first.returncode == 0, first.output[-6000:]
-    yield h
-    lab.sandbox("down", check=False)
+def host(converged_host):
+    return converged_host
 
 
 def changed(run: lab.Run) -> list[str]:

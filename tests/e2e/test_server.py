@@ -39,12 +39,8 @@ def write_inventory(path: Path, **overrides) -> str:
 
 
 @pytest.fixture(scope="module")
-def host():
-    (h,) = lab.up(hosts=1, scenario="reference-lab")
-    first = lab.deploy()
-    assert first.returncode == 0, first.output[-6000:]
-    yield h
-    lab.sandbox("down", check=False)
+def host(converged_host):
+    return converged_host
 
 
 @pytest.fixture
