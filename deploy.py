@@ -5,7 +5,7 @@
 
 Every host's data is validated before any host is touched. Each host is deployed by one run at
 a time (its deploy lock). A stage that must not run on a host is refused while planning: --dry
-shows why; a real run takes that host out before any change.
+shows why; a real run takes that host out before any change; both exit non-zero.
 """
 
 from pyinfra import host, inventory

@@ -62,11 +62,21 @@ def refuse(stage: str, reason: str) -> None:
 
 
 def stop_if_refused() -> None:
-    """Take the host out of the run, with its refusals on screen, unless this is a dry run
-    (which only shows them). Called at the end of deploy.py, before anything executes; the
-    other hosts go on, and pyinfra exits non-zero when no host is left."""
+    """Take the host out of the run, with its refusals on screen; in a dry run (which only
+    shows them, with the rest of the host's plan) the host only counts as failed, so that
+    --dry exits non-zero too. Called at the end of deploy.py, before anything executes; the
+    other hosts go on."""
     refusals = _refusals.get(host.name)
-    if refusals and not is_dry_run():
-        logger.error(f"{host.print_prefix}host {host.name}: nothing was changed, because:\n  - "
-                     + "\n  - ".join(refusals))
-        state.fail_hosts({host})
+    if not refusals:
+        return
+    if is_dry_run():
+        logger.error(f"{host.print_prefix}host {host.name}: a real run would change nothing, "
+                     "because:\n  - " + "\n  - ".join(refusals))
+        # pyinfra's CLI exits 1 when state.failed_hosts is not empty (_exit in
+        # pyinfra_cli/cli.py, pyinfra 3.x); the host stays active, its whole plan shown
+        state.failed_hosts.add(host._get_module())
+        return
+    logger.error(f"{host.print_prefix}host {host.name}: nothing was changed, because:\n  - "
+                 + "\n  - ".join(refusals))
+    state.fail_hosts({host})
+

@@ -50,6 +50,7 @@ def test_without_a_key_the_driver_is_refused_and_nothing_changes(secure_host):
     dry = lab.deploy("--dry")
     assert "Secure Boot enabled (mokutil --sb-state: SecureBoot enabled)" in dry.output
     assert "refused: Secure Boot is enabled" in dry.output, dry.output[-6000:]
+    assert dry.returncode != 0  # a CI job gating on --dry sees the refusal
 
     run = lab.deploy()
     assert run.returncode != 0, run.output[-6000:]
