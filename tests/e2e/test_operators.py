@@ -176,9 +176,11 @@ def test_apt_waits_for_its_lists_lock(host, work):
 
 
 def compiling(host: lab.Host) -> bool:
-    """Past pip's downloads from the lab's index (which a dropped link would fail): the
-    stand-in's compile steps are in the build log."""
-    return "/73] nvcc" in host.ssh(f"cat {BUILD_DIR}/build.log 2>/dev/null || true", check=False)
+    """Past pip's downloads from the lab's index (which a dropped link would fail): pip logs
+    "Building wheel for flash-attn (...): started" once it runs the build (its non-interactive
+    spinner: pip/_internal/operations/build/wheel.py, cli/spinners.py)."""
+    log = host.ssh(f"cat {BUILD_DIR}/build.log 2>/dev/null || true", check=False)
+    return "Building wheel for " in log
 
 
 def test_a_link_that_drops_during_the_build(host, work):
