@@ -151,6 +151,11 @@ class Settings:
     model_revision: str = "main"
     hf_endpoint: str = "https://huggingface.co"
     hf_token_file: str | None = None
+    # The bench (bench.py): sglang.bench_serving's load at each concurrency level
+    bench_levels: tuple[int, ...] = (1, 16, 64)
+    bench_input_len: int = 1024
+    bench_output_len: int = 256
+    bench_prompts: int = 128
 
     @property
     def model_is_local(self) -> bool:
@@ -379,6 +384,15 @@ RULES: Final[Mapping[str, _Rule]] = {
     "hf_endpoint": _text(_URL + r"(?<!/)", "an http(s) URL without a trailing slash"),
     "hf_token_file": _text(_PATH, f"an absolute path on the host, root-only {_PATH_DETAIL}",
                            optional=True),
+    "bench_levels": _Rule(
+        lambda v: isinstance(v, (list, tuple)) and bool(v) and all(_is_int(n) and n >= 1
+                                                                   for n in v)
+        and len(set(v)) == len(v),
+        "a non-empty list of distinct concurrency levels, integers >= 1, such as [1, 16, 64]",
+    ),
+    "bench_input_len": _int_between(1, 1 << 20),
+    "bench_output_len": _int_between(1, 1 << 20),
+    "bench_prompts": _int_between(1, 1 << 20),
 }
 
 _FIELDS: Final = {f.name for f in fields(Settings)}
@@ -429,7 +443,8 @@ def from_host_data(host: str, data: Mapping[str, Any],
         if name in _NUMBER_AS_TEXT and isinstance(value, (int, float)) \
                 and not isinstance(value, bool):
             value = str(value)
-        values[name] = tuple(value) if name in ("server_extra_args", "allowed_dropins") \
+        values[name] = tuple(value) if name in ("server_extra_args", "allowed_dropins",
+                                                "bench_levels") \
             else value
 
     settings = Settings(**values)
@@ -607,6 +622,20 @@ def _check_server_flags(host: str, s: Settings) -> None:
             )
 
 
+def _check_bench(host: str, s: Settings) -> None:
+    """Every level within what the server runs at once, and enough prompts to reach the highest
+    (the model's context length is checked on the host, by bench.py, from its config)."""
+    over = [n for n in s.bench_levels if n > s.max_running_requests]
+    if over:
+        raise _fail(host, "bench_levels", list(s.bench_levels),
+                    f"levels from 1 to {PREFIX}max_running_requests ({s.max_running_requests}):"
+                    f" the server runs no more requests at once ({over[0]} is more)")
+    if s.bench_prompts < max(s.bench_levels):
+        raise _fail(host, "bench_prompts", s.bench_prompts,
+                    f"at least the highest of {PREFIX}bench_levels ({max(s.bench_levels)}): "
+                    "fewer prompts never reach that many concurrent requests")
+
+
 def _without_values(args: Iterable[str]) -> list[str]:
     """Extra server args for a message about an API key in them: every value replaced by
     "<hidden>" (a key must not reach the screen or a log)."""
@@ -659,7 +688,7 @@ def _check_torch_cuda(host: str, s: Settings, lock: Any) -> None:
 
 
 #: The checks of settings against each other: each runs, so that every problem is reported.
-_TOGETHER: Final = (_check_tensor_parallel, _check_flavour, _check_driver, _check_mok,
+_TOGETHER: Final = (_check_bench, _check_tensor_parallel, _check_flavour, _check_driver, _check_mok,
                     _check_server_exposure, _check_lock)
 
 

@@ -1,0 +1,199 @@
+"""The bench's results on the controller: results.json, summary.md and bench.png from the raw
+outputs bench.py fetched (operations/files/bench_run.py wrote them on the host).
+
+bench_serving's result fields are sglang 0.5.9's (its wheel's bench_serving.py, the ``result``
+dict written to ``--output-file``: ``output_throughput``, ``total_throughput`` and
+``request_throughput`` in tokens or requests per second; ``median_ttft_ms``, ``p99_ttft_ms``,
+``median_tpot_ms``, ``p99_tpot_ms``, ``median_itl_ms``, ``p99_itl_ms`` in ms). Runs on the
+controller only (matplotlib).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final
+
+from operations import diagnosis, telemetry
+
+#: bench_serving's fields kept per level (name in results.json = its name in the tool's JSON).
+BENCH_FIELDS: Final = (
+    "completed", "duration", "total_input_tokens", "total_output_tokens",
+    "output_throughput", "total_throughput", "request_throughput",
+    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+    "median_itl_ms", "p99_itl_ms", "max_concurrency",
+)
+#: The server's flags kept from bench_serving's server_info (sglang's /get_server_info).
+SERVER_FLAGS: Final = (
+    "model_path", "served_model_name", "tp_size", "moe_runner_backend", "attention_backend",
+    "quantization", "kv_cache_dtype", "mem_fraction_static", "max_running_requests",
+    "cuda_graph_max_bs", "disable_custom_all_reduce", "nsa_decode_backend",
+    "nsa_prefill_backend", "fp8_gemm_backend", "context_length",
+)
+
+
+class ReportError(ValueError):
+    """Raw outputs that cannot be reported on: says which file and why."""
+
+
+def _read(raw: Path, name: str) -> str:
+    path = raw / name
+    if not path.is_file():
+        raise ReportError(f"{path} is missing")
+    return path.read_text(errors="replace")
+
+
+def _stamp(text: str) -> datetime:
+    return datetime.strptime(text, "%Y/%m/%d %H:%M:%S.%f")
+
+
+def build(raw: Path, host: str, label: str | None = None) -> dict[str, Any]:
+    """Every figure of one run, as results.json holds it: per level bench_serving's figures,
+    each GPU's telemetry figures, the level's combined figures and its verdict; the server's
+    flags and the versions. ``label`` names the run (a sweep's value)."""
+    meta = json.loads(_read(raw, "meta.json"))
+    samples = telemetry.parse_query(_read(raw, "telemetry.csv"))
+    dmon = telemetry.parse_dmon(_read(raw, "dmon.csv"))
+    links = telemetry.parse_links(_read(raw, "links.csv"))
+    levels, server_info = [], {}
+    for level in meta["levels"]:
+        n = level["concurrency"]
+        entry: dict[str, Any] = {"concurrency": n, "start": level["start"], "end": level["end"],
+                                 "rc": level["rc"]}
+        if level["rc"] == 0 and (raw / f"level-{n}.json").is_file():
+            lines = _read(raw, f"level-{n}.json").strip().splitlines()
+            result = json.loads(lines[-1])
+            entry["bench"] = {k: result.get(k) for k in BENCH_FIELDS}
+            server_info = result.get("server_info") or server_info
+        gpus = telemetry.figures(samples, dmon, links, _stamp(level["start"]),
+                                 _stamp(level["end"]))
+        combined = diagnosis.level_figures(gpus)
+        verdict = diagnosis.diagnose(combined)
+        entry["gpus"] = [asdict(g) for g in gpus]
+        entry["figures"] = asdict(combined)
+        entry["verdict"] = asdict(verdict)
+        levels.append(entry)
+    return {
+        "host": host, "label": label, "started": meta["started"], "ended": meta["ended"],
+        "utc_offset_s": meta["utc_offset_s"], "versions": meta["versions"],
+        "input_len": meta["input_len"], "output_len": meta["output_len"],
+        "prompts": meta["prompts"],
+        "server": {k: server_info.get(k) for k in SERVER_FLAGS if k in server_info},
+        "levels": levels,
+    }
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def summary(results: dict[str, Any]) -> str:
+    """summary.md: one table per host, as the operator's notes (throughput and latency per
+    level), then each level's GPU figures and verdict."""
+    server, versions = results["server"], results["versions"]
+    lines = [f"# Bench of {results['host']} ({results['started']} host time)", "",
+             f"sglang {versions.get('sglang', '?')}, driver {versions.get('driver', '?')}, "
+             f"{versions.get('gpu_count', '?')} x {versions.get('gpu', '?')}; MoE runner backend "
+             f"{server.get('moe_runner_backend')}, TP {server.get('tp_size')}; "
+             f"{results['input_len']} input / {results['output_len']} output tokens, "
+             f"{results['prompts']} prompts per level", "",
+             "| concurrency | output tok/s | total tok/s | req/s | TTFT median / p99 ms | "
+             "TPOT median / p99 ms | ITL median / p99 ms | power % of limit (mean / peak) | "
+             "SM clock % of max | GPU util % | PCIe % of capacity (peak) | throttle reasons |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for level in results["levels"]:
+        b = level.get("bench") or {}
+        gpus = level["gpus"]
+        peak = max((g["power_peak_pct"] for g in gpus if g["power_peak_pct"] is not None),
+                   default=None)
+        f = level["figures"]
+        reasons = ", ".join(f"{n} {s:.0f} %" for n, s in sorted(f["reasons"].items())) or "none"
+        lines.append(
+            f"| {level['concurrency']} | {_fmt(b.get('output_throughput'))} | "
+            f"{_fmt(b.get('total_throughput'))} | {_fmt(b.get('request_throughput'), 2)} | "
+            f"{_fmt(b.get('median_ttft_ms'))} / {_fmt(b.get('p99_ttft_ms'))} | "
+            f"{_fmt(b.get('median_tpot_ms'))} / {_fmt(b.get('p99_tpot_ms'))} | "
+            f"{_fmt(b.get('median_itl_ms'))} / {_fmt(b.get('p99_itl_ms'))} | "
+            f"{_fmt(f['power_pct'], 0)} / {_fmt(peak, 0)} | {_fmt(f['sm_clock_pct'], 0)} | "
+            f"{_fmt(f['util_pct'], 0)} | {_fmt(f['pcie_peak_pct'], 2)} | {reasons} |")
+    lines.append("")
+    for level in results["levels"]:
+        failed = "" if level["rc"] == 0 else f" (bench_serving exited {level['rc']})"
+        lines.append(f"- concurrency {level['concurrency']}{failed}: "
+                     f"{level['verdict']['text']}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, Any], dest: Path) -> None:
+    """bench.png: output throughput against concurrency (one line per run label), and each
+    GPU's power as % of its limit and SM clock as % of maximum over time, levels marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8), constrained_layout=True)
+    done = [lv for lv in results["levels"] if lv.get("bench")]
+    label = results.get("label") or results["server"].get("moe_runner_backend") or "served"
+    top.plot([lv["concurrency"] for lv in done],
+             [lv["bench"]["output_throughput"] for lv in done], marker="o",
+             label=f"{label}: output")
+    top.plot([lv["concurrency"] for lv in done],
+             [lv["bench"]["total_throughput"] for lv in done], marker="s", linestyle="--",
+             label=f"{label}: total")
+    top.set_xscale("log", base=2)
+    top.set_xlabel("concurrent requests")
+    top.set_ylabel("tokens/s")
+    top.set_title(f"{results['host']}: throughput against concurrency")
+    top.legend()
+    top.grid(True, alpha=0.3)
+
+    series = results.get("series") or []
+    start = _stamp(results["started"])
+    for gpu in sorted({s["index"] for s in series}):
+        mine = [s for s in series if s["index"] == gpu]
+        t = [(_stamp(s["time"]) - start).total_seconds() for s in mine]
+        bottom.plot(t, [s["power_pct"] for s in mine], label=f"GPU{gpu} power % of limit")
+        bottom.plot(t, [s["sm_clock_pct"] for s in mine], linestyle=":",
+                    label=f"GPU{gpu} SM clock % of max")
+    for i, level in enumerate(results["levels"]):
+        a = (_stamp(level["start"]) - start).total_seconds()
+        b = (_stamp(level["end"]) - start).total_seconds()
+        bottom.axvspan(a, b, alpha=0.12, color=f"C{i % 10}")
+        bottom.text((a + b) / 2, 102, f"c={level['concurrency']}", ha="center", fontsize=8)
+    bottom.set_ylim(0, 110)
+    bottom.set_xlabel("seconds since the bench started")
+    bottom.set_ylabel("%")
+    bottom.set_title("power and SM clock over time, concurrency levels shaded")
+    if series:
+        bottom.legend(fontsize=7, ncol=2, loc="lower right")
+    fig.savefig(dest, dpi=100)
+    plt.close(fig)
+
+
+def series(raw: Path) -> list[dict[str, Any]]:
+    """Each sample's power and SM clock as percentages, for the plot (results.json keeps
+    them)."""
+    out = []
+    for s in telemetry.parse_query(_read(raw, "telemetry.csv")):
+        power = None if s.power_w is None or not s.power_limit_w else \
+            100 * s.power_w / s.power_limit_w
+        clock = None if s.sm_clock_mhz is None or not s.max_sm_clock_mhz else \
+            100 * s.sm_clock_mhz / s.max_sm_clock_mhz
+        out.append({"time": s.time.strftime("%Y/%m/%d %H:%M:%S.%f")[:-3], "index": s.index,
+                    "power_pct": power, "sm_clock_pct": clock})
+    return out
+
+
+def write(raw: Path, dest: Path, host: str, label: str | None = None) -> tuple[dict, str]:
+    """Write results.json, summary.md and bench.png into ``dest`` from ``raw``; returns the
+    results and the summary's text."""
+    results = build(raw, host, label)
+    results["series"] = series(raw)
+    text = summary(results)
+    (dest / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (dest / "summary.md").write_text(text)
+    plot(results, dest / "bench.png")
+    return results, text
