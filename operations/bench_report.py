@@ -152,12 +152,22 @@ def plot(results: dict[str, Any], dest: Path) -> None:
 
     series = results.get("series") or []
     start = _stamp(results["started"])
-    for gpu in sorted({s["index"] for s in series}):
-        mine = [s for s in series if s["index"] == gpu]
-        t = [(_stamp(s["time"]) - start).total_seconds() for s in mine]
-        bottom.plot(t, [s["power_pct"] for s in mine], label=f"GPU{gpu} power % of limit")
-        bottom.plot(t, [s["sm_clock_pct"] for s in mine], linestyle=":",
-                    label=f"GPU{gpu} SM clock % of max")
+    by_time: dict[float, list[dict[str, Any]]] = {}
+    for s in series:
+        by_time.setdefault(round((_stamp(s["time"]) - start).total_seconds(), 1), []).append(s)
+    t = sorted(by_time)
+    gpus = len({s["index"] for s in series})
+    for key, name, style in (("power_pct", "power % of limit", "-"),
+                             ("sm_clock_pct", "SM clock % of max", ":")):
+        rows = [[s[key] for s in by_time[x] if s[key] is not None] for x in t]
+        kept = [(x, r) for x, r in zip(t, rows) if r]
+        if not kept:
+            continue
+        xs = [x for x, _ in kept]
+        line, = bottom.plot(xs, [sum(r) / len(r) for _, r in kept], linestyle=style,
+                            label=f"{name} (mean of {gpus} GPUs, band: min to max)")
+        bottom.fill_between(xs, [min(r) for _, r in kept], [max(r) for _, r in kept],
+                            color=line.get_color(), alpha=0.2)
     for i, level in enumerate(results["levels"]):
         a = (_stamp(level["start"]) - start).total_seconds()
         b = (_stamp(level["end"]) - start).total_seconds()
@@ -168,7 +178,7 @@ def plot(results: dict[str, Any], dest: Path) -> None:
     bottom.set_ylabel("%")
     bottom.set_title("power and SM clock over time, concurrency levels shaded")
     if series:
-        bottom.legend(fontsize=7, ncol=2, loc="lower right")
+        bottom.legend(fontsize=8, loc="lower right")
     fig.savefig(dest, dpi=100)
     plt.close(fig)
 

@@ -12,7 +12,8 @@ Writes into --out: ``links.csv`` (each GPU's PCIe generation and width), ``telem
 (``nvidia-smi --query-gpu=<telemetry.QUERY_FIELDS> --format=csv,noheader,nounits -lms 500``),
 ``dmon.csv`` (``nvidia-smi dmon -s puct -d 1 -o DT --format csv``: PCIe rx/tx), one
 ``level-<N>.json`` per level (bench_serving's ``--output-file``), ``meta.json`` (each level's
-start and end in nvidia-smi's clock, the command lines, exit statuses, versions), and
+measured run's start and end in nvidia-smi's clock (from bench_serving's "Warmup
+completed" line to its result's first line), the command lines, exit statuses, versions), and
 ``done`` last. Formats: tests/fixtures/h200-device/telemetry/. bench_serving's arguments are
 sglang 0.5.9's (its wheel's bench_serving.py): ``--dataset-name random-ids`` needs no download
 (``random`` fetches ShareGPT from the Hub), ``--random-range-ratio 1.0`` fixes the lengths. With
@@ -121,11 +122,22 @@ def main() -> int:
             output = out(f"level-{level}.json")
             command = bench_command(args, level, output)
             print(f"level {level}: {args.prompts} prompts, {level} at a time", flush=True)
+            end = None
             start = _now()
             with open(out(f"level-{level}.log"), "w") as log:
-                rc = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    cwd=args.out).returncode
-            end = _now()
+                proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, cwd=args.out, text=True)
+                for line in proc.stdout:
+                    log.write(line)
+                    # The level's window starts with the measured run, after the tokenizer's
+                    # load and the warm-up (bench_serving's own words).
+                    if line.startswith("Warmup completed"):
+                        start = _now()
+                    # ... and ends when the last request is done, before the tool's report.
+                    if line.startswith("=" * 12):
+                        end = end or _now()
+                rc = proc.wait()
+            end = end or _now()
             meta["levels"].append({"concurrency": level, "start": start, "end": end,
                                    "rc": rc, "command": command})
             with open(out(f"level-{level}.log")) as log:

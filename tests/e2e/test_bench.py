@@ -1,0 +1,67 @@
+"""bench.py end to end on one sandbox host: a bench of a converged host writes every result
+file with figures the scenario explains and changes nothing deploy.py manages; a bench of an
+unhealthy server is refused before any load."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import lab
+from tests.e2e.test_deploy import changed_operations
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+BENCH_DATA = ["--data", "gpuhost_bench_levels=[1, 4]", "--data", "gpuhost_bench_prompts=8",
+              "--data", "gpuhost_bench_input_len=32", "--data", "gpuhost_bench_output_len=24"]
+#: The reference lab scenario's output tok/s (sandbox/scenarios.py SERVING_DEFAULT): 11 at one
+#: stream, 120 at 16, log-linear between: 65.5 at 4.
+EXPECTED_TOK_S = {1: 11.0, 4: 65.5}
+
+
+def test_bench_converged_then_refused_when_unhealthy(reference_host):
+    host = reference_host
+    first = lab.deploy()
+    assert first.returncode == 0, first.output[-6000:]
+    pid = host.main_pid()
+
+    run = lab.deploy(*BENCH_DATA, deploy_file="bench.py")
+    assert run.returncode == 0, run.output[-6000:]
+    found = re.search(r"bench: (\S+)/results\.json", run.output)
+    assert found, run.output[-4000:]
+    dest = Path(found.group(1))
+    assert dest.parent.name == "gpu1" and dest.parent.parent.name == "bench-results"
+    for name in ("results.json", "summary.md", "bench.png", "raw/level-1.json",
+                 "raw/level-4.json", "raw/telemetry.csv", "raw/dmon.csv"):
+        assert (dest / name).is_file(), name
+    assert "| concurrency | output tok/s |" in run.output  # the summary, printed
+    results = json.loads((dest / "results.json").read_text())
+    assert results["server"]["moe_runner_backend"] == "flashinfer_trtllm"
+    assert results["versions"]["sglang"] == "0.5.9"
+    for level in results["levels"]:
+        n = level["concurrency"]
+        assert level["bench"]["completed"] == 8
+        assert level["bench"]["output_throughput"] == pytest.approx(EXPECTED_TOK_S[n], rel=0.3)
+        assert len(level["gpus"]) == 8
+        assert level["verdict"]["name"] == "kernel-bound", level["verdict"]
+        assert 35 < level["figures"]["power_pct"] < 60
+    assert "kernel-bound: GPUs busy 100 % of the time" in (dest / "summary.md").read_text()
+    assert (dest / "bench.png").read_bytes()[:4] == b"\x89PNG"
+    assert host.main_pid() == pid
+    assert host.ssh("test -e /var/lib/gpuhost/bench/run && echo left || echo gone").strip() \
+        == "gone"
+
+    after = lab.deploy("--json")
+    assert after.returncode == 0, after.output[-6000:]
+    assert changed_operations(after) == []
+
+    host.ssh("systemctl stop sglang.service")
+    refused = lab.deploy(deploy_file="bench.py")
+    assert refused.returncode != 0
+    assert "refused: sglang.service is not healthy" in refused.output, refused.output[-4000:]
+    assert "no load was sent" in refused.output
+    assert "Traceback" not in refused.output
+    assert host.ssh("systemctl is-active sglang.service", check=False).strip() == "inactive"
+    assert host.ssh("test -e /var/lib/gpuhost/bench/run && echo ran || echo none").strip() \
+        == "none"
