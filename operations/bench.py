@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Final
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand, StringCommand, deploy, operation
+from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 from pyinfra.operations import files
@@ -93,12 +93,12 @@ def _run_argv(settings: Settings) -> list[str]:
 
 
 def _say(line: str, error: bool = False) -> None:
+    """A line on the controller's screen, under the current host's prefix."""
     (logger.error if error else logger.info)(f"{host.print_prefix}{line}")
 
 
-@remote.callback("the bench", f"the bench goes on on the host ({RUN_UNIT})")
-def _bench(state, host, settings: Settings, dest_root: str) -> bool:
-    """Gate, run, poll, fetch, report (see :func:`bench`)."""
+def gate_or_refuse(host, settings: Settings) -> None:
+    """The deploy's health gate, leaving the unit as it is; OperationError when it fails."""
     ok, output = remote.shell(host, StringCommand(*map(shlex.quote, _gate_argv(settings))),
                               timeout=GATE_TIMEOUT + 120)
     lines = output.stdout_lines + output.stderr_lines
@@ -107,7 +107,11 @@ def _bench(state, host, settings: Settings, dest_root: str) -> bool:
             _say(line, error=True)
         raise OperationError(f"refused: {UNIT} is not healthy (the deploy's health gate "
                              "failed, above): no load was sent; run deploy.py to put it right")
-    started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
+
+
+def run_levels(host, settings: Settings, dest: Path, label: str | None = None):
+    """Run bench_run.py in RUN_UNIT, print its progress, fetch its outputs to ``dest/raw`` and
+    report them into ``dest``; returns (results, summary text, whether every level ran)."""
     run = " ".join(shlex.quote(a) for a in _run_argv(settings))
     remote.shell(host, f"systemctl reset-failed {RUN_UNIT} 2>/dev/null; rm -rf {RUN_DIR} && "
                  f"mkdir -p {RUN_DIR} && systemd-run --quiet --unit={RUN_UNIT} --collect "
@@ -127,7 +131,6 @@ def _bench(state, host, settings: Settings, dest_root: str) -> bool:
         if not new:
             _say(f"bench: running for {time.monotonic() - began:.0f} s")
         time.sleep(PROGRESS_EVERY)
-    dest = Path(dest_root) / host.name / started
     raw = dest / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     _, listing = remote.shell(host, f"ls {RUN_DIR}")
@@ -137,15 +140,30 @@ def _bench(state, host, settings: Settings, dest_root: str) -> bool:
         raise OperationError(f"the bench run ended without finishing ({RUN_UNIT}'s output is "
                              f"in {raw}/progress.log)")
     try:
-        results, text = bench_report.write(raw, dest, host.name)
+        results, text = bench_report.write(raw, dest, host.name, label)
     except (bench_report.ReportError, ValueError) as exc:
         raise OperationError(f"the raw outputs in {raw} do not report: {exc}") from None
     remote.shell(host, f"rm -rf {RUN_DIR}")
+    return results, text, (raw / "done").read_text().strip() == "ok"
+
+
+def results_dir(dest_root: str, host) -> Path:
+    """``<dest_root>/<host>/<UTC time>/``."""
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
+    return Path(dest_root) / host.name / started
+
+
+@remote.callback("the bench", f"the bench goes on on the host ({RUN_UNIT})")
+def _bench(state, host, settings: Settings, dest_root: str) -> bool:
+    """Gate, run, poll, fetch, report (see :func:`bench`)."""
+    gate_or_refuse(host, settings)
+    dest = results_dir(dest_root, host)
+    _, text, complete = run_levels(host, settings, dest)
     for line in text.splitlines():
         _say(line)
     for name in ("results.json", "summary.md", "bench.png"):
         _say(f"bench: {dest / name}")
-    if (raw / "done").read_text().strip() != "ok":
+    if not complete:
         raise OperationError("bench_serving failed at a level (above); the levels before it "
                              f"are reported in {dest}")
     return True
@@ -161,37 +179,35 @@ def bench_run(settings: Settings, dest_root: str):
     yield FunctionCommand(_bench, (settings, dest_root), {})
 
 
-@deploy("Bench")
-def bench(settings: Settings, dest_root: Path = RESULTS_ROOT):
-    """Refuse when the server is not healthy (the deploy's health gate, which here leaves the
-    unit as it is), then load it with sglang's bench_serving at each of gpuhost_bench_levels
-    while nvidia-smi samples every GPU (operations/files/bench_run.py, in the transient unit
-    RUN_UNIT, progress every 10 s), fetch the raw outputs to
-    ``<dest_root>/<host>/<UTC time>/raw/`` and write results.json, summary.md and bench.png
-    there (operations/bench_report.py), printing the summary and the paths.
+def prepare(settings: Settings) -> bool:
+    """Plan what every bench needs: refuse (False) when PID 1 is not systemd, no server unit is
+    deployed, or input plus output length exceed the model's context length; else ship the
+    host-side scripts to BENCH_DIR (nothing deploy.py manages) and say True.
 
-    Refused while planning: PID 1 not systemd, no server unit deployed, input plus output
-    length beyond the model's context length. Changes nothing deploy.py manages: its scripts
-    and the run's outputs live under BENCH_DIR.
+    The bench itself (:func:`bench_run`, or operations/sweep.py's sweep_run) then refuses when
+    the server does not pass the deploy's health gate (which here leaves the unit as it is),
+    loads it with sglang's bench_serving at each of gpuhost_bench_levels while nvidia-smi
+    samples every GPU (operations/files/bench_run.py, in the transient unit RUN_UNIT, progress
+    every 10 s), fetches the raw outputs to ``bench-results/<host>/<UTC time>/raw/`` and
+    writes results.json, summary.md and bench.png there (operations/bench_report.py),
+    printing the summary and the paths.
     """
     if fact(InitSystem) != "systemd":
         refuse("Bench", "PID 1 is not systemd: the server runs as a systemd unit")
-        return
+        return False
     if not fact(File, path=UNIT_PATH):
         refuse("Bench", f"no server is deployed ({UNIT_PATH} is missing): run deploy.py first")
-        return
+        return False
     limit = context_length(settings, fact(ModelContextLength, path=settings.model_path))
     total = settings.bench_input_len + settings.bench_output_len
     if limit is not None and total > limit:
         refuse("Bench", f"{PREFIX}bench_input_len + {PREFIX}bench_output_len = "
                f"{settings.bench_input_len} + {settings.bench_output_len} = {total} is not "
                f"allowed: at most the model's context length ({limit} tokens)")
-        return
+        return False
     files.directory(name="Bench folder", path=BENCH_DIR, mode="700")
     for script in SCRIPTS:
         files.put(name=f"Ship {script} for the bench",
                   src=str(REPO_ROOT / "operations/files" / script),
                   dest=f"{BENCH_DIR}/{script}", mode="644")
-    bench_run(name=f"Bench {settings.served_model_name} at concurrency "
-                   f"{', '.join(str(n) for n in settings.bench_levels)}",
-              settings=settings, dest_root=str(dest_root))
+    return True

@@ -18,6 +18,8 @@ from typing import Any, Final
 
 from operations import diagnosis, telemetry
 
+PREFIX_KEY: Final = "gpuhost_"
+
 #: bench_serving's fields kept per level (name in results.json = its name in the tool's JSON).
 BENCH_FIELDS: Final = (
     "completed", "duration", "total_input_tokens", "total_output_tokens",
@@ -126,41 +128,45 @@ def summary(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict[str, Any], dest: Path) -> None:
-    """bench.png: output throughput against concurrency (one line per run label), and each
-    GPU's power as % of its limit and SM clock as % of maximum over time, levels marked."""
+def plot(runs: list[dict[str, Any]], dest: Path) -> None:
+    """bench.png: output throughput against concurrency (one line per run: a sweep's values),
+    and the GPUs' power as % of the limit and SM clock as % of maximum over time (their mean, a
+    band from the lowest to the highest GPU), each run's levels shaded and named."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8), constrained_layout=True)
-    done = [lv for lv in results["levels"] if lv.get("bench")]
-    label = results.get("label") or results["server"].get("moe_runner_backend") or "served"
-    top.plot([lv["concurrency"] for lv in done],
-             [lv["bench"]["output_throughput"] for lv in done], marker="o",
-             label=f"{label}: output")
-    top.plot([lv["concurrency"] for lv in done],
-             [lv["bench"]["total_throughput"] for lv in done], marker="s", linestyle="--",
-             label=f"{label}: total")
+    for results in runs:
+        done = [lv for lv in results["levels"] if lv.get("bench")]
+        label = results.get("label") or results["server"].get("moe_runner_backend") or "served"
+        top.plot([lv["concurrency"] for lv in done],
+                 [lv["bench"]["output_throughput"] for lv in done], marker="o",
+                 label=f"{label}: output")
+        if len(runs) == 1:
+            top.plot([lv["concurrency"] for lv in done],
+                     [lv["bench"]["total_throughput"] for lv in done], marker="s",
+                     linestyle="--", label=f"{label}: total")
     top.set_xscale("log", base=2)
     top.set_xlabel("concurrent requests")
     top.set_ylabel("tokens/s")
-    top.set_title(f"{results['host']}: throughput against concurrency")
+    top.set_title(f"{runs[0]['host']}: throughput against concurrency")
     top.legend()
     top.grid(True, alpha=0.3)
 
-    series = results.get("series") or []
-    start = _stamp(results["started"])
+    start = min(_stamp(r["started"]) for r in runs)
     by_time: dict[float, list[dict[str, Any]]] = {}
-    for s in series:
-        by_time.setdefault(round((_stamp(s["time"]) - start).total_seconds(), 1), []).append(s)
+    for results in runs:
+        for s in results.get("series") or []:
+            by_time.setdefault(round((_stamp(s["time"]) - start).total_seconds(), 1),
+                               []).append(s)
     t = sorted(by_time)
-    gpus = len({s["index"] for s in series})
+    gpus = len({s["index"] for x in t for s in by_time[x]})
     for key, name, style in (("power_pct", "power % of limit", "-"),
                              ("sm_clock_pct", "SM clock % of max", ":")):
-        rows = [[s[key] for s in by_time[x] if s[key] is not None] for x in t]
-        kept = [(x, r) for x, r in zip(t, rows) if r]
+        kept = [(x, r) for x, r in ((x, [s[key] for s in by_time[x] if s[key] is not None])
+                                    for x in t) if r]
         if not kept:
             continue
         xs = [x for x, _ in kept]
@@ -168,16 +174,21 @@ def plot(results: dict[str, Any], dest: Path) -> None:
                             label=f"{name} (mean of {gpus} GPUs, band: min to max)")
         bottom.fill_between(xs, [min(r) for _, r in kept], [max(r) for _, r in kept],
                             color=line.get_color(), alpha=0.2)
-    for i, level in enumerate(results["levels"]):
-        a = (_stamp(level["start"]) - start).total_seconds()
-        b = (_stamp(level["end"]) - start).total_seconds()
-        bottom.axvspan(a, b, alpha=0.12, color=f"C{i % 10}")
-        bottom.text((a + b) / 2, 102, f"c={level['concurrency']}", ha="center", fontsize=8)
+    i = 0
+    for results in runs:
+        prefix = f"{results['label']} " if len(runs) > 1 and results.get("label") else ""
+        for level in results["levels"]:
+            a = (_stamp(level["start"]) - start).total_seconds()
+            b = (_stamp(level["end"]) - start).total_seconds()
+            bottom.axvspan(a, b, alpha=0.12, color=f"C{i % 10}")
+            bottom.text((a + b) / 2, 102, f"{prefix}c={level['concurrency']}", ha="center",
+                        fontsize=7)
+            i += 1
     bottom.set_ylim(0, 110)
     bottom.set_xlabel("seconds since the bench started")
     bottom.set_ylabel("%")
     bottom.set_title("power and SM clock over time, concurrency levels shaded")
-    if series:
+    if by_time:
         bottom.legend(fontsize=8, loc="lower right")
     fig.savefig(dest, dpi=100)
     plt.close(fig)
@@ -205,5 +216,66 @@ def write(raw: Path, dest: Path, host: str, label: str | None = None) -> tuple[d
     text = summary(results)
     (dest / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (dest / "summary.md").write_text(text)
-    plot(results, dest / "bench.png")
+    plot([results], dest / "bench.png")
     return results, text
+
+
+def sweep_summary(host: str, key: str, configured: Any, outcomes: list[dict[str, Any]]) -> str:
+    """The sweep's verdict: per level the value with the highest output throughput, by how
+    much it beats the configured value (or the runner-up), the host data line to set it; each
+    failed value with why."""
+    lines = [f"# Sweep of {key} on {host} (configured: {configured})", "",
+             "| concurrency | " + " | ".join(f"{o['value']} output tok/s" for o in outcomes)
+             + " | best |", "|---|" + "---|" * (len(outcomes) + 1)]
+    ran = [o for o in outcomes if o["status"] == "ok"]
+    levels = sorted({lv["concurrency"] for o in ran for lv in o["results"]["levels"]})
+    winners = []
+    for n in levels:
+        tok = {}
+        for o in ran:
+            for lv in o["results"]["levels"]:
+                if lv["concurrency"] == n and lv.get("bench"):
+                    tok[o["value"]] = lv["bench"]["output_throughput"]
+        cells = [_fmt(tok.get(o["value"])) if o["status"] == "ok" else "failed"
+                 for o in outcomes]
+        best = max(tok, key=tok.get) if tok else None
+        if best is not None:
+            others = {v: t for v, t in tok.items() if v != best}
+            against = configured if configured in others else (
+                max(others, key=others.get) if others else None)
+            gain = (100 * (tok[best] / others[against] - 1)
+                    if against is not None and others[against] else None)
+            winners.append((n, best, against, gain))
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {best if best is not None else '-'} |")
+    lines.append("")
+    for n, best, against, gain in winners:
+        by = f", {gain:+.0f} % output tok/s over {against}" if gain is not None else ""
+        lines.append(f"- concurrency {n}: {best} wins{by}")
+    if winners:
+        overall = max({w[1] for w in winners}, key=lambda v: sum(1 for w in winners if w[1] == v))
+        lines += ["", f"To serve with {overall}: `--data {PREFIX_KEY}{key}={overall}` or, in the "
+                  f"inventory, `\"{PREFIX_KEY}{key}\": {json.dumps(overall)}` "
+                  "(the sweep never edits the inventory)."]
+    for o in outcomes:
+        if o["status"] != "ok":
+            lines += ["", f"- {o['value']}: failed: {o['reason']}"]
+            lines += [f"    {line}" for line in o.get("journal", [])[-10:]]
+    return "\n".join(lines) + "\n"
+
+
+def write_sweep(dest: Path, host: str, key: str, configured: Any,
+                outcomes: list[dict[str, Any]]) -> str:
+    """results.json (the sweep's outcome with every value's results), summary.md and bench.png
+    (a line per value) in ``dest``; returns the summary's text."""
+    text = sweep_summary(host, key, configured, outcomes)
+    runs = [o["results"] for o in outcomes if o["status"] == "ok"]
+    for o in outcomes:
+        if o["status"] == "ok":
+            text += "\n" + summary(o["results"])
+    (dest / "results.json").write_text(json.dumps(
+        {"host": host, "sweep": {"key": key, "configured": configured, "outcomes": outcomes}},
+        indent=1) + "\n")
+    (dest / "summary.md").write_text(text)
+    if runs:
+        plot(runs, dest / "bench.png")
+    return text

@@ -156,6 +156,7 @@ class Settings:
     bench_input_len: int = 1024
     bench_output_len: int = 256
     bench_prompts: int = 128
+    bench_sweep: Mapping[str, tuple] | None = None
 
     @property
     def model_is_local(self) -> bool:
@@ -393,6 +394,12 @@ RULES: Final[Mapping[str, _Rule]] = {
     "bench_input_len": _int_between(1, 1 << 20),
     "bench_output_len": _int_between(1, 1 << 20),
     "bench_prompts": _int_between(1, 1 << 20),
+    "bench_sweep": _Rule(
+        lambda v: v is None or (isinstance(v, Mapping) and len(v) == 1 and all(
+            isinstance(k, str) and isinstance(vals, (list, tuple)) for k, vals in v.items())),
+        'None, or one server setting and the values to try, such as {"moe_runner_backend": '
+        '["flashinfer_cutlass", "cutlass"]}',
+    ),
 }
 
 _FIELDS: Final = {f.name for f in fields(Settings)}
@@ -622,6 +629,41 @@ def _check_server_flags(host: str, s: Settings) -> None:
             )
 
 
+#: Server settings a sweep may vary (each renders one launch_server flag).
+SWEEP_KEYS: Final = ("moe_runner_backend", "attention_backend", "fp8_gemm_backend",
+                     "nsa_decode_backend", "nsa_prefill_backend", "kv_cache_dtype",
+                     "mem_fraction_static")
+
+
+def _check_sweep(host: str, s: Settings) -> None:
+    """The sweep's key one of SWEEP_KEYS; its values non-empty, distinct, each allowed on its own
+    and by the locked sglang's parser (what launch_server would refuse at start)."""
+    if not s.bench_sweep:
+        return
+    ((key, values),) = s.bench_sweep.items()
+    if key not in SWEEP_KEYS:
+        raise _fail(host, "bench_sweep", dict(s.bench_sweep),
+                    f"a sweep over one of {', '.join(SWEEP_KEYS)} (not {key!r})")
+    if not values or len(set(map(repr, values))) != len(values):
+        raise _fail(host, "bench_sweep", dict(s.bench_sweep),
+                    f"a non-empty list of distinct values for {key}")
+    for value in values:
+        if value is None or not RULES[key].check(value):
+            raise _fail(host, "bench_sweep", dict(s.bench_sweep),
+                        f"values of {key} each {RULES[key].allowed} ({value!r} is not)")
+    try:
+        sglang = read_lock(s.lock_path).get("sglang")
+        spec = load_parser_spec(sglang.version) if sglang else None
+    except (LockError, FlagError):
+        return  # said by _check_lock
+    for value in values if spec else ():
+        try:
+            check_server_args(server_args(replace(s, **{key: value})), spec)
+        except FlagError as exc:
+            raise _fail(host, "bench_sweep", dict(s.bench_sweep),
+                        f"values the locked sglang {sglang.version} accepts: {exc}") from None
+
+
 def _check_bench(host: str, s: Settings) -> None:
     """Every level within what the server runs at once, and enough prompts to reach the highest
     (the model's context length is checked on the host, by bench.py, from its config)."""
@@ -688,8 +730,8 @@ def _check_torch_cuda(host: str, s: Settings, lock: Any) -> None:
 
 
 #: The checks of settings against each other: each runs, so that every problem is reported.
-_TOGETHER: Final = (_check_bench, _check_tensor_parallel, _check_flavour, _check_driver, _check_mok,
-                    _check_server_exposure, _check_lock)
+_TOGETHER: Final = (_check_bench, _check_tensor_parallel, _check_flavour, _check_driver,
+                    _check_mok, _check_server_exposure, _check_lock, _check_sweep)
 
 
 def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]],

@@ -44,11 +44,19 @@ def test_bench_command_offline_fixed_lengths():
     ({"gpuhost_bench_prompts": 10}, "gpuhost_bench_prompts"),
     ({"gpuhost_bench_input_len": 0}, "gpuhost_bench_input_len"),
     ({"gpuhost_bench_output_len": "64"}, "gpuhost_bench_output_len"),
+    ({"gpuhost_bench_sweep": {"tp_size": [1, 2]}}, "one of moe_runner_backend"),
+    ({"gpuhost_bench_sweep": {"moe_runner_backend": []}}, "non-empty list of distinct"),
+    ({"gpuhost_bench_sweep": {"moe_runner_backend": ["cutlass", "cutlass"]}}, "distinct"),
+    ({"gpuhost_bench_sweep": {"moe_runner_backend": ["cutlass", "nope"]}},
+     "--moe-runner-backend nope: sglang 0.5.9 allows only auto"),
+    ({"gpuhost_bench_sweep": {"mem_fraction_static": [0.9, 1.5]}}, "1.5 is not"),
+    ({"gpuhost_bench_sweep": {"a": [1], "b": [2]}}, "gpuhost_bench_sweep"),
 ])
 def test_bad_bench_settings_refused(data, key):
     with pytest.raises(SettingsError) as caught:
         from_host_data("gpu1", data)
     assert key in str(caught.value) and "is not allowed" in str(caught.value)
+    assert str(caught.value).count("\n") == 0  # one problem, one line
 
 
 def test_bench_settings_default_and_given():
@@ -116,3 +124,40 @@ def test_report_missing_file_named(tmp_path):
     (raw / "dmon.csv").unlink()
     with pytest.raises(bench_report.ReportError, match="dmon.csv is missing"):
         bench_report.write(raw, tmp_path, "h200")
+
+
+def test_sweep_dropin_changes_one_flag_only():
+    from operations.server import unit_context
+    from operations.sweep import dropin_text
+
+    s = from_host_data("gpu1", {})
+    text = dropin_text(s, "moe_runner_backend", "cutlass")
+    lines = text.splitlines()
+    assert lines[1:3] == ["[Service]", "ExecStart="]
+    configured = unit_context(s)["exec_args"]
+    assert lines[3].endswith("$GPUHOST_P2P_SERVER_ARGS")
+    assert "--moe-runner-backend cutlass" in lines[3]
+    assert lines[3].replace("--moe-runner-backend cutlass",
+                            "--moe-runner-backend flashinfer_trtllm").count(configured) == 1
+
+
+def test_sweep_summary_ranks_and_records_failures(tmp_path):
+    raw = raw_run(tmp_path)
+    fast = bench_report.build(raw, "h200", "flashinfer_cutlass")
+    slow = json.loads(json.dumps(fast))
+    for level in slow["levels"]:
+        level["bench"]["output_throughput"] /= 2
+    outcomes = [
+        {"value": "flashinfer_cutlass", "status": "ok", "results": fast},
+        {"value": "cutlass", "status": "failed", "reason": "the server failed the health gate",
+         "journal": ["RuntimeError: CUDA error: an illegal memory access was encountered"]},
+        {"value": "flashinfer_trtllm", "status": "ok", "results": slow},
+    ]
+    text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_trtllm",
+                                      outcomes)
+    assert "- concurrency 64: flashinfer_cutlass wins, +100 % output tok/s over " \
+           "flashinfer_trtllm" in text
+    assert "--data gpuhost_moe_runner_backend=flashinfer_cutlass" in text
+    assert "- cutlass: failed: the server failed the health gate" in text
+    assert "illegal memory access" in text
+    assert "| 64 | 306.4 | failed | 153.2 | flashinfer_cutlass |" in text

@@ -65,3 +65,51 @@ def test_bench_converged_then_refused_when_unhealthy(reference_host):
     assert host.ssh("systemctl is-active sglang.service", check=False).strip() == "inactive"
     assert host.ssh("test -e /var/lib/gpuhost/bench/run && echo ran || echo none").strip() \
         == "none"
+
+
+SWEEP = '{"moe_runner_backend": ["flashinfer_cutlass", "cutlass", "triton"]}'
+
+
+def test_sweep_records_failures_ranks_and_restores(reference_host):
+    host = reference_host
+    assert lab.deploy().returncode == 0
+    unit = host.ssh("cat /etc/systemd/system/sglang.service")
+    env = host.ssh("cat /etc/gpuhost/server.env")
+    # cutlass crashes at start, triton answers NaN text, flashinfer_cutlass is twice as fast
+    # as the configured flashinfer_trtllm (the scenario's default rates).
+    host.ssh("python3 - <<'EOF'\nimport json\np = '/etc/gpuhost-sandbox/hardware.json'\n"
+             "d = json.load(open(p))\n"
+             "d['serving']['backend_modes'] = {'cutlass': 'crash-on-start', "
+             "'triton': 'degenerate'}\n"
+             "d['serving']['output_tokens_per_s']['flashinfer_cutlass'] = "
+             "{'1': 22, '16': 240}\njson.dump(d, open(p, 'w'))\nEOF")
+
+    run = lab.deploy(*BENCH_DATA, "--data", f"gpuhost_bench_sweep={SWEEP}",
+                     deploy_file="bench.py")
+    assert run.returncode == 0, run.output[-8000:]
+    dest = Path(re.search(r"bench: (\S+)/results\.json", run.output).group(1))
+    outcomes = {o["value"]: o for o in
+                json.loads((dest / "results.json").read_text())["sweep"]["outcomes"]}
+    assert outcomes["cutlass"]["status"] == "failed"
+    assert any("crash-on-start" in line for line in outcomes["cutlass"]["journal"])
+    assert outcomes["triton"]["status"] == "failed"
+    assert outcomes["flashinfer_cutlass"]["status"] == "ok"
+    level1 = outcomes["flashinfer_cutlass"]["results"]["levels"][0]
+    assert level1["bench"]["output_throughput"] == pytest.approx(22, rel=0.3)
+    summary = (dest / "summary.md").read_text()
+    assert "- concurrency 1: flashinfer_cutlass wins" in summary
+    assert "--data gpuhost_moe_runner_backend=flashinfer_cutlass" in summary
+    assert (dest / "bench.png").is_file()
+    assert "waiting" in run.output or "ready after" in run.output  # progress on every wait
+
+    assert host.ssh("test -e /run/systemd/system/sglang.service.d && ls "
+                    "/run/systemd/system/sglang.service.d | wc -l || echo 0").strip() == "0"
+    assert host.ssh("cat /etc/systemd/system/sglang.service") == unit
+    assert host.ssh("cat /etc/gpuhost/server.env") == env
+    pid = host.main_pid()
+    args = host.process_args(pid)
+    assert args[args.index("--moe-runner-backend") + 1] == "flashinfer_trtllm"
+    after = lab.deploy("--json")
+    assert after.returncode == 0, after.output[-6000:]
+    assert changed_operations(after) == []
+    assert host.main_pid() == pid
