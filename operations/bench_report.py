@@ -225,7 +225,9 @@ def sweep_summary(host: str, key: str, configured: Any, outcomes: list[dict[str,
     much it beats the configured value (or the runner-up), the host data line to set it; each
     failed value with why."""
     lines = [f"# Sweep of {key} on {host} (configured: {configured})", "",
-             "| concurrency | " + " | ".join(f"{o['value']} output tok/s" for o in outcomes)
+             "| concurrency | " + " | ".join(
+                 f"{o['value']}{' (configured)' if o['value'] == configured else ''} output tok/s"
+                 for o in outcomes)
              + " | best |", "|---|" + "---|" * (len(outcomes) + 1)]
     ran = [o for o in outcomes if o["status"] == "ok"]
     levels = sorted({lv["concurrency"] for o in ran for lv in o["results"]["levels"]})
@@ -251,8 +253,11 @@ def sweep_summary(host: str, key: str, configured: Any, outcomes: list[dict[str,
     for n, best, against, gain in winners:
         by = f", {gain:+.0f} % output tok/s over {against}" if gain is not None else ""
         lines.append(f"- concurrency {n}: {best} wins{by}")
-    if winners:
-        overall = max({w[1] for w in winners}, key=lambda v: sum(1 for w in winners if w[1] == v))
+    overall = max({w[1] for w in winners}, key=lambda v: sum(1 for w in winners if w[1] == v)) \
+        if winners else None
+    if overall is not None and overall == configured:
+        lines += ["", f"The configured {key} ({configured}) wins: keep it."]
+    elif overall is not None:
         lines += ["", f"To serve with {overall}: `--data {PREFIX_KEY}{key}={overall}` or, in the "
                   f"inventory, `\"{PREFIX_KEY}{key}\": {json.dumps(overall)}` "
                   "(the sweep never edits the inventory)."]

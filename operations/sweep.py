@@ -4,18 +4,26 @@ recorded; then the server as deploy.py configured it again, verified healthy."""
 from __future__ import annotations
 
 import shlex
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
 import jinja2
 from pyinfra import host
-from pyinfra.api import FunctionCommand, operation
+from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.facts.files import File
 from pyinfra.api.exceptions import OperationError
 
 from operations import REPO_ROOT, bench_report, remote
-from operations.bench import RUN_UNIT, _say, gate_or_refuse, results_dir, run_levels
+from operations.bench import (
+    PROGRESS_EVERY,
+    RUN_UNIT,
+    _say,
+    gate_or_refuse,
+    results_dir,
+    run_levels,
+)
 from operations.p2p import LIB_DIR
 from operations.server import (
     GATE_UNIT,
@@ -85,6 +93,27 @@ def restore(state, host, settings: Settings) -> None:
                              "after the sweep (above): run deploy.py")
 
 
+def _gate(host, settings: Settings) -> tuple[bool, str]:
+    """The deploy's health gate on one sweep value, its progress printed every PROGRESS_EVERY
+    seconds: (passed, why not: the gate's "server not ready: ..." words)."""
+    waited, began = 0.0, time.monotonic()
+    while True:
+        command = StringCommand(*_gate_argv(settings), "--poll-for", str(PROGRESS_EVERY),
+                                "--elapsed-offset", f"{waited:.0f}")
+        ok, output = remote.shell(host, command, _success_exit_codes=[0, 3],
+                                  timeout=PROGRESS_EVERY + remote.POLL_TIMEOUT_S + 60)
+        waited = time.monotonic() - began
+        lines = output.stdout_lines + output.stderr_lines
+        why = next((line for line in lines if line.startswith("server not ready")), "")
+        for line in lines:
+            if line.startswith(("waiting", "ready after", "server not ready")):
+                _say(f"sweep: {line}", error=bool(why))
+        if why or not ok:
+            return False, why.removeprefix("server not ready: ") or "the health gate failed"
+        if any(line.startswith("ready after") for line in lines):
+            return True, ""
+
+
 def _journal(host) -> list[str]:
     _, output = remote.shell(host, f"journalctl -u {UNIT} -n {JOURNAL_LINES} --no-pager -o cat",
                              _success_exit_codes=[0, 1])
@@ -94,26 +123,33 @@ def _journal(host) -> list[str]:
 @remote.callback("the sweep", f"the bench goes on on the host ({RUN_UNIT}); the next bench "
                  "or deploy restores the server")
 def _sweep(state, host, settings: Settings, dest_root: str) -> bool:
-    """Gate; per value: restart with it, the deploy's gate, the levels, record; restore."""
+    """Gate; the configured server's levels as the baseline (when the sweep does not name its
+    value); per value: restart with it, the deploy's gate, the levels, record; restore."""
     gate_or_refuse(host, settings)
     ((key, values),) = settings.bench_sweep.items()
     configured = getattr(settings, key)
     dest = results_dir(dest_root, host)
     outcomes: list[dict[str, Any]] = []
     try:
+        if configured not in values:
+            _say(f"sweep: {key} = {configured} (configured): the baseline, as it serves now")
+            results, _, complete = run_levels(host, settings, dest / f"{key}={configured}",
+                                              label=f"{configured} (configured)")
+            outcomes.append({"value": configured, "baseline": True,
+                             "status": "ok" if complete else "failed",
+                             "reason": "" if complete else "bench_serving failed at a level",
+                             "results": results})
         for value in values:
             _say(f"sweep: {key} = {value}: restarting {UNIT} with it (weights load again)")
             _restart(host, dropin_text(settings, key, value))
-            if not _wait_serving(state, host, _gate_argv(settings), settings.health_timeout,
-                                 _units(settings)):
-                journal = _journal(host)
-                outcomes.append({"value": value, "status": "failed", "journal": journal,
-                                 "reason": "the server failed the health gate (it crashed, "
-                                 "did not start in time, or answered garbage)"})
-                _say(f"sweep: {key} = {value}: failed; the sweep goes on", error=True)
+            passed, why = _gate(host, settings)
+            if not passed:
+                outcomes.append({"value": value, "status": "failed", "journal": _journal(host),
+                                 "reason": f"the server failed the health gate: {why}"})
+                _say(f"sweep: {key} = {value}: failed ({why}); the sweep goes on", error=True)
                 continue
             one = replace(settings, **{key: value})
-            results, _, complete = run_levels(host, one, Path(dest) / f"{key}={value}",
+            results, _, complete = run_levels(host, one, dest / f"{key}={value}",
                                               label=str(value))
             outcomes.append({"value": value, "status": "ok" if complete else "failed",
                              "reason": "" if complete else "bench_serving failed at a level",

@@ -161,3 +161,31 @@ def test_sweep_summary_ranks_and_records_failures(tmp_path):
     assert "- cutlass: failed: the server failed the health gate" in text
     assert "illegal memory access" in text
     assert "| 64 | 306.4 | failed | 153.2 | flashinfer_cutlass |" in text
+
+
+def test_model_context_length_fact():
+    from operations.bench import ModelContextLength
+
+    fact = ModelContextLength()
+    assert fact.process(['{"max_position_embeddings": 202752,', '"vocab_size": 154880}']) \
+        == 202752
+    assert fact.process([]) is None
+    assert fact.process(['{"vocab_size": 1}']) is None
+    assert "config.json" in fact.command("/opt/gpuhost/models/x")
+
+
+def test_public_server_benched_through_the_gate_key_file_only():
+    from operations.bench import _gate_argv, _run_argv
+
+    s = from_host_data("gpu1", {"gpuhost_server_host": "0.0.0.0",
+                                "gpuhost_api_key_file": "/root/api_key"})
+    run = _run_argv(s)
+    assert run[run.index("--url") + 1] == "http://127.0.0.1:8000"  # the gate, from the host
+    assert run[run.index("--api-key-file") + 1] == "/root/api_key"
+    gate = _gate_argv(s)
+    assert gate[gate.index("--public-url") + 1] == "http://127.0.0.1:8000"
+    assert gate[gate.index("--url") + 1] == "http://127.0.0.1:30000"  # the server behind it
+    assert "--keep-unit" in gate
+    loopback = _run_argv(from_host_data("gpu1", {}))
+    assert "--api-key-file" not in loopback
+    assert loopback[loopback.index("--url") + 1] == "http://127.0.0.1:8000"

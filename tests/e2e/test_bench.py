@@ -93,11 +93,16 @@ def test_sweep_records_failures_ranks_and_restores(reference_host):
     assert outcomes["cutlass"]["status"] == "failed"
     assert any("crash-on-start" in line for line in outcomes["cutlass"]["journal"])
     assert outcomes["triton"]["status"] == "failed"
+    assert "degenerate" in outcomes["triton"]["reason"]
     assert outcomes["flashinfer_cutlass"]["status"] == "ok"
+    assert outcomes["flashinfer_trtllm"]["baseline"] and outcomes["flashinfer_trtllm"]["status"] \
+        == "ok"
     level1 = outcomes["flashinfer_cutlass"]["results"]["levels"][0]
     assert level1["bench"]["output_throughput"] == pytest.approx(22, rel=0.3)
     summary = (dest / "summary.md").read_text()
-    assert "- concurrency 1: flashinfer_cutlass wins" in summary
+    gain = re.search(r"- concurrency 1: flashinfer_cutlass wins, \+(\d+) % output tok/s over "
+                     r"flashinfer_trtllm", summary)
+    assert gain and 60 < int(gain.group(1)) < 140, summary  # 22 against 11 tok/s
     assert "--data gpuhost_moe_runner_backend=flashinfer_cutlass" in summary
     assert (dest / "bench.png").is_file()
     assert "waiting" in run.output or "ready after" in run.output  # progress on every wait
