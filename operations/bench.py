@@ -92,7 +92,7 @@ def _run_argv(settings: Settings) -> list[str]:
     return argv
 
 
-def _say(line: str, error: bool = False) -> None:
+def say(line: str, error: bool = False) -> None:
     """A line on the controller's screen, under the current host's prefix."""
     (logger.error if error else logger.info)(f"{host.print_prefix}{line}")
 
@@ -104,7 +104,7 @@ def gate_or_refuse(host, settings: Settings) -> None:
     lines = output.stdout_lines + output.stderr_lines
     if not ok or not any(line.startswith("ready after") for line in lines):
         for line in lines:
-            _say(line, error=True)
+            say(line, error=True)
         raise OperationError(f"refused: {UNIT} is not healthy (the deploy's health gate "
                              "failed, above): no load was sent; run deploy.py to put it right")
 
@@ -124,12 +124,12 @@ def run_levels(host, settings: Settings, dest: Path, label: str | None = None):
             timeout=remote.POLL_TIMEOUT_S, _success_exit_codes=[0, 1, 3])
         active, *new = poll.stdout_lines or ["unknown"]
         for line in new:
-            _say(f"bench: {line}")
+            say(f"bench: {line}")
         shown += len(new)
         if active not in ("active", "activating"):
             break
         if not new:
-            _say(f"bench: running for {time.monotonic() - began:.0f} s")
+            say(f"bench: running for {time.monotonic() - began:.0f} s")
         time.sleep(PROGRESS_EVERY)
     raw = dest / "raw"
     raw.mkdir(parents=True, exist_ok=True)
@@ -160,9 +160,9 @@ def _bench(state, host, settings: Settings, dest_root: str) -> bool:
     dest = results_dir(dest_root, host)
     _, text, complete = run_levels(host, settings, dest)
     for line in text.splitlines():
-        _say(line)
+        say(line)
     for name in ("results.json", "summary.md", "bench.png"):
-        _say(f"bench: {dest / name}")
+        say(f"bench: {dest / name}")
     if not complete:
         raise OperationError("bench_serving failed at a level (above); the levels before it "
                              f"are reported in {dest}")

@@ -19,10 +19,10 @@ from operations import REPO_ROOT, bench_report, remote
 from operations.bench import (
     PROGRESS_EVERY,
     RUN_UNIT,
-    _say,
     gate_or_refuse,
     results_dir,
     run_levels,
+    say,
 )
 from operations.p2p import LIB_DIR
 from operations.server import (
@@ -85,7 +85,7 @@ def _restart(host, text: str | None) -> None:
 def restore(state, host, settings: Settings) -> None:
     """The server as deploy.py configured it: the drop-in removed, restarted, the deploy's gate
     passed (which records it verified). OperationError when it does not pass."""
-    _say("sweep: restoring the server as deploy.py configured it")
+    say("sweep: restoring the server as deploy.py configured it")
     _restart(host, None)
     if not _wait_serving(state, host, _gate_argv(settings), settings.health_timeout,
                          _units(settings)):
@@ -107,7 +107,7 @@ def _gate(host, settings: Settings) -> tuple[bool, str]:
         why = next((line for line in lines if line.startswith("server not ready")), "")
         for line in lines:
             if line.startswith(("waiting", "ready after", "server not ready")):
-                _say(f"sweep: {line}", error=bool(why))
+                say(f"sweep: {line}", error=bool(why))
         if why or not ok:
             return False, why.removeprefix("server not ready: ") or "the health gate failed"
         if any(line.startswith("ready after") for line in lines):
@@ -132,7 +132,7 @@ def _sweep(state, host, settings: Settings, dest_root: str) -> bool:
     outcomes: list[dict[str, Any]] = []
     try:
         if configured not in values:
-            _say(f"sweep: {key} = {configured} (configured): the baseline, as it serves now")
+            say(f"sweep: {key} = {configured} (configured): the baseline, as it serves now")
             results, _, complete = run_levels(host, settings, dest / f"{key}={configured}",
                                               label=f"{configured} (configured)")
             outcomes.append({"value": configured, "baseline": True,
@@ -140,13 +140,13 @@ def _sweep(state, host, settings: Settings, dest_root: str) -> bool:
                              "reason": "" if complete else "bench_serving failed at a level",
                              "results": results})
         for value in values:
-            _say(f"sweep: {key} = {value}: restarting {UNIT} with it (weights load again)")
+            say(f"sweep: {key} = {value}: restarting {UNIT} with it (weights load again)")
             _restart(host, dropin_text(settings, key, value))
             passed, why = _gate(host, settings)
             if not passed:
                 outcomes.append({"value": value, "status": "failed", "journal": _journal(host),
                                  "reason": f"the server failed the health gate: {why}"})
-                _say(f"sweep: {key} = {value}: failed ({why}); the sweep goes on", error=True)
+                say(f"sweep: {key} = {value}: failed ({why}); the sweep goes on", error=True)
                 continue
             one = replace(settings, **{key: value})
             results, _, complete = run_levels(host, one, dest / f"{key}={value}",
@@ -158,10 +158,10 @@ def _sweep(state, host, settings: Settings, dest_root: str) -> bool:
         restore(state, host, settings)
     text = bench_report.write_sweep(dest, host.name, key, configured, outcomes)
     for line in text.splitlines():
-        _say(line)
+        say(line)
     for name in ("results.json", "summary.md", "bench.png"):
         if (dest / name).exists():
-            _say(f"bench: {dest / name}")
+            say(f"bench: {dest / name}")
     if not any(o["status"] == "ok" for o in outcomes):
         raise OperationError(f"no value of {PREFIX}bench_sweep's {key} served (above)")
     return True
@@ -169,7 +169,7 @@ def _sweep(state, host, settings: Settings, dest_root: str) -> bool:
 
 @remote.callback("restoring the server after an interrupted sweep")
 def _restore_leftover(state, host, settings: Settings) -> bool:
-    _say(f"sweep: {SWEEP_DROPIN} is left from an interrupted sweep", error=True)
+    say(f"sweep: {SWEEP_DROPIN} is left from an interrupted sweep", error=True)
     restore(state, host, settings)
     return True
 

@@ -25,7 +25,7 @@ stand-ins read (nvidia-smi, the torch stand-in, the flash-attn stand-in's build)
       "p2p": {"r": [[...]], "w": [[...]], "n": [[...]],         # `nvidia-smi topo -p2p r|w|n|a|p`
               "a": [[...]], "p": [[...]]},
       "peer_transfers": {"copy": "intact" | "wrong-data",       # what arrives over P2P (torch
-                         "all_reduce": "intact" | "wrong-data" | "hang"}, # stand-in); default intact
+                         "all_reduce": "intact" | "wrong-data" | "hang"},  # stand-in); intact
       "serving": {                                              # the sglang stand-in under load
         "output_tokens_per_s": {"<MoE runner backend> | default": {"1": 11, "64": 225}},
                                         # all streams' output tok/s at N concurrent (log-linear)

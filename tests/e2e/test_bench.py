@@ -118,3 +118,16 @@ def test_sweep_records_failures_ranks_and_restores(reference_host):
     assert after.returncode == 0, after.output[-6000:]
     assert changed_operations(after) == []
     assert host.main_pid() == pid
+
+    # A sweep interrupted half-way leaves its runtime drop-in: the next deploy removes it and
+    # serves the configured unit again.
+    host.ssh("mkdir -p /run/systemd/system/sglang.service.d && printf '[Service]\\n"
+             "Environment=GPUHOST_LEFTOVER=1\\n' > /run/systemd/system/sglang.service.d/"
+             "90-gpuhost-bench-sweep.conf && systemctl daemon-reload && "
+             "systemctl restart sglang.service")
+    assert host.process_env(host.main_pid()).get("GPUHOST_LEFTOVER") == "1"
+    put_right = lab.deploy()
+    assert put_right.returncode == 0, put_right.output[-6000:]
+    assert "left from an interrupted bench.py sweep" in put_right.output
+    assert "GPUHOST_LEFTOVER" not in host.process_env(host.main_pid())
+    assert host.ssh("ls /run/systemd/system/sglang.service.d").strip() == ""
