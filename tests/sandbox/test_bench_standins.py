@@ -98,3 +98,32 @@ def test_bench_serving_refuses_unknown_flags():
     with pytest.raises(SystemExit) as caught:
         _bench_serving().parser().parse_args(["--no-such-flag"])
     assert caught.value.code == 2
+
+
+@pytest.mark.parametrize("load, verdict", [
+    ({}, "kernel-bound"),  # the scenario default: the reference lab's figures
+    ({"power_pct": 98.0, "sm_clock_pct": 73.0, "reasons": ["sw_power_cap"]}, "power-capped"),
+    ({"sm_clock_pct": 60.0, "temperature_c": 92.0, "reasons": ["hw_thermal_slowdown"]},
+     "thermal"),
+    ({"pcie_mbps": 50000.0, "utilization_gpu_pct": 70.0}, "PCIe-bound"),
+    ({"utilization_gpu_pct": 20.0, "power_pct": 15.0}, "server-bound"),
+])
+def test_diagnosis_rules_on_scenario_telemetry(smi, tmp_path, load, verdict):
+    """Each rule on what the nvidia-smi stand-in reports for a scenario's serving load."""
+    from datetime import datetime, timedelta
+
+    from operations import diagnosis
+
+    hw = json.loads((tmp_path / "hardware.json").read_text())
+    for level in hw["serving"]["load"].values():
+        level.update(load)
+    (tmp_path / "hardware.json").write_text(json.dumps(hw))
+    begin = datetime.now() - timedelta(seconds=1)
+    samples = telemetry.parse_query(smi(f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits",
+                                        "-lms", "200", active=16, timeout=1.0))
+    dmon = telemetry.parse_dmon(smi("dmon", "-s", "puct", "-d", "0.2", "-o", "DT", "--format",
+                                    "csv", active=16, timeout=1.0))
+    links = telemetry.parse_links(smi("--query-gpu=" + ",".join(telemetry.LINK_FIELDS),
+                                      "--format=csv,noheader,nounits"))
+    gpus = telemetry.figures(samples, dmon, links, begin, datetime.now() + timedelta(seconds=1))
+    assert diagnosis.diagnose(diagnosis.level_figures(gpus)).name == verdict
