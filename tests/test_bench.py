@@ -189,3 +189,16 @@ def test_public_server_benched_through_the_gate_key_file_only():
     loopback = _run_argv(from_host_data("gpu1", {}))
     assert "--api-key-file" not in loopback
     assert loopback[loopback.index("--url") + 1] == "http://127.0.0.1:8000"
+
+
+def test_report_on_the_host_script_run_on_a_real_h200(tmp_path):
+    """bench_run.py's own outputs from the real H200 (fixture bench-run/, README there)."""
+    raw = Path(__file__).resolve().parent / "fixtures" / "h200-device" / "bench-run"
+    results, text = bench_report.write(raw, tmp_path, "h200")
+    verdicts = {lv["concurrency"]: lv["verdict"]["name"] for lv in results["levels"]}
+    assert verdicts == {1: "server-bound", 64: "power-capped"}
+    (gpu,) = results["levels"][1]["gpus"]
+    assert gpu["power_peak_pct"] > 95 and gpu["reasons"]["sw_power_cap"] > 50
+    assert gpu["pcie_peak_pct"] is not None
+    assert results["versions"]["driver"] == "580.159.04"
+    assert len(results["series"]) > 60
