@@ -113,10 +113,19 @@ def run_levels(host, settings: Settings, dest: Path, label: str | None = None):
     """Run bench_run.py in RUN_UNIT, print its progress, fetch its outputs to ``dest/raw`` and
     report them into ``dest``; returns (results, summary text, whether every level ran)."""
     run = " ".join(shlex.quote(a) for a in _run_argv(settings))
-    remote.shell(host, f"systemctl reset-failed {RUN_UNIT} 2>/dev/null; rm -rf {RUN_DIR} && "
-                 f"mkdir -p {RUN_DIR} && systemd-run --quiet --unit={RUN_UNIT} --collect "
-                 f"-p StandardOutput=append:{RUN_DIR}/progress.log "
-                 f"-p StandardError=append:{RUN_DIR}/progress.log {run}")
+    _, state = remote.shell(host, f"systemctl is-active {RUN_UNIT}", _success_exit_codes=[0, 3])
+    if state.stdout_lines[:1] in (["active"], ["activating"]):
+        raise OperationError(f"a bench is still running on the host ({RUN_UNIT}, from an earlier "
+                             f"run whose link dropped): wait for it, or stop it with systemctl "
+                             f"stop {RUN_UNIT}")
+    ok, started = remote.shell(
+        host, f"systemctl reset-failed {RUN_UNIT} 2>/dev/null; rm -rf {RUN_DIR} && "
+        f"mkdir -p {RUN_DIR} && systemd-run --quiet --unit={RUN_UNIT} --collect "
+        f"-p StandardOutput=append:{RUN_DIR}/progress.log "
+        f"-p StandardError=append:{RUN_DIR}/progress.log {run}")
+    if not ok:
+        raise OperationError(f"could not start {RUN_UNIT}: "
+                             + " ".join(started.stderr_lines[-3:]))
     shown, began = 0, time.monotonic()
     while True:
         _, poll = remote.shell(
