@@ -4,12 +4,14 @@ unhealthy server is refused before any load."""
 
 import json
 import re
+import secrets
 from pathlib import Path
 
 import pytest
 
 from tests.e2e import lab
 from tests.e2e.test_deploy import changed_operations
+from tests.e2e.test_server import write_inventory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -131,3 +133,23 @@ def test_sweep_records_failures_ranks_and_restores(reference_host):
     assert "left from an interrupted bench.py sweep" in put_right.output
     assert "GPUHOST_LEFTOVER" not in host.process_env(host.main_pid())
     assert host.ssh("ls /run/systemd/system/sglang.service.d").strip() == ""
+
+
+def test_public_server_benched_through_the_gate(reference_host, tmp_path):
+    """Bound wider than the loopback: bench_serving goes through the API key gate with the key,
+    which no output shows (the suite's secret guard checks every output)."""
+    host = reference_host
+    key = lab.GUARD.register("sk-" + secrets.token_hex(24), "API key")
+    host.ssh(f"umask 077; printf '%s\\n' {key} > /root/sglang-api.key")
+    inventory = write_inventory(tmp_path / "inventory.py", gpuhost_server_host="0.0.0.0",
+                                gpuhost_api_key_file="/root/sglang-api.key")
+    assert lab.deploy(inventory=inventory).returncode == 0
+    since = host.ssh("date '+%Y-%m-%d %H:%M:%S'").strip()
+    run = lab.deploy(*BENCH_DATA, inventory=inventory, deploy_file="bench.py")
+    assert run.returncode == 0, run.output[-6000:]
+    assert key not in run.output
+    journal = host.ssh(f"journalctl -u sglang-gate.service --since '{since}' -o cat")
+    assert journal.count('"POST /v1/completions" 200') >= 16, journal[-3000:]
+    dest = Path(re.search(r"bench: (\S+)/results\.json", run.output).group(1))
+    assert key not in (dest / "results.json").read_text()
+    assert not any(key in p.read_text(errors="replace") for p in (dest / "raw").iterdir())
