@@ -41,6 +41,9 @@ SERVER_ENV_FILE: Final = "/etc/gpuhost/server.env"
 #: The server unit's drop-in folder (systemd.unit(5): ``<unit>.d/*.conf`` under
 #: /etc/systemd/system). gpuhost owns OWN_DROPINS; host data may allow others by name.
 DROPIN_DIR: Final = f"/etc/systemd/system/{UNIT}.d"
+#: The runtime drop-in a bench.py sweep runs one value with (under /run: a reboot removes it);
+#: one left by an interrupted sweep is removed here, and the server restarted.
+SWEEP_DROPIN: Final = f"/run/systemd/system/{UNIT}.d/90-gpuhost-bench-sweep.conf"
 OWN_DROPINS: Final = (DRIVER_GATE_DROPIN,)
 #: systemd's pause before restarting a failed server, and how many starts it gets within
 #: StartLimitIntervalSec (sized from the start timeout) before it stays failed.
@@ -576,6 +579,12 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
                        f"with {PREFIX}allowed_dropins)")
         removed.append(files.file(name=f"Remove the foreign drop-in {name}",
                                   path=f"{DROPIN_DIR}/{name}", present=False))
+    if fact(File, path=SWEEP_DROPIN):
+        logger.warning(f"{host.print_prefix}SGLang server: {SWEEP_DROPIN} is left from an "
+                       "interrupted bench.py sweep: removing it and restarting the server with "
+                       "what host data configures")
+        removed.append(files.file(name="Remove the interrupted sweep's drop-in",
+                                  path=SWEEP_DROPIN, present=False))
     if settings.server_is_public:
         gate = files.template(
             name=f"Unit {GATE_UNIT}",

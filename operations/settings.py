@@ -153,6 +153,12 @@ class Settings:
     model_revision: str = "main"
     hf_endpoint: str = "https://huggingface.co"
     hf_token_file: str | None = None
+    # The bench (bench.py): sglang.bench_serving's load at each concurrency level
+    bench_levels: tuple[int, ...] = (1, 16, 64)
+    bench_input_len: int = 1024
+    bench_output_len: int = 256
+    bench_prompts: int = 128
+    bench_sweep: Mapping[str, tuple] | None = None
 
     @property
     def model_is_local(self) -> bool:
@@ -387,6 +393,21 @@ RULES: Final[Mapping[str, _Rule]] = {
     "hf_endpoint": _text(_URL + r"(?<!/)", "an http(s) URL without a trailing slash"),
     "hf_token_file": _text(_PATH, f"an absolute path on the host, root-only {_PATH_DETAIL}",
                            optional=True),
+    "bench_levels": _Rule(
+        lambda v: isinstance(v, (list, tuple)) and bool(v) and all(_is_int(n) and n >= 1
+                                                                   for n in v)
+        and len(set(v)) == len(v),
+        "a non-empty list of distinct concurrency levels, integers >= 1, such as [1, 16, 64]",
+    ),
+    "bench_input_len": _int_between(1, 1 << 20),
+    "bench_output_len": _int_between(1, 1 << 20),
+    "bench_prompts": _int_between(1, 1 << 20),
+    "bench_sweep": _Rule(
+        lambda v: v is None or (isinstance(v, Mapping) and len(v) == 1 and all(
+            isinstance(k, str) and isinstance(vals, (list, tuple)) for k, vals in v.items())),
+        'None, or one server setting and the values to try, such as {"moe_runner_backend": '
+        '["flashinfer_cutlass", "cutlass"]}',
+    ),
 }
 
 _FIELDS: Final = {f.name for f in fields(Settings)}
@@ -437,7 +458,8 @@ def from_host_data(host: str, data: Mapping[str, Any],
         if name in _NUMBER_AS_TEXT and isinstance(value, (int, float)) \
                 and not isinstance(value, bool):
             value = str(value)
-        values[name] = tuple(value) if name in ("server_extra_args", "allowed_dropins") \
+        values[name] = tuple(value) if name in ("server_extra_args", "allowed_dropins",
+                                                "bench_levels") \
             else value
 
     settings = Settings(**values)
@@ -615,6 +637,55 @@ def _check_server_flags(host: str, s: Settings) -> None:
             )
 
 
+#: Server settings a sweep may vary (each renders one launch_server flag).
+SWEEP_KEYS: Final = ("moe_runner_backend", "attention_backend", "fp8_gemm_backend",
+                     "nsa_decode_backend", "nsa_prefill_backend", "kv_cache_dtype",
+                     "mem_fraction_static")
+
+
+def _check_sweep(host: str, s: Settings) -> None:
+    """The sweep's key one of SWEEP_KEYS; its values non-empty, distinct, each allowed on its own
+    and by the locked sglang's parser (what launch_server would refuse at start)."""
+    if not s.bench_sweep:
+        return
+    ((key, values),) = s.bench_sweep.items()
+    if key not in SWEEP_KEYS:
+        raise _fail(host, "bench_sweep", dict(s.bench_sweep),
+                    f"a sweep over one of {', '.join(SWEEP_KEYS)} (not {key!r})")
+    if not values or len(set(map(repr, values))) != len(values):
+        raise _fail(host, "bench_sweep", dict(s.bench_sweep),
+                    f"a non-empty list of distinct values for {key}")
+    for value in values:
+        if value is None or not RULES[key].check(value):
+            raise _fail(host, "bench_sweep", dict(s.bench_sweep),
+                        f"values of {key} each {RULES[key].allowed} ({value!r} is not)")
+    try:
+        sglang = read_lock(s.lock_path).get("sglang")
+        spec = load_parser_spec(sglang.version) if sglang else None
+    except (LockError, FlagError):
+        return  # said by _check_lock
+    for value in values if spec else ():
+        try:
+            check_server_args(server_args(replace(s, **{key: value})), spec)
+        except FlagError as exc:
+            raise _fail(host, "bench_sweep", dict(s.bench_sweep),
+                        f"values the locked sglang {sglang.version} accepts: {exc}") from None
+
+
+def _check_bench(host: str, s: Settings) -> None:
+    """Every level within what the server runs at once, and enough prompts to reach the highest
+    (the model's context length is checked on the host, by bench.py, from its config)."""
+    over = [n for n in s.bench_levels if n > s.max_running_requests]
+    if over:
+        raise _fail(host, "bench_levels", list(s.bench_levels),
+                    f"levels from 1 to {PREFIX}max_running_requests ({s.max_running_requests}):"
+                    f" the server runs no more requests at once ({over[0]} is more)")
+    if s.bench_prompts < max(s.bench_levels):
+        raise _fail(host, "bench_prompts", s.bench_prompts,
+                    f"at least the highest of {PREFIX}bench_levels ({max(s.bench_levels)}): "
+                    "fewer prompts never reach that many concurrent requests")
+
+
 def _without_values(args: Iterable[str]) -> list[str]:
     """Extra server args for a message about an API key in them: every value replaced by
     "<hidden>" (a key must not reach the screen or a log)."""
@@ -667,8 +738,8 @@ def _check_torch_cuda(host: str, s: Settings, lock: Any) -> None:
 
 
 #: The checks of settings against each other: each runs, so that every problem is reported.
-_TOGETHER: Final = (_check_tensor_parallel, _check_flavour, _check_driver, _check_mok,
-                    _check_server_exposure, _check_lock)
+_TOGETHER: Final = (_check_bench, _check_tensor_parallel, _check_flavour, _check_driver,
+                    _check_mok, _check_server_exposure, _check_lock, _check_sweep)
 
 
 def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]],

@@ -25,8 +25,20 @@ stand-ins read (nvidia-smi, the torch stand-in, the flash-attn stand-in's build)
       "p2p": {"r": [[...]], "w": [[...]], "n": [[...]],         # `nvidia-smi topo -p2p r|w|n|a|p`
               "a": [[...]], "p": [[...]]},
       "peer_transfers": {"copy": "intact" | "wrong-data",       # what arrives over P2P (torch
-                         "all_reduce": "intact" | "wrong-data" | "hang"}  # stand-in); default intact
+                         "all_reduce": "intact" | "wrong-data" | "hang"},  # stand-in); intact
+      "serving": {                                              # the sglang stand-in under load
+        "output_tokens_per_s": {"<MoE runner backend> | default": {"1": 11, "64": 225}},
+                                        # all streams' output tok/s at N concurrent (log-linear)
+        "backend_modes": {"<MoE runner backend>": "crash-on-start" | "degenerate"},
+        "load": {"1": {"power_pct": 40, "sm_clock_pct": 99.7, "utilization_gpu_pct": 100,
+                       "utilization_memory_pct": 20, "temperature_c": 50, "pcie_mbps": 40,
+                       "reasons": []}, "64": {...}}}   # nvidia-smi's figures at N generations
     }
+
+Default serving (SERVING_DEFAULT): the reference lab's notes (../shared/reference-lab.md): 11
+output tok/s for one stream, 225 at 64 concurrent requests with every GPU 100 % busy at 55 % of
+its power limit, SM clocks at 2422 of 2430 MHz, no throttle reason, PCIe nearly idle; the
+single-stream power and the figures between are the sandbox's own choice.
 
 Link values are nvidia-smi's legend: X, PIX, PXB, PHB, NODE, SYS, NV<n>; P2P status values are
 X, OK, CNS, GNS, TNS, NS, U (shared/fixtures/h200-1gpu/topo-m.txt and topo-p2p.txt).
@@ -50,6 +62,20 @@ P2P_VALUES = frozenset({"X", "OK", "CNS", "GNS", "TNS", "NS", "U"})
 P2P_KINDS = ("r", "w", "n", "a", "p")  # read, write, nvlink, atomics, prop (nvidia-smi topo -h)
 # What data crossing between GPUs over P2P turns into (read by the torch stand-in).
 PEER_TRANSFERS = {"copy": ("intact", "wrong-data"), "all_reduce": ("intact", "wrong-data", "hang")}
+
+SERVING_DEFAULT: dict[str, Any] = {
+    "output_tokens_per_s": {"default": {"1": 11.0, "16": 120.0, "64": 225.0}},
+    "backend_modes": {},
+    "load": {
+        "1": {"power_pct": 40.0, "sm_clock_pct": 99.7, "utilization_gpu_pct": 100.0,
+              "utilization_memory_pct": 15.0, "temperature_c": 52.0, "pcie_mbps": 30.0,
+              "reasons": []},
+        "64": {"power_pct": 55.0, "sm_clock_pct": 99.7, "utilization_gpu_pct": 100.0,
+               "utilization_memory_pct": 35.0, "temperature_c": 63.0, "pcie_mbps": 60.0,
+               "reasons": []},
+    },
+}
+SERVING_MODES = ("crash-on-start", "degenerate")
 
 # Values every GPU gets unless the scenario says otherwise: an idle, healthy GPU.
 GPU_DEFAULTS: dict[str, Any] = {
@@ -156,6 +182,7 @@ def _expand(name: str, raw: dict[str, Any]) -> dict[str, Any]:
         "topology",
         "p2p",
         "peer_transfers",
+        "serving",
     }
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -244,6 +271,16 @@ def _expand(name: str, raw: dict[str, Any]) -> dict[str, Any]:
     if set(transfers) - set(PEER_TRANSFERS):
         raise fail(f"peer_transfers has unknown keys {sorted(set(transfers) - set(PEER_TRANSFERS))}")
 
+    serving = {**copy.deepcopy(SERVING_DEFAULT), **(raw.get("serving") or {})}
+    if set(serving) - set(SERVING_DEFAULT):
+        raise fail(f"serving has unknown keys {sorted(set(serving) - set(SERVING_DEFAULT))}")
+    for backend, mode in serving["backend_modes"].items():
+        if mode not in SERVING_MODES:
+            raise fail(f"serving.backend_modes.{backend} = {mode!r}: allowed {list(SERVING_MODES)}")
+    for table in (*serving["output_tokens_per_s"].values(), serving["load"]):
+        if not table or not all(k.isdigit() and int(k) >= 1 for k in table):
+            raise fail("serving tables are keyed by concurrency (\"1\", \"64\", ...)")
+
     return {
         "schema": SCHEMA,
         "scenario": name,
@@ -254,6 +291,7 @@ def _expand(name: str, raw: dict[str, Any]) -> dict[str, Any]:
         "topology": topology,
         "p2p": p2p,
         "peer_transfers": transfers,
+        "serving": serving,
     }
 
 

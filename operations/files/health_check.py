@@ -23,7 +23,8 @@ Progress lines ("waiting N s: <last journal line>") every 10 s. With --poll-for 
 exit 3 after S seconds still waiting (the deploy calls it again and prints the progress);
 --elapsed-offset carries the seconds already waited. On failure or timeout: the reason, the
 last 50 journal lines, the unit stopped (so systemd does not restart a broken server in a
-loop), exit 1. The key is never printed, whatever fails: an unexpected error is reported as
+loop; with --keep-unit, bench.py's gate, left as it is), exit 1. The key is never printed,
+whatever fails: an unexpected error is reported as
 its type alone once the key is loaded (secret_file.describe), never as a traceback.
 """
 
@@ -90,6 +91,9 @@ def _fail(unit: str, why: str, secret: str | None, journal_of: str | None = None
     print(f"server not ready: {why}", flush=True)
     print(f"--- last 50 lines of the journal of {journal_of} ---")
     print(journal)
+    if _KEEP_UNIT:
+        print(f"--- {unit} left as it is ---", flush=True)
+        return 1
     subprocess.run(["systemctl", "stop", unit], check=False)
     print(f"--- {unit} stopped ---", flush=True)
     return 1
@@ -165,6 +169,8 @@ def health_only(url: str, timeout: float, main_pid: int | None) -> int:
 #: Whether a secret is loaded in this process: from then on an unexpected error is reported as
 #: its type alone (its text may quote a header).
 _SECRET_LOADED = False
+#: Whether a failure leaves the unit as it is (--keep-unit: bench.py's gate, which only reads).
+_KEEP_UNIT = False
 
 
 def main() -> int:
@@ -177,7 +183,7 @@ def main() -> int:
 
 
 def _main() -> int:
-    global _SECRET_LOADED
+    global _SECRET_LOADED, _KEEP_UNIT
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="the server's own base URL (loopback)")
     parser.add_argument("--health-only", action="store_true")
@@ -190,7 +196,10 @@ def _main() -> int:
     parser.add_argument("--public-url", help="the API key gate's base URL")
     parser.add_argument("--api-key-file", help="root-only file holding the API key")
     parser.add_argument("--gate-unit", help="the API key gate's unit")
+    parser.add_argument("--keep-unit", action="store_true",
+                        help="on failure, leave the unit running (bench.py's gate)")
     args = parser.parse_args()
+    _KEEP_UNIT = args.keep_unit
     if args.health_only:
         return health_only(args.url, args.timeout, args.main_pid)
     if not args.model or not args.unit:

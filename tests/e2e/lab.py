@@ -110,14 +110,16 @@ class Run:
     results: dict | None
 
 
-def deploy(*extra: str, inventory: str = "inventory/sandbox.py") -> Run:
-    """Run the deploy as a user would; with --json, also return pyinfra's run results."""
+def deploy(*extra: str, inventory: str = "inventory/sandbox.py",
+           deploy_file: str = "deploy.py") -> Run:
+    """Run the deploy (or bench.py) as a user would; with --json, also return pyinfra's run
+    results."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(
-        [str(PYINFRA), "-y", *extra, inventory, "deploy.py"],
+        [str(PYINFRA), "-y", *extra, inventory, deploy_file],
         cwd=ROOT, text=True, capture_output=True, env=env, check=False,
     )
-    GUARD.observe(f"pyinfra -y {' '.join(extra)} {inventory} deploy.py",
+    GUARD.observe(f"pyinfra -y {' '.join(extra)} {inventory} {deploy_file}",
                   result.stdout + result.stderr)
     payload = None
     if "--json" in extra:

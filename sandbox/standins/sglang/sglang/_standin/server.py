@@ -16,7 +16,15 @@ Behaviour modes, comma-separated in SANDBOX_SGLANG_MODE (default "normal"):
   crash-on-request  die on the first generation request, the server's own warmup included
                     (the decode NaN crash)
   degenerate        answer with "!!!!..." (what NaN logits decode to)
-Startup takes SANDBOX_SGLANG_STARTUP_SECONDS (default 0.5) in every mode.
+Startup takes SANDBOX_SGLANG_STARTUP_SECONDS (default 0.5) in every mode. The host's scenario
+(serving.backend_modes, sandbox/scenarios.py) adds crash-on-start or degenerate for a given
+--moe-runner-backend.
+
+Under load: a streamed /v1/completions (what sglang.bench_serving --backend sglang-oai sends)
+yields max_tokens tokens when ignore_eos is set, at the rate the scenario sets for the
+--moe-runner-backend and the number of generations running (serving.output_tokens_per_s: all
+streams' output tokens per second, log-linear between its levels); the number running is kept in
+/run/gpuhost-sandbox/serving-load.json for the nvidia-smi stand-in.
 
 On a scenario whose P2P corrupts data (peer_transfers "wrong-data"), the answers are degenerate
 as well when the tensor parallel group's all-reduce would go peer-to-peer: NCCL's, as the torch
@@ -44,6 +52,55 @@ MODES = ("normal", "slow-start", "crash-on-start", "crash-on-request", "degenera
 ANSWER = "This is a canned answer from the sglang {version} sandbox stand-in serving {model}."
 REASONING = "The sandbox stand-in has no weights, so it does not think."
 DEFAULT_CONTEXT_LEN = 131072
+
+
+HARDWARE = os.environ.get("GPUHOST_SANDBOX_HARDWARE", "/etc/gpuhost-sandbox/hardware.json")
+LOAD_FILE = os.environ.get("GPUHOST_SANDBOX_LOAD", "/run/gpuhost-sandbox/serving-load.json")
+
+
+def serving_scenario():
+    try:
+        with open(HARDWARE) as fh:
+            return json.load(fh).get("serving") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def rate_at(table, n):
+    """Output tokens per second of all streams at n concurrent (log-linear between levels)."""
+    import math
+
+    points = sorted((int(k), float(v)) for k, v in table.items())
+    if n <= points[0][0]:
+        return points[0][1] * n / points[0][0]
+    if n >= points[-1][0]:
+        return points[-1][1]
+    for (a, ra), (b, rb) in zip(points, points[1:]):
+        if a <= n <= b:
+            w = (math.log(n) - math.log(a)) / (math.log(b) - math.log(a)) if b > a else 0
+            return ra + (rb - ra) * w
+    return points[-1][1]
+
+
+class Load:
+    """Generations running now, written for the nvidia-smi stand-in at each change."""
+
+    def __init__(self):
+        self.active, self.lock = 0, threading.Lock()
+
+    def change(self, delta):
+        with self.lock:
+            self.active += delta
+            try:
+                os.makedirs(os.path.dirname(LOAD_FILE), exist_ok=True)
+                with open(LOAD_FILE + ".tmp", "w") as fh:
+                    json.dump({"active": self.active, "time": time.time()}, fh)
+                os.replace(LOAD_FILE + ".tmp", LOAD_FILE)
+            except OSError:
+                pass
+
+
+LOAD = Load()
 
 
 class State:
@@ -141,6 +198,10 @@ def main(argv):
     args = server_args(namespace)
     configure_logging(args)
     modes = modes_from_env()
+    backend = args.get("moe_runner_backend") or "auto"
+    scenario_mode = (serving_scenario().get("backend_modes") or {}).get(backend)
+    if scenario_mode:
+        modes = modes | {scenario_mode}
     logger.info("server_args=ServerArgs(%s)", ", ".join(f"{k}={v!r}" for k, v in args.items()))
     logger.info("sandbox stand-in of sglang %s (modes: %s)", __version__, ",".join(sorted(modes)))
 
@@ -541,7 +602,10 @@ class Handler(BaseHTTPRequestHandler):
             )
         self._generation_allowed()
         tokens, finish = answer_tokens(self.state, req.get("max_tokens"))
-        prompt_tokens = count_tokens(req["prompt"])
+        prompt_tokens = count_tokens(req["prompt"]) if isinstance(req["prompt"], str) \
+            else len(req["prompt"])
+        if req.get("stream"):
+            return self._stream_completion(req, tokens, finish, prompt_tokens)
         self._send(
             200,
             {
@@ -566,6 +630,46 @@ class Handler(BaseHTTPRequestHandler):
                 },
             },
         )
+
+    def _stream_completion(self, req, tokens, finish, prompt_tokens):
+        """SSE chunks of an OpenAI text completion, paced by the scenario's rate."""
+        max_tokens = req.get("max_tokens") or len(tokens)
+        if req.get("ignore_eos") and len(tokens) < max_tokens:
+            words = (tokens * (max_tokens // max(len(tokens), 1) + 1))[:max_tokens]
+            tokens, finish = words, "length"
+        rates = serving_scenario().get("output_tokens_per_s") or {}
+        table = rates.get(self.state.args.get("moe_runner_backend") or "auto") \
+            or rates.get("default")
+        rid, created = uuid.uuid4().hex, int(time.time())
+        model = self.state.args["served_model_name"]
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+        def chunk(text, finish_reason=None, usage=None):
+            body = {"id": rid, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": text, "logprobs": None,
+                                 "finish_reason": finish_reason, "matched_stop": None}],
+                    "usage": usage}
+            self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+            self.wfile.flush()
+
+        LOAD.change(+1)
+        try:
+            for i, token in enumerate(tokens):
+                if table:
+                    time.sleep(max(LOAD.active, 1) / rate_at(table, max(LOAD.active, 1)))
+                chunk(token, finish if i == len(tokens) - 1 else None,
+                      {"prompt_tokens": prompt_tokens, "completion_tokens": i + 1,
+                       "total_tokens": prompt_tokens + i + 1})
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except OSError:
+            pass
+        finally:
+            LOAD.change(-1)
 
     def generate(self):
         req = self._json_body() or {}

@@ -1,0 +1,286 @@
+"""The bench's results on the controller: results.json, summary.md and bench.png from the raw
+outputs bench.py fetched (operations/files/bench_run.py wrote them on the host).
+
+bench_serving's result fields are sglang 0.5.9's (its wheel's bench_serving.py, the ``result``
+dict written to ``--output-file``: ``output_throughput``, ``total_throughput`` and
+``request_throughput`` in tokens or requests per second; ``median_ttft_ms``, ``p99_ttft_ms``,
+``median_tpot_ms``, ``p99_tpot_ms``, ``median_itl_ms``, ``p99_itl_ms`` in ms). Runs on the
+controller only (matplotlib).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final
+
+from operations import diagnosis, telemetry
+
+PREFIX_KEY: Final = "gpuhost_"
+
+#: bench_serving's fields kept per level (name in results.json = its name in the tool's JSON).
+BENCH_FIELDS: Final = (
+    "completed", "duration", "total_input_tokens", "total_output_tokens",
+    "output_throughput", "total_throughput", "request_throughput",
+    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+    "median_itl_ms", "p99_itl_ms", "max_concurrency",
+)
+#: The server's flags kept from bench_serving's server_info (sglang's /get_server_info).
+SERVER_FLAGS: Final = (
+    "model_path", "served_model_name", "tp_size", "moe_runner_backend", "attention_backend",
+    "quantization", "kv_cache_dtype", "mem_fraction_static", "max_running_requests",
+    "cuda_graph_max_bs", "disable_custom_all_reduce", "nsa_decode_backend",
+    "nsa_prefill_backend", "fp8_gemm_backend", "context_length",
+)
+
+
+class ReportError(ValueError):
+    """Raw outputs that cannot be reported on: says which file and why."""
+
+
+def _read(raw: Path, name: str) -> str:
+    path = raw / name
+    if not path.is_file():
+        raise ReportError(f"{path} is missing")
+    return path.read_text(errors="replace")
+
+
+def _stamp(text: str) -> datetime:
+    return datetime.strptime(text, "%Y/%m/%d %H:%M:%S.%f")
+
+
+def build(raw: Path, host: str, label: str | None = None) -> dict[str, Any]:
+    """Every figure of one run, as results.json holds it: per level bench_serving's figures,
+    each GPU's telemetry figures, the level's combined figures and its verdict; the server's
+    flags and the versions. ``label`` names the run (a sweep's value)."""
+    meta = json.loads(_read(raw, "meta.json"))
+    samples = telemetry.parse_query(_read(raw, "telemetry.csv"))
+    dmon = telemetry.parse_dmon(_read(raw, "dmon.csv"))
+    links = telemetry.parse_links(_read(raw, "links.csv"))
+    levels, server_info = [], {}
+    for level in meta["levels"]:
+        n = level["concurrency"]
+        entry: dict[str, Any] = {"concurrency": n, "start": level["start"], "end": level["end"],
+                                 "rc": level["rc"]}
+        if level["rc"] == 0 and (raw / f"level-{n}.json").is_file():
+            lines = _read(raw, f"level-{n}.json").strip().splitlines()
+            result = json.loads(lines[-1])
+            entry["bench"] = {k: result.get(k) for k in BENCH_FIELDS}
+            server_info = result.get("server_info") or server_info
+        gpus = telemetry.figures(samples, dmon, links, _stamp(level["start"]),
+                                 _stamp(level["end"]))
+        combined = diagnosis.level_figures(gpus)
+        verdict = diagnosis.diagnose(combined)
+        entry["gpus"] = [asdict(g) for g in gpus]
+        entry["figures"] = asdict(combined)
+        entry["verdict"] = asdict(verdict)
+        levels.append(entry)
+    return {
+        "host": host, "label": label, "started": meta["started"], "ended": meta["ended"],
+        "utc_offset_s": meta["utc_offset_s"], "versions": meta["versions"],
+        "input_len": meta["input_len"], "output_len": meta["output_len"],
+        "prompts": meta["prompts"],
+        "server": {k: server_info.get(k) for k in SERVER_FLAGS if k in server_info},
+        "levels": levels,
+    }
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def summary(results: dict[str, Any]) -> str:
+    """summary.md: one table per host, as the operator's notes (throughput and latency per
+    level), then each level's GPU figures and verdict."""
+    server, versions = results["server"], results["versions"]
+    lines = [f"# Bench of {results['host']} ({results['started']} host time)", "",
+             f"sglang {versions.get('sglang', '?')}, driver {versions.get('driver', '?')}, "
+             f"{versions.get('gpu_count', '?')} x {versions.get('gpu', '?')}; MoE runner backend "
+             f"{server.get('moe_runner_backend')}, TP {server.get('tp_size')}; "
+             f"{results['input_len']} input / {results['output_len']} output tokens, "
+             f"{results['prompts']} prompts per level", "",
+             "| concurrency | output tok/s | total tok/s | req/s | TTFT median / p99 ms | "
+             "TPOT median / p99 ms | ITL median / p99 ms | power % of limit (mean / peak) | "
+             "SM clock % of max | GPU util % | PCIe % of capacity (peak) | throttle reasons |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for level in results["levels"]:
+        b = level.get("bench") or {}
+        gpus = level["gpus"]
+        peak = max((g["power_peak_pct"] for g in gpus if g["power_peak_pct"] is not None),
+                   default=None)
+        f = level["figures"]
+        reasons = ", ".join(f"{n} {s:.0f} %" for n, s in sorted(f["reasons"].items())) or "none"
+        lines.append(
+            f"| {level['concurrency']} | {_fmt(b.get('output_throughput'))} | "
+            f"{_fmt(b.get('total_throughput'))} | {_fmt(b.get('request_throughput'), 2)} | "
+            f"{_fmt(b.get('median_ttft_ms'))} / {_fmt(b.get('p99_ttft_ms'))} | "
+            f"{_fmt(b.get('median_tpot_ms'))} / {_fmt(b.get('p99_tpot_ms'))} | "
+            f"{_fmt(b.get('median_itl_ms'))} / {_fmt(b.get('p99_itl_ms'))} | "
+            f"{_fmt(f['power_pct'], 0)} / {_fmt(peak, 0)} | {_fmt(f['sm_clock_pct'], 0)} | "
+            f"{_fmt(f['util_pct'], 0)} | {_fmt(f['pcie_peak_pct'], 2)} | {reasons} |")
+    lines.append("")
+    for level in results["levels"]:
+        failed = "" if level["rc"] == 0 else f" (bench_serving exited {level['rc']})"
+        lines.append(f"- concurrency {level['concurrency']}{failed}: "
+                     f"{level['verdict']['text']}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[dict[str, Any]], dest: Path) -> None:
+    """bench.png: output throughput against concurrency (one line per run: a sweep's values),
+    and the GPUs' power as % of the limit and SM clock as % of maximum over time (their mean, a
+    band from the lowest to the highest GPU), each run's levels shaded and named."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8), constrained_layout=True)
+    for results in runs:
+        done = [lv for lv in results["levels"] if lv.get("bench")]
+        label = results.get("label") or results["server"].get("moe_runner_backend") or "served"
+        top.plot([lv["concurrency"] for lv in done],
+                 [lv["bench"]["output_throughput"] for lv in done], marker="o",
+                 label=f"{label}: output")
+        if len(runs) == 1:
+            top.plot([lv["concurrency"] for lv in done],
+                     [lv["bench"]["total_throughput"] for lv in done], marker="s",
+                     linestyle="--", label=f"{label}: total")
+    top.set_xscale("log", base=2)
+    top.set_xlabel("concurrent requests")
+    top.set_ylabel("tokens/s")
+    top.set_title(f"{runs[0]['host']}: throughput against concurrency")
+    top.legend()
+    top.grid(True, alpha=0.3)
+
+    start = min(_stamp(r["started"]) for r in runs)
+    by_time: dict[float, list[dict[str, Any]]] = {}
+    for results in runs:
+        for s in results.get("series") or []:
+            by_time.setdefault(round((_stamp(s["time"]) - start).total_seconds(), 1),
+                               []).append(s)
+    t = sorted(by_time)
+    gpus = len({s["index"] for x in t for s in by_time[x]})
+    for key, name, style in (("power_pct", "power % of limit", "-"),
+                             ("sm_clock_pct", "SM clock % of max", ":")):
+        kept = [(x, r) for x, r in ((x, [s[key] for s in by_time[x] if s[key] is not None])
+                                    for x in t) if r]
+        if not kept:
+            continue
+        xs = [x for x, _ in kept]
+        line, = bottom.plot(xs, [sum(r) / len(r) for _, r in kept], linestyle=style,
+                            label=f"{name} (mean of {gpus} GPUs, band: min to max)")
+        bottom.fill_between(xs, [min(r) for _, r in kept], [max(r) for _, r in kept],
+                            color=line.get_color(), alpha=0.2)
+    i = 0
+    for results in runs:
+        prefix = f"{results['label']} " if len(runs) > 1 and results.get("label") else ""
+        for level in results["levels"]:
+            a = (_stamp(level["start"]) - start).total_seconds()
+            b = (_stamp(level["end"]) - start).total_seconds()
+            bottom.axvspan(a, b, alpha=0.12, color=f"C{i % 10}")
+            bottom.text((a + b) / 2, 102, f"{prefix}c={level['concurrency']}", ha="center",
+                        fontsize=7)
+            i += 1
+    bottom.set_ylim(0, 110)
+    bottom.set_xlabel("seconds since the bench started")
+    bottom.set_ylabel("%")
+    bottom.set_title("power and SM clock over time, concurrency levels shaded")
+    if by_time:
+        bottom.legend(fontsize=8, loc="lower right")
+    fig.savefig(dest, dpi=100)
+    plt.close(fig)
+
+
+def series(raw: Path) -> list[dict[str, Any]]:
+    """Each sample's power and SM clock as percentages, for the plot (results.json keeps
+    them)."""
+    out = []
+    for s in telemetry.parse_query(_read(raw, "telemetry.csv")):
+        power = None if s.power_w is None or not s.power_limit_w else \
+            100 * s.power_w / s.power_limit_w
+        clock = None if s.sm_clock_mhz is None or not s.max_sm_clock_mhz else \
+            100 * s.sm_clock_mhz / s.max_sm_clock_mhz
+        out.append({"time": s.time.strftime("%Y/%m/%d %H:%M:%S.%f")[:-3], "index": s.index,
+                    "power_pct": power, "sm_clock_pct": clock})
+    return out
+
+
+def write(raw: Path, dest: Path, host: str, label: str | None = None) -> tuple[dict, str]:
+    """Write results.json, summary.md and bench.png into ``dest`` from ``raw``; returns the
+    results and the summary's text."""
+    results = build(raw, host, label)
+    results["series"] = series(raw)
+    text = summary(results)
+    (dest / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (dest / "summary.md").write_text(text)
+    plot([results], dest / "bench.png")
+    return results, text
+
+
+def sweep_summary(host: str, key: str, configured: Any, outcomes: list[dict[str, Any]]) -> str:
+    """The sweep's verdict: per level the value with the highest output throughput, by how
+    much it beats the configured value (or the runner-up), the host data line to set it; each
+    failed value with why."""
+    lines = [f"# Sweep of {key} on {host} (configured: {configured})", "",
+             "| concurrency | " + " | ".join(
+                 f"{o['value']}{' (configured)' if o['value'] == configured else ''} output tok/s"
+                 for o in outcomes)
+             + " | best |", "|---|" + "---|" * (len(outcomes) + 1)]
+    ran = [o for o in outcomes if o["status"] == "ok"]
+    levels = sorted({lv["concurrency"] for o in ran for lv in o["results"]["levels"]})
+    winners = []
+    for n in levels:
+        tok = {}
+        for o in ran:
+            for lv in o["results"]["levels"]:
+                if lv["concurrency"] == n and lv.get("bench"):
+                    tok[o["value"]] = lv["bench"]["output_throughput"]
+        cells = [_fmt(tok.get(o["value"])) if o["status"] == "ok" else "failed"
+                 for o in outcomes]
+        best = max(tok, key=tok.get) if tok else None
+        if best is not None:
+            others = {v: t for v, t in tok.items() if v != best}
+            against = configured if configured in others else (
+                max(others, key=others.get) if others else None)
+            gain = (100 * (tok[best] / others[against] - 1)
+                    if against is not None and others[against] else None)
+            winners.append((n, best, against, gain))
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {best if best is not None else '-'} |")
+    lines.append("")
+    for n, best, against, gain in winners:
+        by = f", {gain:+.0f} % output tok/s over {against}" if gain is not None else ""
+        lines.append(f"- concurrency {n}: {best} wins{by}")
+    overall = max({w[1] for w in winners}, key=lambda v: sum(1 for w in winners if w[1] == v)) \
+        if winners else None
+    if overall is not None and overall == configured:
+        lines += ["", f"The configured {key} ({configured}) wins: keep it."]
+    elif overall is not None:
+        lines += ["", f"To serve with {overall}: `--data {PREFIX_KEY}{key}={overall}` or, in the "
+                  f"inventory, `\"{PREFIX_KEY}{key}\": {json.dumps(overall)}` "
+                  "(the sweep never edits the inventory)."]
+    for o in outcomes:
+        if o["status"] != "ok":
+            lines += ["", f"- {o['value']}: failed: {o['reason']}"]
+            lines += [f"    {line}" for line in o.get("journal", [])[-10:]]
+    return "\n".join(lines) + "\n"
+
+
+def write_sweep(dest: Path, host: str, key: str, configured: Any,
+                outcomes: list[dict[str, Any]]) -> str:
+    """results.json (the sweep's outcome with every value's results), summary.md and bench.png
+    (a line per value) in ``dest``; returns the summary's text."""
+    text = sweep_summary(host, key, configured, outcomes)
+    runs = [o["results"] for o in outcomes if o["status"] == "ok"]
+    for o in outcomes:
+        if o["status"] == "ok":
+            text += "\n" + summary(o["results"])
+    (dest / "results.json").write_text(json.dumps(
+        {"host": host, "sweep": {"key": key, "configured": configured, "outcomes": outcomes}},
+        indent=1) + "\n")
+    (dest / "summary.md").write_text(text)
+    if runs:
+        plot(runs, dest / "bench.png")
+    return text

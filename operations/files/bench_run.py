@@ -1,0 +1,171 @@
+"""Load the host's own SGLang server with sglang's bench_serving at each concurrency level while
+nvidia-smi samples every GPU; write the raw outputs into one folder for the controller to fetch.
+
+Runs on the GPU host as root, with the system python3 (standard library only), in a transient
+unit of bench.py's (so a dropped link does not stop it half-way):
+
+    python3 bench_run.py --python VENV/bin/python --url http://127.0.0.1:8000 --model glm-5
+        --tokenizer /opt/gpuhost/models/... --levels 1,16,64 --input-len 1024
+        --output-len 256 --prompts 128 --out /var/lib/gpuhost/bench/run [--api-key-file F]
+
+Writes into --out: ``links.csv`` (each GPU's PCIe generation and width), ``telemetry.csv``
+(``nvidia-smi --query-gpu=<telemetry.QUERY_FIELDS> --format=csv,noheader,nounits -lms 500``),
+``dmon.csv`` (``nvidia-smi dmon -s puct -d 1 -o DT --format csv``: PCIe rx/tx), one
+``level-<N>.json`` per level (bench_serving's ``--output-file``), ``meta.json`` (each level's
+measured run's start and end in nvidia-smi's clock (from bench_serving's "Warmup
+completed" line to its result's first line), the command lines, exit statuses, versions), and
+``done`` last. Formats: tests/fixtures/h200-device/telemetry/. bench_serving's arguments are
+sglang 0.5.9's (its wheel's bench_serving.py): ``--dataset-name random-ids`` needs no download
+(``random`` fetches ShareGPT from the Hub), ``--random-range-ratio 1.0`` fixes the lengths. With
+an API key file the key goes to bench_serving as ``OPENAI_API_KEY`` (its get_auth_headers sends
+``Authorization: Bearer``), never on a command line or in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime
+
+#: The telemetry sampled (operations/telemetry.py QUERY_FIELDS; kept equal by a unit test).
+QUERY_FIELDS = (
+    "timestamp,index,power.draw,enforced.power.limit,clocks.sm,clocks.max.sm,clocks.mem,"
+    "utilization.gpu,utilization.memory,temperature.gpu,clocks_event_reasons.active,"
+    "clocks_event_reasons.applications_clocks_setting,clocks_event_reasons.gpu_idle,"
+    "clocks_event_reasons.hw_power_brake_slowdown,clocks_event_reasons.hw_slowdown,"
+    "clocks_event_reasons.hw_thermal_slowdown,clocks_event_reasons.sw_power_cap,"
+    "clocks_event_reasons.sw_thermal_slowdown,clocks_event_reasons.sync_boost"
+)
+LINK_FIELDS = "index,pcie.link.gen.max,pcie.link.width.max"
+VERSIONS = ("sglang", "torch", "flashinfer-python", "sgl-kernel", "flash-attn")
+
+
+def _now() -> str:
+    """Local time as nvidia-smi's query timestamps write it."""
+    return datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+
+
+def _versions(python: str) -> dict:
+    script = ("import importlib.metadata as m, json\nout = {}\n"
+              f"for name in {VERSIONS!r}:\n    try: out[name] = m.version(name)\n"
+              "    except m.PackageNotFoundError: pass\nprint(json.dumps(out))")
+    result = subprocess.run([python, "-c", script], capture_output=True, text=True)
+    try:
+        versions = json.loads(result.stdout)
+    except ValueError:
+        versions = {}
+    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name",
+                             "--format=csv,noheader"], capture_output=True, text=True)
+    rows = [line.split(", ") for line in driver.stdout.splitlines() if ", " in line]
+    if rows:
+        versions["driver"], versions["gpu"] = rows[0][0], rows[0][1]
+        versions["gpu_count"] = str(len(rows))
+    return versions
+
+
+def bench_command(args: argparse.Namespace, level: int, output: str) -> list[str]:
+    return [args.python, "-m", "sglang.bench_serving", "--backend", "sglang-oai",
+            "--base-url", args.url, "--model", args.tokenizer,
+            "--served-model-name", args.model, "--tokenizer", args.tokenizer,
+            "--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
+            "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0",
+            "--num-prompts", str(args.prompts), "--max-concurrency", str(level),
+            "--warmup-requests", str(min(level, 4)), "--output-file", output,
+            "--disable-tqdm"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name in ("--python", "--url", "--model", "--tokenizer", "--out"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--levels", required=True, help="comma-separated concurrency levels")
+    for name in ("--input-len", "--output-len", "--prompts"):
+        parser.add_argument(name, type=int, required=True)
+    parser.add_argument("--api-key-file")
+    args = parser.parse_args()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if args.api_key_file:
+        from secret_file import SecretFileError, read_secret
+        try:
+            env["OPENAI_API_KEY"] = read_secret(args.api_key_file, "key file")
+        except SecretFileError as exc:
+            print(f"bench failed: {exc}", flush=True)
+            return 1
+    os.makedirs(args.out, exist_ok=True)
+
+    def out(name: str) -> str:
+        return os.path.join(args.out, name)
+
+    with open(out("links.csv"), "w") as links:
+        subprocess.run(["nvidia-smi", f"--query-gpu={LINK_FIELDS}",
+                        "--format=csv,noheader,nounits"], stdout=links, check=False)
+    samplers = [
+        subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY_FIELDS}",
+                          "--format=csv,noheader,nounits", "-lms", "500"],
+                         stdout=open(out("telemetry.csv"), "w"), stderr=subprocess.STDOUT),
+        subprocess.Popen(["nvidia-smi", "dmon", "-s", "puct", "-d", "1", "-o", "DT",
+                          "--format", "csv"],
+                         stdout=open(out("dmon.csv"), "w"), stderr=subprocess.STDOUT),
+    ]
+    meta = {"utc_offset_s": time.localtime().tm_gmtoff, "started": _now(),
+            "versions": _versions(args.python), "levels": [],
+            "input_len": args.input_len, "output_len": args.output_len,
+            "prompts": args.prompts}
+    failed = False
+    try:
+        time.sleep(2)  # idle samples before the first level
+        for level in (int(n) for n in args.levels.split(",")):
+            output = out(f"level-{level}.json")
+            command = bench_command(args, level, output)
+            print(f"level {level}: {args.prompts} prompts, {level} at a time", flush=True)
+            end = None
+            start = _now()
+            with open(out(f"level-{level}.log"), "w") as log:
+                proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, cwd=args.out, text=True)
+                for line in proc.stdout:
+                    log.write(line)
+                    # The level's window starts with the measured run, after the tokenizer's
+                    # load and the warm-up (bench_serving's own words).
+                    if line.startswith("Warmup completed"):
+                        start = _now()
+                    # ... and ends when the last request is done, before the tool's report.
+                    if line.startswith("=" * 12):
+                        end = end or _now()
+                rc = proc.wait()
+            end = end or _now()
+            meta["levels"].append({"concurrency": level, "start": start, "end": end,
+                                   "rc": rc, "command": command})
+            with open(out(f"level-{level}.log")) as log:
+                tail = log.read().splitlines()[-25:]
+            if rc != 0 or not os.path.exists(output):
+                failed = True
+                print(f"level {level}: bench_serving exited {rc}:", flush=True)
+                for line in tail:
+                    print(f"  {line}", flush=True)
+                break
+            print(f"level {level}: done in {time.time() - _epoch(start):.0f} s", flush=True)
+            time.sleep(1)
+    finally:
+        time.sleep(1)
+        for sampler in samplers:
+            sampler.terminate()
+            sampler.wait()
+        meta["ended"] = _now()
+        with open(out("meta.json"), "w") as handle:
+            json.dump(meta, handle, indent=1)
+        with open(out("done"), "w") as handle:
+            handle.write("failed\n" if failed else "ok\n")
+    return 1 if failed else 0
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""sglang.bench_serving: sandbox stand-in (gpuhost sandbox lab) for SGLang 0.5.9's. Not SGLang.
+
+Takes the real tool's arguments that gpuhost uses (names and defaults from the 0.5.9 wheel's
+bench_serving.py; any other flag is refused, exit 2, as argparse does), loads the server over
+HTTP as the real one does for ``--backend sglang-oai`` (streamed POST /v1/completions with
+best_of, max_tokens, temperature 0, ignore_eos; ``Authorization: Bearer $OPENAI_API_KEY``),
+``--max-concurrency`` requests at a time, after ``--warmup-requests``, and appends one JSON line
+to ``--output-file`` with the real tool's ``result`` fields, computed as its calculate_metrics
+does (TPOT = (latency - TTFT) / (output_len - 1); percentiles as numpy's, linear). Prompts are
+words, not token ids: the stand-in has no tokenizer (the folder must exist, as the real tool
+loads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+BACKENDS = ("sglang", "sglang-native", "sglang-oai", "sglang-oai-chat", "vllm", "vllm-chat",
+            "lmdeploy", "lmdeploy-chat", "trt", "gserver", "truss")
+DATASETS = ("sharegpt", "custom", "openai", "random", "random-ids", "generated-shared-prefix",
+            "mmmu", "image", "mooncake")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Benchmark the online serving throughput.")
+    p.add_argument("--backend", choices=BACKENDS, default="sglang")
+    p.add_argument("--base-url", default=None)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int)
+    p.add_argument("--dataset-name", choices=DATASETS, default="sharegpt")
+    p.add_argument("--dataset-path", default="")
+    p.add_argument("--model")
+    p.add_argument("--served-model-name")
+    p.add_argument("--tokenizer")
+    p.add_argument("--num-prompts", type=int, default=1000)
+    p.add_argument("--random-input-len", type=int, default=1024)
+    p.add_argument("--random-output-len", type=int, default=1024)
+    p.add_argument("--random-range-ratio", type=float, default=0.0)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--output-file")
+    p.add_argument("--disable-tqdm", action="store_true")
+    p.add_argument("--disable-stream", action="store_true")
+    p.add_argument("--disable-ignore-eos", action="store_true")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--warmup-requests", type=int, default=1)
+    return p
+
+
+def percentile(values: list[float], q: float) -> float:
+    """numpy.percentile's default (linear) method."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def std(values: list[float]) -> float:
+    m = mean(values)
+    return (sum((v - m) ** 2 for v in values) / len(values)) ** 0.5 if values else 0.0
+
+
+def headers() -> dict:
+    h = {"Content-Type": "application/json"}
+    key = os.environ.get("OPENAI_API_KEY")
+    if key:
+        h["Authorization"] = f"Bearer {key}"
+    elif os.environ.get("API_KEY"):
+        h["Authorization"] = os.environ["API_KEY"]
+    return h
+
+
+def one_request(url: str, model: str, prompt: str, output_len: int, ignore_eos: bool) -> dict:
+    payload = {"model": model, "prompt": prompt, "best_of": 1, "max_tokens": output_len,
+               "stream": True, "temperature": 0.0, "ignore_eos": ignore_eos}
+    out = {"success": False, "ttft": 0.0, "itl": [], "latency": 0.0, "output_len": 0,
+           "text": "", "error": "", "start": time.perf_counter()}
+    st = out["start"]
+    recent = st
+    try:
+        request = urllib.request.Request(url, data=json.dumps(payload).encode(),
+                                         headers=headers())
+        with urllib.request.urlopen(request, timeout=600) as response:
+            for raw in response:
+                line = raw.strip()
+                if not line:
+                    continue
+                chunk = line.decode().removeprefix("data: ")
+                latency = time.perf_counter() - st
+                if chunk == "[DONE]":
+                    continue
+                data = json.loads(chunk)
+                text = data["choices"][0]["text"]
+                if text:
+                    now = time.perf_counter()
+                    if out["ttft"] == 0.0:
+                        out["ttft"] = now - st
+                    else:
+                        out["itl"].append(now - recent)
+                    recent = now
+                    out["text"] += text
+                    out["output_len"] = (data.get("usage") or {}).get("completion_tokens",
+                                                                      output_len)
+            out.update(success=True, latency=latency)
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        out["error"] = str(exc)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    if args.backend != "sglang-oai" or args.dataset_name != "random-ids":
+        print("sandbox stand-in: only --backend sglang-oai with --dataset-name random-ids",
+              file=sys.stderr)
+        return 2
+    tokenizer = args.tokenizer or args.model
+    if tokenizer and tokenizer.startswith("/") and not os.path.isdir(tokenizer):
+        print(f"OSError: Can't load tokenizer for '{tokenizer}'.", file=sys.stderr)
+        return 1
+    base = args.base_url or f"http://{args.host}:{args.port or 30000}"
+    url = f"{base}/v1/completions"
+    model = args.served_model_name or args.model
+    print(f"Namespace({', '.join(f'{k}={v!r}' for k, v in vars(args).items())})")
+    print(f"#Input tokens: {args.num_prompts * args.random_input_len}")
+    print(f"#Output tokens: {args.num_prompts * args.random_output_len}")
+    prompt = " ".join(["hello"] * args.random_input_len)
+    ignore_eos = not args.disable_ignore_eos
+    print(f"Starting warmup with {args.warmup_requests} sequences...")
+    with ThreadPoolExecutor(max_workers=max(args.warmup_requests, 1)) as pool:
+        warm = list(pool.map(lambda _: one_request(url, model, prompt, 16, ignore_eos),
+                             range(args.warmup_requests)))
+    if args.warmup_requests > 0 and not any(w["success"] for w in warm):
+        print("ValueError: Warmup failed - Please make sure benchmark arguments are correctly "
+              f"specified. Error: {warm[0]['error']}")
+        return 1
+    print(f"Warmup completed with {args.warmup_requests} sequences. "
+          "Starting main benchmark run...")
+    concurrency = args.max_concurrency or args.num_prompts
+    lock = threading.Lock()
+    outputs: list[dict] = []
+    start = time.perf_counter()
+
+    def run(_):
+        result = one_request(url, model, prompt, args.random_output_len, ignore_eos)
+        with lock:
+            outputs.append(result)
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(run, range(args.num_prompts)))
+    duration = time.perf_counter() - start
+    done = [o for o in outputs if o["success"]]
+    output_lens = [o["output_len"] for o in done]
+    ttfts = [o["ttft"] for o in done]
+    e2e = [o["latency"] for o in done]
+    tpots = [(o["latency"] - o["ttft"]) / (o["output_len"] - 1) for o in done
+             if o["output_len"] > 1]
+    itls = [v for o in done for v in o["itl"]]
+    total_input = len(done) * args.random_input_len
+    ms = 1000
+    result = {
+        "tag": None, "backend": args.backend, "dataset_name": args.dataset_name,
+        "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
+        "sharegpt_output_len": None, "random_input_len": args.random_input_len,
+        "random_output_len": args.random_output_len,
+        "random_range_ratio": args.random_range_ratio,
+        "server_info": server_info(base),
+        "duration": duration, "completed": len(done), "total_input_tokens": total_input,
+        "total_input_text_tokens": total_input, "total_input_vision_tokens": 0,
+        "total_output_tokens": sum(output_lens),
+        "total_output_tokens_retokenized": sum(output_lens),
+        "request_throughput": len(done) / duration,
+        "input_throughput": total_input / duration,
+        "output_throughput": sum(output_lens) / duration,
+        "total_throughput": (total_input + sum(output_lens)) / duration,
+        "mean_e2e_latency_ms": mean(e2e) * ms, "median_e2e_latency_ms": percentile(e2e, 50) * ms,
+        "std_e2e_latency_ms": std(e2e) * ms, "p90_e2e_latency_ms": percentile(e2e, 90) * ms,
+        "p99_e2e_latency_ms": percentile(e2e, 99) * ms,
+        "mean_ttft_ms": mean(ttfts) * ms, "median_ttft_ms": percentile(ttfts, 50) * ms,
+        "std_ttft_ms": std(ttfts) * ms, "p99_ttft_ms": percentile(ttfts, 99) * ms,
+        "mean_tpot_ms": mean(tpots) * ms, "median_tpot_ms": percentile(tpots, 50) * ms,
+        "std_tpot_ms": std(tpots) * ms, "p99_tpot_ms": percentile(tpots, 99) * ms,
+        "mean_itl_ms": mean(itls) * ms, "median_itl_ms": percentile(itls, 50) * ms,
+        "std_itl_ms": std(itls) * ms, "p95_itl_ms": percentile(itls, 95) * ms,
+        "p99_itl_ms": percentile(itls, 99) * ms,
+        "concurrency": sum(e2e) / duration, "accept_length": None,
+        "max_output_tokens_per_s": None, "max_concurrent_requests": concurrency,
+    }
+    print("============ Serving Benchmark Result ============")
+    print("{:<40} {:<10}".format("Successful requests:", len(done)))
+    print("{:<40} {:<10.2f}".format("Output token throughput (tok/s):",
+                                    result["output_throughput"]))
+    print("{:<40} {:<10.2f}".format("Median TTFT (ms):", result["median_ttft_ms"]))
+    print("=" * 50)
+    if not done:
+        print(f"Error running benchmark for request rate: {args.request_rate}")
+        return 1
+    name = args.output_file or f"{args.backend}_{args.num_prompts}.jsonl"
+    with open(name, "a") as fh:
+        fh.write(json.dumps(result) + "\n")
+    return 0
+
+
+def server_info(base: str):
+    try:
+        request = urllib.request.Request(f"{base}/get_server_info", headers=headers())
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,204 @@
+"""bench.py's pieces off the host: the bench settings, the host script's arguments and fields,
+and the report (results.json, summary.md, bench.png) from raw outputs in the real formats (the
+H200 capture's telemetry, a bench_serving JSON with sglang 0.5.9's result fields)."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from operations import bench_report, telemetry
+from operations.bench import context_length
+from operations.settings import SettingsError, from_host_data
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "h200-device" / "telemetry"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operations" / "files"))
+import bench_run  # noqa: E402
+
+
+def test_host_script_samples_the_captured_fields():
+    assert tuple(bench_run.QUERY_FIELDS.split(",")) == telemetry.QUERY_FIELDS
+    assert tuple(bench_run.LINK_FIELDS.split(",")) == telemetry.LINK_FIELDS
+
+
+def test_bench_command_offline_fixed_lengths():
+    args = type("A", (), dict(python="/v/bin/python", url="http://127.0.0.1:8000",
+                              tokenizer="/m/x", model="glm-5", input_len=100, output_len=20,
+                              prompts=64))
+    cmd = bench_run.bench_command(args, 16, "/out/level-16.json")
+    joined = " ".join(cmd)
+    assert cmd[:3] == ["/v/bin/python", "-m", "sglang.bench_serving"]
+    for part in ("--dataset-name random-ids", "--random-range-ratio 1.0", "--tokenizer /m/x",
+                 "--max-concurrency 16", "--num-prompts 64", "--output-file /out/level-16.json",
+                 "--served-model-name glm-5", "--warmup-requests 4"):
+        assert part in joined
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"gpuhost_bench_levels": []}, "gpuhost_bench_levels"),
+    ({"gpuhost_bench_levels": [0, 16]}, "gpuhost_bench_levels"),
+    ({"gpuhost_bench_levels": [16, 16]}, "gpuhost_bench_levels"),
+    ({"gpuhost_bench_levels": [1, 65]}, "gpuhost_bench_levels"),
+    ({"gpuhost_bench_prompts": 10}, "gpuhost_bench_prompts"),
+    ({"gpuhost_bench_input_len": 0}, "gpuhost_bench_input_len"),
+    ({"gpuhost_bench_output_len": "64"}, "gpuhost_bench_output_len"),
+    ({"gpuhost_bench_sweep": {"tp_size": [1, 2]}}, "one of moe_runner_backend"),
+    ({"gpuhost_bench_sweep": {"moe_runner_backend": []}}, "non-empty list of distinct"),
+    ({"gpuhost_bench_sweep": {"moe_runner_backend": ["cutlass", "cutlass"]}}, "distinct"),
+    ({"gpuhost_bench_sweep": {"moe_runner_backend": ["cutlass", "nope"]}},
+     "--moe-runner-backend nope: sglang 0.5.9 allows only auto"),
+    ({"gpuhost_bench_sweep": {"mem_fraction_static": [0.9, 1.5]}}, "1.5 is not"),
+    ({"gpuhost_bench_sweep": {"a": [1], "b": [2]}}, "gpuhost_bench_sweep"),
+])
+def test_bad_bench_settings_refused(data, key):
+    with pytest.raises(SettingsError) as caught:
+        from_host_data("gpu1", data)
+    assert key in str(caught.value) and "is not allowed" in str(caught.value)
+    assert str(caught.value).count("\n") == 0  # one problem, one line
+
+
+def test_bench_settings_default_and_given():
+    assert from_host_data("gpu1", {}).bench_levels == (1, 16, 64)
+    s = from_host_data("gpu1", {"gpuhost_bench_levels": [2, 8], "gpuhost_bench_prompts": 8})
+    assert s.bench_levels == (2, 8) and s.bench_prompts == 8
+
+
+def test_context_length_extra_args_win():
+    s = from_host_data("gpu1", {})
+    assert context_length(s, 4096) == 4096
+    s = from_host_data("gpu1", {"gpuhost_server_extra_args": ["--context-length", "2048"]})
+    assert context_length(s, 4096) == 2048
+
+
+def raw_run(tmp_path: Path) -> Path:
+    """A raw folder as bench_run.py writes it, from the real H200 capture: the large-GEMM
+    phase as level 64, the tiny-GEMM phase as level 1."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    shutil.copy(FIXTURES / "query.csv", raw / "telemetry.csv")
+    shutil.copy(FIXTURES / "dmon-DT.csv", raw / "dmon.csv")
+    (raw / "links.csv").write_text("0, 5, 16\n")
+    phases = {p["phase"]: p for p in json.loads((FIXTURES / "phases.json").read_text())["phases"]}
+
+    def stamp(iso):
+        return iso[:23].replace("-", "/").replace("T", " ")
+
+    levels = []
+    for n, phase in ((1, "tiny-gemm"), (64, "large-gemm")):
+        levels.append({"concurrency": n, "start": stamp(phases[phase]["start"]),
+                       "end": stamp(phases[phase]["end"]), "rc": 0, "command": []})
+        result = {"max_concurrency": n, "completed": 128, "duration": 15.0,
+                  "output_throughput": 11.0 * n ** 0.8, "total_throughput": 25.0 * n ** 0.8,
+                  "request_throughput": 0.1 * n, "median_ttft_ms": 50.0, "p99_ttft_ms": 90.0,
+                  "median_tpot_ms": 80.0, "p99_tpot_ms": 99.0, "median_itl_ms": 79.0,
+                  "p99_itl_ms": 120.0, "server_info": {"moe_runner_backend": "flashinfer_cutlass",
+                                                       "tp_size": 1, "api_key": None}}
+        (raw / f"level-{n}.json").write_text(json.dumps(result) + "\n")
+    meta = {"utc_offset_s": 0, "started": stamp(phases["idle"]["start"]),
+            "ended": stamp(phases["idle-after"]["end"]),
+            "versions": {"sglang": "0.5.9", "driver": "580.159.04", "gpu": "NVIDIA H200",
+                         "gpu_count": "1"},
+            "levels": levels, "input_len": 1024, "output_len": 256, "prompts": 128}
+    (raw / "meta.json").write_text(json.dumps(meta))
+    return raw
+
+
+def test_report_from_real_telemetry(tmp_path):
+    raw = raw_run(tmp_path)
+    results, text = bench_report.write(raw, tmp_path, "h200")
+    by_level = {lv["concurrency"]: lv for lv in results["levels"]}
+    assert by_level[64]["verdict"]["name"] == "power-capped"
+    assert by_level[1]["verdict"]["name"] == "server-bound"
+    assert by_level[64]["bench"]["output_throughput"] == pytest.approx(11.0 * 64 ** 0.8)
+    assert by_level[64]["gpus"][0]["power_mean_pct"] > 90
+    assert results["server"] == {"moe_runner_backend": "flashinfer_cutlass", "tp_size": 1}
+    assert json.loads((tmp_path / "results.json").read_text())["host"] == "h200"
+    assert "| 64 | 306.4 |" in text and "power-capped: SW power cap active" in text
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_missing_file_named(tmp_path):
+    raw = raw_run(tmp_path)
+    (raw / "dmon.csv").unlink()
+    with pytest.raises(bench_report.ReportError, match="dmon.csv is missing"):
+        bench_report.write(raw, tmp_path, "h200")
+
+
+def test_sweep_dropin_changes_one_flag_only():
+    from operations.server import unit_context
+    from operations.sweep import dropin_text
+
+    s = from_host_data("gpu1", {})
+    text = dropin_text(s, "moe_runner_backend", "cutlass")
+    lines = text.splitlines()
+    assert lines[1:3] == ["[Service]", "ExecStart="]
+    configured = unit_context(s)["exec_args"]
+    assert lines[3].endswith("$GPUHOST_P2P_SERVER_ARGS")
+    assert "--moe-runner-backend cutlass" in lines[3]
+    assert lines[3].replace("--moe-runner-backend cutlass",
+                            "--moe-runner-backend flashinfer_trtllm").count(configured) == 1
+
+
+def test_sweep_summary_ranks_and_records_failures(tmp_path):
+    raw = raw_run(tmp_path)
+    fast = bench_report.build(raw, "h200", "flashinfer_cutlass")
+    slow = json.loads(json.dumps(fast))
+    for level in slow["levels"]:
+        level["bench"]["output_throughput"] /= 2
+    outcomes = [
+        {"value": "flashinfer_cutlass", "status": "ok", "results": fast},
+        {"value": "cutlass", "status": "failed", "reason": "the server failed the health gate",
+         "journal": ["RuntimeError: CUDA error: an illegal memory access was encountered"]},
+        {"value": "flashinfer_trtllm", "status": "ok", "results": slow},
+    ]
+    text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_trtllm",
+                                      outcomes)
+    assert "- concurrency 64: flashinfer_cutlass wins, +100 % output tok/s over " \
+           "flashinfer_trtllm" in text
+    assert "--data gpuhost_moe_runner_backend=flashinfer_cutlass" in text
+    assert "- cutlass: failed: the server failed the health gate" in text
+    assert "illegal memory access" in text
+    assert "| 64 | 306.4 | failed | 153.2 | flashinfer_cutlass |" in text
+
+
+def test_model_context_length_fact():
+    from operations.bench import ModelContextLength
+
+    fact = ModelContextLength()
+    assert fact.process(['{"max_position_embeddings": 202752,', '"vocab_size": 154880}']) \
+        == 202752
+    assert fact.process([]) is None
+    assert fact.process(['{"vocab_size": 1}']) is None
+    assert "config.json" in fact.command("/opt/gpuhost/models/x")
+
+
+def test_public_server_benched_through_the_gate_key_file_only():
+    from operations.bench import _gate_argv, _run_argv
+
+    s = from_host_data("gpu1", {"gpuhost_server_host": "0.0.0.0",
+                                "gpuhost_api_key_file": "/root/api_key"})
+    run = _run_argv(s)
+    assert run[run.index("--url") + 1] == "http://127.0.0.1:8000"  # the gate, from the host
+    assert run[run.index("--api-key-file") + 1] == "/root/api_key"
+    gate = _gate_argv(s)
+    assert gate[gate.index("--public-url") + 1] == "http://127.0.0.1:8000"
+    assert gate[gate.index("--url") + 1] == "http://127.0.0.1:30000"  # the server behind it
+    assert "--keep-unit" in gate
+    loopback = _run_argv(from_host_data("gpu1", {}))
+    assert "--api-key-file" not in loopback
+    assert loopback[loopback.index("--url") + 1] == "http://127.0.0.1:8000"
+
+
+def test_report_on_the_host_script_run_on_a_real_h200(tmp_path):
+    """bench_run.py's own outputs from the real H200 (fixture bench-run/, README there)."""
+    raw = Path(__file__).resolve().parent / "fixtures" / "h200-device" / "bench-run"
+    results, text = bench_report.write(raw, tmp_path, "h200")
+    verdicts = {lv["concurrency"]: lv["verdict"]["name"] for lv in results["levels"]}
+    assert verdicts == {1: "server-bound", 64: "power-capped"}
+    (gpu,) = results["levels"][1]["gpus"]
+    assert gpu["power_peak_pct"] > 95 and gpu["reasons"]["sw_power_cap"] > 50
+    assert gpu["pcie_peak_pct"] is not None
+    assert results["versions"]["driver"] == "580.159.04"
+    assert len(results["series"]) > 60
