@@ -138,7 +138,7 @@ def test_sweep_dropin_changes_one_flag_only():
     assert lines[3].endswith("$GPUHOST_P2P_SERVER_ARGS")
     assert "--moe-runner-backend cutlass" in lines[3]
     assert lines[3].replace("--moe-runner-backend cutlass",
-                            "--moe-runner-backend flashinfer_trtllm").count(configured) == 1
+                            f"--moe-runner-backend {s.moe_runner_backend}").count(configured) == 1
 
 
 def test_sweep_summary_ranks_and_records_failures(tmp_path):

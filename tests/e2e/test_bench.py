@@ -39,7 +39,7 @@ def test_bench_converged_then_refused_when_unhealthy(reference_host):
         assert (dest / name).is_file(), name
     assert "| concurrency | output tok/s |" in run.output  # the summary, printed
     results = json.loads((dest / "results.json").read_text())
-    assert results["server"]["moe_runner_backend"] == "flashinfer_trtllm"
+    assert results["server"]["moe_runner_backend"] == "flashinfer_cutlass"
     assert results["versions"]["sglang"] == "0.5.9"
     for level in results["levels"]:
         n = level["concurrency"]
@@ -69,7 +69,7 @@ def test_bench_converged_then_refused_when_unhealthy(reference_host):
         == "none"
 
 
-SWEEP = '{"moe_runner_backend": ["flashinfer_cutlass", "cutlass", "triton"]}'
+SWEEP = '{"moe_runner_backend": ["flashinfer_cutedsl", "cutlass", "triton"]}'
 
 
 def test_sweep_records_failures_ranks_and_restores(reference_host):
@@ -77,13 +77,13 @@ def test_sweep_records_failures_ranks_and_restores(reference_host):
     assert lab.deploy().returncode == 0
     unit = host.ssh("cat /etc/systemd/system/sglang.service")
     env = host.ssh("cat /etc/gpuhost/server.env")
-    # cutlass crashes at start, triton answers NaN text, flashinfer_cutlass is twice as fast
-    # as the configured flashinfer_trtllm (the scenario's default rates).
+    # cutlass crashes at start, triton answers NaN text, flashinfer_cutedsl is twice as fast
+    # as the configured flashinfer_cutlass (the scenario's default rates).
     host.ssh("python3 - <<'EOF'\nimport json\np = '/etc/gpuhost-sandbox/hardware.json'\n"
              "d = json.load(open(p))\n"
              "d['serving']['backend_modes'] = {'cutlass': 'crash-on-start', "
              "'triton': 'degenerate'}\n"
-             "d['serving']['output_tokens_per_s']['flashinfer_cutlass'] = "
+             "d['serving']['output_tokens_per_s']['flashinfer_cutedsl'] = "
              "{'1': 22, '16': 240}\njson.dump(d, open(p, 'w'))\nEOF")
 
     run = lab.deploy(*BENCH_DATA, "--data", f"gpuhost_bench_sweep={SWEEP}",
@@ -96,16 +96,16 @@ def test_sweep_records_failures_ranks_and_restores(reference_host):
     assert any("crash-on-start" in line for line in outcomes["cutlass"]["journal"])
     assert outcomes["triton"]["status"] == "failed"
     assert "degenerate" in outcomes["triton"]["reason"]
-    assert outcomes["flashinfer_cutlass"]["status"] == "ok"
-    assert outcomes["flashinfer_trtllm"]["baseline"] and outcomes["flashinfer_trtllm"]["status"] \
+    assert outcomes["flashinfer_cutedsl"]["status"] == "ok"
+    assert outcomes["flashinfer_cutlass"]["baseline"] and outcomes["flashinfer_cutlass"]["status"] \
         == "ok"
-    level1 = outcomes["flashinfer_cutlass"]["results"]["levels"][0]
+    level1 = outcomes["flashinfer_cutedsl"]["results"]["levels"][0]
     assert level1["bench"]["output_throughput"] == pytest.approx(22, rel=0.3)
     summary = (dest / "summary.md").read_text()
-    gain = re.search(r"- concurrency 1: flashinfer_cutlass wins, \+(\d+) % output tok/s over "
-                     r"flashinfer_trtllm", summary)
+    gain = re.search(r"- concurrency 1: flashinfer_cutedsl wins, \+(\d+) % output tok/s over "
+                     r"flashinfer_cutlass", summary)
     assert gain and 60 < int(gain.group(1)) < 140, summary  # 22 against 11 tok/s
-    assert "--data gpuhost_moe_runner_backend=flashinfer_cutlass" in summary
+    assert "--data gpuhost_moe_runner_backend=flashinfer_cutedsl" in summary
     assert (dest / "bench.png").is_file()
     assert "waiting" in run.output or "ready after" in run.output  # progress on every wait
 
@@ -115,7 +115,7 @@ def test_sweep_records_failures_ranks_and_restores(reference_host):
     assert host.ssh("cat /etc/gpuhost/server.env") == env
     pid = host.main_pid()
     args = host.process_args(pid)
-    assert args[args.index("--moe-runner-backend") + 1] == "flashinfer_trtllm"
+    assert args[args.index("--moe-runner-backend") + 1] == "flashinfer_cutlass"
     after = lab.deploy("--json")
     assert after.returncode == 0, after.output[-6000:]
     assert changed_operations(after) == []
