@@ -353,7 +353,9 @@ RULES: Final[Mapping[str, _Rule]] = {
                              f"root-only (mode 0600 or 0400) {_PATH_DETAIL}", optional=True),
     "mok_certificate": _text(_PATH, "an absolute path on the host of the MOK's DER "
                              f"certificate, enrolled {_PATH_DETAIL}", optional=True),
-    "venv_path": _Rule(_is_venv_path, f"{_PATH_ALLOWED} without ':', a folder of the venv's "
+    "venv_path": _Rule(_is_venv_path, "an absolute path (letters, digits and . _ + @ -; no "
+                       "':', which python3 -m venv refuses; no '.' or '..' part, no trailing "
+                       "slash), a folder of the venv's "
                        "own: at least two levels deep, not a home folder (/home/<user>) nor "
                        f"one of {', '.join(_SHARED_DIRS)}, and outside the system's folders "
                        f"({', '.join(_SYSTEM_DIRS)})"),
