@@ -9,7 +9,7 @@ import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from io import StringIO
-from typing import Final, TypedDict
+from typing import Final
 from urllib.parse import urlsplit
 
 from packaging.version import Version
@@ -30,6 +30,7 @@ from operations.lock import Lock, read_lock
 from operations.p2p import LIB_DIR
 from operations.plan import fact, is_dry_run, refuse
 from operations.settings import Settings
+from operations.venv_path import MAX_ENTRIES, VenvHealth, venv_path_problem
 
 #: Memory one nvcc thread takes while compiling flash-attn's kernels, in GiB (flash-attn's
 #: README: "ninja ... without ... enough RAM ... MAX_JOBS"; about 5 GiB per thread is what the
@@ -91,16 +92,6 @@ def build_parallelism(
     return BuildParallelism(max_jobs or jobs_bound, threads, bound)
 
 
-class VenvHealth(TypedDict):
-    """Whether a venv runs: ``state`` is "absent" (no bin/python and no pyvenv.cfg: nothing to
-    keep), "ok" (its python and its pip both answer) or "broken"; ``why`` says what failed;
-    ``is_venv`` whether pyvenv.cfg is there (only a venv is ever cleared)."""
-
-    state: str
-    why: str
-    is_venv: bool
-
-
 #: What the venv's python must print: a truncated or empty file "runs" as an empty shell
 #: script, with exit status 0 and no output (a shell runs a file execve(2) refuses with ENOEXEC
 #: as a script of its own: POSIX, XCU 2.9.1.1 "Command Search and Execution").
@@ -108,40 +99,73 @@ _PYTHON_OK: Final = "gpuhost-venv-python-ok"
 
 
 class VenvRuns(FactBase[VenvHealth]):
-    """Whether the venv's python and its pip run (a full disk while the venv was created or
-    installed into can leave either half-written):
+    """What is at the venv's path (a folder and its entries, a file, a symlink, nothing and
+    what is above it) and whether the venv's python and its pip run (a full disk while the venv
+    was created or installed into can leave either half-written); see
+    :class:`operations.venv_path.VenvHealth`:
 
     .. code:: python
 
-        {"state": "broken", "why": "bin/python printed nothing (exit 0)", "is_venv": True}
+        {"found": "folder", "target": "", "target_found": "", "above": "",
+         "above_found": "", "entries": ["bin", "include", "lib", "lib64", "pyvenv.cfg"],
+         "entry_count": 5, "is_venv": True, "state": "broken",
+         "why": "bin/python printed nothing (exit 0)"}
     """
 
     @override
     def command(self, venv: str) -> str:
         q = shlex.quote(venv)
         last = "printf '%s\\n' \"$out\" | tail -n 1 | cut -c1-300"
+        kind = ("k() { if [ -d \"$1\" ]; then echo folder; elif [ -f \"$1\" ]; then echo file; "
+                "elif [ -e \"$1\" ]; then echo other; elif [ -L \"$1\" ]; then echo link; "
+                "else echo missing; fi; }; ")
         return (
-            f"v={q}; p=\"$v/bin/python\"; "
-            "if [ -e \"$v/pyvenv.cfg\" ]; then echo venv; else echo not-a-venv; fi; "
+            f"v={q}; p=\"$v/bin/python\"; {kind}"
+            "if [ -L \"$v\" ]; then echo found link; echo \"target $(readlink \"$v\")\"; "
+            "echo \"target-found $(k \"$v\")\"; else echo \"found $(k \"$v\")\"; fi; "
+            "if [ ! -e \"$v\" ] && [ ! -L \"$v\" ]; then a=$v; while :; do a=${a%/*}; "
+            "[ -n \"$a\" ] || a=/; if [ -e \"$a\" ] || [ -L \"$a\" ]; then break; fi; done; "
+            "echo \"above $a\"; echo \"above-found $(k \"$a\")\"; fi; "
+            "if [ ! -d \"$v\" ]; then echo state absent; exit 0; fi; "
+            "echo \"entries $(LC_ALL=C ls -1Aq \"$v\" | wc -l)\"; "
+            f"LC_ALL=C ls -1Aq \"$v\" | head -n {MAX_ENTRIES} | sed 's/^/entry /'; "
+            "if [ -f \"$v/pyvenv.cfg\" ]; then echo venv yes; else echo venv no; fi; "
             "if [ ! -e \"$p\" ] && [ ! -L \"$p\" ]; then "
-            "if [ -e \"$v/pyvenv.cfg\" ]; then echo broken; echo 'it has no bin/python'; "
-            "else echo absent; fi; exit 0; fi; "
+            "if [ -f \"$v/pyvenv.cfg\" ]; then echo state broken; echo 'why it has no bin/python'; "
+            "else echo state absent; fi; exit 0; fi; "
             f"out=$(\"$p\" -c 'print(\"{_PYTHON_OK}\")' 2>&1 </dev/null); rc=$?; "
-            f"if [ \"$out\" != {_PYTHON_OK} ]; then echo broken; "
-            "if [ -z \"$out\" ]; then echo \"bin/python printed nothing (exit $rc)\"; "
-            f"else echo \"bin/python exited $rc: $({last})\"; fi; exit 0; fi; "
+            f"if [ \"$out\" != {_PYTHON_OK} ]; then echo state broken; "
+            "if [ -z \"$out\" ]; then echo \"why bin/python printed nothing (exit $rc)\"; "
+            f"else echo \"why bin/python exited $rc: $({last})\"; fi; exit 0; fi; "
             "out=$(\"$p\" -m pip --version --disable-pip-version-check 2>&1 </dev/null); rc=$?; "
-            "if [ $rc -eq 0 ] && printf '%s\\n' \"$out\" | grep -q '^pip '; then echo ok; "
-            f"else echo broken; echo \"pip exited $rc: $({last})\"; fi"
+            "if [ $rc -eq 0 ] && printf '%s\\n' \"$out\" | grep -q '^pip '; then echo state ok; "
+            f"else echo state broken; echo \"why pip exited $rc: $({last})\"; fi"
         )
 
     @override
     def process(self, output: list[str]) -> VenvHealth:
-        lines = [line.strip() for line in output]
-        if len(lines) < 2 or lines[1] not in ("absent", "ok", "broken"):
+        keys = {"found": "found", "target": "target", "target-found": "target_found",
+                "above": "above", "above-found": "above_found", "state": "state", "why": "why"}
+        text = dict.fromkeys(keys.values(), "")
+        entries: list[str] = []
+        count, is_venv = 0, False
+        for line in output:
+            key, _, value = line.rstrip("\n").partition(" ")
+            if key == "entry":
+                entries.append(value)
+            elif key == "entries" and value.strip().isdigit():
+                count = int(value)
+            elif key == "venv":
+                is_venv = value.strip() == "yes"
+            elif key in keys:
+                text[keys[key]] = value if key == "target" else value.strip()
+        if (text["found"] not in ("missing", "folder", "file", "link", "other")
+                or text["state"] not in ("absent", "ok", "broken")):
             raise FactProcessError(f"venv check: cannot read {output[:3]!r}")
-        return {"state": lines[1], "why": lines[2] if len(lines) > 2 else "",
-                "is_venv": lines[0] == "venv"}
+        return VenvHealth(found=text["found"], target=text["target"],
+                          target_found=text["target_found"], above=text["above"],
+                          above_found=text["above_found"], entries=entries, entry_count=count,
+                          is_venv=is_venv, state=text["state"], why=text["why"])
 
 
 class VenvPackages(FactBase[dict[str, str]]):
@@ -272,20 +296,21 @@ def venv_that_runs(path: str, python: str = "python3"):
     """A venv at ``path`` whose python and pip run: created where there is none (or where
     its bin/activate is missing, as pyinfra's pip.venv does), cleared and created again
     (``python -m venv --clear``) where its python or pip does not run (half-written by a full
-    disk, a python upgraded away under it). Only a folder with a pyvenv.cfg is cleared.
+    disk, a python upgraded away under it). Only a folder with a pyvenv.cfg and nothing but
+    what a venv holds is cleared (:func:`operations.venv_path.venv_path_problem`).
 
     + path: the venv's folder
     + python: the interpreter that creates it
 
     The creation runs through no_space.py: a full disk is said in one line. Raises
-    OperationError for a folder that does not run and is no venv (planning refuses it first).
+    OperationError where no venv may be made or cleared there (planning refuses it first).
     """
     health = host.get_fact(VenvRuns, venv=path)
+    problem = venv_path_problem(path, health)
+    if problem:
+        raise OperationError(f"{problem}: left alone")
     command = [python, "-m", "venv", "--without-pip"]
     if health["state"] == "broken":
-        if not health["is_venv"]:
-            raise OperationError(f"{path} does not run ({health['why']}) and has no pyvenv.cfg: "
-                                 "not a venv, left alone")
         command.append("--clear")
     elif health["state"] == "ok" and host.get_fact(File, path=f"{path}/bin/activate"):
         host.noop(f"venv {path} runs")
@@ -402,7 +427,9 @@ def mlenv(settings: Settings):
     + settings: the host's validated settings
 
     A venv whose python or pip does not run (half-written by a full disk, say) is said so and
-    recreated; a folder there that does not run and has no pyvenv.cfg is refused. The venv's
+    recreated; refused while planning (nothing of the stage planned): a file, a symlink or a
+    non-empty folder without pyvenv.cfg there, and a venv to recreate that holds anything a
+    venv does not (:func:`operations.venv_path.venv_path_problem`). The venv's
     creation and pip run through no_space.py: a full disk ends the host's run with one line.
 
     Returns the operations whose change means the server must restart. Raises LockError for
@@ -420,12 +447,13 @@ def mlenv(settings: Settings):
         raise BuildError(f"host {host.name}: {exc}") from None
     venv = settings.venv_path
     health = fact(VenvRuns, venv=venv)
+    problem = venv_path_problem(venv, health)
+    if problem:
+        # nothing of the stage is planned: its operations would make or fill that venv
+        refuse("ML venv", problem)
+        return []
     recreated = health["state"] == "broken"
-    if recreated and not health["is_venv"]:
-        refuse("ML venv", f"{venv} does not run ({health['why']}) and has no pyvenv.cfg: it is "
-                          "not a venv, and gpuhost clears only a venv: remove it, or set "
-                          "gpuhost_venv_path to another folder")
-    elif recreated:
+    if recreated:
         logger.warning(f"{host.print_prefix}venv at {venv} does not run ({health['why']}): "
                        + ("it will be recreated" if is_dry_run() else "recreated"))
     installed = {} if recreated else fact(VenvPackages, venv=venv)

@@ -250,15 +250,45 @@ _PATH_DETAIL = "(letters, digits and . _ + @ : -; no '.' or '..' part, no traili
 _PATH_ALLOWED = f"an absolute path {_PATH_DETAIL}"
 #: Where a venv must not go: the system's own folders (pip would write into them).
 _SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run",
-                "/sbin", "/sys", "/usr", "/var/lib/dpkg", "/var/lib/apt")
+                "/sbin", "/sys", "/usr", "/var/lib/dpkg", "/var/lib/apt", "/var/run", "/var/lock")
+#: Folders that hold others' files and are never a venv themselves (the Filesystem Hierarchy
+#: Standard 3.0, chapter 5, "/var": its subfolders; every top-level folder is refused by depth,
+#: and /home/<user>, a user's home folder, by :func:`_is_venv_path`).
+_SHARED_DIRS = ("/var/account", "/var/backups", "/var/cache", "/var/crash", "/var/games",
+                "/var/lib", "/var/local", "/var/log", "/var/mail", "/var/opt", "/var/spool",
+                "/var/tmp", "/var/www", "/var/yp")
 
 
 def _is_venv_path(value: Any) -> bool:
-    return (isinstance(value, str) and bool(re.fullmatch(_PATH, value))
-            and value.count("/") >= 2
-            and not any(value == d or value.startswith(d + "/") for d in _SYSTEM_DIRS)
-            and not (value + "/").startswith("/opt/gpuhost/lib/")
-            and not (value + "/").startswith("/opt/gpuhost/lock/"))
+    # No ":": python3 -m venv refuses a folder with the PATH separator in it (CPython's
+    # Lib/venv/__init__.py, ensure_directories: "Refusing to create a venv in ...").
+    return (isinstance(value, str) and bool(re.fullmatch(_PATH, value)) and ":" not in value
+            and value.count("/") >= 2 and value not in _SHARED_DIRS
+            and not re.fullmatch(r"/home/[^/]+", value)
+            and not any(value == d or value.startswith(d + "/") for d in _SYSTEM_DIRS))
+
+
+#: The folders gpuhost manages on the host (operations/: mlenv.LOCK_DIR, p2p.LIB_DIR,
+#: flash_attn.BUILD_DIR and WHEEL_DIR, kernel_cache.KERNEL_CACHE_ROOT, p2p.RECORD and
+#: server.VERIFIED_FILE, p2p.ENV_FILE and server.SERVER_ENV_FILE, files/deploy_lock.RUN_DIR;
+#: tests/test_venv_path.py checks that every such path in operations/ lies in one of them).
+#: The venv lives beside them, never in, on or around one: ``python3 -m venv --clear``
+#: empties its folder.
+GPUHOST_DIRS: Final[Mapping[str, str]] = {
+    "/opt/gpuhost/lib": "gpuhost's shipped scripts",
+    "/opt/gpuhost/lock": "the ML stack's lock files",
+    "/opt/gpuhost/build": "flash-attn's build folder",
+    "/opt/gpuhost/wheels": "flash-attn's built wheels",
+    "/var/cache/gpuhost": "the server's kernel caches",
+    "/var/lib/gpuhost": "gpuhost's records (the P2P measurement, the verified server)",
+    "/etc/gpuhost": "the server's and the P2P decision's environment files",
+    "/run/gpuhost": "the deploy lock",
+}
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """Whether one path is the other or lies inside it."""
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
 #: An http(s) URL: a host, then anything but whitespace (quoted wherever a shell sees it).
@@ -329,9 +359,12 @@ RULES: Final[Mapping[str, _Rule]] = {
                              f"root-only (mode 0600 or 0400) {_PATH_DETAIL}", optional=True),
     "mok_certificate": _text(_PATH, "an absolute path on the host of the MOK's DER "
                              f"certificate, enrolled {_PATH_DETAIL}", optional=True),
-    "venv_path": _Rule(_is_venv_path, f"{_PATH_ALLOWED}, at least two levels deep and "
-                       f"outside the system's folders ({', '.join(_SYSTEM_DIRS)}) and gpuhost's "
-                       "/opt/gpuhost/lib and /opt/gpuhost/lock"),
+    "venv_path": _Rule(_is_venv_path, "an absolute path (letters, digits and . _ + @ -; no "
+                       "':', which python3 -m venv refuses; no '.' or '..' part, no trailing "
+                       "slash), a folder of the venv's "
+                       "own: at least two levels deep, not a home folder (/home/<user>) nor "
+                       f"one of {', '.join(_SHARED_DIRS)}, and outside the system's folders "
+                       f"({', '.join(_SYSTEM_DIRS)})"),
     "lock": _text(r"[^\s]+\.txt", "a path to a lock file (.txt) in locks/ or absolute"),
     "pip_index_url": _text(_URL, "an http(s) URL of a PEP 503 simple index"),
     "max_jobs": _Rule(lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1, or None"),
@@ -737,9 +770,32 @@ def _check_torch_cuda(host: str, s: Settings, lock: Any) -> None:
                     f"({PREFIX}lock = {s.lock!r})")
 
 
+def _check_venv_path(host: str, s: Settings) -> None:
+    """The venv apart from every folder gpuhost manages and from the files other keys name:
+    a venv is cleared when it does not run, and pip writes into it."""
+    theirs = dict(GPUHOST_DIRS)
+    theirs[s.model_dir] = f"the model weights' folder, {PREFIX}model_dir"
+    if s.model_is_local:
+        theirs[s.model] = f"the served model's folder, {PREFIX}model"
+    for key in ("api_key_file", "hf_token_file", "mok_signing_key", "mok_certificate"):
+        value = getattr(s, key)
+        if value is not None:
+            theirs[value] = f"the file {PREFIX}{key} names"
+    for path, what in theirs.items():
+        if not _overlaps(s.venv_path, path):
+            continue
+        how = ("is" if s.venv_path == path else "contains" if path.startswith(s.venv_path + "/")
+               else "lies inside")
+        raise _fail(host, "venv_path", s.venv_path,
+                    f"a folder of the venv's own, apart from what gpuhost manages: it {how} "
+                    f"{path}, {what} (a venv that does not run is cleared, and pip writes into "
+                    f"it); the default is {Settings.venv_path}")
+
+
 #: The checks of settings against each other: each runs, so that every problem is reported.
 _TOGETHER: Final = (_check_bench, _check_tensor_parallel, _check_flavour, _check_driver,
-                    _check_mok, _check_server_exposure, _check_lock, _check_sweep)
+                    _check_mok, _check_server_exposure, _check_venv_path, _check_lock,
+                    _check_sweep)
 
 
 def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]],

@@ -95,3 +95,25 @@ def test_a_full_disk_during_the_locked_install_is_named(host, full_disk):
     assert (f"pip install into {FULL}/venv: no space left on the device (ENOSPC) writing "
             f"{FULL}/venv") in run.output, run.output[-6000:]
     assert f"mounted on {FULL}, " in run.output and " free of " in run.output
+
+
+def test_a_folder_of_user_files_or_a_file_at_the_venv_path_is_refused_and_left_alone(host):
+    """Not a venv: a real run stops before any change, the files still there; a file at the
+    path is named in --dry."""
+    host.ssh("mkdir -p /srv/t/notvenv/sub && echo keep > /srv/t/notvenv/important.txt && "
+             ": > /srv/t/notvenv/sub/x && : > /srv/t/afile")
+    pid = host.main_pid()
+    run = lab.deploy("--data", "gpuhost_venv_path=/srv/t/notvenv")
+    assert run.returncode != 0 and "Traceback" not in run.output, run.output[-6000:]
+    assert ("ML venv: refused: gpuhost_venv_path = '/srv/t/notvenv' is not allowed: it is a "
+            "folder that is not empty and has no pyvenv.cfg") in run.output, run.output[-6000:]
+    assert "(it holds important.txt, sub)" in run.output, run.output[-6000:]
+    assert host.ssh("ls -A /srv/t/notvenv").split() == ["important.txt", "sub"]
+    assert host.ssh("cat /srv/t/notvenv/important.txt").strip() == "keep"
+    dry = lab.deploy("--dry", "--data", "gpuhost_venv_path=/srv/t/afile")
+    assert "Traceback" not in dry.output, dry.output[-6000:]
+    assert ("gpuhost_venv_path = '/srv/t/afile' is not allowed: it is a file; allowed: a "
+            "missing or empty folder, or a venv") in dry.output, dry.output[-6000:]
+    assert host.ssh("stat -c %F /srv/t/afile").strip() == "regular empty file"
+    assert host.main_pid() == pid
+    host.ssh("rm -rf /srv/t")
