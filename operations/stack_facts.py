@@ -23,7 +23,9 @@ from operations.settings import PREFIX, Settings
 @dataclass(frozen=True)
 class Condition:
     """A setting (a :class:`Settings` field, host data key ``gpuhost_<setting>``) and the values
-    with which a row applies (None: the flag left out, sglang's own default)."""
+    with which a row applies (None: the flag left out, sglang's own default). The key is the
+    only source of its flag: gpuhost_server_extra_args naming it in any spelling is refused
+    while the settings are read (operations/sglang.py's OWNED_FLAGS)."""
 
     setting: str
     values: tuple[Any, ...]
