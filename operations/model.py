@@ -81,7 +81,8 @@ def is_current(snapshot: Snapshot, repo: str, revision: str) -> bool:
 
 @operation()
 def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
-            token_file: str | None = None, headroom_gib: float = 1.0):
+            token_file: str | None = None, headroom_gib: float = 1.0,
+            architecture: str | None = None):
     """Download ``repo`` at ``revision`` into ``dest`` unless a complete copy is there.
 
     + repo: the Hub repository id, e.g. ``lukealonso/GLM-5-NVFP4``
@@ -91,6 +92,9 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
     + python: the venv's python, which has huggingface_hub
     + token_file: root-only file on the host holding the token (its path only travels)
     + headroom_gib: GiB that must stay free after the download (the disk preflight)
+    + architecture: ``gpuhost_model_architecture``; a downloaded config.json that names
+      another (or none) fails the host there (exit 3), before the unit is written or the
+      server restarted: planning could not read a config.json that was not there yet
 
     The download runs operations/files/model_fetch.py on the host: model metadata, the disk
     preflight (exit 2: not enough space), snapshot_download, then every file's size checked
@@ -105,4 +109,6 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
             "--headroom-gib", str(headroom_gib)]
     if token_file:
         args += ["--token-file", token_file]
+    if architecture:
+        args += ["--architecture", architecture]
     yield StringCommand(*(shlex.quote(a) for a in (python, f"{LIB_DIR}/model_fetch.py", *args)))

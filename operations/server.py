@@ -538,8 +538,8 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
         script: files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),
                           dest=f"{LIB_DIR}/{script}", mode="644", create_remote_dir=False)
         # model_fetch.py imports no_space.py too, which the ML venv stage ships
-        for script in ("health_check.py", "model_fetch.py", "api_gate.py", "unit_inputs.py",
-                       "secret_file.py")
+        for script in ("health_check.py", "model_fetch.py", "model_config.py", "api_gate.py",
+                       "unit_inputs.py", "secret_file.py")
     }
     changed: list[OperationMeta] = []
     if not settings.model_is_local:
@@ -549,6 +549,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
             repo=settings.model, revision=settings.model_revision, dest=settings.model_path,
             endpoint=settings.hf_endpoint, python=f"{settings.venv_path}/bin/python",
             token_file=settings.hf_token_file, headroom_gib=DISK_HEADROOM_GIB,
+            architecture=settings.model_architecture,
         ))
     kernels = cache_key(settings)
     kernel_folders = fact(KernelCacheFolders)

@@ -24,6 +24,7 @@ from operations import REPO_ROOT
 from operations.lock import LockError, read_lock
 from operations.p2p_policy import NO_P2P_FLAGS as P2P_SERVER_FLAGS
 from operations.sglang import (
+    OWNED_FLAGS,
     FlagError,
     check_server_args,
     flags_named,
@@ -208,17 +209,29 @@ def _int_between(low: int, high: int) -> _Rule:
     return _Rule(lambda v: _is_int(v) and low <= v <= high, f"an integer from {low} to {high}")
 
 
+#: How an optional key is left unset, in both places host data comes from: pyinfra's
+#: ``--data key=value`` reads the value as JSON where it parses (``null`` is None, ``None``
+#: stays the string 'None'), a Python inventory or group_data file writes None.
+_UNSET: Final = (", or None to leave it unset (None in a Python inventory; in --data write "
+                 "null: None there is the text 'None')")
+
+#: Texts that mean "unset" to the person typing them but arrive as text.
+_UNSET_TEXTS: Final = ("None", "null", "Null", "NULL", "~")
+
+
 def _one_of(choices: Iterable[str], optional: bool = False) -> _Rule:
     options = tuple(choices)
-    text = ", ".join(options) + (", or None" if optional else "")
+    text = ", ".join(options) + (_UNSET if optional else "")
     return _Rule(lambda v: (optional and v is None) or v in options, f"one of {text}")
 
 
 def _text(pattern: str, allowed: str, optional: bool = False) -> _Rule:
     regex = re.compile(pattern)
     return _Rule(
-        lambda v: (optional and v is None) or (isinstance(v, str) and bool(regex.fullmatch(v))),
-        allowed + (", or None" if optional else ""),
+        lambda v: (optional and v is None) or (
+            isinstance(v, str) and bool(regex.fullmatch(v))
+            and not (optional and v in _UNSET_TEXTS)),
+        allowed + (_UNSET if optional else ""),
     )
 
 
@@ -645,6 +658,7 @@ def _check_server_flags(host: str, s: Settings) -> None:
         spec = load_parser_spec(sglang.version)
         check_server_args(server_args(s), spec)
         extra = flags_named(list(s.server_extra_args), spec)
+        owned = {arg.flags: flag for flag, arg in flags_named(list(OWNED_FLAGS), spec)}
         rendered = {arg.flags for _, arg in
                     flags_named([*server_args(replace(s, server_extra_args=())),
                                  *P2P_SERVER_FLAGS], spec)}
@@ -660,6 +674,15 @@ def _check_server_flags(host: str, s: Settings) -> None:
                 f"no API key flag ({token.partition('=')[0]} is {arg.flags[0]}; sglang logs "
                 "its arguments and "
                 f"/server_info returns them): name a root-only key file in {PREFIX}api_key_file",
+            )
+        if arg.flags in owned:
+            keys = " and ".join(PREFIX + k for k in OWNED_FLAGS[owned[arg.flags]])
+            raise _fail(
+                host, "server_extra_args", list(s.server_extra_args),
+                f"no flag gpuhost sets itself ({token} is {arg.flags[0]}, which {keys} "
+                "owns, set or not: the known behaviour and the backends left to sglang are "
+                "read from the key, so a second spelling would run unchecked): set "
+                f"{keys} instead (null leaves an optional flag out)",
             )
         if arg.flags in rendered:
             raise _fail(

@@ -16,6 +16,36 @@ if TYPE_CHECKING:
 LOCKS: Final = REPO_ROOT / "locks"
 
 
+#: Each flag :func:`server_args` renders and the host data keys (without ``gpuhost_``) that
+#: own it, set or not: gpuhost_server_extra_args may name none of these, in any spelling
+#: argparse takes (``--moe-runner-b``, ``--moe-runner-backend=x``), even where the key is
+#: None and the flag left out. One source per flag keeps what the unit runs and what planning
+#: reads (the known behaviour, the choices left to sglang) the same thing; matching the table
+#: against the command line instead would have to mirror argparse's last-one-wins for every
+#: flag and action, and a miss there would be silent.
+OWNED_FLAGS: Final = {
+    "--model": ("model", "model_dir"),
+    "--served-model-name": ("served_model_name",),
+    "--reasoning-parser": ("reasoning_parser",),
+    "--tool-call-parser": ("tool_call_parser",),
+    "--trust-remote-code": ("trust_remote_code",),
+    "--tensor-parallel-size": ("tensor_parallel_size",),
+    "--mem-fraction-static": ("mem_fraction_static",),
+    "--max-running-requests": ("max_running_requests",),
+    "--kv-cache-dtype": ("kv_cache_dtype",),
+    "--quantization": ("quantization",),
+    "--attention-backend": ("attention_backend",),
+    "--fp8-gemm-backend": ("fp8_gemm_backend",),
+    "--fp4-gemm-backend": ("fp4_gemm_backend",),
+    "--nsa-decode-backend": ("nsa_decode_backend",),
+    "--nsa-prefill-backend": ("nsa_prefill_backend",),
+    "--moe-runner-backend": ("moe_runner_backend",),
+    "--enable-flashinfer-allreduce-fusion": ("enable_flashinfer_allreduce_fusion",),
+    "--host": ("server_host",),
+    "--port": ("server_port", "server_backend_port"),
+}
+
+
 def server_args(settings: Settings) -> list[str]:
     """``python -m sglang.launch_server`` arguments, in the reference launch's order
     (../shared/reference-lab.md), with ``--tensor-parallel-size`` spelled out (the reference's

@@ -3,7 +3,9 @@
 sglang's automatic choices are made for the GPUs it knows best: on 12.x (SM120) a backend left
 ``auto`` or unset gets the choice made for compute capability 10 and up, or for "Blackwell"
 as a family (``is_blackwell_supported`` covers majors 10, 11 and 12), so the server unit names
-every backend explicitly there, and a setting left to sglang is warned about.
+every backend explicitly there, and a setting left to sglang is warned about. The settings are
+all there is to read: gpuhost_server_extra_args may not name these flags (OWNED_FLAGS in
+operations/sglang.py), so a setting left unset is a flag left out of the unit.
 
 Read from sglang-0.5.9-py3-none-any.whl: ``sglang/srt/server_args.py`` (the defaults and
 ``ServerArgs.__post_init__``'s handlers named below), ``sglang/srt/utils/common.py``

@@ -3,12 +3,11 @@ sglang (operations/sglang_choices.py), printed for each host; a certain failure 
 
 from __future__ import annotations
 
-import json
-
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
 from operations.gpu import NvidiaDriver
+from operations.files.model_config import architecture, mismatch
 from operations.host import FileText
 from operations.lock import LockError, read_lock
 from operations.plan import fact, refuse
@@ -50,15 +49,10 @@ def capabilities(settings: Settings) -> tuple[list[str], str]:
 
 def model_architecture(config_text: str | None) -> str | None:
     """The architecture a model's ``config.json`` names (``architectures[0]``, as sglang reads
-    it: ``hf_config.architectures[0]`` in server_args.py); None where there is no such file
-    yet (the weights are downloaded by the server stage) or it names none."""
-    if config_text is None:
-        return None
-    try:
-        names = json.loads(config_text).get("architectures") or []
-    except (ValueError, AttributeError):
-        return None
-    return str(names[0]) if names else None
+    it: ``hf_config.architectures[0]`` in server_args.py; a string taken whole,
+    operations/files/model_config.py); None where there is no such file yet (the weights are
+    downloaded by the server stage, whose download checks it) or it names none."""
+    return None if config_text is None else architecture(config_text)[0]
 
 
 @deploy("Stack")
@@ -81,11 +75,11 @@ def known_behaviour(settings: Settings) -> None:
     except FlagError:
         ep = False
     config = f"{settings.model_path}/config.json"
-    named = model_architecture(fact(FileText, path=config))
-    if named is not None and named != settings.model_architecture:
-        refuse("Stack", f"the model's {config} names the architecture {named}, host data says "
-                        f"gpuhost_model_architecture = {settings.model_architecture!r}: set it "
-                        f"to {named!r}, which the known behaviour is matched against")
+    config_text = fact(FileText, path=config)
+    wrong = None if config_text is None else mismatch(config_text, config,
+                                                      settings.model_architecture)
+    if wrong is not None:
+        refuse("Stack", wrong)
     found, origin = capabilities(settings)
     for capability in found:
         target = Target(versions, capability, settings, ep)

@@ -23,7 +23,9 @@ from operations.settings import PREFIX, Settings
 @dataclass(frozen=True)
 class Condition:
     """A setting (a :class:`Settings` field, host data key ``gpuhost_<setting>``) and the values
-    with which a row applies (None: the flag left out, sglang's own default)."""
+    with which a row applies (None: the flag left out, sglang's own default). The key is the
+    only source of its flag: gpuhost_server_extra_args naming it in any spelling is refused
+    while the settings are read (operations/sglang.py's OWNED_FLAGS)."""
 
     setting: str
     values: tuple[Any, ...]
@@ -101,6 +103,29 @@ FACTS: Final[tuple[StackFact, ...]] = (
         where=(Condition("moe_runner_backend", ("flashinfer_trtllm",)),),
         change="moe_runner_backend",
         alternatives=("flashinfer_cutlass", "cutlass", "triton"),
+    ),
+    StackFact(
+        name="flashinfer-trtllm-fp4-gemm-sm12x",
+        verdict="refuse",
+        happens="FlashInfer's TRT-LLM FP4 GEMM is for compute capability 10.0 and 10.3 only: "
+                "sglang passes the FP4 GEMM backend flashinfer_trtllm to flashinfer's mm_fp4 as "
+                "'trtllm', and mm_fp4 raises BackendSupportedError (\"mm_fp4 does not support "
+                "backend 'trtllm' with capability 120\") at the first FP4 linear layer",
+        source="flashinfer_python-0.6.3 flashinfer/gemm/gemm_base.py "
+               "(_trtllm_gemm_fp4_requirement is @supported_compute_capability([100, 103]); "
+               "mm_fp4's @backend_requirement) and flashinfer/utils.py (backend_requirement's "
+               f"wrapper checks it unless skip_check); {_SGLANG_059} "
+               "sglang/srt/layers/quantization/fp4_utils.py (get_flashinfer_backend: "
+               "flashinfer_trtllm -> trtllm) and modelopt_quant.py (fp4_gemm, called by "
+               "ModelOptFp4LinearMethod.apply without skip_check)",
+        package="flashinfer-python",
+        versions="==0.6.3",
+        compute_capability=_SM12X,
+        where=(Condition("quantization", ("modelopt_fp4",)),
+               Condition("fp4_gemm_backend", ("flashinfer_trtllm",))),
+        change="fp4_gemm_backend",
+        # mm_fp4's cutlass and cudnn requirements list 120 and 121 (gemm_base.py)
+        alternatives=("flashinfer_cutlass", "flashinfer_cudnn"),
     ),
     StackFact(
         name="modelopt-fp4-moe-one-kernel",

@@ -28,12 +28,16 @@ def test_allowed_overrides(settings, value):
     assert settings(gpuhost_p2p_override=value).p2p_override == value
 
 
+ONE_OF = ("one of on, off, or None to leave it unset (None in a Python inventory; in --data "
+          "write null: None there is the text 'None')")
+
+
 @pytest.mark.parametrize(
     ("key", "value", "allowed"),
     [
-        ("gpuhost_p2p_override", "yes", "one of on, off, or None"),
-        ("gpuhost_p2p_override", "ON", "one of on, off, or None"),
-        ("gpuhost_p2p_override", True, "one of on, off, or None"),
+        ("gpuhost_p2p_override", "yes", ONE_OF),
+        ("gpuhost_p2p_override", "ON", ONE_OF),
+        ("gpuhost_p2p_override", True, ONE_OF),
         ("gpuhost_p2p_remeasure", "true", "True or False"),
         ("gpuhost_p2p_check_timeout", 5, "an integer from 10 to 3600"),
     ],

@@ -170,3 +170,61 @@ def test_server_env_cannot_name_what_gpuhost_sets(name):
     with pytest.raises(SettingsError, match="naming none of what gpuhost sets itself"):
         settings(gpuhost_server_env={name: "0"})
     assert settings(gpuhost_server_env={"NCCL_DEBUG": "INFO"}).server_env == {"NCCL_DEBUG": "INFO"}
+
+
+@pytest.mark.parametrize(("data", "extra", "shown", "means", "key"), [
+    # The tester's bypass: the key null, the flag abbreviated in extra args.
+    ({"gpuhost_moe_runner_backend": None}, ["--moe-runner-b", "flashinfer_trtllm"],
+     "--moe-runner-b", "--moe-runner-backend", "gpuhost_moe_runner_backend"),
+    ({"gpuhost_moe_runner_backend": None}, ["--moe-runner-backend=flashinfer_trtllm"],
+     "--moe-runner-backend=flashinfer_trtllm", "--moe-runner-backend",
+     "gpuhost_moe_runner_backend"),
+    ({"gpuhost_fp4_gemm_backend": None}, ["--fp4-gemm-b", "flashinfer_trtllm"],
+     "--fp4-gemm-b", "--fp4-gemm-backend", "gpuhost_fp4_gemm_backend"),
+    ({"gpuhost_quantization": None}, ["--quantization=fp8"], "--quantization=fp8",
+     "--quantization", "gpuhost_quantization"),
+    ({"gpuhost_reasoning_parser": None}, ["--reasoning-parser", "glm45"], "--reasoning-parser",
+     "--reasoning-parser", "gpuhost_reasoning_parser"),
+    ({"gpuhost_trust_remote_code": False}, ["--trust-remote"], "--trust-remote",
+     "--trust-remote-code", "gpuhost_trust_remote_code"),
+    ({"gpuhost_enable_flashinfer_allreduce_fusion": False},
+     ["--enable-flashinfer-allreduce-fusion"], "--enable-flashinfer-allreduce-fusion",
+     "--enable-flashinfer-allreduce-fusion", "gpuhost_enable_flashinfer_allreduce_fusion"),
+])
+def test_extra_args_cannot_name_a_flag_a_key_owns_even_when_the_key_is_unset(
+        data, extra, shown, means, key):
+    with pytest.raises(SettingsError) as err:
+        settings(**data, gpuhost_server_extra_args=extra)
+    message = str(err.value)
+    assert f"no flag gpuhost sets itself ({shown} is {means}, which {key} owns, set or not" \
+        in message
+    assert f"set {key} instead" in message
+    assert message.startswith("host gpu1: gpuhost_server_extra_args = ")
+
+
+def test_every_flag_gpuhost_renders_is_owned_by_a_key():
+    from operations.sglang import OWNED_FLAGS, flags_named, load_parser_spec, server_args
+    from operations.settings import Settings
+
+    spec = load_parser_spec("0.5.9")
+    every = Settings(quantization="modelopt_fp4", attention_backend="flashinfer",
+                     fp8_gemm_backend="cutlass", fp4_gemm_backend="flashinfer_cutlass",
+                     nsa_decode_backend="trtllm", nsa_prefill_backend="trtllm",
+                     moe_runner_backend="flashinfer_cutlass", reasoning_parser="glm45",
+                     tool_call_parser="glm47", trust_remote_code=True,
+                     enable_flashinfer_allreduce_fusion=True)
+    owned = {arg.flags for _, arg in flags_named(list(OWNED_FLAGS), spec)}
+    rendered = {arg.flags for _, arg in flags_named(server_args(every), spec)}
+    assert rendered <= owned
+    assert all(k in Settings.__dataclass_fields__ for keys in OWNED_FLAGS.values() for k in keys)
+
+
+@pytest.mark.parametrize("text", ["None", "null"])
+def test_the_text_none_for_an_optional_key_says_how_to_leave_it_unset(text):
+    with pytest.raises(SettingsError) as err:
+        settings(gpuhost_moe_runner_backend=text)
+    message = str(err.value)
+    assert message.startswith(f"host gpu1: gpuhost_moe_runner_backend = {text!r} is not "
+                              "allowed: a MoE runner backend name, or None to leave it unset")
+    assert "in --data write null: None there is the text 'None'" in message
+    assert "allows only" not in message

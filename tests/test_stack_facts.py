@@ -66,6 +66,32 @@ def test_trtllm_moe_row_needs_flashinfer_in_the_lock():
     assert not applies(ROW["flashinfer-trtllm-moe-sm12x"], t)
 
 
+@pytest.mark.parametrize(("cc", "backend", "quantization", "applies_"), [
+    ("12.0", "flashinfer_trtllm", "modelopt_fp4", True),
+    ("12.1", "flashinfer_trtllm", "modelopt_fp4", True),
+    ("10.0", "flashinfer_trtllm", "modelopt_fp4", False),
+    ("10.3", "flashinfer_trtllm", "modelopt_fp4", False),
+    ("12.0", "flashinfer_cutlass", "modelopt_fp4", False),
+    ("12.0", "flashinfer_cudnn", "modelopt_fp4", False),
+    ("12.0", "flashinfer_trtllm", None, False),
+])
+def test_trtllm_fp4_gemm_is_refused_on_sm12x_for_modelopt_fp4(cc, backend, quantization,
+                                                               applies_):
+    t = target(cc=cc, fp4_gemm_backend=backend, quantization=quantization)
+    assert applies(ROW["flashinfer-trtllm-fp4-gemm-sm12x"], t) is applies_
+
+
+def test_trtllm_fp4_gemm_refusal_names_the_setting_and_alternatives():
+    row = ROW["flashinfer-trtllm-fp4-gemm-sm12x"]
+    assert row.verdict == "refuse"
+    line = describe(row, target(fp4_gemm_backend="flashinfer_trtllm"))
+    assert "set gpuhost_fp4_gemm_backend (now 'flashinfer_trtllm') to one of " \
+           "flashinfer_cutlass, flashinfer_cudnn" in line
+    assert "@supported_compute_capability([100, 103])" in line
+    assert not applies(row, target(versions={"flashinfer-python": "0.6.7"},
+                                   fp4_gemm_backend="flashinfer_trtllm"))
+
+
 @pytest.mark.parametrize("backend", ["auto", None, "triton", "cutlass", "deep_gemm",
                                      "flashinfer_cutedsl"])
 def test_modelopt_fp4_backends_that_share_one_kernel(backend):
@@ -204,3 +230,6 @@ def test_model_architecture_from_config_json():
     assert model_architecture('{"model_type": "x"}') is None
     assert model_architecture("not json") is None
     assert model_architecture("[1, 2]") is None
+    assert model_architecture('{"architectures": "GlmMoeDsaForCausalLM"}') \
+        == "GlmMoeDsaForCausalLM"  # a string, taken whole (not its first letter)
+    assert model_architecture('{"architectures": []}') is None

@@ -12,7 +12,11 @@ Runs on the GPU host with the ML venv's python (huggingface_hub comes with the l
 3. snapshot_download of that commit into --dest (resumes what is partly there);
 4. completeness: every file of the metadata present with its size, else exit 1 naming them;
 5. the stamp ``<dest>/.gpuhost-model.json``: {"repo", "revision", "sha", "files": {path: size}},
-   what the deploy's ModelSnapshot fact compares with host data.
+   what the deploy's ModelSnapshot fact compares with host data;
+6. with --architecture (gpuhost_model_architecture): the downloaded config.json must name it
+   (model_config.py, shipped beside), else exit 3 naming the key and both values. The stamp
+   is written first: the copy is complete and right, host data is what is wrong, and the
+   Stack stage of the next run reads the same config.json while planning.
 
 The token file must hold one line of header-safe text (secret_file.py, shipped beside this
 script): else exit 1 saying so. The token is passed to huggingface_hub only, never printed:
@@ -29,6 +33,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from model_config import mismatch
 from no_space import enospc, human, where
 from secret_file import SecretFileError, describe, read_secret
 
@@ -83,6 +88,7 @@ def _main() -> int:
     parser.add_argument("--endpoint", required=True, help="the Hub's URL (HF_ENDPOINT)")
     parser.add_argument("--token-file", help="root-only file holding the Hub token")
     parser.add_argument("--headroom-gib", type=float, default=1.0)
+    parser.add_argument("--architecture", help="what config.json must name (architectures[0])")
     args = parser.parse_args()
     _AT.update(repo=f"{args.repo}@{args.revision}", dest=str(args.dest))
 
@@ -149,6 +155,15 @@ def _main() -> int:
     tmp.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
     tmp.replace(args.dest / STAMP)
     print(f"{args.repo}@{sha} complete in {args.dest}", flush=True)
+    if args.architecture:
+        config = args.dest / "config.json"
+        wrong_arch = (mismatch(config.read_text(errors="replace"), str(config),
+                               args.architecture) if config.is_file()
+                      else f"the model has no {config}: sglang reads the architecture from it; "
+                           f"host data says gpuhost_model_architecture = {args.architecture!r}")
+        if wrong_arch is not None:
+            print(f"refused: {wrong_arch}", file=sys.stderr)
+            return 3
     return 0
 
 

@@ -62,3 +62,19 @@ def test_fresh_host_converges_then_nothing_changes(reference_host):
     assert ("names the architecture GlmMoeDsaForCausalLM, host data says "
             "gpuhost_model_architecture = 'Qwen3MoeForCausalLM'") in other.output, \
         other.output[-4000:]
+
+    # A model folder with no weights yet: planning cannot read its config.json, so the
+    # download checks it, and the host stops there, before the unit is written or the server
+    # restarted (the converged host stays converged).
+    unit = host.ssh("cat /etc/systemd/system/sglang.service")
+    wrong = lab.deploy("--data", "gpuhost_model_dir=/opt/gpuhost/models2",
+                       "--data", "gpuhost_model_architecture=DeepseekV3ForCausalLM")
+    assert wrong.returncode != 0, wrong.output[-4000:]
+    assert "Traceback" not in wrong.output
+    assert "refused: the model's /opt/gpuhost/models2/" in wrong.output, wrong.output[-4000:]
+    assert ("/config.json names the architecture GlmMoeDsaForCausalLM, host data says "
+            "gpuhost_model_architecture = 'DeepseekV3ForCausalLM'") in wrong.output
+    assert host.ssh("cat /etc/systemd/system/sglang.service") == unit
+    assert host.main_pid() == pid
+    again = lab.deploy("--json")
+    assert again.returncode == 0 and changed_operations(again) == [], again.output[-4000:]
