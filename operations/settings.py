@@ -508,6 +508,9 @@ def from_host_data(host: str, data: Mapping[str, Any],
                                                 "bench_levels") \
             else value
 
+    if "bench_levels" not in values:
+        values["bench_levels"] = default_bench_levels(values.get(
+            "max_running_requests", Settings.max_running_requests))
     settings = Settings(**values)
     for check in _TOGETHER:
         try:
@@ -726,6 +729,17 @@ def _check_sweep(host: str, s: Settings) -> None:
         except FlagError as exc:
             raise _fail(host, "bench_sweep", dict(s.bench_sweep),
                         f"values the locked sglang {sglang.version} accepts: {exc}") from None
+
+
+def default_bench_levels(max_running_requests: int) -> tuple[int, ...]:
+    """The bench's default concurrency levels (1, 16, 64: the reference lab's notes) within
+    what the server runs at once; a server of fewer requests also gets its own maximum. Host
+    data that lowers gpuhost_max_running_requests must not make the deploy refuse a bench key
+    it never set."""
+    levels = tuple(n for n in Settings.bench_levels if n <= max_running_requests)
+    if max_running_requests not in levels and max_running_requests < max(Settings.bench_levels):
+        levels += (max_running_requests,)
+    return levels
 
 
 def _check_bench(host: str, s: Settings) -> None:

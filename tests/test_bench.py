@@ -65,6 +65,17 @@ def test_bench_settings_default_and_given():
     assert s.bench_levels == (2, 8) and s.bench_prompts == 8
 
 
+def test_default_levels_follow_a_lower_max_running_requests():
+    """A deploy with fewer concurrent requests, and no bench key set, must not be refused for
+    the bench's default levels (test_server's run with 32 was)."""
+    assert from_host_data("gpu1", {"gpuhost_max_running_requests": 32}).bench_levels == \
+        (1, 16, 32)
+    assert from_host_data("gpu1", {"gpuhost_max_running_requests": 8}).bench_levels == (1, 8)
+    with pytest.raises(SettingsError, match="gpuhost_bench_levels"):
+        from_host_data("gpu1", {"gpuhost_max_running_requests": 32,
+                                "gpuhost_bench_levels": [1, 64]})
+
+
 def test_context_length_extra_args_win():
     s = from_host_data("gpu1", {})
     assert context_length(s, 4096) == 4096

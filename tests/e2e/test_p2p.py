@@ -108,7 +108,7 @@ def test_fresh_host_dry_run_and_a_bad_override():
         bad = lab.deploy("--dry", "--data", "gpuhost_p2p_override=maybe")
         assert bad.returncode != 0
         assert ("host gpu1: gpuhost_p2p_override = 'maybe' is not allowed: one of on, off, "
-                "or None.") in bad.output
+                "or None to leave it unset") in bad.output
         assert "Traceback" not in bad.output
         assert host.ssh("test -e /var/lib/gpuhost/p2p.json || echo absent").strip() == "absent"
     finally:
