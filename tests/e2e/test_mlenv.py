@@ -151,8 +151,8 @@ def test_a_failed_build_fails_the_host_with_its_log(hosts, tmp_path):
     hardware = "/etc/gpuhost-sandbox/hardware.json"
     host.ssh(f"cp {hardware} /tmp/hardware.json && python3 -c \"import json; p='{hardware}'; "
              "d=json.load(open(p)); d['host']['flash_attn_max_parallel_jobs']=0; "
-             f"json.dump(d, open(p, 'w'))\" && rm -r {VENV}/gpuhost-flash-attn.json "
-             "/opt/gpuhost/build")
+             f"json.dump(d, open(p, 'w'))\" && rm -rf {VENV}/gpuhost-flash-attn.json "
+             "/opt/gpuhost/build")  # the build ran on either host
     try:
         run = deploy(tmp_path / "empty-cache")
     finally:
