@@ -12,6 +12,7 @@ from pyinfra import host, inventory
 
 from operations import deploy_lock
 from operations.mlenv import mlenv
+from operations.nodes import node_role, nodes_env
 from operations.nvidia import nvidia
 from operations.p2p import p2p
 from operations.plan import stop_if_refused
@@ -30,5 +31,6 @@ if deploy_lock.held(settings):
     nvidia(settings)
     venv_changes = mlenv(settings)
     p2p_changes = p2p(settings)
-    sglang_server(settings, inputs=[*venv_changes, *p2p_changes])
+    role = node_role(settings)
+    sglang_server(settings, inputs=[*venv_changes, *p2p_changes, *nodes_env(role)], role=role)
 stop_if_refused()

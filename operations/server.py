@@ -21,6 +21,8 @@ from typing_extensions import override
 
 from operations import REPO_ROOT, remote
 from operations import model as model_ops
+from operations.node_group import NodeRole
+from operations.nodes import NODES_ENV_FILE
 from operations.nvidia import DRIVER_GATE_DROPIN
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
@@ -96,8 +98,10 @@ def env_context(settings: Settings) -> dict:
 
 def server_inputs(settings: Settings) -> list[str]:
     """What the server reads at start, as unit_inputs.py's arguments: the venv, then the
-    files."""
+    files (a node of a server across hosts reads its nodes.env too)."""
     paths = [UNIT_PATH, DROPIN_DIR, SERVER_ENV_FILE, P2P_ENV_FILE]
+    if settings.nodes:
+        paths.append(NODES_ENV_FILE)
     if not settings.model_is_local:
         paths.append(f"{settings.model_path}/{model_ops.STAMP}")
     return ["--venv", settings.venv_path, *paths]
@@ -108,10 +112,13 @@ def gate_inputs() -> list[str]:
     return [GATE_UNIT_PATH, f"{LIB_DIR}/api_gate.py", f"{LIB_DIR}/secret_file.py"]
 
 
-def unit_context(settings: Settings) -> dict:
+def unit_context(settings: Settings, role: NodeRole | None = None) -> dict:
     """What templates/sglang.service.j2 is rendered with. StartLimitIntervalSec leaves room
-    for START_LIMIT_BURST full starts (the start timeout and RestartSec each)."""
+    for START_LIMIT_BURST full starts (the start timeout and RestartSec each). ``role``: the
+    host's place in a server across nodes (operations/node_group.py)."""
     return {
+        "role": role,
+        "nodes_env_file": NODES_ENV_FILE if role is not None else None,
         "model": settings.model,
         "served_model_name": settings.served_model_name,
         "tensor_parallel_size": settings.tensor_parallel_size,
@@ -126,7 +133,7 @@ def unit_context(settings: Settings) -> dict:
         "start_limit_burst": START_LIMIT_BURST,
         "start_limit_interval": START_LIMIT_BURST * (settings.server_start_timeout + RESTART_SEC),
         "gate_unit": GATE_UNIT if settings.server_is_public else None,
-        "exec_args": " ".join(systemd_quote(a) for a in server_args(settings)),
+        "exec_args": " ".join(systemd_quote(a) for a in server_args(settings, role)),
         "runtime_dir": RUNTIME_DIRS[UNIT],
         "inputs_args": " ".join(systemd_quote(a) for a in server_inputs(settings)),
         "kernel_cache_env": cache_env(cache_key(settings)),
@@ -474,7 +481,8 @@ def serving(url: str, model: str, timeout: int, public_url: str | None = None,
 
 
 @deploy("SGLang server")
-def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
+def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
+                  role: NodeRole | None = None):
     """Download the model, template the unit and its environment (and the API key gate's unit
     when the server binds more than the loopback), start the server, restart it only when
     something it reads changed, and wait until it serves good answers. The unit places the
@@ -489,6 +497,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     + settings: the host's validated settings
     + inputs: operations of earlier stages whose change means a restart (the venv, the P2P
       decision)
+    + role: the host's place in a server across nodes (operations/nodes.py), else None
 
     Refused while planning: PID 1 not systemd; a token or key file that is not a secret file
     (operations/secret_files.py: missing, a symlink, readable by others, not one line of
@@ -566,7 +575,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
         src=str(REPO_ROOT / "templates" / "sglang.service.j2"),
         dest=UNIT_PATH,
         mode="644",
-        **unit_context(settings),
+        **unit_context(settings, role),
     )
     units = [unit]
     removed: list[OperationMeta] = []

@@ -22,6 +22,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from operations import REPO_ROOT
 from operations.lock import LockError, read_lock
+from operations.node_group import check_groups
 from operations.p2p_policy import NO_P2P_FLAGS as P2P_SERVER_FLAGS
 from operations.sglang import (
     OWNED_FLAGS,
@@ -72,6 +73,11 @@ DRIVER_BRANCHES: Final = ("535", "550", "560", "565", "570", "575", "580", "590"
 OPEN_MODULE_ONLY_FROM: Final = (10, 0)
 
 DRIVER_FLAVOURS: Final = ("open", "proprietary")
+
+#: The rendezvous port on rank 0 (``--dist-init-addr <rank 0>:<port>``): the port of the
+#: example in sglang 0.5.9's own help for --dist-init-addr (sglang/srt/server_args.py:
+#: "e.g., `192.168.0.2:25000`").
+DIST_INIT_PORT: Final = 25000
 P2P_OVERRIDES: Final = ("on", "off")
 
 
@@ -123,6 +129,11 @@ class Settings:
     model: str = "lukealonso/GLM-5-NVFP4"
     served_model_name: str = "glm-5"
     tensor_parallel_size: int = 8
+    pipeline_parallel_size: int | None = None
+    # One server across hosts (operations/node_group.py): the group's hosts in rank order
+    nodes: tuple[str, ...] = ()
+    node_interface: str | None = None
+    dist_init_port: int = DIST_INIT_PORT
     mem_fraction_static: float = 0.92
     max_running_requests: int = 64
     model_architecture: str = "GlmMoeDsaForCausalLM"
@@ -317,7 +328,8 @@ RESERVED_ENV: Final = ("CUDA_HOME", "PATH", "LD_LIBRARY_PATH", "HF_HUB_OFFLINE",
                        "FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
                        "TORCH_EXTENSIONS_DIR",
                        "NCCL_IB_DISABLE", "NCCL_P2P_LEVEL", "NCCL_ALLOC_P2P_NET_LL_BUFFERS",
-                       "NCCL_MIN_NCHANNELS", "NCCL_P2P_DISABLE", "GPUHOST_P2P_SERVER_ARGS")
+                       "NCCL_MIN_NCHANNELS", "NCCL_P2P_DISABLE", "GPUHOST_P2P_SERVER_ARGS",
+                       "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 
 def _is_env(value: Any) -> bool:
@@ -394,6 +406,20 @@ RULES: Final[Mapping[str, _Rule]] = {
     "served_model_name": _text(_NAME, "a name of letters, digits, '_', '.', '-' that starts "
                                "with a letter or digit"),
     "tensor_parallel_size": _int_between(1, 64),
+    "pipeline_parallel_size": _Rule(lambda v: v is None or (_is_int(v) and 1 <= v <= 64),
+                                    "an integer from 1 to 64" + _UNSET),
+    "nodes": _Rule(
+        lambda v: isinstance(v, (list, tuple)) and (not v or (
+            2 <= len(v) <= 64 and all(isinstance(n, str) and n for n in v)
+            and len(set(v)) == len(v))),
+        "a list of 2 to 64 distinct inventory host names, rank 0 first (the hosts of one "
+        "server across nodes), or [] for a server of the host's own"),
+    # Linux's IFNAMSIZ is 16 with the NUL (include/uapi/linux/if.h); dev_valid_name refuses
+    # '/', ':' and whitespace (net/core/dev.c).
+    "node_interface": _text(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}",
+                            "a network interface name such as eth0 or ens1f0 (up to 15 "
+                            "letters, digits, '_', '.', '-')", optional=True),
+    "dist_init_port": _int_between(1024, 65535),
     "mem_fraction_static": _Rule(
         lambda v: isinstance(v, float) and 0.0 < v < 1.0, "a float strictly between 0 and 1"
     ),
@@ -505,7 +531,7 @@ def from_host_data(host: str, data: Mapping[str, Any],
                 and not isinstance(value, bool):
             value = str(value)
         values[name] = tuple(value) if name in ("server_extra_args", "allowed_dropins",
-                                                "bench_levels") \
+                                                "bench_levels", "nodes") \
             else value
 
     if "bench_levels" not in values:
@@ -561,13 +587,41 @@ def _check_key(host: str, key: Any, value: Any) -> None:
 
 
 def _check_tensor_parallel(host: str, s: Settings) -> None:
-    if s.tensor_parallel_size > s.gpu_count or s.gpu_count % s.tensor_parallel_size:
-        divisors = [n for n in range(1, s.gpu_count + 1) if s.gpu_count % n == 0]
+    """On one host, the tensor parallel size a divisor of the GPU count (times the pipeline
+    parallel size, where set). Across nodes, every GPU of every node: sglang 0.5.9 places
+    tp x pp / nnodes ranks on each node (sglang/srt/entrypoints/engine.py,
+    _launch_scheduler_processes: tp_size_per_node), so a node runs exactly gpuhost_gpu_count
+    ranks only when tp x pp = GPUs per node x nodes."""
+    pp = s.pipeline_parallel_size or 1
+    if s.nodes:
+        if host not in s.nodes:
+            raise _fail(host, "nodes", list(s.nodes),
+                        f"a list of the group's hosts that names this host ({host}): it "
+                        "gets the group's data, so it serves one rank of it")
+        total = s.gpu_count * len(s.nodes)
+        across = (f"the group's {total} GPUs ({PREFIX}gpu_count {s.gpu_count} x "
+                  f"{len(s.nodes)} nodes)")
+        if total % pp:
+            raise _fail(host, "pipeline_parallel_size", pp, f"a divisor of {across}")
+        if s.tensor_parallel_size * pp != total:
+            raise _fail(host, "tensor_parallel_size", s.tensor_parallel_size,
+                        f"{total // pp}: {across}"
+                        + (f" divided by {PREFIX}pipeline_parallel_size {pp}" if pp > 1 else "")
+                        + "; sglang runs tensor x pipeline parallel size / nodes ranks on "
+                        "each node, one per GPU")
+        return
+    if s.gpu_count % pp:
+        raise _fail(host, "pipeline_parallel_size", pp,
+                    f"a divisor of {PREFIX}gpu_count ({s.gpu_count}) on one host")
+    per_stage = s.gpu_count // pp
+    if s.tensor_parallel_size > per_stage or per_stage % s.tensor_parallel_size:
+        divisors = [n for n in range(1, per_stage + 1) if per_stage % n == 0]
         raise _fail(
             host,
             "tensor_parallel_size",
             s.tensor_parallel_size,
-            f"a divisor of {PREFIX}gpu_count ({s.gpu_count}): "
+            f"a divisor of {PREFIX}gpu_count ({s.gpu_count})"
+            + (f" / {PREFIX}pipeline_parallel_size ({pp})" if pp > 1 else "") + ": "
             + ", ".join(str(n) for n in divisors),
         )
 
@@ -708,6 +762,11 @@ def _check_sweep(host: str, s: Settings) -> None:
     if not s.bench_sweep:
         return
     ((key, values),) = s.bench_sweep.items()
+    if s.nodes:
+        raise _fail(host, "bench_sweep", dict(s.bench_sweep),
+                    f"None on a node of a server across hosts ({PREFIX}nodes = "
+                    f"{list(s.nodes)}): a sweep restarts one host's server alone, and a rank "
+                    "restarted alone leaves the others waiting in NCCL's rendezvous")
     if key not in SWEEP_KEYS:
         raise _fail(host, "bench_sweep", dict(s.bench_sweep),
                     f"a sweep over one of {', '.join(SWEEP_KEYS)} (not {key!r})")
@@ -867,6 +926,7 @@ def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]],
             settings[name] = from_host_data(name, data, (sources or {}).get(name))
         except SettingsError as exc:
             problems += exc.problems
+    problems += check_groups(settings)
     if problems:
         raise SettingsError("\n".join(problems), problems=problems)
     return settings

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Final
 from operations import REPO_ROOT
 
 if TYPE_CHECKING:
+    from operations.node_group import NodeRole
     from operations.settings import Settings
 
 LOCKS: Final = REPO_ROOT / "locks"
@@ -30,6 +31,10 @@ OWNED_FLAGS: Final = {
     "--tool-call-parser": ("tool_call_parser",),
     "--trust-remote-code": ("trust_remote_code",),
     "--tensor-parallel-size": ("tensor_parallel_size",),
+    "--pipeline-parallel-size": ("pipeline_parallel_size",),
+    "--nnodes": ("nodes",),
+    "--node-rank": ("nodes",),
+    "--dist-init-addr": ("nodes", "node_interface", "dist_init_port"),
     "--mem-fraction-static": ("mem_fraction_static",),
     "--max-running-requests": ("max_running_requests",),
     "--kv-cache-dtype": ("kv_cache_dtype",),
@@ -46,7 +51,7 @@ OWNED_FLAGS: Final = {
 }
 
 
-def server_args(settings: Settings) -> list[str]:
+def server_args(settings: Settings, role: NodeRole | None = None) -> list[str]:
     """``python -m sglang.launch_server`` arguments, in the reference launch's order
     (../shared/reference-lab.md), with ``--tensor-parallel-size`` spelled out (the reference's
     ``--tp`` works only as an argparse abbreviation of ``--tp-size``). Flags whose setting is
@@ -56,7 +61,10 @@ def server_args(settings: Settings) -> list[str]:
     The model is the local folder (``settings.model_path``) the weights were downloaded to.
     When the server is public (``settings.server_is_public``) it binds 127.0.0.1 on
     ``gpuhost_server_backend_port`` behind the API key gate; sglang never gets the key (it logs
-    its arguments and /server_info returns them)."""
+    its arguments and /server_info returns them).
+
+    ``role`` (operations/node_group.py), for a node of a server across hosts, adds --nnodes,
+    --node-rank and --dist-init-addr after the tensor (and pipeline) parallel size."""
     s = settings
     args = ["--model", s.model_path, "--served-model-name", s.served_model_name]
     optional = [
@@ -68,6 +76,12 @@ def server_args(settings: Settings) -> list[str]:
         args.append("--trust-remote-code")
     args += [
         "--tensor-parallel-size", str(s.tensor_parallel_size),
+    ]
+    if s.pipeline_parallel_size is not None:
+        args += ["--pipeline-parallel-size", str(s.pipeline_parallel_size)]
+    if role is not None:
+        args += role.server_args()
+    args += [
         "--mem-fraction-static", repr(s.mem_fraction_static),
         "--max-running-requests", str(s.max_running_requests),
         "--kv-cache-dtype", s.kv_cache_dtype,

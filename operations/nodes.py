@@ -1,0 +1,111 @@
+"""A node of one SGLang server across hosts: its role read from every node's facts while
+planning, and its NCCL environment file.
+
+pyinfra plans the deploy file host by host, each with every host connected: planning one node
+reads the other nodes' facts (their network devices and loaded driver) through their own Host
+objects, so every node computes the same rank 0 address and refuses the same differences.
+Nothing here changes another host: each node writes only its own /etc/gpuhost/nodes.env.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+from typing import Any, Final
+
+from pyinfra import host, inventory, logger
+from pyinfra.api import FactBase
+from pyinfra.api.operation import OperationMeta
+from pyinfra.facts.hardware import NetworkDevices
+from pyinfra.operations import files
+from typing_extensions import override
+
+from operations.gpu import NvidiaDriver
+from operations.node_group import GroupError, NodeRole, env_file, role_of, shared_network
+from operations.plan import _key, fact, refuse
+from operations.settings import Settings
+
+NODES_ENV_FILE: Final = "/etc/gpuhost/nodes.env"
+STAGE: Final = "Nodes"
+
+
+class RdmaDevices(FactBase[list[str]]):
+    """The RDMA devices the kernel exposes (the entries of /sys/class/infiniband, one per
+    device, as rdma-core's ``ibv_devices`` lists them: mlx5_0, ...), or [] where there is
+    none (the folder is missing without the ib_core module).
+
+    .. code:: python
+
+        ["mlx5_0", "mlx5_1"]
+    """
+
+    @override
+    def command(self) -> str:
+        return "ls -1 /sys/class/infiniband 2>/dev/null || true"
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return sorted(line.strip() for line in output if line.strip())
+
+    @override
+    def default(self) -> list[str]:
+        return []
+
+
+def _fact_of(name: str, cls: type[FactBase], **kwargs: Any) -> Any:
+    """A fact of node ``name`` while planning, read once (the cache operations/plan.py's
+    ``fact`` keeps on each Host)."""
+    if name == host.name:
+        return fact(cls, **kwargs)
+    other = inventory.get_host(name)
+    cache = vars(other).setdefault("_gpuhost_planned_facts", {})
+    key = (cls, _key(kwargs))
+    if key not in cache:
+        cache[key] = other.get_fact(cls, **kwargs)
+    return cache[key]
+
+
+def _drivers_differ(nodes: tuple[str, ...]) -> str | None:
+    """The loaded driver of each node where they differ (nodes without a loaded driver, a
+    fresh host, are converged to the same host data first)."""
+    versions = {n: _fact_of(n, NvidiaDriver).driver_version for n in nodes}
+    known = {v for v in versions.values() if v}
+    if len(known) <= 1:
+        return None
+    return "; ".join(f"{n}: {v or 'no driver loaded'}" for n, v in versions.items())
+
+
+def node_role(settings: Settings) -> NodeRole | None:
+    """This host's role in its group (None for a server of its own, or where the group is
+    refused: the reason is printed and the host taken out, operations/plan.py)."""
+    nodes = settings.nodes
+    if not nodes:
+        return None
+    devices = {n: _fact_of(n, NetworkDevices) for n in nodes}
+    try:
+        network = shared_network(nodes, devices, settings.node_interface)
+    except GroupError as exc:
+        refuse(STAGE, str(exc))
+        return None
+    differ = _drivers_differ(nodes)
+    if differ:
+        refuse(STAGE, f"group {', '.join(nodes)}: the loaded NVIDIA driver differs between its "
+                      f"nodes ({differ}): every node must run the same driver")
+        return None
+    role = role_of(host.name, nodes, settings.dist_init_port, network,
+                   tuple(fact(RdmaDevices)))
+    rdma = (f"RDMA devices {', '.join(role.rdma_devices)}: NCCL_IB_DISABLE=0"
+            if role.rdma_devices else "no RDMA device (/sys/class/infiniband): NCCL_IB_DISABLE=1")
+    logger.info(f"{host.print_prefix}{STAGE}: node rank {role.node_rank} of {role.nnodes} "
+                f"({', '.join(nodes)}), rendezvous {role.dist_init_addr}; NCCL_SOCKET_IFNAME="
+                f"GLOO_SOCKET_IFNAME={role.interface}; {rdma}")
+    return role
+
+
+def nodes_env(role: NodeRole | None) -> list[OperationMeta]:
+    """Write /etc/gpuhost/nodes.env for a node (the unit reads it after p2p.env); returns the
+    operations whose change means the server must restart."""
+    if role is None:
+        return []
+    return [files.put(name=f"{NODES_ENV_FILE} (node rank {role.node_rank})",
+                      src=StringIO(env_file(role)), dest=NODES_ENV_FILE, mode="644")]
+
