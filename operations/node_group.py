@@ -114,8 +114,8 @@ def check_groups(settings: Mapping[str, Settings]) -> list[str]:
         missing = [n for n in s.nodes if n not in settings]
         if missing:
             problems.append(f"host {name}: {PREFIX}nodes = {list(s.nodes)} names "
-                            f"{', '.join(missing)}, which the inventory has no host of: a "
-                            "node must be a host of the run (no --limit that leaves one out)")
+                            f"{', '.join(missing)}, which the inventory has no host of: each "
+                            "node must be a host of the inventory")
             continue
         other = [n for n in s.nodes if settings[n].nodes != s.nodes]
         if other:

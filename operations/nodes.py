@@ -12,7 +12,7 @@ from __future__ import annotations
 from io import StringIO
 from typing import Any, Final
 
-from pyinfra import host, inventory, logger
+from pyinfra import host, inventory, logger, state
 from pyinfra.api import FactBase
 from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.hardware import NetworkDevices
@@ -79,6 +79,12 @@ def node_role(settings: Settings) -> NodeRole | None:
     refused: the reason is printed and the host taken out, operations/plan.py)."""
     nodes = settings.nodes
     if not nodes:
+        return None
+    left_out = [n for n in nodes if not state.is_host_in_limit(inventory.get_host(n))]
+    if left_out:
+        refuse(STAGE, f"group {', '.join(nodes)}: {', '.join(left_out)} is left out of this "
+                      "run (--limit): the nodes of one server are converged together, in one "
+                      "run (give --limit every node, or none)")
         return None
     devices = {n: _fact_of(n, NetworkDevices) for n in nodes}
     try:

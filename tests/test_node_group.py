@@ -94,8 +94,7 @@ def test_bad_interface_names_are_refused(lock):
 def test_a_node_the_inventory_lacks_is_refused(lock):
     problems = refused([("gpu1", group(lock))])
     assert problems == ["host gpu1: gpuhost_nodes = ['gpu1', 'gpu2'] names gpu2, which the "
-                        "inventory has no host of: a node must be a host of the run (no "
-                        "--limit that leaves one out)"]
+                        "inventory has no host of: each node must be a host of the inventory"]
 
 
 def test_nodes_with_other_lists_are_refused(lock):
