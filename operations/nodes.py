@@ -9,6 +9,7 @@ Nothing here changes another host: each node writes only its own /etc/gpuhost/no
 
 from __future__ import annotations
 
+import shlex
 from io import StringIO
 from typing import Any, Final
 
@@ -51,6 +52,72 @@ class RdmaDevices(FactBase[list[str]]):
         return []
 
 
+#: Seconds a connect may take before the target counts as unreachable.
+REACH_TIMEOUT_S: Final = 3
+_REACH_SCRIPT: Final = r"""
+import errno, socket, sys
+for target in sys.argv[1:]:
+    address, port = target.rsplit(":", 1)
+    s = socket.socket()
+    s.settimeout(%d)
+    try:
+        s.connect((address, int(port)))
+        print(target, "open")
+    except ConnectionRefusedError:
+        print(target, "refused")
+    except socket.timeout:
+        print(target, "timeout")
+    except OSError as exc:
+        print(target, errno.errorcode.get(exc.errno, str(exc.errno)))
+    finally:
+        s.close()
+""" % REACH_TIMEOUT_S
+
+
+class NodeReach(FactBase[dict]):
+    """Whether this host reaches each ``address:port`` over TCP: "open" (something listens),
+    "refused" (the host answered: nothing listens there yet, as on rank 0 before its server
+    starts), "timeout", or the errno's name (EHOSTUNREACH, ENETUNREACH, ...).
+
+    .. code:: python
+
+        {"10.0.0.1:25000": "refused", "10.0.0.2:25000": "timeout"}
+    """
+
+    @override
+    def command(self, targets: tuple[str, ...]) -> str:
+        return "python3 -c " + shlex.quote(_REACH_SCRIPT) + " " + " ".join(
+            shlex.quote(t) for t in targets)
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        return dict(line.split(" ", 1) for line in output if " " in line)
+
+    @override
+    def default(self) -> dict:
+        return {}
+
+
+def unreached(nodes: tuple[str, ...], reach: dict[str, dict]) -> list[str]:
+    """Each node that does not reach rank 0's rendezvous port or another node, one line each
+    (a refused connection is reached: the host answered)."""
+    found = []
+    for name in nodes:
+        for target, outcome in sorted(reach.get(name, {}).items()):
+            if outcome not in ("open", "refused"):
+                found.append(f"{name} does not reach {target} ({outcome})")
+        if not reach.get(name):
+            found.append(f"{name} could not check what it reaches")
+    return found
+
+
+def reach_targets(name: str, nodes: tuple[str, ...], network: dict[str, tuple[str, str]],
+                  port: int) -> tuple[str, ...]:
+    """What node ``name`` must reach: rank 0's rendezvous port, and every other node (the
+    same port there: a refusal is an answer)."""
+    return tuple(f"{network[n][1]}:{port}" for n in nodes if n != name or n == nodes[0])
+
+
 def _fact_of(name: str, cls: type[FactBase], **kwargs: Any) -> Any:
     """A fact of node ``name`` while planning, read once (the cache operations/plan.py's
     ``fact`` keeps on each Host)."""
@@ -91,6 +158,14 @@ def node_role(settings: Settings) -> NodeRole | None:
         network = shared_network(nodes, devices, settings.node_interface)
     except GroupError as exc:
         refuse(STAGE, str(exc))
+        return None
+    port = settings.dist_init_port
+    reach = {n: _fact_of(n, NodeReach, targets=reach_targets(n, nodes, network, port))
+             for n in nodes}
+    lost = unreached(nodes, reach)
+    if lost:
+        refuse(STAGE, f"group {', '.join(nodes)}: rendezvous {network[nodes[0]][1]}:{port} "
+                      f"checked from every node before any restart: {'; '.join(lost)}")
         return None
     differ = _drivers_differ(nodes)
     if differ:

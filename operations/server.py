@@ -19,7 +19,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files, systemd
 from typing_extensions import override
 
-from operations import REPO_ROOT, remote
+from operations import REPO_ROOT, group_restart, remote
 from operations import model as model_ops
 from operations.node_group import NodeRole
 from operations.nodes import NODES_ENV_FILE
@@ -526,8 +526,10 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
     gate_was_running = gate_state.running
     gated = (UNIT, GATE_UNIT) if settings.server_is_public else (UNIT,)
     verified = (fact(FileText, path=VERIFIED_FILE) or "").split()
+    # A rank >= 1 of a server across nodes serves no model: rank 0's gate covers the group.
     unverified = was_running and verified != [
-        s.invocation for s in (server_state, gate_state)[: len(gated)]]
+        s.invocation for s in (server_state, gate_state)[: len(gated)]] and not (
+        role is not None and role.node_rank > 0)
     for name, unit_state in ((UNIT, server_state), (GATE_UNIT, gate_state)):
         if unit_state.stale:
             logger.warning(f"{host.print_prefix}SGLang server: "
@@ -613,16 +615,23 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
     systemd.daemon_reload(name="Reload systemd units",
                           _if=lambda: need_reload or any(u.did_change() for u in units))
     unit_enabled(name=f"Enable {UNIT}", unit=UNIT)
-    started = unit_started(name=f"Start {UNIT}", unit=UNIT)
     changed += [*removed, env, unit, *inputs]
-    # A unit started just now (an earlier stage stopped it) read the files as they are: a
-    # restart would only kill that start.
-    restarted = unit_restarted(
-        name=f"Restart {UNIT} (what it reads changed)",
-        unit=UNIT,
-        _if=lambda: was_running and not started.did_change() and (
-            server_state.stale or any(op.did_change() for op in changed)),
-    )
+    if role is None:
+        started = unit_started(name=f"Start {UNIT}", unit=UNIT)
+        # A unit started just now (an earlier stage stopped it) read the files as they are: a
+        # restart would only kill that start.
+        restarted = unit_restarted(
+            name=f"Restart {UNIT} (what it reads changed)",
+            unit=UNIT,
+            _if=lambda: was_running and not started.did_change() and (
+                server_state.stale or any(op.did_change() for op in changed)),
+        )
+    else:
+        must_start = (f"{UNIT} is not running ({server_state.active})" if not was_running
+                      else "it runs with other inputs than the files now"
+                      if server_state.stale else None)
+        group_restart.register(role, changed, must_start)
+        started, restarted = group_restart.converge(role)
     public_url = None
     # A start or restart of the gate alone is verified in this run too (its key, its answers).
     gate_changes: list[OperationMeta] = []
@@ -638,16 +647,20 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
             and (gate_state.stale or any(op.did_change() for op in gate_ops)),
         ))
         public_url = _url(settings.server_host, settings.server_port)
-    serving(
-        name=f"Wait until {settings.served_model_name} answers",
-        url=backend_url(settings),
-        model=settings.served_model_name,
-        timeout=settings.health_timeout,
-        public_url=public_url,
-        api_key_file=settings.api_key_file,
-        units=gated,
-        _if=lambda: unverified or any(op.did_change()
-                                      for op in (started, restarted, *gate_changes)),
-    )
+    if role is None or role.node_rank == 0:
+        serving(
+            name=f"Wait until {settings.served_model_name} answers",
+            url=backend_url(settings),
+            model=settings.served_model_name,
+            timeout=settings.health_timeout,
+            public_url=public_url,
+            api_key_file=settings.api_key_file,
+            units=gated,
+            _if=lambda: unverified or any(op.did_change()
+                                          for op in (started, restarted, *gate_changes)),
+        )
+    else:
+        # at a later line than the gate: pyinfra runs it after rank 0's gate (group_restart.py)
+        group_restart.follow(role, (started, restarted))
     # after the restart: the server that read them is gone
     remove_superseded(kernels, kernel_folders)

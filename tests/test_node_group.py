@@ -248,3 +248,79 @@ def test_a_sweep_on_a_node_is_refused(lock):
             "moe_runner_backend": ["cutlass"]}))
     assert "gpuhost_bench_sweep = {'moe_runner_backend': ['cutlass']} is not allowed: None on " \
            "a node of a server across hosts" in str(exc.value)
+
+
+# Before any restart: every node reaches rank 0's rendezvous port and each other
+
+
+def test_reach_is_read_from_the_hosts_answers():
+    from operations.nodes import NodeReach, reach_targets, unreached
+    network = {"gpu1": ("eth1", "10.0.0.1"), "gpu2": ("eth1", "10.0.0.2")}
+    assert reach_targets("gpu1", ("gpu1", "gpu2"), network, 25000) == (
+        "10.0.0.1:25000", "10.0.0.2:25000")
+    assert reach_targets("gpu2", ("gpu1", "gpu2"), network, 25000) == ("10.0.0.1:25000",)
+    fact = NodeReach()
+    assert "python3 -c" in fact.command(targets=("10.0.0.1:25000",))
+    answers = {"gpu1": fact.process(["10.0.0.1:25000 refused", "10.0.0.2:25000 open"]),
+               "gpu2": fact.process(["10.0.0.1:25000 timeout"])}
+    assert unreached(("gpu1", "gpu2"), answers) == [
+        "gpu2 does not reach 10.0.0.1:25000 (timeout)"]
+    assert unreached(("gpu1", "gpu2"), {"gpu1": answers["gpu1"], "gpu2": {}}) == [
+        "gpu2 could not check what it reaches"]
+
+
+def test_the_reach_script_tells_refused_from_unreachable(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    from operations.nodes import NodeReach
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    open_port, closed_port = listening.getsockname()[1], closed.getsockname()[1]
+    closed.close()
+    command = NodeReach().command(targets=(f"127.0.0.1:{open_port}", f"127.0.0.1:{closed_port}"))
+    out = subprocess.run(command.replace("python3", sys.executable, 1), shell=True,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    listening.close()
+    assert NodeReach().process(out) == {f"127.0.0.1:{open_port}": "open",
+                                        f"127.0.0.1:{closed_port}": "refused"}
+
+
+# Group-wide restarts
+
+
+class Op:
+    def __init__(self, changed, complete=True):
+        self.changed, self.complete = changed, complete
+
+    def is_complete(self):
+        return self.complete
+
+    def did_change(self):
+        return self.changed
+
+
+def test_a_change_on_any_node_restarts_the_group(monkeypatch):
+    from operations import group_restart
+    nodes = ("gpu1", "gpu2")
+    monkeypatch.setattr(group_restart, "GROUPS", {nodes: {
+        "gpu1": group_restart.NodePlan([Op(False)], None),
+        "gpu2": group_restart.NodePlan([Op(False), Op(True)], None)}})
+    assert group_restart.restart_reason(nodes) == "gpu2: what its server reads changed"
+    group_restart.GROUPS[nodes]["gpu2"].changes = [Op(False), Op(True, complete=False)]
+    assert group_restart.restart_reason(nodes) is None
+    group_restart.GROUPS[nodes]["gpu2"].must_start = "sglang.service is not running (failed)"
+    assert group_restart.restart_reason(nodes) == \
+        "gpu2: sglang.service is not running (failed)"
+
+
+def test_a_node_does_not_restart_itself(lock):
+    template = get_template(str(ROOT / "templates" / "sglang.service.j2"))
+    node = template.render(**unit_context(from_host_data("gpu2", group(lock)), ROLE))
+    assert "Restart=no" in node.splitlines() and "Restart=on-failure" not in node
+    alone = template.render(**unit_context(from_host_data("gpu1", {"gpuhost_lock": lock})))
+    assert "Restart=on-failure" in alone.splitlines()

@@ -1,0 +1,160 @@
+"""Start and restart a server across nodes as one: every rank together, rank 0 first, never
+one rank alone; the health gate on rank 0.
+
+Why the order holds: pyinfra plans the deploy file host by host, then executes it operation by
+operation, each operation on every host at once and all of them done before the next one
+starts (pyinfra 3, ``pyinfra/api/operations.py``, ``run_ops`` without --serial/--no-wait). An
+operation's place is the line numbers of its call stack (``get_operation_order_from_stack``),
+the same on every node for the same code. So the operations below, called by each node at
+these lines in this order, run in this order across the group:
+
+1. ``nodes present``: each node checks that every node of its group is still in the run (a
+   node refused while planning, or failed in an earlier stage, leaves the others as they
+   are: no restart of part of the group);
+2. ``stop``: every node stops its server when the group restarts;
+3. ``start rank 0``: rank 0 starts (``systemctl start --no-block``: it waits in the rendezvous);
+4. ``start ranks 1..N-1``: the others start, after rank 0 on every host;
+5. the health gate, on rank 0 (only rank 0 serves the model; a rank >= 1 answers sglang's
+   dummy /health only);
+6. ``group gate``: a rank >= 1 whose rank 0 failed the gate stops its server and shows its
+   journal, so the group is down on every node, visibly.
+
+The group restarts when anything a server reads changed on any node (every node registers its
+changing operations while planning; their results are read when step 2 runs, after all of them
+ran on every host), when a node's server runs stale, or when a node's server is not running (a
+fresh group, or a rank that died: its journal is shown). A no-op run restarts nothing on any
+node. The units of a node do not restart themselves (``Restart=no``): a rank restarted alone
+would wait in a rendezvous the others are not in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, operation
+from pyinfra.api.operation import OperationMeta
+
+from operations import remote
+from operations.node_group import NodeRole
+
+UNIT: Final = "sglang.service"
+
+
+@dataclass
+class NodePlan:
+    """What planning found on one node: the operations whose change restarts the server, and
+    why it must start even without a change (not running, stale), or None."""
+
+    changes: list[OperationMeta] = field(default_factory=list)
+    must_start: str | None = None
+
+
+#: Every group's nodes as planned, by the group's node list, then by host name.
+GROUPS: dict[tuple[str, ...], dict[str, NodePlan]] = {}
+
+
+def register(role: NodeRole, changes: list[OperationMeta], must_start: str | None) -> None:
+    """Record this node's plan for the group's restart decision."""
+    GROUPS.setdefault(role.nodes, {})[host.name] = NodePlan(list(changes), must_start)
+
+
+def restart_reason(nodes: tuple[str, ...]) -> str | None:
+    """Why the group restarts, read while the operations execute (after every node's changes
+    ran), or None."""
+    plans = GROUPS.get(nodes, {})
+    for name in nodes:
+        plan = plans.get(name)
+        if plan is None:
+            continue
+        if plan.must_start:
+            return f"{name}: {plan.must_start}"
+        changed = [op for op in plan.changes if op.is_complete() and op.did_change()]
+        if changed:
+            return f"{name}: what its server reads changed"
+    return None
+
+
+def _missing(state, nodes: tuple[str, ...]) -> list[str]:
+    active = {h.name for h in state.active_hosts}
+    return [n for n in nodes if n not in active or n not in GROUPS.get(nodes, {})]
+
+
+@remote.callback("the group check")
+def _nodes_present(state, host, nodes: tuple[str, ...]) -> bool:
+    missing = _missing(state, nodes)
+    if not missing:
+        return True
+    logger.error(f"{host.print_prefix}Nodes: {', '.join(missing)} of the group "
+                 f"{', '.join(nodes)} is out of this run (refused or failed): the servers of "
+                 "the group are left as they are (a rank is never restarted alone)")
+    return False
+
+
+@operation(is_idempotent=False)
+def nodes_present(nodes: tuple[str, ...]):
+    """Fail this node when another node of its group is out of the run."""
+    yield FunctionCommand(_nodes_present, (nodes,), {})
+
+
+@operation(is_idempotent=False)
+def unit_stopped(unit: str):
+    """Stop ``unit`` (the group restarts)."""
+    yield f"systemctl stop {unit}"
+
+
+@operation(is_idempotent=False)
+def unit_started_now(unit: str):
+    """Start ``unit`` without waiting for it (operations/server.py, ``unit_started``)."""
+    yield f"systemctl reset-failed {unit} 2>/dev/null || true"
+    yield f"systemctl start --no-block {unit}"
+
+
+@remote.callback("the group's health gate")
+def _follow_rank0(state, host, rank0: str, journal_lines: int) -> bool:
+    if rank0 not in {h.name for h in state.failed_hosts}:
+        return True
+    ok, out = remote.shell(host, f"systemctl stop {UNIT}; journalctl -u {UNIT} -n "
+                                 f"{journal_lines} --no-pager -o cat")
+    lines = "".join(f"\n    {line}" for line in out.stdout_lines) if ok else ""
+    logger.error(f"{host.print_prefix}Nodes: rank 0 ({rank0}) failed its health gate: {UNIT} "
+                 f"stopped here too. The last lines of its journal:{lines}")
+    return False
+
+
+@operation(is_idempotent=False)
+def follows_rank0(rank0: str, journal_lines: int = 15):
+    """Stop this rank's server and fail, showing its journal, when rank 0 failed the gate."""
+    yield FunctionCommand(_follow_rank0, (rank0, journal_lines), {})
+
+
+def converge(role: NodeRole) -> tuple[OperationMeta, ...]:
+    """Steps 1 to 4 of the module docstring on this node; returns the operations whose change
+    means its server (re)started. The caller then gates rank 0 and calls :func:`follow` on
+    the others, at a later line."""
+    nodes = role.nodes
+    nodes_present(name=f"Every node of {', '.join(nodes)} in this run", nodes=nodes)
+
+    def restarting() -> bool:
+        reason = restart_reason(nodes)
+        if reason:
+            logger.info(f"{host.print_prefix}Nodes: the group restarts ({reason}): every "
+                        "rank, rank 0 first")
+        return reason is not None
+
+    stop = unit_stopped(name=f"Stop {UNIT} on every node (the group restarts)", unit=UNIT,
+                        _if=restarting)
+    if role.node_rank == 0:
+        start = unit_started_now(name=f"Start {UNIT}: rank 0 first", unit=UNIT,
+                                 _if=stop.did_change)
+    else:
+        start = unit_started_now(name=f"Start {UNIT}: rank {role.node_rank}, after rank 0",
+                                 unit=UNIT, _if=stop.did_change)
+    return stop, start
+
+
+def follow(role: NodeRole, started: tuple[OperationMeta, ...]) -> None:
+    """Step 6 on a rank >= 1, after rank 0's health gate."""
+    follows_rank0(name=f"Follow rank 0's health gate ({role.rank0})", rank0=role.rank0,
+                  _if=lambda: any(op.did_change() for op in started))
