@@ -845,3 +845,56 @@ def test_sglang_degenerates_when_its_all_reduce_goes_over_corrupting_p2p(
     out = subprocess.run([PYTHON, "-c", code, json.dumps(args)], capture_output=True, text=True,
                          env={**base, **env}, timeout=60, check=True)
     assert out.stdout.strip().startswith(expected), out.stdout
+
+
+def _launch_node(sglang_env, rank, rendezvous, port, *extra):
+    return subprocess.Popen(
+        [PYTHON, "-m", "sglang.launch_server", "--model", "x", "--served-model-name", "glm-5",
+         "--tp", "16", "--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr",
+         f"127.0.0.1:{rendezvous}", "--host", "127.0.0.1", "--port", str(port), *extra],
+        stderr=subprocess.PIPE, text=True, env=sglang_env("reference-lab"))
+
+
+def _status(url):
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def test_sglang_across_two_nodes_meets_at_rank_0_and_falls_with_a_peer(sglang_env):
+    """--nnodes 2: rank 0 waits for rank 1 at --dist-init-addr, serves the model; rank 1 serves
+    the dummy /health only; killing rank 1 ends rank 0 with NCCL's words."""
+    rendezvous, port0, port1 = _free_port(), _free_port(), _free_port()
+    rank0 = _launch_node(sglang_env, 0, rendezvous, port0)
+    try:
+        time.sleep(1.5)
+        assert _status(f"http://127.0.0.1:{port0}/health") is None  # waiting for rank 1
+        assert rank0.poll() is None
+        rank1 = _launch_node(sglang_env, 1, rendezvous, port1)
+        deadline = time.time() + 30
+        while _status(f"http://127.0.0.1:{port0}/v1/models") != 200:
+            assert time.time() < deadline and rank0.poll() is None
+            time.sleep(0.2)
+        assert _status(f"http://127.0.0.1:{port1}/health") == 200
+        assert _status(f"http://127.0.0.1:{port1}/v1/models") == 404
+        rank1.kill()
+        rank1.wait(timeout=10)
+        assert rank0.wait(timeout=20) == 1
+        err = rank0.stderr.read()
+        assert "node rank 1 closed the connection (ncclRemoteError)" in err
+        assert "node_rank=0 of 2 joined" in err
+    finally:
+        for proc in (rank0,):
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_sglang_rank_0_alone_times_out_as_the_tcpstore(sglang_env):
+    rank0 = _launch_node(sglang_env, 0, _free_port(), _free_port(), "--dist-timeout", "2")
+    assert rank0.wait(timeout=30) == 1
+    assert "Timed out after 2 seconds waiting for clients. 1/2 clients joined." \
+        in rank0.stderr.read()

@@ -44,6 +44,7 @@ import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from sglang._standin import nodes
 from sglang._standin.args import build_parser, load_spec, server_args
 from sglang.version import __version__
 
@@ -146,9 +147,10 @@ def modes_from_env():
 
 
 def gpus_needed(args):
+    """GPUs this node runs: tp x pp (x dp) / nnodes (sglang 0.5.9's tp_size_per_node)."""
     tp, pp = args.get("tp_size") or 1, args.get("pp_size") or 1
     dp = 1 if args.get("enable_dp_attention") else (args.get("dp_size") or 1)
-    return tp * pp * dp
+    return tp * pp * dp // max(args.get("nnodes") or 1, 1)
 
 
 def check_gpus(args):
@@ -222,8 +224,19 @@ def main(argv):
         os.environ.get("SANDBOX_SGLANG_STARTUP_SECONDS", "30" if "slow-start" in modes else "0.5")
     )
     tp = args.get("tp_size") or 1
-    for rank in range(tp):
-        tp_log(rank, "Init torch distributed begin.")
+    nnodes, node_rank = args.get("nnodes") or 1, args.get("node_rank") or 0
+    if nnodes > 1:
+        from torch.distributed import DistError
+
+        try:
+            nodes.watch(nodes.rendezvous(args, tp_log), node_rank)
+        except DistError as exc:
+            tp_log(0, "Scheduler hit an exception: torch.distributed.DistStoreError: %s", exc,
+                   level=logging.ERROR)
+            return 1
+    else:
+        for rank in range(tp):
+            tp_log(rank, "Init torch distributed begin.")
     corrupting = corrupting_all_reduce(args)
     if corrupting:
         # The real server would load and serve; its logits turn NaN. The log line is the stand-in's.
@@ -257,8 +270,10 @@ def main(argv):
         args.get("context_length") or DEFAULT_CONTEXT_LEN,
     )
 
-    state = State(args, modes)
     host, port = args.get("host") or "127.0.0.1", int(args.get("port") or 30000)
+    if node_rank >= 1:
+        return nodes.serve_dummy_health(host, port)
+    state = State(args, modes)
     Handler.state = state
     try:
         server_class = ThreadingHTTPServerV6 if ":" in host else ThreadingHTTPServer
