@@ -12,11 +12,15 @@ these lines in this order, run in this order across the group:
    node refused while planning, or failed in an earlier stage, leaves the others as they
    are: no restart of part of the group);
 2. ``stop``: every node stops its server when the group restarts;
-3. ``start rank 0``: rank 0 starts (``systemctl start --no-block``: it waits in the rendezvous);
-4. ``start ranks 1..N-1``: the others start, after rank 0 on every host;
-5. the health gate, on rank 0 (only rank 0 serves the model; a rank >= 1 answers sglang's
+3. ``all-reduce across the nodes``: on every node at once, with every server stopped, an NCCL
+   all-reduce over every GPU of every node (operations/files/internode_check.py), its
+   bandwidth printed; a node where it fails leaves the run, and then no node starts;
+4. ``start rank 0``: rank 0 starts (``systemctl start --no-block``: it waits in the
+   rendezvous);
+5. ``start ranks 1..N-1``: the others start, after rank 0 on every host;
+6. the health gate, on rank 0 (only rank 0 serves the model; a rank >= 1 answers sglang's
    dummy /health only);
-6. ``group gate``: a rank >= 1 whose rank 0 failed the gate stops its server and shows its
+7. ``follow rank 0``: a rank >= 1 whose rank 0 failed the gate stops its server and shows its
    journal, so the group is down on every node, visibly.
 
 The group restarts when anything a server reads changed on any node (every node registers its
@@ -29,11 +33,12 @@ would wait in a rendezvous the others are not in.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from typing import Final
 
-from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, operation
+from pyinfra import host, logger, state
+from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 
 from operations import remote
@@ -111,6 +116,23 @@ def unit_started_now(unit: str):
     yield f"systemctl start --no-block {unit}"
 
 
+@remote.callback("the all-reduce across the nodes")
+def _internode(state, host, argv: list[str]) -> bool:
+    ok, out = remote.shell(host, StringCommand(*(shlex.quote(a) for a in argv)),
+                           _success_exit_codes=[0, 1])
+    lines = out.stdout_lines + out.stderr_lines
+    failed = not ok or not out.stdout_lines
+    for line in lines:
+        (logger.error if failed else logger.info)(f"{host.print_prefix}Nodes: {line}")
+    return not failed
+
+
+@operation(is_idempotent=False)
+def internode_checked(argv: tuple[str, ...]):
+    """Run the all-reduce across the nodes (every node runs this operation at once)."""
+    yield FunctionCommand(_internode, (list(argv),), {})
+
+
 @remote.callback("the group's health gate")
 def _follow_rank0(state, host, rank0: str, journal_lines: int) -> bool:
     if rank0 not in {h.name for h in state.failed_hosts}:
@@ -129,10 +151,14 @@ def follows_rank0(rank0: str, journal_lines: int = 15):
     yield FunctionCommand(_follow_rank0, (rank0, journal_lines), {})
 
 
-def converge(role: NodeRole) -> tuple[OperationMeta, ...]:
-    """Steps 1 to 4 of the module docstring on this node; returns the operations whose change
+def converge(role: NodeRole, check: tuple[str, ...]) -> tuple[OperationMeta, ...]:
+    """Steps 1 to 5 of the module docstring on this node; returns the operations whose change
     means its server (re)started. The caller then gates rank 0 and calls :func:`follow` on
-    the others, at a later line."""
+    the others, at a later line.
+
+    + role: this node's place in the group
+    + check: the command line of the all-reduce across the nodes (internode_check.py)
+    """
     nodes = role.nodes
     nodes_present(name=f"Every node of {', '.join(nodes)} in this run", nodes=nodes)
 
@@ -145,16 +171,22 @@ def converge(role: NodeRole) -> tuple[OperationMeta, ...]:
 
     stop = unit_stopped(name=f"Stop {UNIT} on every node (the group restarts)", unit=UNIT,
                         _if=restarting)
+    internode_checked(name=f"NCCL all-reduce across {', '.join(nodes)}", argv=check,
+                      _if=stop.did_change)
+
+    def starting() -> bool:
+        # every node passed the all-reduce (a node that failed it is out of the run)
+        return stop.did_change() and not _missing(state, nodes)
+
     if role.node_rank == 0:
-        start = unit_started_now(name=f"Start {UNIT}: rank 0 first", unit=UNIT,
-                                 _if=stop.did_change)
+        start = unit_started_now(name=f"Start {UNIT}: rank 0 first", unit=UNIT, _if=starting)
     else:
         start = unit_started_now(name=f"Start {UNIT}: rank {role.node_rank}, after rank 0",
-                                 unit=UNIT, _if=stop.did_change)
+                                 unit=UNIT, _if=starting)
     return stop, start
 
 
 def follow(role: NodeRole, started: tuple[OperationMeta, ...]) -> None:
-    """Step 6 on a rank >= 1, after rank 0's health gate."""
+    """Step 7 on a rank >= 1, after rank 0's health gate."""
     follows_rank0(name=f"Follow rank 0's health gate ({role.rank0})", rank0=role.rank0,
                   _if=lambda: any(op.did_change() for op in started))

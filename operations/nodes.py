@@ -20,12 +20,15 @@ from pyinfra.facts.hardware import NetworkDevices
 from pyinfra.operations import files
 from typing_extensions import override
 
+from operations import REPO_ROOT
 from operations.gpu import NvidiaDriver
 from operations.node_group import GroupError, NodeRole, env_file, role_of, shared_network
 from operations.plan import _key, fact, refuse
 from operations.settings import Settings
 
 NODES_ENV_FILE: Final = "/etc/gpuhost/nodes.env"
+#: The all-reduce across the nodes, shipped beside p2p_check.py (operations/p2p.py LIB_DIR).
+INTERNODE_CHECK: Final = "/opt/gpuhost/lib/internode_check.py"
 STAGE: Final = "Nodes"
 
 
@@ -187,6 +190,21 @@ def nodes_env(role: NodeRole | None) -> list[OperationMeta]:
     operations whose change means the server must restart."""
     if role is None:
         return []
+    files.put(name="Ship internode_check.py", src=str(REPO_ROOT / "operations/files/"
+                                                       "internode_check.py"),
+              dest=INTERNODE_CHECK, mode="644")
     return [files.put(name=f"{NODES_ENV_FILE} (node rank {role.node_rank})",
                       src=StringIO(env_file(role)), dest=NODES_ENV_FILE, mode="644")]
+
+
+def internode_argv(settings: Settings, role: NodeRole, env_files: tuple[str, ...]) -> tuple:
+    """The command line of the all-reduce across the nodes on this node (every server
+    stopped, so rank 0's rendezvous port is free for it)."""
+    argv = [f"{settings.venv_path}/bin/python", INTERNODE_CHECK, "--nnodes", str(role.nnodes),
+            "--node-rank", str(role.node_rank), "--gpus", str(settings.gpu_count),
+            "--dist-init-addr", role.dist_init_addr,
+            "--timeout", str(settings.p2p_check_timeout)]
+    for path in env_files:
+        argv += ["--env-file", path]
+    return tuple(argv)
 

@@ -22,7 +22,7 @@ from typing_extensions import override
 from operations import REPO_ROOT, group_restart, remote
 from operations import model as model_ops
 from operations.node_group import NodeRole
-from operations.nodes import NODES_ENV_FILE
+from operations.nodes import NODES_ENV_FILE, internode_argv
 from operations.nvidia import DRIVER_GATE_DROPIN
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
@@ -631,7 +631,8 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
                       else "it runs with other inputs than the files now"
                       if server_state.stale else None)
         group_restart.register(role, changed, must_start)
-        started, restarted = group_restart.converge(role)
+        started, restarted = group_restart.converge(
+            role, internode_argv(settings, role, (P2P_ENV_FILE, NODES_ENV_FILE)))
     public_url = None
     # A start or restart of the gate alone is verified in this run too (its key, its answers).
     gate_changes: list[OperationMeta] = []

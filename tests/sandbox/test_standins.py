@@ -898,3 +898,30 @@ def test_sglang_rank_0_alone_times_out_as_the_tcpstore(sglang_env):
     assert rank0.wait(timeout=30) == 1
     assert "Timed out after 2 seconds waiting for clients. 1/2 clients joined." \
         in rank0.stderr.read()
+
+
+def test_the_all_reduce_across_nodes_meets_and_prints_its_bandwidth(sglang_env, tmp_path):
+    """operations/files/internode_check.py on two "nodes" of 8 stand-in GPUs each (one machine,
+    two processes): 16 ranks in one group, the sum intact, the bandwidth printed; a node alone
+    times out."""
+    script = Path(__file__).resolve().parents[2] / "operations/files/internode_check.py"
+    env_file = tmp_path / "nodes.env"
+    env_file.write_text("# comment\nNCCL_SOCKET_IFNAME=lo\nNCCL_IB_DISABLE=1\n")
+    init = f"127.0.0.1:{_free_port()}"
+
+    def node(rank, timeout="60"):
+        return subprocess.Popen(
+            [PYTHON, str(script), "--nnodes", "2", "--node-rank", str(rank), "--gpus", "8",
+             "--dist-init-addr", init, "--env-file", str(env_file), "--bytes", "1048576",
+             "--timeout", timeout],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=sglang_env("reference-lab"))
+
+    nodes = [node(0), node(1)]
+    outs = [p.communicate(timeout=120) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs
+    assert "NCCL all-reduce across 2 nodes (16 GPUs, this node rank 0): intact" in outs[0][0]
+    assert "bus bandwidth" in outs[0][0]
+    alone = node(0, timeout="3")
+    out, err = alone.communicate(timeout=120)
+    assert alone.returncode == 1 and "across 2 nodes" in err

@@ -1,0 +1,133 @@
+"""One model across two hosts: an inventory group with gpuhost_nodes is one SGLang server of
+tensor parallel size 16 over the lab switch; restarts are group-wide, a different lock is
+refused before anything restarts, a rank that dies takes the group down and the next run brings
+it back, a no-op run keeps both servers. One pair of hosts, booted once, scenarios chained."""
+
+import json
+import time
+
+import pytest
+
+from tests.e2e import lab
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _inventory(path, listed, group_extra=None, host_extra=None):
+    hosts = []
+    for h in listed:
+        data = {**lab.inventory_data(h), "gpuhost_tensor_parallel_size": 16,
+                **(host_extra or {}).get(h["name"], {})}
+        hosts.append((h["name"], data))
+    group = {"gpuhost_nodes": [h["name"] for h in listed], **(group_extra or {})}
+    path.write_text(f"pair = ({hosts!r}, {group!r})\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    lab.up(hosts=2, scenario="reference-lab")
+    listed = json.loads(lab.sandbox("status", "--json").stdout)
+    hosts = lab.status()
+    inventory = _inventory(tmp_path_factory.mktemp("inv") / "pair.py", listed)
+    first = lab.deploy(inventory=inventory)
+    assert first.returncode == 0, first.output[-8000:]
+    yield hosts, listed, inventory, first
+    lab.sandbox("down", check=False)
+
+
+def _invocations(host, since):
+    raw = host.ssh(f"journalctl -u sglang.service --since @{since} -o json --no-pager")
+    return {json.loads(line).get("_SYSTEMD_INVOCATION_ID") for line in raw.splitlines()
+            if line.strip()} - {None}
+
+
+def _invocation(host):
+    return host.ssh("systemctl show -p InvocationID --value sglang.service").strip()
+
+
+def _serves(host):
+    return "glm-5" in host.http_get("http://127.0.0.1:8000/v1/models")
+
+
+def test_the_pair_converges_and_answers_on_rank_0(pair):
+    (rank0, rank1), listed, _, first = pair
+    assert _serves(rank0)
+    rendezvous = f"{listed[0]['switch_address']}:25000"
+    for rank, host in enumerate((rank0, rank1)):
+        pid = host.main_pid()
+        args = host.process_args(pid)
+        at = args.index("--nnodes")
+        assert args[at:at + 6] == ["--nnodes", "2", "--node-rank", str(rank),
+                                   "--dist-init-addr", rendezvous]
+        env = host.process_env(pid)
+        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth1"
+        assert env["NCCL_IB_DISABLE"] == "1"  # no /sys/class/infiniband in the sandbox
+    # rank 1 serves sglang's dummy /health only
+    assert rank1.ssh("curl -s -o /dev/null -w '%{http_code}' localhost:8000/health") == "200"
+    assert rank1.ssh("curl -s -o /dev/null -w '%{http_code}' localhost:8000/v1/models") == "404"
+    assert f"rendezvous {rendezvous}" in first.output
+    assert "Start sglang.service: rank 0 first" in first.output
+
+
+def test_a_no_op_run_keeps_both_servers(pair):
+    (rank0, rank1), _, inventory, _ = pair
+    pids = (rank0.main_pid(), rank1.main_pid())
+    run = lab.deploy(inventory=inventory)
+    assert run.returncode == 0, run.output[-6000:]
+    assert (rank0.main_pid(), rank1.main_pid()) == pids
+    assert "Nodes: the group restarts (" not in run.output
+
+
+def test_a_flag_change_restarts_both_ranks_once(pair, tmp_path):
+    (rank0, rank1), listed, _, _ = pair
+    changed = _inventory(tmp_path / "pair.py", listed,
+                         group_extra={"gpuhost_mem_fraction_static": 0.9})
+    pids = (rank0.main_pid(), rank1.main_pid())
+    before = {h.name: _invocation(h) for h in (rank0, rank1)}
+    since = int(rank0.ssh("date +%s"))
+    run = lab.deploy(inventory=changed)
+    assert run.returncode == 0, run.output[-6000:]
+    assert rank0.main_pid() != pids[0] and rank1.main_pid() != pids[1]
+    for host in (rank0, rank1):  # started once each: one invocation besides the old one
+        assert _invocations(host, since) - {before[host.name]} == {_invocation(host)}
+    for host in (rank0, rank1):
+        assert "0.9" in host.process_args(host.main_pid())
+    assert "Nodes: the group restarts (" in run.output and _serves(rank0)
+    pids = (rank0.main_pid(), rank1.main_pid())
+    again = lab.deploy(inventory=changed)
+    assert again.returncode == 0 and (rank0.main_pid(), rank1.main_pid()) == pids
+    # back to the module's inventory for the next tests
+    assert lab.deploy(inventory=pair[2]).returncode == 0
+
+
+def test_a_node_with_another_lock_is_refused_before_any_restart(pair, tmp_path):
+    (rank0, rank1), listed, _, _ = pair
+    other = tmp_path / "other-lock.txt"
+    other.write_text(open(listed[1]["lock"]).read() + "# another stack\n")
+    refused = _inventory(tmp_path / "pair.py", listed,
+                         host_extra={listed[1]["name"]: {"gpuhost_lock": str(other)}})
+    pids = (rank0.main_pid(), rank1.main_pid())
+    run = lab.deploy(inventory=refused)
+    assert run.returncode != 0
+    assert "host data refused, no host was touched" in run.output
+    assert (f"group {listed[0]['name']}, {listed[1]['name']}: gpuhost_lock differs between "
+            "its nodes") in run.output
+    assert (rank0.main_pid(), rank1.main_pid()) == pids
+
+
+def test_killing_rank_1_fails_the_group_visibly_and_the_next_run_brings_it_back(pair):
+    (rank0, rank1), _, inventory, _ = pair
+    rank1.ssh("systemctl kill -s KILL sglang.service")
+    deadline = time.monotonic() + 60
+    while rank0.ssh("systemctl is-active sglang.service", check=False).strip() == "active":
+        assert time.monotonic() < deadline, "rank 0 kept running without rank 1"
+        time.sleep(1)
+    assert rank1.ssh("systemctl is-active sglang.service", check=False).strip() != "active"
+    assert "ncclRemoteError" in rank0.ssh("journalctl -u sglang.service -n 30 --no-pager")
+    run = lab.deploy(inventory=inventory)
+    assert run.returncode == 0, run.output[-6000:]
+    assert "sglang.service had failed" in run.output and "ncclRemoteError" in run.output
+    assert "Nodes: the group restarts (" in run.output
+    assert _serves(rank0)
+    assert rank1.ssh("systemctl is-active sglang.service").strip() == "active"
