@@ -43,6 +43,7 @@ from operations.lock import read_lock
 from operations.mlenv import LOCK_DIR, locked_packages, venv_that_runs
 from operations.p2p import LIB_DIR
 from operations.plan import fact
+from operations.secret_files import check_secret_file
 from operations.server import (
     GATE_MAX_CONNECTIONS,
     GATE_MEMORY_MAX,
@@ -156,8 +157,13 @@ def router(settings: Settings, workers: tuple[Worker, ...]):
     """Converge the router on this host (one of the ``gpuhost_router`` group): its venv from
     ``gpuhost_router_lock``, its unit routing to ``workers``, the API key gate in front for a
     wider bind; restarted when the unit or the venv changed; then its own worker list checked
-    (:func:`workers_registered`). Raises LockError for a lock that does not parse."""
+    (:func:`workers_registered`). Raises LockError for a lock that does not parse. Refuses the
+    stage (nothing of it planned) where the router's key file is not a root-only file of one
+    line (operations/secret_files.py), as the server's."""
     lock = read_lock(settings.router_lock_path)
+    if settings.router_is_public and not check_secret_file(
+            "Router", "router_api_key_file", settings.router_api_key_file or "", "key file"):
+        return
     venv = settings.router_venv_path
     files.directory(name="Lock folder", path=LOCK_DIR, mode="755")
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
