@@ -3,14 +3,16 @@
     pyinfra inventory/lab.py deploy.py          # converge every host
     pyinfra inventory/lab.py deploy.py --dry    # show, per host, what would change
 
-Every host's data is validated before any host is touched. Each host is deployed by one run at
-a time (its deploy lock). A stage that must not run on a host is refused while planning: --dry
-shows why; a real run takes that host out before any change; both exit non-zero.
+Every host's data is validated before any host is touched. The hosts of the gpuhost_router
+group also run the router in front of every serving host (operations/fleet.py). Each host is
+deployed by one run at a time (its deploy lock). A stage that must not run on a host is refused
+while planning: --dry shows why; a real run takes that host out before any change; both exit
+non-zero.
 """
 
 from pyinfra import host, inventory
 
-from operations import deploy_lock
+from operations import deploy_lock, fleet
 from operations.mlenv import mlenv
 from operations.nodes import node_role, nodes_env
 from operations.nvidia import nvidia
@@ -18,11 +20,13 @@ from operations.p2p import p2p
 from operations.plan import stop_if_refused
 from operations.preflight import preflight
 from operations.remote import use_run_env
+from operations.router import router
 from operations.server import sglang_server
 from operations.settings import for_run
 from operations.stack_check import known_behaviour
 
-settings = for_run(inventory)[host.name]
+the_fleet, fleet_settings = fleet.for_run(inventory, for_run(inventory))
+settings = fleet_settings[host.name]
 use_run_env()
 
 if deploy_lock.held(settings):
@@ -33,4 +37,6 @@ if deploy_lock.held(settings):
     p2p_changes = p2p(settings)
     role = node_role(settings)
     sglang_server(settings, inputs=[*venv_changes, *p2p_changes, *nodes_env(role)], role=role)
+    if host.name in the_fleet.routers:
+        router(settings, the_fleet.workers_of(host.name))
 stop_if_refused()

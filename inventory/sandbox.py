@@ -35,6 +35,8 @@ sandbox = [
             "gpuhost_cuda_keyring_sha256": h["cuda_keyring_sha256"],
             "gpuhost_pip_index_url": h["pip_index_url"],
             "gpuhost_lock": h["lock"],
+            # where the fleet's router reaches the host: its lab switch address
+            "gpuhost_fleet_address": h["switch_address"],
             **h.get("host_data", {}),
         },
     )

@@ -153,6 +153,7 @@ def gate_context(settings: Settings) -> dict:
         "runtime_dir": RUNTIME_DIRS[GATE_UNIT],
         "inputs_args": " ".join(systemd_quote(a) for a in gate_inputs()),
         "max_connections": GATE_MAX_CONNECTIONS,
+        "trust_args": "".join(f" --trust-peer {a}" for a in settings.api_gate_trusted_peers),
         "memory_max": GATE_MEMORY_MAX,
         "tasks_max": GATE_TASKS_MAX,
     }

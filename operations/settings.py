@@ -78,6 +78,10 @@ DRIVER_FLAVOURS: Final = ("open", "proprietary")
 #: example in sglang 0.5.9's own help for --dist-init-addr (sglang/srt/server_args.py:
 #: "e.g., `192.168.0.2:25000`").
 DIST_INIT_PORT: Final = 25000
+#: The router's load balancing policies: smg 1.13.0's ``smg launch --policy`` choices (its
+#: ``--help``, read off the wheel locks/router.txt pins); cache_aware is the issue's default.
+ROUTER_POLICIES: Final = ("cache_aware", "round_robin", "random", "power_of_two", "least_load",
+                          "consistent_hashing", "prefix_hash", "passthrough", "manual")
 P2P_OVERRIDES: Final = ("on", "off")
 
 
@@ -171,6 +175,21 @@ class Settings:
     bench_output_len: int = 256
     bench_prompts: int = 128
     bench_sweep: Mapping[str, tuple] | None = None
+    # The fleet (operations/router.py): the SGLang model gateway on the gpuhost_router group
+    fleet_address: str | None = None
+    api_gate_trusted_peers: tuple[str, ...] = ()
+    router_host: str = "127.0.0.1"
+    router_port: int = 8100
+    router_backend_port: int = 30100
+    router_api_key_file: str | None = None
+    router_policy: str = "cache_aware"
+    router_health_check_interval_secs: int = 10
+    router_health_check_timeout_secs: int = 5
+    router_health_failure_threshold: int = 3
+    router_health_success_threshold: int = 2
+    router_lock: str = "locks/router.txt"
+    router_venv_path: str = "/opt/gpuhost/router-venv"
+    router_wait_timeout: int = 300
 
     @property
     def model_is_local(self) -> bool:
@@ -188,6 +207,17 @@ class Settings:
         """Whether the server binds more than the loopback address (then the API key gate
         listens there and the server itself on 127.0.0.1:gpuhost_server_backend_port)."""
         return not ipaddress.ip_address(self.server_host).is_loopback
+
+    @property
+    def router_is_public(self) -> bool:
+        """Whether the router binds more than the loopback address (then an API key gate
+        listens there and the router itself on 127.0.0.1:gpuhost_router_backend_port)."""
+        return not ipaddress.ip_address(self.router_host).is_loopback
+
+    @property
+    def router_lock_path(self) -> Path:
+        path = Path(self.router_lock)
+        return path if path.is_absolute() else REPO_ROOT / path
 
     @property
     def cuda_home(self) -> str:
@@ -307,6 +337,7 @@ GPUHOST_DIRS: Final[Mapping[str, str]] = {
     "/var/lib/gpuhost": "gpuhost's records (the P2P measurement, the verified server)",
     "/etc/gpuhost": "the server's and the P2P decision's environment files",
     "/run/gpuhost": "the deploy lock",
+    "/opt/gpuhost/router-venv": "the router's venv (gpuhost_router_venv_path's default)",
 }
 
 
@@ -471,6 +502,27 @@ RULES: Final[Mapping[str, _Rule]] = {
         and len(set(v)) == len(v),
         "a non-empty list of distinct concurrency levels, integers >= 1, such as [1, 16, 64]",
     ),
+    "fleet_address": _Rule(lambda v: v is None or _is_host(v),
+                           "an IP address such as 10.0.0.5 (where the router reaches this "
+                           "host's server), or None"),
+    "api_gate_trusted_peers": _Rule(
+        lambda v: isinstance(v, (list, tuple)) and all(_is_host(a) for a in v),
+        "a list of IP addresses (the router hosts' gpuhost_fleet_address)"),
+    "router_host": _Rule(_is_host, "an IP address such as 127.0.0.1"),
+    "router_port": _int_between(1, 65535),
+    "router_backend_port": _int_between(1, 65535),
+    "router_api_key_file": _text(_PATH, f"an absolute path on the host, root-only "
+                                 f"{_PATH_DETAIL}", optional=True),
+    "router_policy": _Rule(lambda v: v in ROUTER_POLICIES,
+                           "one of " + ", ".join(ROUTER_POLICIES)),
+    "router_health_check_interval_secs": _int_between(1, 3600),
+    "router_health_check_timeout_secs": _int_between(1, 600),
+    "router_health_failure_threshold": _int_between(1, 100),
+    "router_health_success_threshold": _int_between(1, 100),
+    "router_lock": _text(r"[A-Za-z0-9_./\-]+\.txt", "a lock file (.txt) under locks/ or an "
+                         "absolute path"),
+    "router_venv_path": _text(_PATH, _PATH_ALLOWED),
+    "router_wait_timeout": _int_between(10, 86400),
     "bench_input_len": _int_between(1, 1 << 20),
     "bench_output_len": _int_between(1, 1 << 20),
     "bench_prompts": _int_between(1, 1 << 20),
@@ -531,7 +583,8 @@ def from_host_data(host: str, data: Mapping[str, Any],
                 and not isinstance(value, bool):
             value = str(value)
         values[name] = tuple(value) if name in ("server_extra_args", "allowed_dropins",
-                                                "bench_levels", "nodes") \
+                                                "bench_levels", "nodes",
+                                                "api_gate_trusted_peers") \
             else value
 
     if "bench_levels" not in values:
@@ -700,6 +753,30 @@ def _check_server_exposure(host: str, s: Settings) -> None:
             f"a port other than {PREFIX}server_port ({s.server_port}): the API key gate listens "
             "there and the server behind it on 127.0.0.1",
         )
+
+
+def _check_router_exposure(host: str, s: Settings) -> None:
+    """The router's bind as the server's: a wider bind needs a key (the API key gate in front,
+    operations/router.py), and the gate's port is not the router's own."""
+    if s.router_is_public and s.router_api_key_file is None:
+        raise _fail(
+            host, "router_host", s.router_host,
+            f"a loopback address (127.0.0.1, ::1), or set {PREFIX}router_api_key_file to a "
+            "root-only file holding the API key: a wider bind without a key is open to the "
+            "network",
+        )
+    if s.router_is_public and s.router_backend_port == s.router_port:
+        raise _fail(
+            host, "router_backend_port", s.router_backend_port,
+            f"a port other than {PREFIX}router_port ({s.router_port}): the API key gate listens "
+            "there and the router behind it on 127.0.0.1",
+        )
+    taken = {s.server_port: "server_port", s.server_backend_port: "server_backend_port"}
+    for key in ("router_port", "router_backend_port"):
+        port = getattr(s, key)
+        if port in taken:
+            raise _fail(host, key, port, f"a port other than {PREFIX}{taken[port]}'s ({port}): "
+                        "the router may run on a serving host")
 
 
 def _check_server_flags(host: str, s: Settings) -> None:
@@ -890,7 +967,8 @@ def _check_venv_path(host: str, s: Settings) -> None:
 
 #: The checks of settings against each other: each runs, so that every problem is reported.
 _TOGETHER: Final = (_check_bench, _check_tensor_parallel, _check_flavour, _check_driver,
-                    _check_mok, _check_server_exposure, _check_venv_path, _check_lock,
+                    _check_mok, _check_server_exposure, _check_router_exposure,
+                    _check_venv_path, _check_lock,
                     _check_sweep)
 
 

@@ -13,7 +13,9 @@ imports torch and records its build environment), flashinfer-python 0.6.3, flash
 0.6.3, sgl-kernel 0.3.21 and sglang 0.5.9 (the versions sglang 0.5.9's METADATA pins). Beside
 them, real wheels fetched once from PyPI into `cache`: flash-attn's build requirements under
 --no-build-isolation (setuptools, wheel, packaging), and huggingface_hub 0.36.2 with its
-dependencies (the product downloads the model with it), at the lock's versions and hashes.
+dependencies (the product downloads the model with it), at the lock's versions and hashes; and
+the router's, smg 1.13.0 and its dependencies at locks/router.txt's versions and hashes (the
+real router runs on the hosts), which the stand-in lock leaves out.
 """
 
 from __future__ import annotations
@@ -104,6 +106,30 @@ _HUB_SHA256 = {
         "0cf3cae568d36aa9576b28dfb35f11328f1cb974ca7647d9475ebb86c75ac6e3",
 }
 
+# The router (locks/router.txt: smg 1.13.0 and its dependencies), the real wheels for CPython
+# 3.11 on x86_64, served beside the stand-ins; pyyaml and typing-extensions are the hub's above.
+# They are the router's lock's, not the stand-in ML lock's (ROUTER_PROJECTS: left out of it).
+ROUTER_WHEELS = (
+    RealWheel("smg", "1.13.0", "smg-1.13.0-cp38-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+              "cfae8171dac68a74b4822263b1864fa79952992ee472a25ba7266ccd200399b4",
+              ("manylinux_2_17_x86_64",)),
+    RealWheel("grpcio", "1.85.3",
+              "grpcio-1.85.3-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+              "f2948333a1f462c0e559b5ea436655ed36822fa448f5713d6de2d483bed6e03f",
+              ("manylinux_2_17_x86_64",)),
+    RealWheel("grpcio-health-checking", "1.85.1", "grpcio_health_checking-1.85.1-py3-none-any.whl",
+              "05e1cb0cc69706f89e884d219c9b2b9da4f561c1c610e9987ee4492b9c826ad1"),
+    RealWheel("protobuf", "7.36.2", "protobuf-7.36.2-cp310-abi3-manylinux2014_x86_64.whl",
+              "89f23aa53c24553a2416fd4fd1ec06f74fa42b14b546d8883128813f775bbfd2",
+              ("manylinux2014_x86_64",)),
+    RealWheel("setproctitle", "1.3.8",
+              ("setproctitle-1.3.8-cp311-cp311-manylinux1_x86_64.manylinux_2_28_x86_64"
+               ".manylinux_2_5_x86_64.whl"),
+              "1a6f6a3b2920f4362e8d924f9e5b084f0b2692a2c140e348abd2e3a07a1def73",
+              ("manylinux_2_28_x86_64",)),
+)
+ROUTER_PROJECTS = frozenset(w.name for w in ROUTER_WHEELS)
+
 # flash-attn's build requirements without build isolation (locks/cuda12.8.txt's versions)
 REAL_WHEELS = (
     RealWheel(
@@ -124,7 +150,9 @@ REAL_WHEELS = (
         "packaging-26.4-py3-none-any.whl",
         "81383611a09c1bc0b08b76e0fd5829d7c6824c65b27a6aee339da133f4233ea2",
     ),
-) + tuple(RealWheel(n, v, f, _HUB_SHA256[f], plat) for n, v, f, plat in _HUB_WHEELS)
+) + tuple(RealWheel(n, v, f, _HUB_SHA256[f], plat) for n, v, f, plat in _HUB_WHEELS) \
+    + ROUTER_WHEELS
+
 
 
 @dataclass(frozen=True)
@@ -240,9 +268,11 @@ def build(www: Path, cache: Path, lock_path: Path) -> None:
 
 
 def lock_text(simple: Path) -> str:
-    """The lock for the index at `simple`: one pin per project, a hash per file, sorted."""
+    """The lock for the index at `simple`: one pin per project, a hash per file, sorted; the
+    router's projects left out (they are locks/router.txt's)."""
     lines = [LOCK_HEADER]
-    for project in sorted(p for p in simple.iterdir() if p.is_dir()):
+    for project in sorted(p for p in simple.iterdir()
+                          if p.is_dir() and p.name not in ROUTER_PROJECTS):
         dists = sorted(f for f in project.iterdir() if f.name != "index.html")
         version = _version_of(dists[0].name)
         hashes = " \\\n".join(f"    --hash=sha256:{_sha256(f)}" for f in dists)

@@ -29,6 +29,11 @@ amount of memory, time and threads, and never more than a refusal:
 - the server's answers are streamed through; only /server_info's JSON is held (at most
   MAX_INFO bytes) to remove the keys.
 
+Trusted peers (``--trust-peer ADDRESS``, repeatable; none by default): requests from these
+client addresses pass without the key. gpuhost gives a fleet's workers the router hosts'
+addresses here (operations/fleet.py: the router, smg 1.13.0, sends its workers no key); on a
+network where another machine could take such an address, keep the workers off it.
+
 The journal gets one line per request: the client's address, the method, the path without
 its query string (a key put there never reaches the log) and the status. No traceback: an
 error is logged as its type (and an OSError's strerror).
@@ -42,6 +47,7 @@ from __future__ import annotations
 import argparse
 import hmac
 import http.client
+import ipaddress
 import json
 import os
 import re
@@ -295,6 +301,9 @@ class Gate(BaseHTTPRequestHandler):
     key: Key
     backend: urllib.parse.SplitResult
     limits: Limits
+    #: Client addresses admitted without the key: the fleet's router hosts (operations/fleet.py:
+    #: the router sends no key to its workers), each as ipaddress gives it.
+    trusted_peers: frozenset = frozenset()
 
     # --- connection ---------------------------------------------------------------------
 
@@ -427,6 +436,19 @@ class Gate(BaseHTTPRequestHandler):
         return scheme.lower() == "bearer" and hmac.compare_digest(
             given.strip().encode("latin-1", "replace"), key.encode("ascii"))
 
+    def _trusted_peer(self) -> bool:
+        """Whether the client's address is one of --trust-peer's (an IPv4 address seen through
+        an IPv6 socket as ::ffff:a.b.c.d counts as itself)."""
+        if not self.trusted_peers:
+            return False
+        try:
+            address = ipaddress.ip_address(self.client_address[0])
+        except ValueError:
+            return False
+        mapped = getattr(address, "ipv4_mapped", None)
+        return address in self.trusted_peers or (mapped is not None
+                                                 and mapped in self.trusted_peers)
+
     def _content_length(self) -> int | None:
         """The body's length (0 without one), or None after refusing the request."""
         if self.headers.get_all("Transfer-Encoding"):
@@ -447,7 +469,7 @@ class Gate(BaseHTTPRequestHandler):
         if length is None:
             return
         path = re.split(r"[?#]", self.path, maxsplit=1)[0]
-        if path not in OPEN_PATHS:
+        if path not in OPEN_PATHS and not self._trusted_peer():
             try:
                 key = self.key.get()
             except SecretFileError:
@@ -627,6 +649,8 @@ def main() -> int:
     parser.add_argument("--head-timeout", type=float, default=HEAD_TIMEOUT, help="seconds")
     parser.add_argument("--io-timeout", type=float, default=IO_TIMEOUT, help="seconds")
     parser.add_argument("--backend-timeout", type=float, default=BACKEND_TIMEOUT, help="seconds")
+    parser.add_argument("--trust-peer", action="append", default=[], type=ipaddress.ip_address,
+                        help="a client address admitted without the key (the fleet's router)")
     args = parser.parse_args()
     limits = Limits(head_timeout=args.head_timeout, io_timeout=args.io_timeout,
                     max_body=args.max_body_bytes, max_connections=args.max_connections,
@@ -634,6 +658,7 @@ def main() -> int:
     Gate.key = Key(args.key_file)
     Gate.backend = urllib.parse.urlsplit(args.backend)
     Gate.limits = limits
+    Gate.trusted_peers = frozenset(args.trust_peer)
     server_class = Server6 if ":" in args.listen else Server
     server = server_class((args.listen, args.port), Gate, limits)
     log(f"gate on {args.listen}:{args.port} -> {args.backend} (at most "

@@ -479,6 +479,8 @@ def test_index_hashes_match_the_files(index):
         # huggingface_hub and its dependencies (real wheels)
         "huggingface-hub", "filelock", "fsspec", "hf-xet", "pyyaml", "requests", "certifi",
         "charset-normalizer", "idna", "urllib3", "tqdm", "typing-extensions",
+        # the router (locks/router.txt: real wheels)
+        "smg", "grpcio", "grpcio-health-checking", "protobuf", "setproctitle",
     }
     for project in projects:
         page = (simple / project / "index.html").read_text()
@@ -486,6 +488,18 @@ def test_index_hashes_match_the_files(index):
         assert links, project
         for filename, digest in links:
             assert hashlib.sha256((simple / project / filename).read_bytes()).hexdigest() == digest
+
+
+def test_router_wheels_are_served_at_the_router_locks_pins_and_left_out_of_the_ml_lock(index):
+    from operations.lock import read_lock
+
+    router = read_lock(Path(__file__).resolve().parents[2] / "locks" / "router.txt")
+    for wheel in pypi_index.ROUTER_WHEELS:
+        pin = router.get(wheel.name)
+        assert pin is not None and pin.version == wheel.version, wheel.name
+        assert f"sha256:{wheel.sha256}" in pin.hashes, wheel.filename  # PyPI's file, locked
+    stand_in = read_lock(index / "lock.txt")
+    assert not {w.name for w in pypi_index.ROUTER_WHEELS} & set(stand_in.versions())
 
 
 def test_lock_pins_every_file_by_hash(index):
@@ -522,6 +536,7 @@ def test_lock_pins_every_file_by_hash(index):
         hashlib.sha256(f.read_bytes()).hexdigest()
         for f in simple.rglob("*")
         if f.is_file() and f.name != "index.html"
+        and f.parent.name not in pypi_index.ROUTER_PROJECTS  # locks/router.txt's
     }
     assert hashes == files
 

@@ -1,0 +1,144 @@
+"""The fleet: which hosts serve, which run the router (the ``gpuhost_router`` group), and the
+URL the router reaches each serving host's server at (its own host's server on the loopback).
+A node group (``gpuhost_nodes``) is one worker, its rank 0. Pure planning over every host's
+validated settings; nothing here touches a host.
+
+A serving host is reached at ``http://<gpuhost_fleet_address>:<gpuhost_server_port>``, the
+address on the network the router shares with it. The router on the same host may reach a
+loopback server at its own loopback. A server bound wider than the loopback has the API key
+gate in front (settings: a wider bind needs a key), and the router, smg 1.13.0, sends no key to
+the workers of ``--worker-urls`` (seen: its health checks and forwarded requests carry no
+Authorization header, whatever ``--api-key`` says; that key is the router's own clients'): so
+each such worker's gate admits the router hosts' fleet addresses without the key
+(``gpuhost_api_gate_trusted_peers``, added here) and everyone else only with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from operations.settings import PREFIX, Settings
+
+ROUTER_GROUP: Final = "gpuhost_router"
+
+
+class FleetError(ValueError):
+    """Host data that gives no working fleet: one line per problem, naming host, key and value."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A serving host as the router sees it: the host's name and its server's URL."""
+
+    name: str
+    url: str
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The router hosts (names, inventory order) and, for each, its workers in inventory order."""
+
+    routers: tuple[str, ...]
+    workers: Mapping[str, tuple[Worker, ...]]
+
+    def workers_of(self, router: str) -> tuple[Worker, ...]:
+        return self.workers.get(router, ())
+
+
+def _wildcard(address: str) -> bool:
+    return ipaddress.ip_address(address).is_unspecified
+
+
+def _loopback(address: str) -> bool:
+    return ipaddress.ip_address(address).is_loopback
+
+
+def _url(address: str, port: int) -> str:
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}"
+
+
+def worker_url(name: str, s: Settings, router: str) -> tuple[str | None, str | None]:
+    """(URL, None) where the router on host ``router`` reaches ``name``'s server, or (None, the
+    problem's line)."""
+    if name == router:
+        # its own server on the loopback: behind the gate (server_backend_port) where it is
+        # public, so that the gate need not trust the host's own address (the health gate
+        # checks from there that a request without the key is refused)
+        loop = "::1" if ":" in s.server_host and not _wildcard(s.server_host) else "127.0.0.1"
+        port = s.server_backend_port if s.server_is_public else s.server_port
+        return _url(loop, port), None
+    if s.fleet_address is None:
+        return None, (f"host {name}: {PREFIX}fleet_address = None is not allowed: the address "
+                      f"where the router on {router} reaches this host's server (the "
+                      f"{ROUTER_GROUP} group routes to every serving host)")
+    if s.server_host != s.fleet_address and not _wildcard(s.server_host):
+        return None, (f"host {name}: {PREFIX}server_host = {s.server_host!r} is not allowed: "
+                      f"the router on {router} reaches the server at {PREFIX}fleet_address "
+                      f"{s.fleet_address!r}: bind that address or 0.0.0.0 (with "
+                      f"{PREFIX}api_key_file)")
+    return _url(s.fleet_address, s.server_port), None
+
+
+def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Settings]) -> Fleet:
+    """The fleet of an inventory: ``hosts`` as (name, its groups) in inventory order, every
+    host's settings by name. Every host serves; the hosts of :data:`ROUTER_GROUP` also run the
+    router. Raises :class:`FleetError` with every problem (a serving host the router cannot
+    reach, a router host without a fleet address where its workers' gates must admit it)."""
+    listed = [(name, set(groups)) for name, groups in hosts]
+    routers = tuple(name for name, groups in listed if ROUTER_GROUP in groups)
+    problems: list[str] = []
+    workers: dict[str, tuple[Worker, ...]] = {}
+    for router in routers:
+        found = []
+        for name, _ in listed:
+            if settings[name].nodes and name != settings[name].nodes[0]:
+                continue  # a rank >= 1 of a node group serves no model (operations/nodes.py)
+            url, problem = worker_url(name, settings[name], router)
+            if problem:
+                problems.append(problem)
+            else:
+                found.append(Worker(name, url or ""))
+        workers[router] = tuple(found)
+        remote_gated = [n for n, _ in listed if n != router and settings[n].server_is_public]
+        if remote_gated and settings[router].fleet_address is None:
+            problems.append(f"host {router}: {PREFIX}fleet_address = None is not allowed: the "
+                            f"API key gates of {', '.join(remote_gated)} admit the router by "
+                            "this address")
+    if problems:
+        raise FleetError(list(dict.fromkeys(problems)))
+    return Fleet(routers, workers)
+
+
+def with_router_peers(fleet: Fleet, settings: Mapping[str, Settings]) -> dict[str, Settings]:
+    """Every host's settings, a gated worker's with the router hosts' fleet addresses added to
+    its ``api_gate_trusted_peers`` (the router sends no key: module docstring)."""
+    out = dict(settings)
+    for name, s in settings.items():
+        peers = [settings[r].fleet_address for r in fleet.routers
+                 if r != name and settings[r].fleet_address and s.server_is_public]
+        extra = [p for p in peers if p not in s.api_gate_trusted_peers]
+        if extra:
+            out[name] = dataclasses.replace(
+                s, api_gate_trusted_peers=tuple(s.api_gate_trusted_peers) + tuple(extra))
+    return out
+
+
+def for_run(inventory, settings: Mapping[str, Settings]) -> tuple[Fleet, dict[str, Settings]]:
+    """:func:`plan` and :func:`with_router_peers` of pyinfra's inventory; on a problem, exit
+    with every problem listed before any host is touched (as settings.for_run does)."""
+    hosts = [(h.name, h.groups) for h in inventory]
+    try:
+        fleet = plan(hosts, settings)
+    except FleetError as exc:
+        raise SystemExit("gpuhost: fleet refused, no host was touched:\n  - "
+                         + "\n  - ".join(exc.problems)) from None
+    return fleet, with_router_peers(fleet, settings)

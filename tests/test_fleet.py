@@ -1,0 +1,199 @@
+"""The fleet's planning (operations/fleet.py), the router's unit and gate (operations/router.py,
+templates/sglang-router*.service.j2), and the API key gate's trusted peers."""
+
+from __future__ import annotations
+
+import configparser
+import dataclasses
+import ipaddress
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from operations import fleet, router
+from operations.lock import read_lock
+from operations.settings import SettingsError, from_host_data
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def settings(name: str, **data):
+    return from_host_data(name, {f"gpuhost_{k}": v for k, v in data.items()})
+
+
+def gated(address: str, **extra):
+    return settings("h", server_host=address, fleet_address=address,
+                    api_key_file="/root/key", **extra)
+
+
+def render(template: str, context: dict) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "templates"))
+    return env.get_template(template).render(**context)
+
+
+def test_router_on_a_serving_host_routes_to_every_host_at_its_fleet_address():
+    s = {"gpu1": gated("10.0.0.1"), "gpu2": gated("10.0.0.2"), "gpu3": gated("10.0.0.3")}
+    hosts = [("gpu1", ["sandbox", "gpuhost_router"]), ("gpu2", ["sandbox"]),
+             ("gpu3", ["sandbox"])]
+    planned = fleet.plan(hosts, s)
+    assert planned.routers == ("gpu1",)
+    # its own server behind the gate on the loopback, the others at their fleet address
+    assert [w.url for w in planned.workers_of("gpu1")] == [
+        "http://127.0.0.1:30000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"]
+    peered = fleet.with_router_peers(planned, s)
+    # every other gated worker's gate admits the router's address (the router sends no key);
+    # the router host's own gate trusts nobody (its health gate checks a refusal from there)
+    assert {n: p.api_gate_trusted_peers for n, p in peered.items()} == {
+        "gpu1": (), "gpu2": ("10.0.0.1",), "gpu3": ("10.0.0.1",)}
+
+
+def test_a_node_group_is_one_worker_its_rank_0():
+    """Ranks >= 1 of a gpuhost_nodes group serve no model (sglang's dummy /health only)."""
+    group = ("gpu2", "gpu3")
+    def node(address):
+        return dataclasses.replace(gated(address), nodes=group)
+
+    s = {"gpu1": gated("10.0.0.1"), "gpu2": node("10.0.0.2"),
+         "gpu3": node("10.0.0.3")}
+    hosts = [("gpu1", ["gpuhost_router"]), ("gpu2", ["pair"]), ("gpu3", ["pair"])]
+    assert [w.name for w in fleet.plan(hosts, s).workers_of("gpu1")] == ["gpu1", "gpu2"]
+
+
+def test_no_router_group_is_no_fleet_and_changes_no_settings():
+    s = {"gpu1": gated("10.0.0.1")}
+    planned = fleet.plan([("gpu1", ["sandbox"])], s)
+    assert planned.routers == () and fleet.with_router_peers(planned, s) == s
+
+
+def test_the_router_host_may_reach_its_own_loopback_server():
+    s = {"gpu1": settings("gpu1")}
+    planned = fleet.plan([("gpu1", ["gpuhost_router"])], s)
+    assert [w.url for w in planned.workers_of("gpu1")] == ["http://127.0.0.1:8000"]
+
+
+def test_a_worker_the_router_cannot_reach_is_refused_naming_the_key():
+    s = {"gpu1": gated("10.0.0.1"), "gpu2": settings("gpu2"),
+         "gpu3": settings("gpu3", server_host="0.0.0.0", api_key_file="/root/k",
+                          fleet_address="10.0.0.3"),
+         "gpu4": settings("gpu4", server_host="10.0.0.9", api_key_file="/root/k",
+                          fleet_address="10.0.0.4")}
+    hosts = [("gpu1", ["gpuhost_router"]), ("gpu2", []), ("gpu3", []), ("gpu4", [])]
+    with pytest.raises(fleet.FleetError) as err:
+        fleet.plan(hosts, s)
+    assert err.value.problems == [
+        "host gpu2: gpuhost_fleet_address = None is not allowed: the address where the router "
+        "on gpu1 reaches this host's server (the gpuhost_router group routes to every serving "
+        "host)",
+        "host gpu4: gpuhost_server_host = '10.0.0.9' is not allowed: the router on gpu1 "
+        "reaches the server at gpuhost_fleet_address '10.0.0.4': bind that address or 0.0.0.0 "
+        "(with gpuhost_api_key_file)",
+    ]
+
+
+def test_a_router_without_a_fleet_address_for_gated_workers_is_refused():
+    s = {"gpu1": settings("gpu1"), "gpu2": gated("10.0.0.2")}
+    with pytest.raises(fleet.FleetError, match="host gpu1: gpuhost_fleet_address = None"):
+        fleet.plan([("gpu1", ["gpuhost_router"]), ("gpu2", [])], s)
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"router_host": "0.0.0.0"}, "gpuhost_router_host"),
+    ({"router_policy": "fastest"}, "gpuhost_router_policy"),
+    ({"router_port": 8000}, "gpuhost_router_port"),
+    ({"router_backend_port": 30000}, "gpuhost_router_backend_port"),
+    ({"router_host": "10.0.0.1", "router_api_key_file": "/root/k", "router_backend_port": 8100},
+     "gpuhost_router_backend_port"),
+    ({"router_health_check_interval_secs": 0}, "gpuhost_router_health_check_interval_secs"),
+])
+def test_bad_router_data_is_refused_naming_key_and_value(data, key):
+    with pytest.raises(SettingsError) as err:
+        settings("h", **data)
+    value = {f"gpuhost_{k}": v for k, v in data.items()}[key]
+    assert f"{key} = {value!r} is not allowed" in str(err.value)
+
+
+def test_default_policy_is_cache_aware_and_policies_are_smgs():
+    assert settings("h").router_policy == "cache_aware"
+    help_choices = {"random", "round_robin", "passthrough", "cache_aware", "power_of_two",
+                    "least_load", "manual", "consistent_hashing", "prefix_hash"}
+    from operations.settings import ROUTER_POLICIES
+
+    assert set(ROUTER_POLICIES) == help_choices  # smg 1.13.0 launch --help's --policy
+
+
+def test_router_lock_pins_smg_with_hashes():
+    lock = read_lock(ROOT / "locks" / "router.txt")
+    assert lock.get("smg").version == "1.13.0"
+    assert all(p.hashes for p in lock.pins)
+
+
+def unit(text: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.read_string(text)
+    return parser
+
+
+def test_loopback_router_unit_binds_its_port_with_the_workers_and_no_gate():
+    s = settings("h")
+    workers = (fleet.Worker("gpu1", "http://127.0.0.1:8000"),
+               fleet.Worker("gpu2", "http://10.0.0.2:8000"))
+    text = render("sglang-router.service.j2", router.unit_context(s, workers))
+    start = unit(text)["Service"]["ExecStart"].split()
+    assert start[:2] == ["/opt/gpuhost/router-venv/bin/smg", "launch"]
+    args = " ".join(start)
+    assert "--host 127.0.0.1 --port 8100 --policy cache_aware" in args
+    assert "--worker-urls http://127.0.0.1:8000 http://10.0.0.2:8000 --health-check" in args
+    assert "--prometheus-host 127.0.0.1" in args  # smg's default is every interface
+    assert "--health-check-interval-secs 10" in args and "--api-key" not in args
+    assert "Wants=sglang-router-gate" not in text
+
+
+def test_public_router_binds_the_loopback_behind_its_gate_and_the_key_stays_in_its_file():
+    s = settings("h", router_host="10.0.0.1", router_api_key_file="/root/router.key")
+    text = render("sglang-router.service.j2", router.unit_context(s, ()))
+    assert "--host 127.0.0.1 --port 30100" in text and "/root/router.key" not in text
+    assert "Wants=sglang-router-gate.service" in text
+    gate = unit(render("sglang-router-gate.service.j2", router.gate_context(s)))
+    start = gate["Service"]["ExecStart"]
+    assert ("--listen 10.0.0.1 --port 8100 --backend http://127.0.0.1:30100 "
+            "--key-file /root/router.key") in start
+    assert router.own_url(s) == "http://127.0.0.1:30100"
+
+
+def test_server_gate_unit_trusts_the_router_peers():
+    from operations.server import gate_context
+
+    s = dataclasses.replace(gated("10.0.0.2"), api_gate_trusted_peers=("10.0.0.1",))
+    start = unit(render("sglang-gate.service.j2", gate_context(s)))["Service"]["ExecStart"]
+    assert start.endswith("--trust-peer 10.0.0.1")
+    plain = unit(render("sglang-gate.service.j2", gate_context(gated("10.0.0.2"))))
+    assert "--trust-peer" not in plain["Service"]["ExecStart"]
+
+
+def test_gate_admits_a_trusted_peer_and_its_v4_mapped_form_only(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "operations" / "files"))  # as it runs on the host
+    import api_gate
+
+    class Probe:
+        trusted_peers = frozenset({ipaddress.ip_address("10.0.0.1")})
+        _trusted_peer = api_gate.Gate._trusted_peer
+
+    for address, admitted in (("10.0.0.1", True), ("::ffff:10.0.0.1", True),
+                              ("10.0.0.2", False), ("not an address", False)):
+        probe = Probe()
+        probe.client_address = (address, 1234)
+        assert probe._trusted_peer() is admitted, address
+    nobody = Probe()
+    nobody.trusted_peers = frozenset()
+    nobody.client_address = ("10.0.0.1", 1)
+    assert nobody._trusted_peer() is False
+
+
+def test_router_check_describes_what_is_missing():
+    from operations.files import router_workers
+
+    seen = {"listed": {"a": True, "b": False}, "missing": ["c"], "unhealthy": ["b"], "error": ""}
+    assert router_workers.describe(seen) == "not listed: c; unhealthy: b"
+    assert router_workers.describe({"listed": {}, "missing": [], "unhealthy": [],
+                                    "error": "URLError: refused"}).startswith("no worker list")
