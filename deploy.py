@@ -11,6 +11,7 @@ shows why; a real run takes that host out before any change; both exit non-zero.
 from pyinfra import host, inventory
 
 from operations import deploy_lock
+from operations.driver_rollback import fail_if_rolled_back
 from operations.mlenv import mlenv
 from operations.nvidia import nvidia
 from operations.p2p import p2p
@@ -31,4 +32,5 @@ if deploy_lock.held(settings):
     venv_changes = mlenv(settings)
     p2p_changes = p2p(settings)
     sglang_server(settings, inputs=[*venv_changes, *p2p_changes])
+    fail_if_rolled_back()
 stop_if_refused()
