@@ -658,7 +658,11 @@ def driver_failure(host, module_package: str, gpu_count: int) -> str | None:
     if not ok:
         return "; ".join(line for line in out.stderr_lines if line.strip()) or "nvidia-smi fails"
     _status, out = remote.shell(host, PciGpus().command())
-    gpus = parse_lspci(out.stdout_lines)
+    return binding_failure(parse_lspci(out.stdout_lines))
+
+
+def binding_failure(gpus: tuple[PciGpu, ...] | None) -> str | None:
+    """Why the GPUs :class:`PciGpus` read are not all bound to nvidia, or None when they are."""
     if gpus is None:
         return "lspci is not installed (pciutils): cannot check GPU binding"
     wrong = [f"{g.address} ({g.driver or 'no driver'})" for g in gpus if g.driver != "nvidia"]
@@ -676,14 +680,10 @@ def gpus_bound():
     def check(state, host):
         _status, out = remote.shell(host, PciGpus().command())
         gpus = parse_lspci(out.stdout_lines)
-        if gpus is None:
-            raise OperationError("lspci is not installed (pciutils): cannot check GPU binding")
-        wrong = [f"{g.address} ({g.driver or 'no driver'})" for g in gpus if g.driver != "nvidia"]
-        if wrong:
-            raise OperationError(f"GPUs not bound to nvidia: {', '.join(wrong)}")
-        if not gpus:
-            raise OperationError("lspci lists no NVIDIA GPU")
-        logger.info(f"{host.print_prefix}{len(gpus)} GPU(s) bound to nvidia")
+        failure = binding_failure(gpus)
+        if failure:
+            raise OperationError(failure)
+        logger.info(f"{host.print_prefix}{len(gpus or ())} GPU(s) bound to nvidia")
         return True
 
     yield FunctionCommand(check, (), {})
