@@ -25,142 +25,36 @@ yet) or "rolling-back" (it failed: ``failure`` says how, the kept packages are g
 ``driver-kept/``: the .deb files of ``restore``, each checked against the SHA256 apt's lists give
 for that version (``apt-cache show``) when kept and against the recorded hash before reinstall.
 
-What a change replaces is apt's own word: ``apt-get -s`` (a simulation, apt-get(8)) of the
-driver install, read with LC_ALL=C. Its lines, as apt 2.6 on Debian 12 prints them
-(tests/fixtures/apt-get-s/): "Inst libssl3 [3.0.19-1~deb12u2] (3.0.20-1~deb12u2
-Debian:12.15/oldstable [amd64])" (installed version in brackets, none for a new package),
-"Remv jq [1.6-2.1+deb12u1]", "Conf ..." and, on failure, "E: ..." lines.
+What a change replaces is apt's own word: operations.apt_simulation.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Final
 
-from jinja2 import Template
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand, operation
+from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.exceptions import OperationError
-from typing_extensions import override
-
-from operations import REPO_ROOT, remote
+from operations import remote
+from operations.apt_simulation import (
+    INSTALL_OPTIONS,
+    Simulation,
+    parse_simulation,
+    simulation_command,
+)
 from operations.host import back_with_new_boot
 
 STATE_DIR: Final = "/var/lib/gpuhost"
 LAST_GOOD: Final = f"{STATE_DIR}/driver-last-good.json"
 CHANGE: Final = f"{STATE_DIR}/driver-change.json"
 KEPT_DIR: Final = f"{STATE_DIR}/driver-kept"
-PIN_FILE: Final = "gpuhost-nvidia-driver"  # in /etc/apt/preferences.d (the nvidia stage's pin)
-
-#: The driver install's apt-get options (operations.nvidia.driver_packages), which the
-#: simulation repeats so that it answers for the same transaction.
-INSTALL_OPTIONS: Final = ("--no-install-recommends", "--allow-downgrades",
-                          "--allow-change-held-packages")
 
 #: Per host, what the rollback of this run did: the run fails for that host at its end.
 _rolled_back: dict[str, str] = {}
-
-
-# --- apt's simulation ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PackageChange:
-    """One package a transaction changes: its installed version (None: newly installed) and
-    the version it gets (None: removed)."""
-
-    package: str
-    installed: str | None
-    version: str | None
-
-    def describe(self) -> str:
-        if self.version is None:
-            return f"{self.package} removed (now {self.installed})"
-        if self.installed is None:
-            return f"{self.package} {self.version} (new)"
-        return f"{self.package} {self.version} (now {self.installed})"
-
-
-@dataclass(frozen=True)
-class Simulation:
-    """What ``apt-get -s install`` says it would do; ``error``: apt's E: lines when it would not."""
-
-    changes: tuple[PackageChange, ...] = ()
-    error: str | None = None
-
-    def version_of(self, package: str) -> str | None:
-        return next((c.version for c in self.changes if c.package == package), None)
-
-
-_INST: Final = re.compile(r"^Inst (\S+) (?:\[([^]\s]+)\] )?\(([^\s)]+)")
-_REMV: Final = re.compile(r"^Remv (\S+)(?: \[([^]\s]+)\])?")
-
-
-def parse_simulation(lines: list[str]) -> Simulation:
-    """Parse ``apt-get -s`` output (LC_ALL=C) followed by a ``rc=N`` line (see the module
-    docstring for the line formats)."""
-    changes: list[PackageChange] = []
-    errors: list[str] = []
-    rc = 0
-    for line in lines:
-        if m := _INST.match(line):
-            changes.append(PackageChange(m.group(1), m.group(2), m.group(3)))
-        elif m := _REMV.match(line):
-            changes.append(PackageChange(m.group(1), m.group(2), None))
-        elif line.startswith("E: "):
-            errors.append(line[3:].strip())
-        elif line.startswith("rc="):
-            rc = int(line[3:] or 1)
-    if rc != 0 or errors:
-        return Simulation(tuple(changes), "; ".join(errors) or f"apt-get -s exited {rc}")
-    return Simulation(tuple(changes))
-
-
-def pin_text(version_glob: str) -> str:
-    """The nvidia stage's apt pin for ``version_glob`` (templates/apt-nvidia-pin.j2)."""
-    return Template((REPO_ROOT / "templates" / "apt-nvidia-pin.j2").read_text()).render(
-        version_glob=version_glob)
-
-
-def simulation_command(packages: list[str], version_glob: str) -> str:
-    """``apt-get -s install`` of the driver packages under the pin the run writes: the host's
-    own preferences.d, with gpuhost's pin file replaced by the one for ``version_glob``, in a
-    temporary folder (apt.conf(5): Dir::Etc::PreferencesParts). Changes nothing on the host."""
-    for name in packages:
-        if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", name):
-            raise OperationError(f"package name {name!r}")
-    names = " ".join(packages)
-    return (
-        't=$(mktemp -d) || exit 1; mkdir "$t/parts"; '
-        'for f in /etc/apt/preferences.d/*; do [ -f "$f" ] && cp -p "$f" "$t/parts/"; done; '
-        f"printf '%s\\n' {shlex.quote(pin_text(version_glob))} > \"$t/parts/{PIN_FILE}\"; "
-        f'LC_ALL=C apt-get -s -o Dir::Etc::PreferencesParts="$t/parts" install '
-        f"{' '.join(INSTALL_OPTIONS)} {names} 2>&1; "
-        'echo "rc=$?"; rm -rf "$t"'
-    )
-
-
-class DriverSimulation(FactBase[Simulation]):
-    """What apt would install for the driver packages at a version pattern, from the host's
-    lists (``apt-get -s``, see :func:`simulation_command`).
-
-    .. code:: python
-
-        Simulation(changes=(PackageChange("nvidia-open", "580.95.05-1", "590.44.01-1"), ...))
-    """
-
-    @override
-    def command(self, packages: list[str], version_glob: str) -> str:
-        return simulation_command(packages, version_glob)
-
-    @override
-    def process(self, output: list[str]) -> Simulation:
-        return parse_simulation(output)
 
 
 # --- the records -------------------------------------------------------------------------------
@@ -370,7 +264,7 @@ def kept(packages: list[str], module_package: str, version_glob: str):
 
 
 def _roll_back(host_, change: dict, failure: str, module_package: str, gpu_count: int,
-               failure_of: Callable[..., str | None]) -> None:
+               failure_of: Callable[..., str | None], interrupted: bool = False) -> None:
     """Reinstall the kept packages, reboot, verify; records the outcome (see the module
     docstring). Raises OperationError when the kept files are gone or changed, or the restored
     driver fails its checks too."""
@@ -411,6 +305,8 @@ def _roll_back(host_, change: dict, failure: str, module_package: str, gpu_count
     message = (f"driver {change.get('to')} failed its checks after the reboot ({failure}); "
                f"rolled back to {record['version']}: reinstalled, rebooted and verified "
                f"({gpu_count} GPU(s))")
+    if interrupted:
+        message += "; an earlier run had left the rollback unfinished"
     _rolled_back[host_.name] = message
     logger.error(f"{host_.print_prefix}NVIDIA: {message}")
 
@@ -473,7 +369,7 @@ def finished(packages: list[str], module_package: str, gpu_count: int,
             return True
         _sh(host, f"systemctl stop {shlex.quote(server_unit)} 2>/dev/null || true")
         _roll_back(host, change, str(change.get("failure")), module_package, gpu_count,
-                   failure_of)
+                   failure_of, interrupted=True)
         return True
 
     yield FunctionCommand(finish, (), {})

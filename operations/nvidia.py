@@ -23,6 +23,7 @@ from typing_extensions import override
 
 from operations import REPO_ROOT
 from operations import driver_rollback, remote
+from operations.apt_simulation import DriverSimulation
 from operations.gpu import NvidiaDriver
 from operations.host import (
     AptListsPresent,
@@ -767,7 +768,7 @@ def nvidia(settings: Settings):
     simulation = None
     if plan.install and not plan.keep_present and lists_present and any(
             s.file == source_path for s in fact(AptSources)):
-        simulation = fact(driver_rollback.DriverSimulation,
+        simulation = fact(DriverSimulation,
                           packages=[*packages, module_package], version_glob=plan.target)
     for level, line in driver_rollback.plan_lines(
             install=plan.install and not plan.keep_present, change=plan.change,

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from operations import apt_simulation as sim_
 from operations import driver_rollback as dr
-from operations.driver_rollback import PackageChange, Simulation
+from operations.apt_simulation import PackageChange, Simulation
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "apt-get-s"
 
@@ -18,7 +19,7 @@ def lines(name: str, rc: int = 0) -> list[str]:
 
 
 def test_upgrades_read_with_their_installed_version():
-    sim = dr.parse_simulation(lines("upgrade-excerpt.txt"))
+    sim = sim_.parse_simulation(lines("upgrade-excerpt.txt"))
     assert sim.error is None
     assert sim.changes == (
         PackageChange("libssl-dev", "3.0.19-1~deb12u2", "3.0.20-1~deb12u2"),
@@ -28,27 +29,27 @@ def test_upgrades_read_with_their_installed_version():
 
 
 def test_new_and_removed_packages():
-    assert dr.parse_simulation(lines("install-hello.txt")).changes == (
+    assert sim_.parse_simulation(lines("install-hello.txt")).changes == (
         PackageChange("hello", None, "2.10-3"),)
-    assert dr.parse_simulation(lines("remove-jq.txt")).changes == (
+    assert sim_.parse_simulation(lines("remove-jq.txt")).changes == (
         PackageChange("yq", "3.1.0-3", None), PackageChange("jq", "1.6-2.1+deb12u1", None))
 
 
 def test_apt_errors_are_kept():
-    sim = dr.parse_simulation(["Reading package lists...",
+    sim = sim_.parse_simulation(["Reading package lists...",
                                "E: Unable to locate package nvidia-open", "rc=100"])
     assert sim.error == "Unable to locate package nvidia-open"
-    assert dr.parse_simulation(["rc=1"]).error == "apt-get -s exited 1"
+    assert sim_.parse_simulation(["rc=1"]).error == "apt-get -s exited 1"
 
 
 def test_simulation_uses_the_runs_pin_and_changes_nothing():
-    command = dr.simulation_command(["nvidia-open", "nvidia-kernel-open-dkms"], "590.*")
+    command = sim_.simulation_command(["nvidia-open", "nvidia-kernel-open-dkms"], "590.*")
     assert "apt-get -s -o Dir::Etc::PreferencesParts=" in command
     assert "LC_ALL=C" in command and "Pin: version 590.*" in command
     assert "--allow-downgrades --allow-change-held-packages nvidia-open " in command
     assert 'rm -rf "$t"' in command
     with pytest.raises(Exception, match="package name"):
-        dr.simulation_command(["nvidia open"], "590.*")
+        sim_.simulation_command(["nvidia open"], "590.*")
 
 
 UPGRADE = Simulation((PackageChange("nvidia-open", "580.95.05-1", "590.44.01-1"),
@@ -120,7 +121,7 @@ def test_a_version_that_failed_here_before_is_said():
 
 
 def test_the_sandbox_driver_change_as_apt_simulates_it():
-    sim = dr.parse_simulation(lines("sandbox-driver-580-to-590.txt"))
+    sim = sim_.parse_simulation(lines("sandbox-driver-580-to-590.txt"))
     assert sim.error is None and len(sim.changes) == 6
     assert sim.version_of("nvidia-kernel-open-dkms") == "590.44.01-1"
     assert {c.installed for c in sim.changes} == {"580.95.05-1"}
