@@ -868,7 +868,7 @@ def nvidia(settings: Settings):
                             service=SERVER_UNIT, running=False, enabled=False)
         apt.packages(name=f"Kernel headers for {headers.kernel}",
                      packages=[f"linux-headers-{headers.kernel}"], no_recommends=True)
-        if plan.installed:
+        if plan.install and plan.installed:
             driver_rollback.kept(
                 name="Keep the installed driver's packages for a rollback",
                 packages=list(packages), module_package=module_package,

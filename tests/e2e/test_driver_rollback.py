@@ -121,3 +121,9 @@ def test_interrupted_rollback_is_finished_then_a_good_upgrade_goes_through(host_
     assert serves(host)
     assert last_good(host)["version"] == Y
     assert host.ssh(f"test -e {CHANGE} && echo left || echo gone").strip() == "gone"
+    # The verified driver, recorded: the next run changes nothing.
+    again = lab.deploy("--json", *good)
+    assert again.returncode == 0, again.output[-6000:]
+    changed = [op["name"] for op in again.results["results"]["operations"]
+               if op["success"] or op["error"]]
+    assert changed == []
