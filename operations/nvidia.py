@@ -382,14 +382,17 @@ class DriverPlan:
     headers_unknown: bool = False
     present: str | None = None
 
-    def summary(self) -> str:
-        """One line for the log and --dry: installed and target versions, what follows."""
+    def summary(self, resolved: str | None = None) -> str:
+        """One line for the log and --dry: installed and target versions, what follows;
+        ``resolved``: the version apt's simulation would install ("590.44.01-1"), if known."""
         driver = ", ".join(upstream(v) for v in self.installed) or "none"
         if self.keep_present:
             driver = f"{self.present or 'of unknown version'} by no package (kept)"
         tk = upstream(self.toolkit_installed) if self.toolkit_installed else "none"
         target = self.target.rstrip("-*") if self.target.endswith("-*") else (
             f"newest {self.target}")
+        if resolved and not self.target.endswith("-*"):
+            target += f" ({resolved} in apt's lists)"
         follows = []
         if self.reboot_reasons:
             follows.append(f"a reboot ({'; '.join(self.reboot_reasons)}) and a server restart")
@@ -758,9 +761,6 @@ def nvidia(settings: Settings):
         available=fact(AptVersions, package=driver_package_names(
             folder, settings.driver_flavour, settings.driver_branch)[1]),
     )
-    logger.info(f"{host.print_prefix}NVIDIA: {plan.summary()}")
-    for warning in plan.warnings:
-        logger.warning(f"{host.print_prefix}NVIDIA: {warning}")
     packages, module_package = driver_package_names(folder, settings.driver_flavour,
                                                     settings.driver_branch)
     pending = driver_rollback.pending_change(fact(FileText, path=driver_rollback.CHANGE))
@@ -770,6 +770,10 @@ def nvidia(settings: Settings):
             s.file == source_path for s in fact(AptSources)):
         simulation = fact(DriverSimulation,
                           packages=[*packages, module_package], version_glob=plan.target)
+    resolved = simulation.version_of(module_package) if simulation else None
+    logger.info(f"{host.print_prefix}NVIDIA: {plan.summary(resolved)}")
+    for warning in plan.warnings:
+        logger.warning(f"{host.print_prefix}NVIDIA: {warning}")
     for level, line in driver_rollback.plan_lines(
             install=plan.install and not plan.keep_present, change=plan.change,
             module_package=module_package, simulation=simulation, last_good=last_good,

@@ -125,3 +125,16 @@ def test_the_sandbox_driver_change_as_apt_simulates_it():
     assert sim.error is None and len(sim.changes) == 6
     assert sim.version_of("nvidia-kernel-open-dkms") == "590.44.01-1"
     assert {c.installed for c in sim.changes} == {"580.95.05-1"}
+
+
+def test_the_summary_names_the_version_apt_would_install_for_a_branch():
+    from operations.nvidia import DriverPlan
+
+    plan_ = DriverPlan(installed=("580.95.05-1",), target="590.*", install=True, change=True,
+                       toolkit_installed="12.8.1-1", toolkit_target="12.8 (cuda-toolkit-12-8)")
+    assert "target newest 590.* (590.44.01-1 in apt's lists) (a driver change)" in \
+        plan_.summary("590.44.01-1")
+    assert "target newest 590.* (a driver change)" in plan_.summary()
+    exact = DriverPlan(installed=(), target="580.95.05-*", install=True, change=False,
+                       toolkit_installed=None, toolkit_target="12.8 (cuda-toolkit-12-8)")
+    assert "target 580.95.05;" in exact.summary("580.95.05-1")

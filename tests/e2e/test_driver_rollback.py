@@ -57,7 +57,9 @@ def test_dry_names_exact_versions_and_the_rollback(host_on_x):
     before, boot = host.ssh(CHECKSUM), boot_id(host)
     dry = lab.deploy("--dry", *TO_BROKEN)
     out = dry.output
-    assert f"nvidia-open {BROKEN}-1 (now {X}-1)" in out, out[-6000:]
+    assert f"target newest 590.* ({BROKEN}-1 in apt's lists) (a driver change)" in out, \
+        out[-6000:]
+    assert f"nvidia-open {BROKEN}-1 (now {X}-1)" in out
     assert f"nvidia-kernel-open-dkms {BROKEN}-1 (now {X}-1)" in out
     assert f"libcuda1 {BROKEN}-1 (now {X}-1)" in out
     assert f"driver rollback available: if {BROKEN} fails its checks after the reboot" in out
