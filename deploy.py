@@ -13,6 +13,7 @@ non-zero.
 from pyinfra import host, inventory
 
 from operations import deploy_lock, fleet
+from operations.driver_rollback import fail_if_rolled_back
 from operations.mlenv import mlenv
 from operations.nodes import node_role, nodes_env
 from operations.nvidia import nvidia
@@ -39,4 +40,5 @@ if deploy_lock.held(settings):
     sglang_server(settings, inputs=[*venv_changes, *p2p_changes, *nodes_env(role)], role=role)
     if host.name in the_fleet.routers:
         router(settings, the_fleet.workers_of(host.name))
+    fail_if_rolled_back()
 stop_if_refused()

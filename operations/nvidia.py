@@ -22,11 +22,13 @@ from pyinfra.operations.util import any_changed
 from typing_extensions import override
 
 from operations import REPO_ROOT
-from operations import remote
+from operations import driver_rollback, remote
+from operations.apt_simulation import DriverSimulation
 from operations.gpu import NvidiaDriver
 from operations.host import (
     AptListsPresent,
     DpkgInterrupted,
+    FileText,
     HeldPackages,
     dpkg_finished,
     lists_updated,
@@ -380,14 +382,17 @@ class DriverPlan:
     headers_unknown: bool = False
     present: str | None = None
 
-    def summary(self) -> str:
-        """One line for the log and --dry: installed and target versions, what follows."""
+    def summary(self, resolved: str | None = None) -> str:
+        """One line for the log and --dry: installed and target versions, what follows;
+        ``resolved``: the version apt's simulation would install ("590.44.01-1"), if known."""
         driver = ", ".join(upstream(v) for v in self.installed) or "none"
         if self.keep_present:
             driver = f"{self.present or 'of unknown version'} by no package (kept)"
         tk = upstream(self.toolkit_installed) if self.toolkit_installed else "none"
         target = self.target.rstrip("-*") if self.target.endswith("-*") else (
             f"newest {self.target}")
+        if resolved and not self.target.endswith("-*"):
+            target += f" ({resolved} in apt's lists)"
         follows = []
         if self.reboot_reasons:
             follows.append(f"a reboot ({'; '.join(self.reboot_reasons)}) and a server restart")
@@ -630,9 +635,13 @@ def driver_answers(module_package: str, gpu_count: int):
     + module_package: the package whose version the loaded driver must have
     + gpu_count: the GPUs nvidia-smi must list
     """
+    yield StringCommand(_answers_command(module_package, gpu_count))
+
+
+def _answers_command(module_package: str, gpu_count: int) -> str:
     if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", module_package):
         raise OperationValueError(f"package name {module_package!r}")
-    yield StringCommand(
+    return (
         "v=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1) "
         "|| { echo \"nvidia-smi fails: $v\" >&2; exit 1; }; v=$(echo \"$v\" | head -n 1); "
         f"p=$(dpkg-query -W -f='${{Version}}' {module_package}); "
@@ -644,6 +653,28 @@ def driver_answers(module_package: str, gpu_count: int):
     )
 
 
+def driver_failure(host, module_package: str, gpu_count: int) -> str | None:
+    """Run, from an operation's callback, the checks of :func:`driver_answers` and
+    :func:`gpus_bound`; the first failure in words ("nvidia-smi fails: NVIDIA-SMI has failed
+    because it couldn't communicate with the NVIDIA driver. ..."), or None when the driver
+    passes them all."""
+    ok, out = remote.shell(host, _answers_command(module_package, gpu_count))
+    if not ok:
+        return "; ".join(line for line in out.stderr_lines if line.strip()) or "nvidia-smi fails"
+    _status, out = remote.shell(host, PciGpus().command())
+    return binding_failure(parse_lspci(out.stdout_lines))
+
+
+def binding_failure(gpus: tuple[PciGpu, ...] | None) -> str | None:
+    """Why the GPUs :class:`PciGpus` read are not all bound to nvidia, or None when they are."""
+    if gpus is None:
+        return "lspci is not installed (pciutils): cannot check GPU binding"
+    wrong = [f"{g.address} ({g.driver or 'no driver'})" for g in gpus if g.driver != "nvidia"]
+    if wrong:
+        return f"GPUs not bound to nvidia: {', '.join(wrong)}"
+    return None if gpus else "lspci lists no NVIDIA GPU"
+
+
 @operation(is_idempotent=False)
 def gpus_bound():
     """Check that every NVIDIA GPU on the PCI bus is bound to the nvidia driver (``lspci -Dnnk``,
@@ -653,14 +684,10 @@ def gpus_bound():
     def check(state, host):
         _status, out = remote.shell(host, PciGpus().command())
         gpus = parse_lspci(out.stdout_lines)
-        if gpus is None:
-            raise OperationError("lspci is not installed (pciutils): cannot check GPU binding")
-        wrong = [f"{g.address} ({g.driver or 'no driver'})" for g in gpus if g.driver != "nvidia"]
-        if wrong:
-            raise OperationError(f"GPUs not bound to nvidia: {', '.join(wrong)}")
-        if not gpus:
-            raise OperationError("lspci lists no NVIDIA GPU")
-        logger.info(f"{host.print_prefix}{len(gpus)} GPU(s) bound to nvidia")
+        failure = binding_failure(gpus)
+        if failure:
+            raise OperationError(failure)
+        logger.info(f"{host.print_prefix}{len(gpus or ())} GPU(s) bound to nvidia")
         return True
 
     yield FunctionCommand(check, (), {})
@@ -734,17 +761,30 @@ def nvidia(settings: Settings):
         available=fact(AptVersions, package=driver_package_names(
             folder, settings.driver_flavour, settings.driver_branch)[1]),
     )
-    logger.info(f"{host.print_prefix}NVIDIA: {plan.summary()}")
+    packages, module_package = driver_package_names(folder, settings.driver_flavour,
+                                                    settings.driver_branch)
+    pending = driver_rollback.pending_change(fact(FileText, path=driver_rollback.CHANGE))
+    last_good = driver_rollback.load(fact(FileText, path=driver_rollback.LAST_GOOD))
+    simulation = None
+    if plan.install and not plan.keep_present and lists_present and any(
+            s.file == source_path for s in fact(AptSources)):
+        simulation = fact(DriverSimulation,
+                          packages=[*packages, module_package], version_glob=plan.target)
+    resolved = simulation.version_of(module_package) if simulation else None
+    logger.info(f"{host.print_prefix}NVIDIA: {plan.summary(resolved)}")
     for warning in plan.warnings:
         logger.warning(f"{host.print_prefix}NVIDIA: {warning}")
+    for level, line in driver_rollback.plan_lines(
+            install=plan.install and not plan.keep_present, change=plan.change,
+            module_package=module_package, simulation=simulation, last_good=last_good,
+            pending=pending):
+        getattr(logger, level)(f"{host.print_prefix}NVIDIA: {line}")
     signing = secure_boot_signing(settings, builds=plan.install)
     for reason in (*plan.refusals, *signing.refusals):
         refuse("NVIDIA", reason)
     if plan.refusals or signing.refusals:
         return
 
-    packages, module_package = driver_package_names(folder, settings.driver_flavour,
-                                                    settings.driver_branch)
     toolkit = toolkit_package(settings.cuda_toolkit)
     files.put(
         name="apt waits for dpkg's lock",
@@ -758,6 +798,12 @@ def nvidia(settings: Settings):
                        f"({interrupted[0]}{', ...' if len(interrupted) > 1 else ''}): "
                        "finishing it with dpkg --configure -a")
         dpkg_finished(name="Finish the interrupted package run (dpkg --configure -a)")
+    if pending and pending.get("phase") == "rolling-back":
+        driver_rollback.finished(
+            name=f"Finish the interrupted driver rollback to {pending.get('from')}",
+            packages=list(packages), module_package=module_package,
+            gpu_count=settings.gpu_count, failure_of=driver_failure, server_unit=SERVER_UNIT)
+        return
     tools = [p for p in PREREQUISITES if p not in debs]
     if tools or not lists_present:
         lists_updated(name="Update apt lists (for the download tools)")
@@ -826,6 +872,11 @@ def nvidia(settings: Settings):
                             service=SERVER_UNIT, running=False, enabled=False)
         apt.packages(name=f"Kernel headers for {headers.kernel}",
                      packages=[f"linux-headers-{headers.kernel}"], no_recommends=True)
+        if plan.install and plan.installed:
+            driver_rollback.kept(
+                name="Keep the installed driver's packages for a rollback",
+                packages=list(packages), module_package=module_package,
+                version_glob=plan.target)
         driver_packages(
             name=f"NVIDIA driver ({settings.driver_flavour} kernel modules, {plan.target})",
             packages=list(packages),
@@ -840,9 +891,15 @@ def nvidia(settings: Settings):
 
     if plan.reboot_reasons:
         rebooted = reboot(name="Reboot: " + "; ".join(plan.reboot_reasons))
-        driver_answers(name="Check the loaded driver", module_package=module_package,
-                       gpu_count=settings.gpu_count, _if=rebooted.did_change)
-        gpus_bound(name="Check the GPUs are bound to nvidia", _if=rebooted.did_change)
+        driver_rollback.checked(
+            name="Check the loaded driver (rolled back to the kept one if it fails)",
+            packages=list(packages), module_package=module_package,
+            gpu_count=settings.gpu_count, failure_of=driver_failure, _if=rebooted.did_change)
+    elif not plan.keep_present and (pending or (plan.installed and last_good is None)):
+        driver_rollback.checked(
+            name="Check the loaded driver (and record it as verified)",
+            packages=list(packages), module_package=module_package,
+            gpu_count=settings.gpu_count, failure_of=driver_failure)
 
 
 def _templates() -> Path:

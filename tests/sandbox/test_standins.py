@@ -940,3 +940,20 @@ def test_the_all_reduce_across_nodes_meets_and_prints_its_bandwidth(sglang_env, 
     alone = node(0, timeout="3")
     out, err = alone.communicate(timeout=120)
     assert alone.returncode == 1 and "across 2 nodes" in err
+
+
+def test_a_driver_release_whose_module_never_loads(repo, tmp_path):
+    """590.44.01's module package ships a boot-time loader that loads nothing; the others' load
+    the built module (the rollback's tests need one driver that fails after its reboot)."""
+    _, _, repo_dir = repo
+    loaders = {}
+    for version in ("580.95.05", "590.44.01"):
+        root = tmp_path / version
+        subprocess.run(["dpkg-deb", "-x", str(repo_dir / f"nvidia-kernel-open-dkms_{version}-1"
+                                                 "_amd64.deb"), str(root)], check=True)
+        loaders[version] = (root / "usr/lib/nvidia-sandbox/load-module").read_text()
+    assert loaders["580.95.05"] == nvidia_repo.render("load-module")
+    broken = loaders["590.44.01"]
+    assert "could not insert 'nvidia': Unknown symbol in module" in broken
+    assert "loaded-version" in broken and "cp " not in broken
+    assert nvidia_repo.MODULE_FAILS_TO_LOAD == ("590.44.01",)

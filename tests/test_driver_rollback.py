@@ -1,0 +1,140 @@
+"""The driver rollback's planning: apt's simulation read from real apt-get -s output
+(tests/fixtures/apt-get-s, apt 2.6 on Debian 12, LC_ALL=C), what --dry says, the records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from operations import apt_simulation as sim_
+from operations import driver_rollback as dr
+from operations.apt_simulation import PackageChange, Simulation
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "apt-get-s"
+
+
+def lines(name: str, rc: int = 0) -> list[str]:
+    return [*(FIXTURES / name).read_text().splitlines(), f"rc={rc}"]
+
+
+def test_upgrades_read_with_their_installed_version():
+    sim = sim_.parse_simulation(lines("upgrade-excerpt.txt"))
+    assert sim.error is None
+    assert sim.changes == (
+        PackageChange("libssl-dev", "3.0.19-1~deb12u2", "3.0.20-1~deb12u2"),
+        PackageChange("libssl3", "3.0.19-1~deb12u2", "3.0.20-1~deb12u2"),
+        PackageChange("base-files", "12.4+deb12u11", "12.4+deb12u15"),
+    )
+
+
+def test_new_and_removed_packages():
+    assert sim_.parse_simulation(lines("install-hello.txt")).changes == (
+        PackageChange("hello", None, "2.10-3"),)
+    assert sim_.parse_simulation(lines("remove-jq.txt")).changes == (
+        PackageChange("yq", "3.1.0-3", None), PackageChange("jq", "1.6-2.1+deb12u1", None))
+
+
+def test_apt_errors_are_kept():
+    sim = sim_.parse_simulation(["Reading package lists...",
+                               "E: Unable to locate package nvidia-open", "rc=100"])
+    assert sim.error == "Unable to locate package nvidia-open"
+    assert sim_.parse_simulation(["rc=1"]).error == "apt-get -s exited 1"
+
+
+def test_simulation_uses_the_runs_pin_and_changes_nothing():
+    command = sim_.simulation_command(["nvidia-open", "nvidia-kernel-open-dkms"], "590.*")
+    assert "apt-get -s -o Dir::Etc::PreferencesParts=" in command
+    assert "LC_ALL=C" in command and "Pin: version 590.*" in command
+    assert "--allow-downgrades --allow-change-held-packages nvidia-open " in command
+    assert 'rm -rf "$t"' in command
+    with pytest.raises(Exception, match="package name"):
+        sim_.simulation_command(["nvidia open"], "590.*")
+
+
+UPGRADE = Simulation((PackageChange("nvidia-open", "580.95.05-1", "590.44.01-1"),
+                      PackageChange("nvidia-kernel-open-dkms", "580.95.05-1", "590.44.01-1")))
+RECORD = {"version": "580.95.05", "verified_at": "2026-12-01T20:00:00Z"}
+
+
+def plan(**kwargs):
+    args = dict(install=True, change=True, module_package="nvidia-kernel-open-dkms",
+                simulation=UPGRADE, last_good=RECORD, pending=None)
+    return dr.plan_lines(**{**args, **kwargs})
+
+
+def test_dry_names_exact_versions_and_what_a_rollback_restores():
+    (_, exact), (_, rollback) = plan()
+    assert exact == ("apt would install: nvidia-open 590.44.01-1 (now 580.95.05-1), "
+                     "nvidia-kernel-open-dkms 590.44.01-1 (now 580.95.05-1)")
+    assert rollback.startswith("driver rollback available: if 590.44.01 fails its checks")
+    assert "nvidia-open 580.95.05-1, nvidia-kernel-open-dkms 580.95.05-1 are reinstalled" \
+        in rollback
+    assert "last verified 2026-12-01T20:00:00Z with 580.95.05" in rollback
+
+
+def test_dry_without_lists_or_without_a_driver_to_go_back_to():
+    assert plan(simulation=None, change=False)[0][1].startswith(
+        "apt would install: known once NVIDIA's repository is in the host's apt lists")
+    fresh = Simulation((PackageChange("nvidia-open", None, "580.105.08-1"),))
+    assert plan(simulation=fresh, change=False, last_good=None)[-1] == (
+        "info", "no driver rollback: no driver is installed to go back to")
+    failing = plan(simulation=Simulation((), "Unable to locate package nvidia-open"))
+    assert failing[0] == ("warning", "apt's simulation of the driver install fails: "
+                          "Unable to locate package nvidia-open")
+    assert plan(install=False, change=False) == [
+        ("info", "driver rollback: none needed (last verified 2026-12-01T20:00:00Z with "
+                 "580.95.05)")]
+
+
+def test_a_pending_change_or_rollback_is_said_first():
+    restore = [{"package": "nvidia-open", "version": "580.95.05-1"}]
+    rolling = {"phase": "rolling-back", "from": "580.95.05", "to": "590.44.01",
+               "failure": "nvidia-smi fails", "restore": restore}
+    ((level, line),) = plan(pending=rolling)
+    assert level == "warning"
+    assert line.startswith("an interrupted driver rollback is finished first: 590.44.01 failed "
+                           "(nvidia-smi fails); nvidia-open 580.95.05-1 reinstalled")
+    ((_, line),) = plan(pending={**rolling, "phase": "upgrading"})
+    assert line.startswith("the change from 580.95.05 to 590.44.01 is not verified yet")
+
+
+def test_records_read_safely():
+    assert dr.load(None) is None and dr.load("{broken") is None and dr.load("[1]") is None
+    assert dr.pending_change('{"phase": "upgrading", "restore": []}') is None
+    assert dr.pending_change('{"phase": "upgrading", "restore": [{}]}')["phase"] == "upgrading"
+
+
+def test_keep_script_checks_hashes_against_apts_lists():
+    script = dr._keep_script([("nvidia-open", "580.95.05-1")])
+    assert "apt-cache show --no-all-versions" in script and "SHA256" in script
+    assert "nvidia-open=580.95.05-1" in script and "apt-get download" in script
+    assert f"mv {dr.KEPT_DIR}.new {dr.KEPT_DIR}" in script
+
+
+def test_a_version_that_failed_here_before_is_said():
+    record = {**RECORD, "failed": [{"version": "590.44.01", "failure": "nvidia-smi fails",
+                                    "at": "2026-12-01T20:30:00Z"}]}
+    warning = [line for level, line in plan(last_good=record) if level == "warning"]
+    assert warning == ["590.44.01 failed its checks on this host before (2026-12-01T20:30:00Z: "
+                       "nvidia-smi fails) and was rolled back: it is tried again"]
+
+
+def test_the_sandbox_driver_change_as_apt_simulates_it():
+    sim = sim_.parse_simulation(lines("sandbox-driver-580-to-590.txt"))
+    assert sim.error is None and len(sim.changes) == 6
+    assert sim.version_of("nvidia-kernel-open-dkms") == "590.44.01-1"
+    assert {c.installed for c in sim.changes} == {"580.95.05-1"}
+
+
+def test_the_summary_names_the_version_apt_would_install_for_a_branch():
+    from operations.nvidia import DriverPlan
+
+    plan_ = DriverPlan(installed=("580.95.05-1",), target="590.*", install=True, change=True,
+                       toolkit_installed="12.8.1-1", toolkit_target="12.8 (cuda-toolkit-12-8)")
+    assert "target newest 590.* (590.44.01-1 in apt's lists) (a driver change)" in \
+        plan_.summary("590.44.01-1")
+    assert "target newest 590.* (a driver change)" in plan_.summary()
+    exact = DriverPlan(installed=(), target="580.95.05-*", install=True, change=False,
+                       toolkit_installed=None, toolkit_target="12.8 (cuda-toolkit-12-8)")
+    assert "target 580.95.05;" in exact.summary("580.95.05-1")
