@@ -28,6 +28,7 @@ from operations.disk import no_space_named
 from operations.gpu_arch import (COMPUTE_CAP_QUERY, ArchitectureError, check_compute_capability,
                                  check_wheel_code, parse_compute_caps, parse_wheel_check,
                                  wheel_check_command)
+from operations.pip_index import pip_index_args
 
 #: The transient systemd unit the build runs in (``systemd-run``), detached from SSH.
 BUILD_UNIT: Final = "gpuhost-flash-attn-build.service"
@@ -331,8 +332,6 @@ def build_command(plan: BuildPlan) -> str:
         "CUDA_HOME": cuda,
         "PATH": f"{cuda}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     }
-    from operations.mlenv import pip_index_args  # mlenv imports this module
-
     pip = [f"{plan.venv}/bin/python", "-m", "pip", "wheel", "--no-deps", "--require-hashes",
            "--no-build-isolation", "--no-cache-dir", "--disable-pip-version-check",
            *pip_index_args(plan.index_url), "-r", plan.requirements,
