@@ -10,7 +10,7 @@ shows why; a real run takes that host out before any change; both exit non-zero.
 
 from pyinfra import host, inventory
 
-from operations import deploy_lock
+from operations import deploy_lock, fact_cache
 from operations.mlenv import mlenv
 from operations.nvidia import nvidia
 from operations.p2p import p2p
@@ -23,6 +23,7 @@ from operations.stack_check import known_behaviour
 
 settings = for_run(inventory)[host.name]
 use_run_env()
+fact_cache.install()
 
 if deploy_lock.held(settings):
     preflight(settings)
