@@ -90,7 +90,7 @@ def commands(output: str) -> tuple[dict[str, int], int, int]:
 def sandbox_hosts() -> list[str]:
     status = subprocess.run([sys.executable, "-m", "sandbox", "status", "--json"], cwd=ROOT,
                             capture_output=True, text=True, check=True)
-    return [h["name"] for h in json.loads(status.stdout) if h.get("state") == "running"]
+    return [h["name"] for h in json.loads(status.stdout)]
 
 
 def _verdict(value: float, target: float) -> str:
@@ -104,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     hosts = sandbox_hosts()
     if len(hosts) < 2:
-        sys.exit(f"{len(hosts)} sandbox host(s) running: boot at least 2 "
+        sys.exit(f"{len(hosts)} sandbox host(s): boot at least 2 "
                  "(python -m sandbox up --hosts 4)")
     first, n = hosts[0], len(hosts)
 
