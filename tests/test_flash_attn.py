@@ -325,8 +325,8 @@ def test_the_controller_does_not_sleep_between_polls_the_host_watches(monkeypatc
     host = ScriptedHost([(GONE, None, False), (RUNNING, KEY, False), (RUNNING, KEY, False),
                          (EXITED, KEY, True)])
     flash_attn._build(host, plan(), KEY)
-    after_start = host.commands[[i for i, c in enumerate(host.commands)
-                                 if "systemd-run" in c][0] + 1:]
+    after_start = host.commands[next(i for i, c in enumerate(host.commands)
+                                     if "systemd-run" in c) + 1:]
     polls = [c for c in after_start if c.startswith(("timeout ", "systemctl show"))]
     # each state read after the start follows a watch of the unit on the host
     assert [c.split()[0] for c in polls] == ["timeout", "systemctl"] * 3
