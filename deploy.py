@@ -12,7 +12,7 @@ non-zero.
 
 from pyinfra import host, inventory
 
-from operations import deploy_lock, fleet
+from operations import deploy_lock, fact_cache, fleet
 from operations.driver_rollback import fail_if_rolled_back
 from operations.mlenv import mlenv
 from operations.nodes import node_role, nodes_env
@@ -29,6 +29,7 @@ from operations.stack_check import known_behaviour
 the_fleet, fleet_settings = fleet.for_run(inventory, for_run(inventory))
 settings = fleet_settings[host.name]
 use_run_env()
+fact_cache.install()
 
 if deploy_lock.held(settings):
     preflight(settings)

@@ -28,6 +28,7 @@ from operations.disk import no_space_named
 from operations.gpu_arch import (COMPUTE_CAP_QUERY, ArchitectureError, check_compute_capability,
                                  check_wheel_code, parse_compute_caps, parse_wheel_check,
                                  wheel_check_command)
+from operations.pip_index import pip_index_args
 
 #: The transient systemd unit the build runs in (``systemd-run``), detached from SSH.
 BUILD_UNIT: Final = "gpuhost-flash-attn-build.service"
@@ -41,6 +42,9 @@ STAMP_NAME: Final = "gpuhost-flash-attn.json"
 #: Seconds between polls of the build: the first, and the most as the build goes on.
 POLL_FIRST_S: Final = 2.0
 POLL_MAX_S: Final = 30.0
+#: Between two polls the host itself watches the build unit, this often (seconds), so that the
+#: build's end is seen within a second, not at the next poll.
+WATCH_EVERY_S: Final = 0.5
 #: Seconds a build may take before the deploy gives up on it (the unit is stopped).
 BUILD_TIMEOUT_S: Final = 6 * 3600
 #: Lines of the build log shown when the build fails: its last lines, and the last lines that
@@ -331,8 +335,6 @@ def build_command(plan: BuildPlan) -> str:
         "CUDA_HOME": cuda,
         "PATH": f"{cuda}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     }
-    from operations.mlenv import pip_index_args  # mlenv imports this module
-
     pip = [f"{plan.venv}/bin/python", "-m", "pip", "wheel", "--no-deps", "--require-hashes",
            "--no-build-isolation", "--no-cache-dir", "--disable-pip-version-check",
            *pip_index_args(plan.index_url), "-r", plan.requirements,
@@ -377,6 +379,15 @@ def _build_state(on_host: _Remote) -> tuple[dict[str, str], str, BuildKey | None
             BuildKey.from_stamp(stamp) if stamp else None, done == ["complete"])
 
 
+def watch_command(seconds: float) -> str:
+    """Wait on the host, up to ``seconds``, while the build unit runs (its SubState
+    ``running``; RemainAfterExit leaves it ``exited`` when the build ends): returns within
+    WATCH_EVERY_S of the build's end, exit status 0 either way."""
+    script = (f'while [ "$(systemctl show -p SubState --value {BUILD_UNIT})" = running ]; '
+              f"do sleep {WATCH_EVERY_S}; done")
+    return f"timeout {max(1, round(seconds))} sh -c {shlex.quote(script)} || true"
+
+
 def _start(on_host: _Remote, plan: BuildPlan, key: BuildKey) -> None:
     key_json = shlex.quote(json.dumps(asdict(key), sort_keys=True))
     on_host.run(f"systemctl stop {BUILD_UNIT} 2>/dev/null; "
@@ -410,7 +421,8 @@ def _build(on_host: _Remote, plan: BuildPlan, key: BuildKey) -> str:
     start = time.monotonic()
     interval = POLL_FIRST_S
     while not done:
-        time.sleep(interval)
+        on_host.run(watch_command(interval), "watching the build",
+                    timeout=interval + remote.POLL_TIMEOUT_S)
         elapsed = time.monotonic() - start
         state, last, _, done = _build_state(on_host)
         sub = state.get("SubState", "?")

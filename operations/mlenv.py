@@ -10,7 +10,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from io import StringIO
 from typing import Final
-from urllib.parse import urlsplit
 
 from packaging.version import Version
 from pyinfra import host, logger, state
@@ -28,6 +27,7 @@ from operations.gpu import NvidiaDriver
 from operations.host import FileText, HostResources
 from operations.lock import Lock, read_lock
 from operations.p2p import LIB_DIR
+from operations.pip_index import pip_index_args
 from operations.plan import fact, is_dry_run, refuse
 from operations.settings import Settings
 from operations.venv_path import MAX_ENTRIES, VenvHealth, venv_path_problem
@@ -199,15 +199,6 @@ class VenvPackages(FactBase[dict[str, str]]):
             return {canonicalize_name(d["name"]): d["version"] for d in listed}
         except (ValueError, KeyError, TypeError) as exc:
             raise FactProcessError(f"pip list: cannot read {output[:3]!r}") from exc
-
-
-def pip_index_args(index_url: str) -> list[str]:
-    """pip's index options. An http index is trusted for transport only: every file is
-    checked against the lock's hashes (--require-hashes) whatever the transport."""
-    args = ["--index-url", index_url]
-    if urlsplit(index_url).scheme == "http":
-        args += ["--trusted-host", urlsplit(index_url).hostname or ""]
-    return args
 
 
 def drift(installed: dict[str, str], wanted: dict[str, str]) -> dict[str, tuple[str | None, str]]:

@@ -23,10 +23,11 @@ import hashlib
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-if TYPE_CHECKING:
-    from operations.settings import Settings
+#: operations.settings.Settings, by name only: settings imports this module to check the groups,
+#: so this one reads the settings it is given without importing their class.
+Settings = Any
 
 PREFIX: Final = "gpuhost_"
 

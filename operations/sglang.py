@@ -6,13 +6,9 @@ import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from operations import REPO_ROOT
-
-if TYPE_CHECKING:
-    from operations.node_group import NodeRole
-    from operations.settings import Settings
 
 LOCKS: Final = REPO_ROOT / "locks"
 
@@ -51,7 +47,66 @@ OWNED_FLAGS: Final = {
 }
 
 
-def server_args(settings: Settings, role: NodeRole | None = None) -> list[str]:
+class ServerKeys(Protocol):
+    """What :func:`server_args` reads of the host settings (operations.settings.Settings has
+    each): a protocol of its own, so that this module needs nothing of settings, which imports
+    it to check the rendered command line against the locked sglang's parser."""
+
+    @property
+    def model_path(self) -> str: ...
+    @property
+    def served_model_name(self) -> str: ...
+    @property
+    def reasoning_parser(self) -> str | None: ...
+    @property
+    def tool_call_parser(self) -> str | None: ...
+    @property
+    def trust_remote_code(self) -> bool: ...
+    @property
+    def tensor_parallel_size(self) -> int: ...
+    @property
+    def mem_fraction_static(self) -> float: ...
+    @property
+    def max_running_requests(self) -> int: ...
+    @property
+    def kv_cache_dtype(self) -> str: ...
+    @property
+    def quantization(self) -> str | None: ...
+    @property
+    def attention_backend(self) -> str | None: ...
+    @property
+    def fp8_gemm_backend(self) -> str | None: ...
+    @property
+    def fp4_gemm_backend(self) -> str | None: ...
+    @property
+    def nsa_decode_backend(self) -> str | None: ...
+    @property
+    def nsa_prefill_backend(self) -> str | None: ...
+    @property
+    def moe_runner_backend(self) -> str | None: ...
+    @property
+    def enable_flashinfer_allreduce_fusion(self) -> bool: ...
+    @property
+    def server_is_public(self) -> bool: ...
+    @property
+    def server_host(self) -> str: ...
+    @property
+    def server_port(self) -> int: ...
+    @property
+    def server_backend_port(self) -> int: ...
+    @property
+    def server_extra_args(self) -> tuple[str, ...]: ...
+
+
+class NodeFlags(Protocol):
+    """A node's place in a server across hosts (operations.node_group.NodeRole has it): its
+    --nnodes/--node-rank/--dist-init-addr flags. A protocol, so that this module imports nothing
+    of node_group, which renders the flags through it to compare nodes."""
+
+    def server_args(self) -> list[str]: ...
+
+
+def server_args(settings: ServerKeys, role: NodeFlags | None = None) -> list[str]:
     """``python -m sglang.launch_server`` arguments, in the reference launch's order
     (../shared/reference-lab.md), with ``--tensor-parallel-size`` spelled out (the reference's
     ``--tp`` works only as an argparse abbreviation of ``--tp-size``). Flags whose setting is

@@ -2,6 +2,8 @@
 command line, nvcc against torch; the driver against the venv's CUDA."""
 
 import json
+import os
+import subprocess
 import threading
 import time
 
@@ -311,3 +313,42 @@ def test_an_ended_build_without_its_marker_failed(monkeypatch):
 def test_the_build_marks_its_own_success():
     command = build_command(plan())
     assert "/bin/sh -c '\"$@\" && : > /opt/gpuhost/build/flash-attn/complete' sh" in command
+
+
+def test_the_controller_does_not_sleep_between_polls_the_host_watches(monkeypatch):
+    from operations import flash_attn
+
+    def no_sleep(seconds):
+        raise AssertionError(f"the controller slept {seconds} s between polls")
+
+    monkeypatch.setattr(flash_attn.time, "sleep", no_sleep)
+    host = ScriptedHost([(GONE, None, False), (RUNNING, KEY, False), (RUNNING, KEY, False),
+                         (EXITED, KEY, True)])
+    flash_attn._build(host, plan(), KEY)
+    after_start = host.commands[next(i for i, c in enumerate(host.commands)
+                                     if "systemd-run" in c) + 1:]
+    polls = [c for c in after_start if c.startswith(("timeout ", "systemctl show"))]
+    # each state read after the start follows a watch of the unit on the host
+    assert [c.split()[0] for c in polls] == ["timeout", "systemctl"] * 3
+
+
+def test_the_watch_ends_within_a_second_of_the_build(tmp_path):
+    """watch_command run by sh, with a systemctl on PATH that answers 'running' twice, then
+    'exited' (as systemd does for the RemainAfterExit unit once its build ended)."""
+    from operations import flash_attn
+
+    count = tmp_path / "count"
+    fake = tmp_path / "systemctl"
+    fake.write_text(f"#!/bin/sh\necho x >> {count}\n"
+                    f'[ "$(wc -l < {count})" -le 2 ] && echo running || echo exited\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    began = time.monotonic()
+    subprocess.run(["sh", "-c", flash_attn.watch_command(30)], env=env, check=True)
+    took = time.monotonic() - began
+    assert len(count.read_text().splitlines()) == 3
+    assert took < 2 * flash_attn.WATCH_EVERY_S + 1.0
+    began = time.monotonic()  # a build still running: the watch gives up after its seconds
+    fake.write_text("#!/bin/sh\necho running\n")
+    subprocess.run(["sh", "-c", flash_attn.watch_command(1)], env=env, check=True)
+    assert 0.9 < time.monotonic() - began < 3

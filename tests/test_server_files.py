@@ -183,3 +183,23 @@ def test_model_fetch_refuses_a_download_that_cannot_fit(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "not enough disk for org/big@" + "a" * 40 in result.stderr
     assert "1048576.00 GiB to download + 1 GiB headroom" in result.stderr
+
+
+def test_health_only_sees_the_server_within_a_second_of_its_start():
+    """The unit's ExecStartPost (--health-only): a server that starts answering 1.1 s into the
+    wait is seen within WATCH_EVERY_S and a request, not at the next whole second."""
+    port = free_port()
+    started = []
+
+    def serve_later():
+        time.sleep(1.1)
+        server = ThreadingHTTPServer(("127.0.0.1", port), Backend)
+        started.append((time.monotonic(), server))
+        server.serve_forever()
+
+    threading.Thread(target=serve_later, daemon=True).start()
+    assert health.health_only(f"http://127.0.0.1:{port}", timeout=10, main_pid=None) == 0
+    seen = time.monotonic()
+    at, server = started[0]
+    server.shutdown()
+    assert seen - at < 0.6

@@ -48,6 +48,10 @@ MAX_TOKENS = 32
 WAITING = 3
 
 
+#: Seconds between two looks at the server (its unit, /health, /v1/models): the end of a wait
+#: is seen within a second (issue #20), and each look is one local request.
+WATCH_EVERY_S = 0.25
+
 def _request(url: str, data: dict | None = None, key: str | None = None,
              timeout: float = 5.0) -> tuple[int, str]:
     headers = {"Content-Type": "application/json"}
@@ -161,7 +165,7 @@ def health_only(url: str, timeout: float, main_pid: int | None) -> int:
             print(f"the server (PID {main_pid}) exited before {url}/health answered",
                   file=sys.stderr)
             return 1
-        time.sleep(1)
+        time.sleep(WATCH_EVERY_S)
     print(f"{url}/health did not answer 200 within {timeout:.0f} s", file=sys.stderr)
     return 1
 
@@ -263,7 +267,7 @@ def _main() -> int:
             print(f"waiting {elapsed:.0f} s: {line[:200]}", flush=True)
         if args.poll_for is not None and time.monotonic() - began >= args.poll_for:
             return WAITING
-        time.sleep(1)
+        time.sleep(WATCH_EVERY_S)
 
 
 if __name__ == "__main__":
