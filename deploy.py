@@ -21,7 +21,8 @@ from operations.server import sglang_server
 from operations.settings import for_run
 from operations.stack_check import known_behaviour
 
-settings = for_run(inventory)[host.name]
+fleet = for_run(inventory)
+settings = fleet[host.name]
 use_run_env()
 
 if deploy_lock.held(settings):
@@ -30,5 +31,5 @@ if deploy_lock.held(settings):
     nvidia(settings)
     venv_changes = mlenv(settings)
     p2p_changes = p2p(settings)
-    sglang_server(settings, inputs=[*venv_changes, *p2p_changes])
+    sglang_server(settings, inputs=[*venv_changes, *p2p_changes], fleet=fleet)
 stop_if_refused()

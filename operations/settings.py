@@ -154,6 +154,8 @@ class Settings:
     model_revision: str = "main"
     hf_endpoint: str = "https://huggingface.co"
     hf_token_file: str | None = None
+    model_copy_from_peers: bool = True
+    model_copy_bwlimit: int | None = None
     # The bench (bench.py): sglang.bench_serving's load at each concurrency level
     bench_levels: tuple[int, ...] = (1, 16, 64)
     bench_input_len: int = 1024
@@ -439,6 +441,9 @@ RULES: Final[Mapping[str, _Rule]] = {
     "hf_endpoint": _text(_URL + r"(?<!/)", "an http(s) URL without a trailing slash"),
     "hf_token_file": _text(_PATH, f"an absolute path on the host, root-only {_PATH_DETAIL}",
                            optional=True),
+    "model_copy_from_peers": _BOOL,
+    "model_copy_bwlimit": _Rule(lambda v: v is None or (_is_int(v) and v >= 1),
+                                "an integer >= 1 (KiB/s, rsync's --bwlimit), or None"),
     "bench_levels": _Rule(
         lambda v: isinstance(v, (list, tuple)) and bool(v) and all(_is_int(n) and n >= 1
                                                                    for n in v)
