@@ -84,7 +84,7 @@ def is_current(snapshot: Snapshot, repo: str, revision: str) -> bool:
 def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
             token_file: str | None = None, headroom_gib: float = 1.0,
             architecture: str | None = None, peers: list[model_copy.Peer] | None = None,
-            bwlimit_kib: int | None = None):
+            bwlimit_kib: int | None = None, mirror: str | None = None):
     """Download ``repo`` at ``revision`` into ``dest`` unless a complete copy is there.
 
     + repo: the Hub repository id, e.g. ``lukealonso/GLM-5-NVFP4``
@@ -100,6 +100,8 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
     + peers: other inventory hosts that may hold a complete copy (operations/model_copy.py):
       the first whose stamp says so is copied from, through the controller, before the Hub
     + bwlimit_kib: rsync's --bwlimit for that copy (KiB/s), None for no limit
+    + mirror: a folder on the host holding ``<repo>/`` copies (``gpuhost_model_mirror``),
+      copied from before the peers and the Hub where its copy is of the same commit
 
     The download runs operations/files/model_fetch.py on the host: model metadata, the disk
     preflight (exit 2: not enough space), snapshot_download, then every file's size checked
@@ -116,7 +118,9 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
         args += ["--token-file", token_file]
     if architecture:
         args += ["--architecture", architecture]
-    if peers:
+    if mirror:
+        args += ["--mirror", mirror]
+    elif peers:
         yield FunctionCommand(model_copy.relay, (peers, repo, revision, dest, bwlimit_kib), {})
         args += ["--copied-from", "peer " + " or ".join(p.name for p in peers)]
     yield StringCommand(*(shlex.quote(a) for a in (python, f"{LIB_DIR}/model_fetch.py", *args)))

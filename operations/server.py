@@ -558,7 +558,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
             endpoint=settings.hf_endpoint, python=f"{settings.venv_path}/bin/python",
             token_file=settings.hf_token_file, headroom_gib=DISK_HEADROOM_GIB,
             architecture=settings.model_architecture, peers=peers,
-            bwlimit_kib=settings.model_copy_bwlimit,
+            bwlimit_kib=settings.model_copy_bwlimit, mirror=settings.model_mirror,
         ))
     kernels = cache_key(settings)
     kernel_folders = fact(KernelCacheFolders)

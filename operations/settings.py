@@ -156,6 +156,7 @@ class Settings:
     hf_token_file: str | None = None
     model_copy_from_peers: bool = True
     model_copy_bwlimit: int | None = None
+    model_mirror: str | None = None
     # The bench (bench.py): sglang.bench_serving's load at each concurrency level
     bench_levels: tuple[int, ...] = (1, 16, 64)
     bench_input_len: int = 1024
@@ -444,6 +445,9 @@ RULES: Final[Mapping[str, _Rule]] = {
     "model_copy_from_peers": _BOOL,
     "model_copy_bwlimit": _Rule(lambda v: v is None or (_is_int(v) and v >= 1),
                                 "an integer >= 1 (KiB/s, rsync's --bwlimit), or None"),
+    "model_mirror": _text(_PATH, "an absolute path on the host of a folder holding <repository "
+                          f"id>/ copies of models (an NFS mount, say) {_PATH_DETAIL}",
+                          optional=True),
     "bench_levels": _Rule(
         lambda v: isinstance(v, (list, tuple)) and bool(v) and all(_is_int(n) and n >= 1
                                                                    for n in v)

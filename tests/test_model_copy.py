@@ -150,3 +150,38 @@ def test_rsync_progress_lines_are_read(monkeypatch, tmp_path):
     ok, err = model_copy.rsync([str(script)], "[gpu2] ", "model copy")
     assert ok and err == ""
     assert lines and lines[-1].startswith("[gpu2] model copy: 10,240 bytes (100%) at 2.00MB/s")
+
+
+def _mirror(tmp_path: Path, files: dict[str, bytes], sha: str) -> Path:
+    folder = tmp_path / "nfs" / "org" / "m"
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    (folder / ".gpuhost-model.json").write_text(json.dumps(
+        {"repo": "org/m", "revision": "main", "sha": sha,
+         "files": {n: len(d) for n, d in files.items()}}))
+    return tmp_path / "nfs"
+
+
+def test_a_mirror_folder_of_the_same_commit_is_copied_and_verified(tmp_path):
+    files = {"config.json": CONFIG, "model.safetensors": GOOD}
+    env = _fake_hub(tmp_path, files, lfs={"model.safetensors"})
+    mirror = _mirror(tmp_path, {**files, "model.safetensors": b"\x07" * len(GOOD)}, "b" * 40)
+    dest = tmp_path / "models" / "org" / "m"
+    result = _fetch(tmp_path, env, dest, "--mirror", str(mirror))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "downloads.log").read_text().split() == ["model.safetensors"]
+    assert (dest / "model.safetensors").read_bytes() == GOOD
+    assert f"source: 1 files (0.000 GiB) from the mirror {mirror}, verified" in result.stdout
+    stamp = json.loads((dest / ".gpuhost-model.json").read_text())
+    assert stamp["source"]["copied_from"] == f"the mirror {mirror}"
+
+
+def test_a_mirror_of_another_commit_is_not_copied(tmp_path):
+    files = {"config.json": CONFIG, "model.safetensors": GOOD}
+    env = _fake_hub(tmp_path, files, lfs={"model.safetensors"})
+    mirror = _mirror(tmp_path, files, "c" * 40)
+    dest = tmp_path / "m"
+    result = _fetch(tmp_path, env, dest, "--mirror", str(mirror))
+    assert "is of another commit: downloading from the Hub" in result.stdout
+    assert not (dest / "model.safetensors").exists()  # the fake's snapshot_download refuses

@@ -15,7 +15,10 @@ Runs on the GPU host with the ML venv's python (huggingface_hub comes with the l
    LFS file or the git blob id of another (huggingface_hub 0.36.2, hf_api.py RepoSibling:
    ``blob_id``, ``lfs.sha256``); a file that does not match is removed, and only the missing
    ones are downloaded (hf_hub_download, file by file). The source of the files is printed:
-   how many (and how many bytes) verified from the copy, how many from the Hub;
+   how many (and how many bytes) verified from the copy, how many from the Hub. With
+   --mirror (``gpuhost_model_mirror``: a lab's mirror folder on the host, an NFS mount say),
+   ``<mirror>/<repo>/`` is copied in first with rsync (resumable, as operations/model_copy.py
+   copies from a peer) where its stamp names the same commit, then verified the same way;
 4. completeness: every file of the metadata present with its size, else exit 1 naming them;
 5. the stamp ``<dest>/.gpuhost-model.json``: {"repo", "revision", "sha", "files": {path: size},
    "source": where this run's files came from (copied_from, copied_files, copied_bytes,
@@ -38,6 +41,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -96,6 +100,30 @@ def verify_copy(dest: Path, files: dict[str, int], hashes: dict[str, tuple[str, 
     return good, bad
 
 
+def copy_from_mirror(folder: Path, dest: Path, sha: str) -> bool:
+    """rsync ``folder`` into ``dest`` where its stamp is of commit ``sha`` (the Hub client's
+    cache and the stamp left out, partial files kept for the next run); whether it copied."""
+    try:
+        stamp = json.loads((folder / STAMP).read_text())
+    except (OSError, ValueError):
+        print(f"the mirror has no complete copy in {folder}: downloading from the Hub",
+              flush=True)
+        return False
+    if not isinstance(stamp, dict) or stamp.get("sha") != sha:
+        print(f"the mirror's copy in {folder} is of another commit: downloading from the Hub",
+              flush=True)
+        return False
+    dest.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["rsync", "-a", "--no-owner", "--no-group", "--partial",
+                           "--partial-dir=.rsync-partial", "--exclude=/.cache",
+                           f"--exclude=/{STAMP}*", f"{folder}/", f"{dest}/"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["rsync failed"])[-1]
+        print(f"copy from the mirror {folder} failed ({last}): the Hub", flush=True)
+    return done.returncode == 0
+
+
 def main() -> int:
     try:
         return _main()
@@ -132,6 +160,8 @@ def _main() -> int:
     parser.add_argument("--architecture", help="what config.json must name (architectures[0])")
     parser.add_argument("--copied-from", help="where the files already in --dest were copied "
                         "from (a peer), for the message: each is verified by its hash")
+    parser.add_argument("--mirror", type=Path, help="a folder holding <repo>/ copies with their "
+                        "stamps, copied from before the Hub")
     args = parser.parse_args()
     _AT.update(repo=f"{args.repo}@{args.revision}", dest=str(args.dest))
 
@@ -172,6 +202,8 @@ def _main() -> int:
                 out[name] = size
         return out
 
+    if args.mirror is not None and copy_from_mirror(args.mirror / args.repo, args.dest, sha):
+        args.copied_from = f"the mirror {args.mirror}"
     copied: list[str] = []
     if args.copied_from and args.dest.is_dir():
         hashes = {s.rfilename: ((s.lfs["sha256"], True) if s.lfs else (s.blob_id or "", False))
