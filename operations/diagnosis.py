@@ -23,9 +23,15 @@ from typing import Final
 from operations.telemetry import GpuFigures
 
 #: Throttle reasons that mean heat (nvidia-smi's clocks_event_reasons).
-THERMAL_REASONS: Final = ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_slowdown")
+THERMAL_REASONS: Final = ("hw_thermal_slowdown", "sw_thermal_slowdown")
 #: Throttle reasons that mean the power limit.
 POWER_REASONS: Final = ("sw_power_cap", "hw_power_brake_slowdown")
+#: The umbrella hardware reason: nvidia-smi --help-query-gpu (driver 580, captured in
+#: tests/fixtures/h200-device/telemetry/help-query-gpu.txt) says it indicates HW thermal
+#: slowdown, HW power brake slowdown, or "Power draw is too high and Fast Trigger protection is
+#: reducing the clocks", and "May be also reported during PState or clock change". Alone (neither
+#: specific bit seen) it is none of heat or the power brake, so it has its own rule.
+HW_SLOWDOWN: Final = "hw_slowdown"
 #: A reason counts as seen when active in at least this share of a level's samples (%).
 REASON_SHARE_PCT: Final = 10.0
 #: GPU utilisation (mean over GPUs, %) below which the GPUs wait on the server.
@@ -95,7 +101,7 @@ def _seen(f: LevelFigures, names: Sequence[str]) -> list[str]:
 
 
 def _throttles(f: LevelFigures) -> list[str]:
-    return _seen(f, (*THERMAL_REASONS, *POWER_REASONS))
+    return _seen(f, (*THERMAL_REASONS, *POWER_REASONS, HW_SLOWDOWN))
 
 
 def _ge(value: float | None, bound: float) -> bool:
@@ -132,6 +138,18 @@ def _power_capped(f: LevelFigures) -> Verdict | None:
                    "of maximum: the GPUs run at their power limit",
                    {"power_pct": f.power_pct, "sm_clock_pct": f.sm_clock_pct,
                     **{n: f.reasons[n] for n in names}})
+
+
+def _hw_slowdown(f: LevelFigures) -> Verdict | None:
+    names = _seen(f, (HW_SLOWDOWN,))
+    if not names:
+        return None
+    return Verdict("HW slowdown", f"HW slowdown: {_reason_words(f, names)} with no thermal or "
+                   f"power-brake reason, clocks at {_pct(f.sm_clock_pct)} of maximum, power at "
+                   f"{_pct(f.power_pct)} of the limit: power draw too high for the GPU's fast "
+                   "trigger protection, or P-state changes; check the power supply and the "
+                   "power limit", {"sm_clock_pct": f.sm_clock_pct, "power_pct": f.power_pct,
+                                   HW_SLOWDOWN: f.reasons[HW_SLOWDOWN]})
 
 
 def _pcie_bound(f: LevelFigures) -> Verdict | None:
@@ -180,6 +198,8 @@ RULES: Final[tuple[tuple[str, str, Callable[[LevelFigures], Verdict | None]], ..
      f"{REASON_SHARE_PCT:.0f} % of samples", _thermal),
     ("power-capped", f"a power reason ({', '.join(POWER_REASONS)}) active in >= "
      f"{REASON_SHARE_PCT:.0f} % of samples", _power_capped),
+    ("HW slowdown", f"{HW_SLOWDOWN} active in >= {REASON_SHARE_PCT:.0f} % of samples, no "
+     "thermal or power reason", _hw_slowdown),
     ("PCIe-bound", f"PCIe peak >= {PCIE_BOUND_FROM_PCT:.0f} % of the link's capacity",
      _pcie_bound),
     ("server-bound", f"GPU utilisation < {IDLE_BELOW_PCT:.0f} %", _server_bound),

@@ -259,6 +259,7 @@ def up(
             ],
         }
         _save_state(state)
+        network.create_switch()
         _prepare(specs, state, authorized_key, hardware)
         _start_services(specs, state)
         _boot(specs, state, boot_timeout)
@@ -323,7 +324,8 @@ def _host_state(entry: dict[str, Any]) -> str:
 
 def status() -> list[dict[str, Any]]:
     """The hosts of the lab, as inventory/sandbox.py reads them (sandbox/README.md, Inventory):
-    name, address, gateway, state (running / booting / stopped), ssh_user (the operator, a sudo
+    name, address, gateway, switch_address (where the lab's other hosts reach it, over the lab
+    switch), state (running / booting / stopped), ssh_user (the operator, a sudo
     user: the deploy never logs in as root), ssh_key, cuda_repo_url, cuda_keyring_sha256,
     pip_index_url, lock (the stand-in lock's path). [] when no lab is up."""
     state = load_state()
@@ -338,6 +340,7 @@ def status() -> list[dict[str, Any]]:
                 "name": spec.name,
                 "address": spec.address,
                 "gateway": spec.gateway,
+                "switch_address": spec.switch_address,
                 "state": _host_state(entry),
                 "ssh_user": rootfs.OPERATOR,
                 "ssh_key": str(SSH_KEY),

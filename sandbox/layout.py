@@ -43,6 +43,14 @@ PROXY_PORT = 8888
 SSH_PORT = 22
 
 SUBNET_PREFIX = f"10.{213 + LAB}"
+#: The lab "switch": a bridge in a network namespace of the lab's own, one port per host. Its
+#: subnet is the 0th /24 of the lab's 10.(213+L).0.0/16, which no host link uses (hosts are 1..254),
+#: so no two labs' switches, and no switch and link, share addresses.
+SWITCH_NETNS = f"gpuhost{LAB or ''}-switch"
+SWITCH_BRIDGE = "br0"
+SWITCH_SUBNET = f"{SUBNET_PREFIX}.0.0/24"
+#: The host's end of its switch port, beside eth0 (its link to this machine).
+SWITCH_IFACE = "eth1"
 MAX_HOSTS = 254
 DEFAULT_SCENARIO = "reference-lab"
 
@@ -95,6 +103,16 @@ class HostSpec:
     @property
     def address(self) -> str:
         return f"{SUBNET_PREFIX}.{self.index}.2"
+
+    @property
+    def switch_address(self) -> str:
+        """The host's address on the lab switch: where the lab's other hosts reach it."""
+        return f"{SUBNET_PREFIX}.0.{self.index}"
+
+    @property
+    def switch_port(self) -> str:
+        """The switch's end of the host's port (inside SWITCH_NETNS, so no name clashes)."""
+        return f"port{self.index}"
 
     @property
     def dir(self) -> Path:

@@ -90,3 +90,17 @@ def test_level_figures_combine_gpus():
                                                              {"sw_power_cap": 30.0})])
     assert level.util_pct == 90.0 and level.pcie_peak_pct == 2.0
     assert level.reasons == {"sw_power_cap": 30.0}
+
+
+def test_hw_slowdown_alone_is_not_heat():
+    """nvidia-smi's hw_slowdown alone (help-query-gpu, driver 580) is the fast trigger or a
+    P-state change; with hw_thermal_slowdown it is heat."""
+    alone = diagnosis.diagnose(made_up(sm_clock_pct=45.0, reasons={"hw_slowdown": 30.0}))
+    assert alone.name == "HW slowdown" and "no thermal or power-brake reason" in alone.text
+    assert alone.figures["hw_slowdown"] == 30.0
+    hot = diagnosis.diagnose(made_up(sm_clock_pct=45.0, temperature_peak_c=95.0,
+                                     reasons={"hw_slowdown": 30.0, "hw_thermal_slowdown": 30.0}))
+    assert hot.name == "thermal"
+    braked = diagnosis.diagnose(made_up(reasons={"hw_slowdown": 30.0,
+                                                 "hw_power_brake_slowdown": 30.0}))
+    assert braked.name == "power-capped"

@@ -1,9 +1,15 @@
-"""operations/plan.py: facts read once per host while planning, every time while executing."""
+"""operations/plan.py: facts read once per host while planning, every time while executing; a
+run whose every host is refused."""
+
+import subprocess
+import sys
+from pathlib import Path
 
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
+from operations import REPO_ROOT
 from operations.host import FileText
 from operations.plan import fact
 from operations.server import ServiceState
@@ -45,3 +51,20 @@ def test_executing_reads_every_time():
     with ctx_state.use(state), ctx_host.use(host):
         assert fact(FileText, path="/a") != fact(FileText, path="/a")
     assert len(calls) == 2
+
+
+def test_a_run_whose_every_host_is_refused_ends_with_the_refusal_not_a_pyinfra_error(tmp_path):
+    """The last host refused used to end the run with "pyinfra error in .../plan.py line N: No
+    hosts remaining!" (and pyinfra's exit status for it); it ends with the refusal and exit 1."""
+    deploy = tmp_path / "refusing.py"
+    deploy.write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "from operations.plan import refuse, stop_if_refused\n"
+        "refuse('Stage', 'a reason the test gives')\nstop_if_refused()\n")
+    pyinfra = Path(sys.executable).with_name("pyinfra")
+    run = subprocess.run([str(pyinfra), "-y", "@local", str(deploy)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, check=False)
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    assert "nothing was changed, because:" in out and "a reason the test gives" in out
+    assert "No hosts remaining" not in out and "pyinfra error" not in out, out

@@ -79,6 +79,53 @@ def test_link_commands_put_gateway_outside_and_address_inside():
 
 
 # --- nspawn, supervisor ----------------------------------------------------------------------
+def test_switch_is_the_labs_own_0th_24_and_a_namespace_of_its_own():
+    from sandbox import layout
+
+    assert layout.SWITCH_NETNS == f"{NS}switch"
+    assert layout.SWITCH_SUBNET == f"{NET}.0.0/24"
+    assert [HostSpec(n).switch_address for n in (1, 7, 254)] == [
+        f"{NET}.0.1", f"{NET}.0.7", f"{NET}.0.254"
+    ]
+    # no host link uses the 0th /24: a switch address is on no link's subnet
+    links = {HostSpec(n).subnet for n in range(1, 255)}
+    assert layout.SWITCH_SUBNET not in links
+
+
+def test_switch_subnets_of_the_ten_labs_do_not_collide():
+    # each lab's subnets, switch and links, lie in its own 10.(213+L).0.0/16
+    code = "from sandbox import layout; print(layout.SWITCH_SUBNET, layout.SWITCH_NETNS)"
+    seen = set()
+    for lab_number in range(10):
+        env = {**os.environ, "GPUHOST_SANDBOX_LAB": str(lab_number)}
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+                             capture_output=True, check=True).stdout.split()
+        assert out[0] == f"10.{213 + lab_number}.0.0/24"
+        seen.add(tuple(out))
+    assert len({s for s, _ in seen}) == len({n for _, n in seen}) == 10
+
+
+def test_switch_has_a_bridge_no_address_and_forwarding_off():
+    cmds = [" ".join(c) for c in network.switch_commands()]
+    assert cmds[0] == f"netns add {NS}switch"
+    sysctl = next(c for c in cmds if " sysctl " in c)
+    assert cmds.index(sysctl) < cmds.index(f"-n {NS}switch link add br0 type bridge")
+    for setting in ("net.ipv4.ip_forward=0", "net.ipv6.conf.all.forwarding=0",
+                    "net.ipv6.conf.default.disable_ipv6=1"):
+        assert setting in sysctl
+    assert not [c for c in cmds if " addr " in c or " route " in c]
+
+
+def test_port_commands_plug_eth1_into_the_bridge_from_the_hosts_namespace():
+    cmds = [" ".join(c) for c in network.port_commands(HostSpec(3))]
+    # made inside the host's namespace: nothing of it ever lands in this machine's
+    assert cmds[0] == f"-n {NS}gpu3 link add eth1 type veth peer name port3 netns {NS}switch"
+    assert f"-n {NS}switch link set port3 master br0" in cmds
+    assert f"-n {NS}gpu3 addr add {NET}.0.3/24 dev eth1" in cmds
+    assert not [c for c in cmds if " route " in c]  # no gateway on the switch
+    assert all(c.startswith("-n ") for c in cmds)
+
+
 def test_nspawn_command_line_is_the_readme_one():
     cmd = supervisor.nspawn_command(HostSpec(2))
     assert cmd[0] == "systemd-nspawn"
