@@ -32,8 +32,9 @@ from io import StringIO
 from pathlib import Path
 from typing import Any, Final
 
-from pyinfra import logger
+from pyinfra import host, logger
 from pyinfra.api import deploy
+from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, server
 
 from operations.settings import Settings
@@ -82,8 +83,10 @@ def copy_access(settings: Settings):
 
     + settings: the host's validated settings
     """
-    apt.packages(name="rsync (the model copy)", packages=["rsync"], update=True,
-                 cache_time=3600)
+    # apt's lists are refreshed only where rsync is missing: a converged host's run stays a
+    # no-op (apt.packages' update would run whenever the lists are older than cache_time)
+    apt.packages(name="rsync (the model copy)", packages=["rsync"],
+                 update="rsync" not in (host.get_fact(DebPackages) or {}))
     server.user(name=f"User {COPY_USER} (reads the model folder for peers)", user=COPY_USER,
                 home=COPY_HOME, shell="/bin/sh", system=True, create_home=True)
     files.directory(name=f"{COPY_USER}'s .ssh", path=f"{COPY_HOME}/.ssh", user=COPY_USER,
@@ -140,7 +143,7 @@ def _peer_rsh(peer: Peer) -> str:
     return shlex.join(opts)
 
 
-def _login_rsh(data: Mapping[str, Any]) -> tuple[str, str, str]:
+def _login_rsh(name: str, data: Mapping[str, Any]) -> tuple[str, str, str]:
     """The ssh command, ``user@address`` and remote rsync of the deploy's own login to a host,
     built as pyinfra's SSH connector builds its rsync (pyinfra 3.10, connectors/ssh.py,
     ``SSHConnector.rsync``)."""
@@ -156,7 +159,7 @@ def _login_rsh(data: Mapping[str, Any]) -> tuple[str, str, str]:
     if data.get("ssh_key"):
         opts += ["-i", os.path.expanduser(str(data["ssh_key"]))]
     user = f"{data['ssh_user']}@" if data.get("ssh_user") else ""
-    return shlex.join(opts), f"{user}{data.get('ssh_hostname')}", (
+    return shlex.join(opts), f"{user}{data.get('ssh_hostname') or name}", (
         "sudo rsync" if data.get("_sudo") else "rsync")
 
 
@@ -231,7 +234,7 @@ def relay(state, host, peer_list: list[Peer], repo: str, revision: str, dest: st
             logger.warning(f"{prefix}model copy from {peer.name} failed ({err}): what was "
                            "copied is kept for the next run")
             continue
-        rsh, target, remote_rsync = _login_rsh(host.data.dict())
+        rsh, target, remote_rsync = _login_rsh(host.name, host.data.dict())
         ok, err = rsync(["rsync", *RSYNC_FLAGS, *limit, "-e", rsh, "--rsync-path", remote_rsync,
                          f"{staging}/", f"{target}:{dest}/"], prefix, "model copy to the host")
         if not ok:

@@ -297,6 +297,7 @@ GPUHOST_DIRS: Final[Mapping[str, str]] = {
     "/opt/gpuhost/wheels": "flash-attn's built wheels",
     "/var/cache/gpuhost": "the server's kernel caches",
     "/var/lib/gpuhost": "gpuhost's records (the P2P measurement, the verified server)",
+    "/var/lib/gpuhost-models": "the model copy user's home (its one key: rrsync -ro)",
     "/etc/gpuhost": "the server's and the P2P decision's environment files",
     "/run/gpuhost": "the deploy lock",
 }
