@@ -56,6 +56,8 @@ RSYNC_FLAGS: Final = ("-a", "--partial", "--partial-dir=.rsync-partial", "--excl
                       "--exclude=/.gpuhost-model.json*", "--no-owner", "--no-group", "--info=progress2",
                       "--no-inc-recursive")
 STAMP: Final = ".gpuhost-model.json"
+#: Seconds to wait for a peer's sshd to answer.
+CONNECT_TIMEOUT_S: Final = 10
 
 #: One ``--info=progress2`` update (rsync(1), --info=progress2): bytes so far, percent, rate.
 _PROGRESS = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+/s)")
@@ -136,7 +138,9 @@ def peers(me: str, settings: Mapping[str, Settings], data: Mapping[str, Mapping[
 
 
 def _peer_rsh(peer: Peer) -> str:
+    # a peer that is down is given up in seconds (the Hub is the way on), not TCP's minutes
     opts = ["ssh", "-i", str(KEY_PATH), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
             "-o", f"StrictHostKeyChecking={peer.strict_host_key_checking}", "-p", str(peer.port)]
     if peer.known_hosts:
         opts += ["-o", f"UserKnownHostsFile={os.path.expanduser(peer.known_hosts)}"]
