@@ -1,7 +1,7 @@
 """Rebuilding a host with its weights from a peer: two hosts, the first converged from the hub
 stand-in (no peer holds the model yet), the second from the first (hub bytes for the weights:
-0), a corrupted file on the peer caught and fetched from the hub, a copy interrupted half way
-resumed by the next run. The hub stand-in's byte count (sandbox/hub.py) says what came from
+0), then a copy interrupted half way resumed by the next run, which catches a file corrupted on
+the peer and fetches it from the hub. The hub stand-in's byte count (sandbox/hub.py) says what came from
 outside the lab; the files' hashes are read over plain ssh."""
 
 from __future__ import annotations
@@ -89,39 +89,26 @@ def test_a_second_host_gets_its_weights_from_the_first(hosts):
     assert refused.returncode != 0 and "uid=" not in refused.stdout
 
 
-def test_a_corrupted_file_on_the_peer_is_fetched_from_the_hub(hosts):
+def restore(gpu1: lab.Host, gpu2: lab.Host, shard: str) -> None:
+    """gpu1's shard as gpu2 holds it (verified), over plain ssh through this machine."""
+    opts = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+            "-o", "LogLevel=ERROR"]
+    data = subprocess.run(["ssh", "-i", gpu2.ssh_key, *opts, f"root@{gpu2.address}",
+                           f"cat {MODEL_DIR}/{shard}"], capture_output=True, timeout=60,
+                          check=True).stdout
+    subprocess.run(["ssh", "-i", gpu1.ssh_key, *opts, f"root@{gpu1.address}",
+                    f"cat > {MODEL_DIR}/{shard}"], input=data, timeout=60, check=True)
+
+
+def test_a_copy_stopped_half_way_resumes_and_a_corrupted_peer_file_comes_from_the_hub(
+        hosts, tmp_path):
+    """One scenario on the same hosts: gpu2's copy from gpu1 is stopped half way (Ctrl-C)
+    and resumed by the next run, which also catches a file corrupted on gpu1 (one byte
+    changed, the size kept: only the hash tells) and fetches it alone from the hub."""
     gpu1, gpu2, _, _ = hosts
     shard = SHARDS[-1]
     good = hashes(gpu1)[shard]
-    # one byte changed, the size kept: only the hash can tell
     gpu1.ssh(f"printf 'X' | dd of={MODEL_DIR}/{shard} bs=1 seek=4096 conv=notrunc status=none")
-    gpu2.ssh(f"rm -rf {MODEL_DIR}")
-    try:
-        before = hub_bytes()
-        run = deploy_gpu2()
-        assert run.returncode == 0, run.output[-6000:]
-        assert (f"[gpu2] weights source: {len(SIZES) - 1} files ({TOTAL - SIZES[shard]} "
-                "bytes) from peer gpu1, verified against the Hub's metadata; 1 files "
-                f"({SIZES[shard]} bytes) from the Hub") in run.output
-        assert weight_bytes(before, hub_bytes(), gpu2) == {
-            s: SIZES[s] if s == shard else 0 for s in SHARDS}
-        assert hashes(gpu2)[shard] == good
-    finally:
-        data = subprocess.run(
-            ["ssh", "-i", gpu2.ssh_key, "-o", "StrictHostKeyChecking=no",
-             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-             f"root@{gpu2.address}", f"cat {MODEL_DIR}/{shard}"],
-            capture_output=True, timeout=60, check=True).stdout
-        subprocess.run(
-            ["ssh", "-i", gpu1.ssh_key, "-o", "StrictHostKeyChecking=no",
-             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-             f"root@{gpu1.address}", f"cat > {MODEL_DIR}/{shard}"],
-            input=data, timeout=60, check=True)
-    assert hashes(gpu1)[shard] == good
-
-
-def test_a_copy_interrupted_half_way_resumes_on_the_next_run(hosts, tmp_path):
-    gpu1, gpu2, _, _ = hosts
     gpu2.ssh(f"rm -rf {MODEL_DIR}")
     log = tmp_path / "interrupted.log"
     # 64 KiB/s: the 1.5 MiB of shards take about 24 s, long enough to stop the copy in them
@@ -148,14 +135,22 @@ def test_a_copy_interrupted_half_way_resumes_on_the_next_run(hosts, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         lab.GUARD.observe("interrupted deploy", log.read_text())
-    # stopped in the copy: it never got to the verification (pyinfra's exit status after a
-    # Ctrl-C says nothing here: it was 0)
-    assert "model copy: gpuhost-sandbox/tiny-glm-5@" in log.read_text()
-    assert "weights source:" not in log.read_text()
-    before = hub_bytes()
-    run = deploy_gpu2()
-    assert run.returncode == 0, run.output[-6000:]
-    assert "resuming: " in run.output and "bytes already staged there" in run.output
-    assert weight_bytes(before, hub_bytes(), gpu2) == {s: 0 for s in SHARDS}
-    assert hashes(gpu2) == hashes(gpu1)
-    assert not os.path.exists(STAGING) or not any(os.scandir(STAGING))
+    try:
+        # stopped in the copy, before the verification (pyinfra's exit status after a Ctrl-C
+        # says nothing here: it was 0)
+        assert "model copy: gpuhost-sandbox/tiny-glm-5@" in log.read_text()
+        assert "weights source:" not in log.read_text()
+        before = hub_bytes()
+        run = deploy_gpu2()
+        assert run.returncode == 0, run.output[-6000:]
+        assert "resuming: " in run.output and "bytes already staged there" in run.output
+        assert (f"[gpu2] weights source: {len(SIZES) - 1} files ({TOTAL - SIZES[shard]} "
+                "bytes) from peer gpu1, verified against the Hub's metadata; 1 files "
+                f"({SIZES[shard]} bytes) from the Hub") in run.output
+        assert weight_bytes(before, hub_bytes(), gpu2) == {
+            s: SIZES[s] if s == shard else 0 for s in SHARDS}
+        assert hashes(gpu2) == {f.path: f.sha256 for f in hub.repository()}
+        assert not os.path.exists(STAGING) or not any(os.scandir(STAGING))
+    finally:
+        restore(gpu1, gpu2, shard)
+    assert hashes(gpu1)[shard] == good
