@@ -6,10 +6,11 @@ import json
 import shlex
 from typing import Final, TypedDict
 
-from pyinfra import host
-from pyinfra.api import FactBase, StringCommand, operation
+from pyinfra import host, logger
+from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
 from typing_extensions import override
 
+from operations import model_copy, remote
 from operations.p2p import LIB_DIR
 
 #: Written by operations/files/model_fetch.py once a download is complete.
@@ -82,7 +83,8 @@ def is_current(snapshot: Snapshot, repo: str, revision: str) -> bool:
 @operation()
 def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
             token_file: str | None = None, headroom_gib: float = 1.0,
-            architecture: str | None = None):
+            architecture: str | None = None, peers: list[model_copy.Peer] | None = None,
+            bwlimit_kib: int | None = None, mirror: str | None = None):
     """Download ``repo`` at ``revision`` into ``dest`` unless a complete copy is there.
 
     + repo: the Hub repository id, e.g. ``lukealonso/GLM-5-NVFP4``
@@ -95,11 +97,16 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
     + architecture: ``gpuhost_model_architecture``; a downloaded config.json that names
       another (or none) fails the host there (exit 3), before the unit is written or the
       server restarted: planning could not read a config.json that was not there yet
+    + peers: other inventory hosts that may hold a complete copy (operations/model_copy.py):
+      the first whose stamp says so is copied from, through the controller, before the Hub
+    + bwlimit_kib: rsync's --bwlimit for that copy (KiB/s), None for no limit
+    + mirror: a folder on the host holding ``<repo>/`` copies (``gpuhost_model_mirror``),
+      copied from before the peers and the Hub where its copy is of the same commit
 
     The download runs operations/files/model_fetch.py on the host: model metadata, the disk
     preflight (exit 2: not enough space), snapshot_download, then every file's size checked
-    against the metadata. Changes when the copy is missing, incomplete, of another repository,
-    or of another revision.
+    against the metadata (with peers, every file copied by its hash too). Changes when the
+    copy is missing, incomplete, of another repository, or of another revision.
     """
     snapshot = host.get_fact(ModelSnapshot, path=dest)
     if is_current(snapshot, repo, revision):
@@ -111,4 +118,26 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
         args += ["--token-file", token_file]
     if architecture:
         args += ["--architecture", architecture]
+    if mirror:
+        args += ["--mirror", mirror]
+    elif peers:
+        yield FunctionCommand(model_copy.relay, (peers, repo, revision, dest, bwlimit_kib), {})
+        args += ["--copied-from", "peer " + " or ".join(p.name for p in peers)]
     yield StringCommand(*(shlex.quote(a) for a in (python, f"{LIB_DIR}/model_fetch.py", *args)))
+    yield FunctionCommand(say_source, (dest,), {})
+
+
+def say_source(state, host, dest: str) -> bool:
+    """Print where the weights just fetched came from, as model_fetch.py's stamp records it."""
+    ok, output = remote.shell(host, StringCommand("cat", shlex.quote(f"{dest}/{STAMP}")))
+    try:
+        source = json.loads("\n".join(output.stdout_lines)).get("source") or {}
+    except ValueError:
+        source = {}
+    if ok and source:
+        line = (f"{source.get('copied_files')} files ({source.get('copied_bytes')} bytes) from "
+                f"{source['copied_from']}, verified against the Hub's metadata; "
+                if source.get("copied_from") else "")
+        logger.info(f"{host.print_prefix}weights source: {line}{source.get('hub_files')} files "
+                    f"({source.get('hub_bytes')} bytes) from the Hub")
+    return True

@@ -7,7 +7,7 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -21,6 +21,7 @@ from typing_extensions import override
 
 from operations import REPO_ROOT, group_restart, remote
 from operations import model as model_ops
+from operations import model_copy
 from operations.node_group import NodeRole
 from operations.nodes import NODES_ENV_FILE, internode_argv
 from operations.nvidia import DRIVER_GATE_DROPIN
@@ -483,7 +484,7 @@ def serving(url: str, model: str, timeout: int, public_url: str | None = None,
 
 @deploy("SGLang server")
 def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
-                  role: NodeRole | None = None):
+                  role: NodeRole | None = None, peers: Mapping[str, Settings] | None = None):
     """Download the model, template the unit and its environment (and the API key gate's unit
     when the server binds more than the loopback), start the server, restart it only when
     something it reads changed, and wait until it serves good answers. The unit places the
@@ -499,6 +500,8 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
     + inputs: operations of earlier stages whose change means a restart (the venv, the P2P
       decision)
     + role: the host's place in a server across nodes (operations/nodes.py), else None
+    + peers: every inventory host's settings: a peer serving the same model may hold a copy
+      of the weights (operations/model_copy.py; ``gpuhost_model_copy_from_peers``)
 
     Refused while planning: PID 1 not systemd; a token or key file that is not a secret file
     (operations/secret_files.py: missing, a symlink, readable by others, not one line of
@@ -556,12 +559,17 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
     changed: list[OperationMeta] = []
     if not settings.model_is_local:
         files.directory(name="Model folder", path=settings.model_path, mode="755")
+        model_copy.copy_access(settings)
+        sources = (model_copy.peers(host.name, peers, {h.name: h.data.dict()
+                                                       for h in host.inventory})
+                   if peers and settings.model_copy_from_peers else [])
         changed.append(model_ops.weights(
             name=f"Model {settings.model}@{settings.model_revision}",
             repo=settings.model, revision=settings.model_revision, dest=settings.model_path,
             endpoint=settings.hf_endpoint, python=f"{settings.venv_path}/bin/python",
             token_file=settings.hf_token_file, headroom_gib=DISK_HEADROOM_GIB,
-            architecture=settings.model_architecture,
+            architecture=settings.model_architecture, peers=sources,
+            bwlimit_kib=settings.model_copy_bwlimit, mirror=settings.model_mirror,
         ))
     kernels = cache_key(settings)
     kernel_folders = fact(KernelCacheFolders)

@@ -169,6 +169,9 @@ class Settings:
     model_revision: str = "main"
     hf_endpoint: str = "https://huggingface.co"
     hf_token_file: str | None = None
+    model_copy_from_peers: bool = True
+    model_copy_bwlimit: int | None = None
+    model_mirror: str | None = None
     # The bench (bench.py): sglang.bench_serving's load at each concurrency level
     bench_levels: tuple[int, ...] = (1, 16, 64)
     bench_input_len: int = 1024
@@ -335,6 +338,7 @@ GPUHOST_DIRS: Final[Mapping[str, str]] = {
     "/opt/gpuhost/wheels": "flash-attn's built wheels",
     "/var/cache/gpuhost": "the server's kernel caches",
     "/var/lib/gpuhost": "gpuhost's records (the P2P measurement, the verified server)",
+    "/var/lib/gpuhost-models": "the model copy user's home (its one key: rrsync -ro)",
     "/etc/gpuhost": "the server's and the P2P decision's environment files",
     "/run/gpuhost": "the deploy lock",
     "/opt/gpuhost/router-venv": "the router's venv (gpuhost_router_venv_path's default)",
@@ -496,6 +500,12 @@ RULES: Final[Mapping[str, _Rule]] = {
     "hf_endpoint": _text(_URL + r"(?<!/)", "an http(s) URL without a trailing slash"),
     "hf_token_file": _text(_PATH, f"an absolute path on the host, root-only {_PATH_DETAIL}",
                            optional=True),
+    "model_copy_from_peers": _BOOL,
+    "model_copy_bwlimit": _Rule(lambda v: v is None or (_is_int(v) and v >= 1),
+                                "an integer >= 1 (KiB/s, rsync's --bwlimit), or None"),
+    "model_mirror": _text(_PATH, "an absolute path on the host of a folder holding <repository "
+                          f"id>/ copies of models (an NFS mount, say) {_PATH_DETAIL}",
+                          optional=True),
     "bench_levels": _Rule(
         lambda v: isinstance(v, (list, tuple)) and bool(v) and all(_is_int(n) and n >= 1
                                                                    for n in v)

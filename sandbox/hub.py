@@ -13,7 +13,12 @@ hf_raise_for_status):
     GET  /<repo>/resolve/<rev>/<file>                       the same, with the content
     GET  /cdn-lfs/<sha256>?expires=..&sig=..                LFS content (signed URL, Range)
 
-The repository is gated: without a token 401 with X-Error-Code: GatedRepo; with a wrong one 401
+The stand-in counts the bytes of every response body it sends, per client address and per
+repository file (metadata requests count as "api"), for tests and the rebuild bench:
+
+    GET  /_sandbox/bytes-served    {"<client address>": {"total": n, "files": {"<path>": n}}}
+
+(no token needed; not an endpoint of the real Hub). The repository is gated: without a token 401 with X-Error-Code: GatedRepo; with a wrong one 401
 "Invalid credentials in Authorization header"; unknown repositories 401 RepoNotFound, unknown
 revisions 404 RevisionNotFound, unknown files 404 EntryNotFound, as the Hub answers.
 
@@ -122,6 +127,18 @@ class Hub:
         self.by_sha256 = {f.sha256: f for f in self.files if f.lfs}
         self.sha = commit_sha(self.files)
         self.secret = secrets.token_bytes(32)
+        self.served: dict[str, dict] = {}
+        self.lock = threading.Lock()
+
+    def count(self, client: str, path: str, nbytes: int) -> None:
+        with self.lock:
+            entry = self.served.setdefault(client, {"total": 0, "files": {}})
+            entry["total"] += nbytes
+            entry["files"][path] = entry["files"].get(path, 0) + nbytes
+
+    def bytes_served(self) -> dict:
+        with self.lock:
+            return json.loads(json.dumps(self.served))
 
     def resolve(self, revision: str) -> str | None:
         return self.sha if revision in ("main", self.sha) else None
@@ -154,6 +171,8 @@ class Hub:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     hub: Hub
+    #: What the response being sent is of: a repository file's path, or "api".
+    served_file = "api"
 
     def log_message(self, fmt: str, *args: object) -> None:
         sys.stderr.write(f"{self.address_string()} {fmt % args}\n")
@@ -168,6 +187,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
+            self.hub.count(self.client_address[0], self.served_file, len(body))
 
     def _error(self, code: int, error_code: str | None, message: str) -> None:
         headers = {"X-Error-Message": message}
@@ -195,6 +215,9 @@ class Handler(BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         path = urllib.parse.unquote(url.path)
         query = urllib.parse.parse_qs(url.query)
+        self.served_file = "api"
+        if path == "/_sandbox/bytes-served":
+            return self._send(200, json.dumps(self.hub.bytes_served()).encode())
         if path.startswith("/cdn-lfs/"):
             return self._cdn(path[len("/cdn-lfs/"):], query)
         if path.startswith("/api/models/"):
@@ -229,6 +252,7 @@ class Handler(BaseHTTPRequestHandler):
         f = self.hub.by_path.get(filename)
         if f is None:
             return self._error(404, "EntryNotFound", f"{filename} does not exist on \"{revision}\"")
+        self.served_file = f.path
         headers = {"X-Repo-Commit": sha, "Accept-Ranges": "bytes"}
         if f.lfs:
             expires = int(time.time()) + 3600
@@ -252,6 +276,7 @@ class Handler(BaseHTTPRequestHandler):
                 sig, self.hub.sign(sha256, expires)):
             return self._send(403, b"<Error><Code>AccessDenied</Code></Error>",
                               content_type="application/xml")
+        self.served_file = f.path
         data, code, headers = f.data, 200, {"ETag": f'"{f.sha256}"', "Accept-Ranges": "bytes"}
         rng = self.headers.get("Range") or ""
         if rng.startswith("bytes="):

@@ -9,10 +9,20 @@ Runs on the GPU host with the ML venv's python (huggingface_hub comes with the l
    space of the destination's file system, else exit 2 before downloading anything (a disk
    that fills up all the same, ENOSPC on any write, exits 2 with one line: what was being
    written, the space free there, what the snapshot needs; no_space.py, shipped beside);
-3. snapshot_download of that commit into --dest (resumes what is partly there);
+3. snapshot_download of that commit into --dest (resumes what is partly there). With
+   --copied-from (the deploy copied the folder from a peer first: operations/model_copy.py),
+   every file already there is verified first against the metadata's hash, the sha256 of an
+   LFS file or the git blob id of another (huggingface_hub 0.36.2, hf_api.py RepoSibling:
+   ``blob_id``, ``lfs.sha256``); a file that does not match is removed, and only the missing
+   ones are downloaded (hf_hub_download, file by file). The source of the files is printed:
+   how many (and how many bytes) verified from the copy, how many from the Hub. With
+   --mirror (``gpuhost_model_mirror``: a lab's mirror folder on the host, an NFS mount say),
+   ``<mirror>/<repo>/`` is copied in first with rsync (resumable, as operations/model_copy.py
+   copies from a peer) where its stamp names the same commit, then verified the same way;
 4. completeness: every file of the metadata present with its size, else exit 1 naming them;
-5. the stamp ``<dest>/.gpuhost-model.json``: {"repo", "revision", "sha", "files": {path: size}},
-   what the deploy's ModelSnapshot fact compares with host data;
+5. the stamp ``<dest>/.gpuhost-model.json``: {"repo", "revision", "sha", "files": {path: size},
+   "source": where this run's files came from (copied_from, copied_files, copied_bytes,
+   hub_files, hub_bytes)}, what the deploy's ModelSnapshot fact compares with host data;
 6. with --architecture (gpuhost_model_architecture): the downloaded config.json must name it
    (model_config.py, shipped beside), else exit 3 naming the key and both values. The stamp
    is written first: the copy is complete and right, host data is what is wrong, and the
@@ -27,10 +37,13 @@ an OSError with its strerror), never as a traceback (requests' InvalidHeader quo
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from model_config import mismatch
@@ -53,6 +66,62 @@ _SECRET_LOADED = False
 #: What the download is at, for a full disk's message: repo, dest, and once the metadata is
 #: read, the snapshot's size and the bytes still missing.
 _AT: dict = {}
+
+
+def file_hash(path: Path, lfs: bool) -> str:
+    """The hash the Hub's metadata gives for a file: sha256 of the content for an LFS file, its
+    git blob id (sha1 of ``blob <size>\\0`` and the content) for any other."""
+    h = hashlib.sha256() if lfs else hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_copy(dest: Path, files: dict[str, int], hashes: dict[str, tuple[str, bool]]
+                ) -> tuple[list[str], list[str]]:
+    """(the files in ``dest`` whose size and hash match the metadata, those that do not, which
+    are removed); files not there are in neither. Hashed in parallel (hashlib releases the GIL
+    on large reads)."""
+    present = [n for n, size in files.items()
+               if (dest / n).is_file() and (dest / n).stat().st_size == size]
+    wrong_size = [n for n in files if (dest / n).is_file() and n not in present]
+
+    def check(name: str) -> bool:
+        want, lfs = hashes.get(name, ("", False))
+        return bool(want) and file_hash(dest / name, lfs) == want
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        results = list(pool.map(check, present))
+    good = [n for n, ok in zip(present, results) if ok]
+    bad = sorted(wrong_size + [n for n, ok in zip(present, results) if not ok])
+    for name in bad:
+        (dest / name).unlink()
+    return good, bad
+
+
+def copy_from_mirror(folder: Path, dest: Path, sha: str) -> bool:
+    """rsync ``folder`` into ``dest`` where its stamp is of commit ``sha`` (the Hub client's
+    cache and the stamp left out, partial files kept for the next run); whether it copied."""
+    try:
+        stamp = json.loads((folder / STAMP).read_text())
+    except (OSError, ValueError):
+        print(f"the mirror has no complete copy in {folder}: downloading from the Hub",
+              flush=True)
+        return False
+    if not isinstance(stamp, dict) or stamp.get("sha") != sha:
+        print(f"the mirror's copy in {folder} is of another commit: downloading from the Hub",
+              flush=True)
+        return False
+    dest.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["rsync", "-a", "--no-owner", "--no-group", "--partial",
+                           "--partial-dir=.rsync-partial", "--exclude=/.cache",
+                           f"--exclude=/{STAMP}*", f"{folder}/", f"{dest}/"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["rsync failed"])[-1]
+        print(f"copy from the mirror {folder} failed ({last}): the Hub", flush=True)
+    return done.returncode == 0
 
 
 def main() -> int:
@@ -89,6 +158,10 @@ def _main() -> int:
     parser.add_argument("--token-file", help="root-only file holding the Hub token")
     parser.add_argument("--headroom-gib", type=float, default=1.0)
     parser.add_argument("--architecture", help="what config.json must name (architectures[0])")
+    parser.add_argument("--copied-from", help="where the files already in --dest were copied "
+                        "from (a peer), for the message: each is verified by its hash")
+    parser.add_argument("--mirror", type=Path, help="a folder holding <repo>/ copies with their "
+                        "stamps, copied from before the Hub")
     args = parser.parse_args()
     _AT.update(repo=f"{args.repo}@{args.revision}", dest=str(args.dest))
 
@@ -129,6 +202,16 @@ def _main() -> int:
                 out[name] = size
         return out
 
+    if args.mirror is not None and copy_from_mirror(args.mirror / args.repo, args.dest, sha):
+        args.copied_from = f"the mirror {args.mirror}"
+    copied: list[str] = []
+    if args.copied_from and args.dest.is_dir():
+        hashes = {s.rfilename: ((s.lfs["sha256"], True) if s.lfs else (s.blob_id or "", False))
+                  for s in info.siblings or []}
+        copied, bad = verify_copy(args.dest, files, hashes)
+        for name in bad:
+            print(f"{name} from {args.copied_from} does not match the Hub's metadata "
+                  f"(size or hash): removed, downloading it from the Hub", flush=True)
     todo = missing_bytes()
     need = sum(todo.values())
     _AT.update(repo=f"{args.repo}@{sha}", total=sum(files.values()), need=need)
@@ -142,15 +225,32 @@ def _main() -> int:
           f"{sum(files.values()) / GIB:.2f} GiB, {need / GIB:.2f} GiB to download "
           f"({free / GIB:.1f} GiB free)", flush=True)
     args.dest.mkdir(parents=True, exist_ok=True)
-    snapshot_download(args.repo, revision=sha, local_dir=args.dest, token=token,
-                      endpoint=args.endpoint)
+    if copied:
+        from huggingface_hub import hf_hub_download
+        for name in sorted(todo):
+            hf_hub_download(args.repo, name, revision=sha, local_dir=args.dest, token=token,
+                            endpoint=args.endpoint)
+    else:
+        snapshot_download(args.repo, revision=sha, local_dir=args.dest, token=token,
+                          endpoint=args.endpoint)
+    source = {"copied_from": args.copied_from if copied else None, "copied_files": len(copied),
+              "copied_bytes": sum(files[n] for n in copied), "hub_files": len(todo),
+              "hub_bytes": need}
+    if copied:
+        print(f"source: {len(copied)} files ({source['copied_bytes'] / GIB:.3f} GiB) "
+              f"from {args.copied_from}, verified; {len(todo)} files "
+              f"({need / GIB:.3f} GiB) from the Hub", flush=True)
+    else:
+        print(f"source: the Hub ({args.endpoint}): {len(todo)} files "
+              f"({need / GIB:.3f} GiB)", flush=True)
     wrong = missing_bytes()
     if wrong:
         print(f"incomplete download of {args.repo}@{sha}: "
               + ", ".join(f"{name} (want {size} bytes)" for name, size in sorted(wrong.items())),
               file=sys.stderr)
         return 1
-    stamp = {"repo": args.repo, "revision": args.revision, "sha": sha, "files": files}
+    stamp = {"repo": args.repo, "revision": args.revision, "sha": sha, "files": files,
+             "source": source}
     tmp = args.dest / (STAMP + ".tmp")
     tmp.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
     tmp.replace(args.dest / STAMP)

@@ -1,0 +1,252 @@
+"""Copy a model's weights from a peer host of the inventory, so that a rebuilt host does not
+download them from the Hub again.
+
+Every host lets one key, made by the deploy on the controller for this alone, read its model
+folder and nothing else: an unprivileged user whose ``authorized_keys`` forces rsync's
+``rrsync -ro <model dir>`` (rrsync(1) of rsync 3.2.7, ``/usr/bin/rrsync`` in Debian 12's and
+Ubuntu 24.04's rsync package: "Allow only reading from the DIR"), with sshd's ``restrict``
+option (sshd(8), AUTHORIZED_KEYS FILE FORMAT: no forwarding, no PTY, no ~/.ssh/rc). Its shell
+is /bin/sh, not bash (rrsync(1), BASH SECURITY ISSUE). It is never a login key.
+
+The copy goes through the controller (hosts that cannot reach each other): rsync from the peer
+into a staging folder on the controller with that key, then from there into the host's model
+folder over the deploy's own SSH login. Both legs keep partly copied files (``--partial-dir``),
+so an interrupted copy resumes; the staging folder is removed once the host has every file.
+model_fetch.py then verifies each file against the Hub's metadata and downloads from the Hub
+only what is missing or wrong. No token is used by the copy or travels with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from io import StringIO
+from pathlib import Path
+from typing import Any, Final
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import apt, files, server
+
+from operations.settings import Settings
+
+#: The peer-side user the copy key logs in as (no password, no login shell of its own).
+COPY_USER: Final = "gpuhost-models"
+COPY_HOME: Final = "/var/lib/gpuhost-models"
+RRSYNC: Final = "/usr/bin/rrsync"
+#: The key pair on the controller, made on first use (ssh-keygen -t ed25519).
+KEY_PATH: Final = Path("~/.cache/gpuhost/keys/model-copy").expanduser()
+#: Where a copy is staged on the controller: ``<STAGING>/<repo>@<sha>/``.
+STAGING: Final = Path("~/.cache/gpuhost/models").expanduser()
+#: Seconds between progress lines, as the Hub download and the health gate print them.
+PROGRESS_EVERY: Final = 10
+#: rsync's flags for both legs (rsync(1)): archive, keep partial files in a folder of their own
+#: for the next run to resume, never the Hub client's local cache or the stamp (model_fetch.py
+#: writes the stamp once it verified every file), progress of the whole transfer on stdout.
+RSYNC_FLAGS: Final = ("-a", "--partial", "--partial-dir=.rsync-partial", "--exclude=/.cache",
+                      "--exclude=/.gpuhost-model.json*", "--no-owner", "--no-group", "--info=progress2",
+                      "--no-inc-recursive")
+STAMP: Final = ".gpuhost-model.json"
+#: Seconds to wait for a peer's sshd to answer.
+CONNECT_TIMEOUT_S: Final = 10
+
+#: One ``--info=progress2`` update (rsync(1), --info=progress2): bytes so far, percent, rate.
+_PROGRESS = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+/s)")
+
+
+def copy_public_key() -> str:
+    """The copy key's public half (``ssh-ed25519 AAAA... gpuhost model copy``), the pair made
+    on the controller the first time it is asked for."""
+    if not KEY_PATH.is_file():
+        KEY_PATH.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
+                        "gpuhost model copy", "-f", str(KEY_PATH)], check=True,
+                       stdout=subprocess.DEVNULL)
+    return KEY_PATH.with_name(KEY_PATH.name + ".pub").read_text().strip()
+
+
+def authorized_keys(model_dir: str, public_key: str) -> str:
+    """The copy user's ``authorized_keys``: the key may run rrsync, read-only, in ``model_dir``."""
+    return f'restrict,command="{RRSYNC} -ro {model_dir}" {public_key}\n'
+
+
+@deploy("Model copy access")
+def copy_access(settings: Settings):
+    """rsync, and the copy user whose one key may only read ``gpuhost_model_dir`` with rrsync.
+
+    + settings: the host's validated settings
+    """
+    # apt's lists are refreshed only where rsync is missing: a converged host's run stays a
+    # no-op (apt.packages' update would run whenever the lists are older than cache_time)
+    apt.packages(name="rsync (the model copy)", packages=["rsync"],
+                 update="rsync" not in (host.get_fact(DebPackages) or {}))
+    server.user(name=f"User {COPY_USER} (reads the model folder for peers)", user=COPY_USER,
+                home=COPY_HOME, shell="/bin/sh", system=True, create_home=True)
+    files.directory(name=f"{COPY_USER}'s .ssh", path=f"{COPY_HOME}/.ssh", user=COPY_USER,
+                    group=COPY_USER, mode="700")
+    files.put(name=f"{COPY_USER}'s authorized key (rrsync -ro {settings.model_dir})",
+              src=StringIO(authorized_keys(settings.model_dir, copy_public_key())),
+              dest=f"{COPY_HOME}/.ssh/authorized_keys", user=COPY_USER, group=COPY_USER,
+              mode="600")
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another inventory host that may hold the same model: its name, SSH address and port,
+    its known-hosts file and host key checking (from its host data), its model folder."""
+
+    name: str
+    address: str
+    port: int
+    known_hosts: str | None
+    strict_host_key_checking: str
+    model_dir: str
+
+
+def peers(me: str, settings: Mapping[str, Settings], data: Mapping[str, Mapping[str, Any]]
+          ) -> list[Peer]:
+    """The hosts other than ``me`` whose host data serves the same repository at the same
+    revision (a copy there is used only when its stamp says it is complete), in inventory
+    order.
+
+    + me: this host's name
+    + settings: every host's settings (operations.settings.for_run)
+    + data: every host's raw data, for its SSH address (``ssh_hostname``, ``ssh_port``,
+      ``ssh_known_hosts_file``, ``ssh_strict_host_key_checking``; pyinfra's names)
+    """
+    mine = settings[me]
+    found = []
+    for name, other in settings.items():
+        if name == me or other.model_is_local or other.model != mine.model \
+                or other.model_revision != mine.model_revision:
+            continue
+        d = data.get(name, {})
+        found.append(Peer(name, str(d.get("ssh_hostname") or name), int(d.get("ssh_port") or 22),
+                          d.get("ssh_known_hosts_file"),
+                          str(d.get("ssh_strict_host_key_checking") or "accept-new"),
+                          other.model_dir))
+    return found
+
+
+def _peer_rsh(peer: Peer) -> str:
+    # a peer that is down is given up in seconds (the Hub is the way on), not TCP's minutes
+    opts = ["ssh", "-i", str(KEY_PATH), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+            "-o", f"StrictHostKeyChecking={peer.strict_host_key_checking}", "-p", str(peer.port)]
+    if peer.known_hosts:
+        opts += ["-o", f"UserKnownHostsFile={os.path.expanduser(peer.known_hosts)}"]
+    return shlex.join(opts)
+
+
+def _login_rsh(name: str, data: Mapping[str, Any]) -> tuple[str, str, str]:
+    """The ssh command, ``user@address`` and remote rsync of the deploy's own login to a host,
+    built as pyinfra's SSH connector builds its rsync (pyinfra 3.10, connectors/ssh.py,
+    ``SSHConnector.rsync``)."""
+    opts = ["ssh", "-o", "BatchMode=yes"]
+    for key, option in (("ssh_known_hosts_file", "UserKnownHostsFile"),
+                        ("ssh_strict_host_key_checking", "StrictHostKeyChecking")):
+        if data.get(key):
+            opts += ["-o", f"{option}={os.path.expanduser(str(data[key]))}"]
+    if data.get("ssh_config_file"):
+        opts += ["-F", str(data["ssh_config_file"])]
+    if data.get("ssh_port"):
+        opts += ["-p", str(data["ssh_port"])]
+    if data.get("ssh_key"):
+        opts += ["-i", os.path.expanduser(str(data["ssh_key"]))]
+    user = f"{data['ssh_user']}@" if data.get("ssh_user") else ""
+    return shlex.join(opts), f"{user}{data.get('ssh_hostname') or name}", (
+        "sudo rsync" if data.get("_sudo") else "rsync")
+
+
+def rsync(argv: list[str], prefix: str, what: str) -> tuple[bool, str]:
+    """Run rsync, printing ``what``'s bytes, share and rate every PROGRESS_EVERY seconds from
+    its --info=progress2 updates; (whether it exited 0, its stderr's last line)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    began = last = time.monotonic()
+    latest = ""
+    buffer = b""
+    while True:
+        chunk = proc.stdout.read1(65536)  # type: ignore[attr-defined]
+        if not chunk:
+            break
+        buffer += chunk
+        *parts, buffer = re.split(rb"[\r\n]", buffer)
+        for part in parts:
+            match = _PROGRESS.match(part.decode(errors="replace"))
+            if match:
+                latest = f"{match[1]} bytes ({match[2]}%) at {match[3]}"
+        if latest and time.monotonic() - last >= PROGRESS_EVERY:
+            last = time.monotonic()
+            logger.info(f"{prefix}{what}: {latest}, {last - began:.0f} s")
+    err = proc.stderr.read().decode(errors="replace").strip().splitlines()
+    return proc.wait() == 0, (err[-1] if err else "")
+
+
+def _peer_stamp(peer: Peer, repo: str, prefix: str) -> dict | None:
+    with tempfile.TemporaryDirectory() as tmp:
+        ok, err = rsync(["rsync", "-e", _peer_rsh(peer),
+                         f"{COPY_USER}@{peer.address}:{repo}/{STAMP}", f"{tmp}/stamp"],
+                        prefix, "stamp")
+        if not ok:
+            logger.info(f"{prefix}model copy: {peer.name} has no complete copy of {repo} "
+                        f"({err or 'rsync failed'})")
+            return None
+        try:
+            stamp = json.loads(Path(f"{tmp}/stamp").read_text())
+        except ValueError:
+            return None
+    return stamp if isinstance(stamp, dict) else None
+
+
+def relay(state, host, peer_list: list[Peer], repo: str, revision: str, dest: str,
+          bwlimit_kib: int | None) -> bool:
+    """Copy ``repo`` from the first peer whose stamp says it holds ``revision`` complete into
+    ``dest`` on ``host``, through the controller. Always True: a peer that fails or holds no
+    copy is said, and model_fetch.py, run next, downloads from the Hub what is not there."""
+    prefix = host.print_prefix
+    if not shutil.which("rsync"):
+        logger.warning(f"{prefix}model copy: rsync is not installed on the controller: the "
+                       "weights come from the Hub (apt install rsync to copy them from peers)")
+        return True
+    limit = [f"--bwlimit={bwlimit_kib}"] if bwlimit_kib else []
+    for peer in peer_list:
+        stamp = _peer_stamp(peer, repo, prefix)
+        if not stamp or stamp.get("repo") != repo or revision not in (stamp.get("revision"),
+                                                                      stamp.get("sha")):
+            continue
+        sha = str(stamp.get("sha"))
+        staging = STAGING / f"{repo.replace('/', '--')}@{sha}"
+        staging.mkdir(parents=True, exist_ok=True)
+        staged = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
+        logger.info(f"{prefix}model copy: {repo}@{sha[:12]} from peer {peer.name} through the "
+                    "controller" + (f", resuming: {staged} bytes already staged there by an "
+                                    "earlier copy" if staged else ""))
+        ok, err = rsync(["rsync", *RSYNC_FLAGS, *limit, "-e", _peer_rsh(peer),
+                         f"{COPY_USER}@{peer.address}:{repo}/", f"{staging}/"],
+                        prefix, f"model copy from {peer.name}")
+        if not ok:
+            logger.warning(f"{prefix}model copy from {peer.name} failed ({err}): what was "
+                           "copied is kept for the next run")
+            continue
+        rsh, target, remote_rsync = _login_rsh(host.name, host.data.dict())
+        ok, err = rsync(["rsync", *RSYNC_FLAGS, *limit, "-e", rsh, "--rsync-path", remote_rsync,
+                         f"{staging}/", f"{target}:{dest}/"], prefix, "model copy to the host")
+        if not ok:
+            logger.warning(f"{prefix}model copy into {dest} failed ({err}): what was copied is "
+                           "kept for the next run")
+            return True
+        shutil.rmtree(staging, ignore_errors=True)
+        logger.info(f"{prefix}model copy: {repo}@{sha[:12]} copied from {peer.name}; "
+                    "verifying every file against the Hub's metadata")
+        return True
+    return True

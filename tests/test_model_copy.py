@@ -1,0 +1,198 @@
+"""The model copy from peers: who is a peer, the copy key's forced command, the verification of
+a copied folder by model_fetch.py (huggingface_hub replaced by a fake with the Hub's metadata
+shape), rsync's progress."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from operations import model_copy
+from operations.settings import for_inventory
+
+FILES = Path(__file__).resolve().parents[1] / "operations" / "files"
+
+GOOD = b"\x00" * 4096
+CONFIG = b'{"architectures": ["GlmMoeDsaForCausalLM"]}\n'
+
+FAKE_HUB = '''
+import json, os, types
+from pathlib import Path
+META = json.loads(os.environ["FAKE_META"])
+class HfApi:
+    def __init__(self, endpoint=None, token=None):
+        pass
+    def model_info(self, repo, revision=None, files_metadata=False):
+        return types.SimpleNamespace(sha="b" * 40, siblings=[
+            types.SimpleNamespace(rfilename=m["name"], size=m["size"], blob_id=m["blob_id"],
+                                  lfs={"sha256": m["sha256"]} if m["sha256"] else None)
+            for m in META])
+def snapshot_download(*a, **k):
+    raise AssertionError("must not download the whole snapshot")
+def hf_hub_download(repo, name, revision=None, local_dir=None, token=None, endpoint=None):
+    content = bytes.fromhex(os.environ["FAKE_CONTENT_" + name.replace(".", "_").replace("-", "_")])
+    Path(local_dir, name).write_bytes(content)
+    with open(os.environ["FAKE_LOG"], "a") as fh:
+        fh.write(name + "\\n")
+'''
+
+
+def _blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _fake_hub(tmp_path: Path, files: dict[str, bytes], lfs: set[str]) -> dict[str, str]:
+    fake = tmp_path / "fake" / "huggingface_hub"
+    (fake / "utils").mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_HUB)
+    (fake / "utils" / "__init__.py").write_text("class HfHubHTTPError(Exception):\n    pass\n")
+    meta = [{"name": n, "size": len(d), "blob_id": _blob_id(d),
+             "sha256": hashlib.sha256(d).hexdigest() if n in lfs else None}
+            for n, d in files.items()]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "fake"),
+           "FAKE_META": json.dumps(meta), "FAKE_LOG": str(tmp_path / "downloads.log")}
+    for name, data in files.items():
+        env["FAKE_CONTENT_" + name.replace(".", "_").replace("-", "_")] = data.hex()
+    return env
+
+
+def _fetch(tmp_path: Path, env: dict[str, str], dest: Path, *extra: str):
+    return subprocess.run(
+        [sys.executable, str(FILES / "model_fetch.py"), "--repo", "org/m", "--revision", "main",
+         "--dest", str(dest), "--endpoint", "http://127.0.0.1:9", "--headroom-gib", "0",
+         *extra], env=env, capture_output=True, text=True, check=False)
+
+
+def test_a_copied_file_that_does_not_match_its_hash_is_fetched_from_the_hub(tmp_path):
+    files = {"config.json": CONFIG, "model-00001-of-00002.safetensors": GOOD,
+             "model-00002-of-00002.safetensors": GOOD + b"\x01"}
+    env = _fake_hub(tmp_path, files, lfs={n for n in files if n.endswith(".safetensors")})
+    dest = tmp_path / "models" / "org" / "m"
+    dest.mkdir(parents=True)
+    (dest / "config.json").write_bytes(CONFIG)
+    (dest / "model-00001-of-00002.safetensors").write_bytes(GOOD)
+    # the peer's second shard: the right size, one byte flipped
+    (dest / "model-00002-of-00002.safetensors").write_bytes(GOOD + b"\x02")
+    result = _fetch(tmp_path, env, dest, "--copied-from", "peer gpu1")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "downloads.log").read_text().split() == [
+        "model-00002-of-00002.safetensors"]
+    assert (dest / "model-00002-of-00002.safetensors").read_bytes() == GOOD + b"\x01"
+    assert ("model-00002-of-00002.safetensors from peer gpu1 does not match the Hub's metadata"
+            in result.stdout)
+    assert "source: 2 files (0.000 GiB) from peer gpu1, verified; 1 files" in result.stdout
+    stamp = json.loads((dest / ".gpuhost-model.json").read_text())
+    assert stamp["sha"] == "b" * 40 and set(stamp["files"]) == set(files)
+
+
+def test_a_complete_copy_downloads_nothing(tmp_path):
+    files = {"config.json": CONFIG, "model.safetensors": GOOD}
+    env = _fake_hub(tmp_path, files, lfs={"model.safetensors"})
+    dest = tmp_path / "m"
+    dest.mkdir()
+    for name, data in files.items():
+        (dest / name).write_bytes(data)
+    result = _fetch(tmp_path, env, dest, "--copied-from", "peer gpu1")
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "downloads.log").exists()
+    assert "source: 2 files" in result.stdout and "0 files (0.000 GiB) from the Hub" in result.stdout
+
+
+def test_a_small_file_is_checked_by_its_git_blob_id(tmp_path):
+    files = {"config.json": CONFIG, "model.safetensors": GOOD}
+    env = _fake_hub(tmp_path, files, lfs={"model.safetensors"})
+    dest = tmp_path / "m"
+    dest.mkdir()
+    (dest / "model.safetensors").write_bytes(GOOD)
+    (dest / "config.json").write_bytes(CONFIG.replace(b"G", b"g"))
+    result = _fetch(tmp_path, env, dest, "--copied-from", "peer gpu1")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "downloads.log").read_text().split() == ["config.json"]
+    assert (dest / "config.json").read_bytes() == CONFIG
+
+
+def test_the_copy_key_may_only_run_rrsync_read_only_in_the_model_folder():
+    line = model_copy.authorized_keys("/opt/gpuhost/models", "ssh-ed25519 AAAAC3Nz test")
+    assert line == ('restrict,command="/usr/bin/rrsync -ro /opt/gpuhost/models" '
+                    "ssh-ed25519 AAAAC3Nz test\n")
+
+
+def test_peers_are_the_other_hosts_serving_the_same_model_and_revision():
+    data = {
+        "gpu1": {"ssh_hostname": "10.0.0.1", "ssh_known_hosts_file": "/k"},
+        "gpu2": {"ssh_hostname": "10.0.0.2"},
+        "gpu3": {"ssh_hostname": "10.0.0.3", "gpuhost_model_revision": "v2"},
+        "gpu4": {"ssh_hostname": "10.0.0.4", "gpuhost_model": "other/model"},
+        "gpu5": {"ssh_hostname": "10.0.0.5", "ssh_port": 2222,
+                 "gpuhost_model_dir": "/srv/models"},
+    }
+    settings = for_inventory(data.items())
+    found = model_copy.peers("gpu2", settings, data)
+    assert [(p.name, p.address, p.port, p.model_dir) for p in found] == [
+        ("gpu1", "10.0.0.1", 22, "/opt/gpuhost/models"), ("gpu5", "10.0.0.5", 2222, "/srv/models")]
+    assert found[0].known_hosts == "/k" and found[1].strict_host_key_checking == "accept-new"
+
+
+def test_rsync_progress_lines_are_read(monkeypatch, tmp_path):
+    """--info=progress2's updates (rsync 3.2.7: bytes, percent, rate, time, xfr and to-chk
+    counts, \\r-separated) give the progress line."""
+    script = tmp_path / "fake-rsync"
+    script.write_text("#!/bin/sh\nprintf '      1,024  10%%    1.00MB/s    0:00:01 (xfr#1, "
+                      "to-chk=2/3)\\r     10,240 100%%    2.00MB/s    0:00:02 (xfr#3, to-chk=0/3)"
+                      "\\n'\n")
+    script.chmod(0o755)
+    lines = []
+    monkeypatch.setattr(model_copy, "PROGRESS_EVERY", 0)
+    monkeypatch.setattr(model_copy.logger, "info", lines.append)
+    ok, err = model_copy.rsync([str(script)], "[gpu2] ", "model copy")
+    assert ok and err == ""
+    assert lines and lines[-1].startswith("[gpu2] model copy: 10,240 bytes (100%) at 2.00MB/s")
+
+
+def _mirror(tmp_path: Path, files: dict[str, bytes], sha: str) -> Path:
+    folder = tmp_path / "nfs" / "org" / "m"
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    (folder / ".gpuhost-model.json").write_text(json.dumps(
+        {"repo": "org/m", "revision": "main", "sha": sha,
+         "files": {n: len(d) for n, d in files.items()}}))
+    return tmp_path / "nfs"
+
+
+def test_a_mirror_folder_of_the_same_commit_is_copied_and_verified(tmp_path):
+    files = {"config.json": CONFIG, "model.safetensors": GOOD}
+    env = _fake_hub(tmp_path, files, lfs={"model.safetensors"})
+    mirror = _mirror(tmp_path, {**files, "model.safetensors": b"\x07" * len(GOOD)}, "b" * 40)
+    dest = tmp_path / "models" / "org" / "m"
+    result = _fetch(tmp_path, env, dest, "--mirror", str(mirror))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "downloads.log").read_text().split() == ["model.safetensors"]
+    assert (dest / "model.safetensors").read_bytes() == GOOD
+    assert f"source: 1 files (0.000 GiB) from the mirror {mirror}, verified" in result.stdout
+    stamp = json.loads((dest / ".gpuhost-model.json").read_text())
+    assert stamp["source"]["copied_from"] == f"the mirror {mirror}"
+
+
+def test_a_mirror_of_another_commit_is_not_copied(tmp_path):
+    files = {"config.json": CONFIG, "model.safetensors": GOOD}
+    env = _fake_hub(tmp_path, files, lfs={"model.safetensors"})
+    mirror = _mirror(tmp_path, files, "c" * 40)
+    dest = tmp_path / "m"
+    result = _fetch(tmp_path, env, dest, "--mirror", str(mirror))
+    assert "is of another commit: downloading from the Hub" in result.stdout
+    assert not (dest / "model.safetensors").exists()  # the fake's snapshot_download refuses
+
+
+def test_the_copy_into_the_host_uses_the_deploys_own_login_as_pyinfra_builds_it():
+    rsh, target, remote = model_copy._login_rsh("gpu2", {
+        "ssh_hostname": "10.0.0.2", "ssh_user": "gpuops", "_sudo": True, "ssh_port": 2222,
+        "ssh_key": "/keys/id", "ssh_known_hosts_file": "/keys/known",
+        "ssh_strict_host_key_checking": "yes"})
+    assert rsh == ("ssh -o BatchMode=yes -o UserKnownHostsFile=/keys/known "
+                   "-o StrictHostKeyChecking=yes -p 2222 -i /keys/id")
+    assert (target, remote) == ("gpuops@10.0.0.2", "sudo rsync")
+    assert model_copy._login_rsh("gpu3", {})[1:] == ("gpu3", "rsync")
