@@ -25,6 +25,7 @@ from operations.nvidia import DRIVER_GATE_DROPIN
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
 from operations.host import FileText
+from operations.mlenv import VenvRuns
 from operations.kernel_cache import (KernelCacheFolders, cache_env, cache_key, kernel_cache,
                                      remove_superseded)
 from operations.plan import fact, refuse
@@ -32,6 +33,7 @@ from operations.preflight import InitSystem
 from operations.secret_files import check_secret_file
 from operations.settings import PREFIX, Settings
 from operations.sglang import server_args
+from operations.venvs import stack_venv, venv_link
 
 UNIT: Final = "sglang.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
@@ -100,7 +102,7 @@ def server_inputs(settings: Settings) -> list[str]:
     paths = [UNIT_PATH, DROPIN_DIR, SERVER_ENV_FILE, P2P_ENV_FILE]
     if not settings.model_is_local:
         paths.append(f"{settings.model_path}/{model_ops.STAMP}")
-    return ["--venv", settings.venv_path, *paths]
+    return ["--venv", stack_venv(settings.lock_path), *paths]
 
 
 def gate_inputs() -> list[str]:
@@ -117,7 +119,7 @@ def unit_context(settings: Settings) -> dict:
         "tensor_parallel_size": settings.tensor_parallel_size,
         "server_env_file": SERVER_ENV_FILE,
         "p2p_env_file": P2P_ENV_FILE,
-        "venv": settings.venv_path,
+        "venv": stack_venv(settings.lock_path),
         "cuda_home": settings.cuda_home,
         "lib_dir": LIB_DIR,
         "backend_url": backend_url(settings),
@@ -547,7 +549,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
         changed.append(model_ops.weights(
             name=f"Model {settings.model}@{settings.model_revision}",
             repo=settings.model, revision=settings.model_revision, dest=settings.model_path,
-            endpoint=settings.hf_endpoint, python=f"{settings.venv_path}/bin/python",
+            endpoint=settings.hf_endpoint, python=f"{stack_venv(settings.lock_path)}/bin/python",
             token_file=settings.hf_token_file, headroom_gib=DISK_HEADROOM_GIB,
             architecture=settings.model_architecture,
         ))
@@ -642,3 +644,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = ()):
     )
     # after the restart: the server that read them is gone
     remove_superseded(kernels, kernel_folders)
+    # past the health gate (a failed one ends the host's run before this)
+    venv = stack_venv(settings.lock_path)
+    venv_link(name=f"{settings.venv_path}: the venv that serves", path=settings.venv_path,
+              target=venv, health=fact(VenvRuns, venv=settings.venv_path))

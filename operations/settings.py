@@ -292,6 +292,7 @@ GPUHOST_DIRS: Final[Mapping[str, str]] = {
     "/opt/gpuhost/lock": "the ML stack's lock files",
     "/opt/gpuhost/build": "flash-attn's build folder",
     "/opt/gpuhost/wheels": "flash-attn's built wheels",
+    "/opt/gpuhost/venvs": "the ML venvs, one per lock digest",
     "/var/cache/gpuhost": "the server's kernel caches",
     "/var/lib/gpuhost": "gpuhost's records (the P2P measurement, the verified server)",
     "/etc/gpuhost": "the server's and the P2P decision's environment files",
