@@ -6,11 +6,13 @@
 Every host's data is validated before any host is touched. Each host is deployed by one run at
 a time (its deploy lock). A stage that must not run on a host is refused while planning: --dry
 shows why; a real run takes that host out before any change; both exit non-zero.
+With gpuhost_rollback=true a host is only rolled back to its last known good; a rollback an
+earlier run did not finish is finished before anything else.
 """
 
 from pyinfra import host, inventory
 
-from operations import deploy_lock
+from operations import deploy_lock, rollback
 from operations.mlenv import mlenv
 from operations.nvidia import nvidia
 from operations.p2p import p2p
@@ -25,10 +27,14 @@ settings = for_run(inventory)[host.name]
 use_run_env()
 
 if deploy_lock.held(settings):
-    preflight(settings)
-    known_behaviour(settings)
-    nvidia(settings)
-    venv_changes = mlenv(settings)
-    p2p_changes = p2p(settings)
-    sglang_server(settings, inputs=[*venv_changes, *p2p_changes])
+    interrupted = rollback.unfinished()
+    if settings.rollback or interrupted:
+        rollback.rollback(settings, interrupted)
+    if not settings.rollback:
+        preflight(settings)
+        known_behaviour(settings)
+        nvidia(settings)
+        venv_changes = mlenv(settings)
+        p2p_changes = p2p(settings)
+        sglang_server(settings, inputs=[*venv_changes, *p2p_changes])
 stop_if_refused()

@@ -31,7 +31,8 @@ from operations.p2p import LIB_DIR
 from operations.plan import fact, is_dry_run, refuse
 from operations.settings import Settings
 from operations.venv_path import MAX_ENTRIES, VenvHealth, venv_path_problem
-from operations.venvs import VENVS_DIR, link_problem, stack_venv
+from operations.venvs import (VENVS_DIR, VenvRoom, link_problem, room_problem, stack_changes,
+                              stack_venv, venv_checked)
 
 #: Memory one nvcc thread takes while compiling flash-attn's kernels, in GiB (flash-attn's
 #: README: "ninja ... without ... enough RAM ... MAX_JOBS"; about 5 GiB per thread is what the
@@ -417,6 +418,21 @@ def python_problem(lock: Lock, lock_name: str, python: str | None, venv: str,
             f"'#: python-version = {python}', then python tools/lock.py <stack>)")
 
 
+def _say_stack_changes(settings: Settings, lock: Lock, venv: str) -> None:
+    """Print (in --dry too) which distributions the lock's new venv changes against the venv
+    the server was last verified with (the link at gpuhost_venv_path), from what to what."""
+    serving = fact(VenvRuns, venv=settings.venv_path)
+    if serving["state"] != "ok":
+        return
+    where = serving["target"] or settings.venv_path
+    changes = stack_changes(fact(VenvPackages, venv=settings.venv_path), lock.versions())
+    said = ("\n    ".join(changes) if changes
+            else "none (the same versions under another lock digest)")
+    logger.warning(f"{host.print_prefix}ML venv: the lock {settings.lock} gets a venv of its "
+                   f"own, {venv}, built beside the serving {where}; distributions that change:"
+                   f"\n    {said}")
+
+
 @deploy("ML venv")
 def mlenv(settings: Settings):
     """Converge the lock's own venv (``/opt/gpuhost/venvs/<lock digest>``, beside the one the
@@ -457,6 +473,12 @@ def mlenv(settings: Settings):
         # nothing of the stage is planned: its operations would make or fill that venv
         refuse("ML venv", problem)
         return []
+    if health["found"] == "missing":
+        problem = room_problem(fact(VenvRoom, venv_path=settings.venv_path), venv)
+        if problem:
+            refuse("ML venv", problem)
+            return []
+        _say_stack_changes(settings, lock, venv)
     recreated = health["state"] == "broken"
     if recreated:
         logger.warning(f"{host.print_prefix}venv at {venv} does not run ({health['why']}): "
@@ -489,6 +511,8 @@ def mlenv(settings: Settings):
     )
     flash = lock.get(FLASH_ATTN)
     if flash is None:
+        venv_checked(name=f"Check {venv}", venv=venv, gpu_count=settings.gpu_count,
+                     flash_attn=False, _if=stack.did_change)
         return [stack]
     files.put(name="Lock flash-attn", src=StringIO(flash.line + "\n"),
               dest=f"{LOCK_DIR}/flash-attn.txt", mode="644", create_remote_dir=False)
@@ -513,4 +537,7 @@ def mlenv(settings: Settings):
             cache_root=settings.wheel_cache),
         reasons=reasons,
     )
+    venv_checked(name=f"Check {venv}: imports, torch sees {settings.gpu_count} GPUs",
+                 venv=venv, gpu_count=settings.gpu_count, flash_attn=True,
+                 _if=lambda: stack.did_change() or built.did_change())
     return [stack, built]

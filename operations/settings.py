@@ -115,6 +115,9 @@ class Settings:
     max_jobs: int | None = None
     nvcc_threads: int | None = None
     wheel_cache: str = "~/.cache/gpuhost/wheels"
+    # Upgrades and rollback (operations/venvs.py, operations/last_known_good.py)
+    venvs_kept: int = 1
+    rollback: bool = False
     # P2P
     p2p_override: str | None = None
     p2p_remeasure: bool = False
@@ -385,6 +388,8 @@ RULES: Final[Mapping[str, _Rule]] = {
     "nvcc_threads": _Rule(
         lambda v: v is None or (_is_int(v) and 1 <= v <= 16), "an integer from 1 to 16, or None"
     ),
+    "venvs_kept": _int_between(1, 16),
+    "rollback": _BOOL,
     "wheel_cache": _text(r"(~|/)[^\s'\"]*", "a path on the controller, absolute or under ~"),
     "p2p_override": _one_of(P2P_OVERRIDES, optional=True),
     "p2p_remeasure": _BOOL,

@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Final
 
 from pyinfra import host
-from pyinfra.api import operation
-from pyinfra.api.exceptions import OperationError
+from pyinfra.api import FactBase, operation
+from pyinfra.api.exceptions import FactProcessError, OperationError
+from typing_extensions import override
 
 from operations.lock import Lock, read_lock
 from operations.venv_path import VenvHealth, foreign_entries
@@ -119,3 +120,106 @@ def venv_link(path: str, target: str, health: VenvHealth):
     if health["found"] == "folder":
         yield f"rm -rf --one-file-system {q}"
     yield f"ln -sfnT {t} {q}.gpuhost-new && mv -fT {q}.gpuhost-new {q}"
+
+
+#: GiB left free beside a new venv the size of the serving one (pip's downloads and build
+#: folders live in the host's cache and /tmp meanwhile).
+VENV_HEADROOM_GIB: Final = 1.0
+
+
+class VenvRoom(FactBase[dict]):
+    """The size of the venv at ``venv_path`` (the link's target, or a venv of an earlier gpuhost
+    there; ``du -sk``, KiB) and the room on the file system VENVS_DIR is on (or would be: the
+    nearest folder above it that exists; ``df -Pk``, POSIX output, KiB; df(1)):
+
+    .. code:: python
+
+        {"serving_kib": 9437184, "free_kib": 52428800, "mount": "/"}
+
+    ``serving_kib`` is 0 where no venv is there (a fresh host).
+    """
+
+    @override
+    def command(self, venv_path: str) -> str:
+        q = shlex.quote(venv_path)
+        return (f"t=$(readlink -f {q} 2>/dev/null); "
+                "if [ -n \"$t\" ] && [ -f \"$t/pyvenv.cfg\" ]; then "
+                "echo \"serving_kib $(du -sk \"$t\" 2>/dev/null | cut -f1)\"; "
+                "else echo serving_kib 0; fi; "
+                f"d={VENVS_DIR}; while [ ! -d \"$d\" ]; do d=${{d%/*}}; [ -n \"$d\" ] || d=/; done; "
+                "df -Pk \"$d\" | tail -n 1 | awk '{print \"free_kib \" $4; print \"mount \" $6}'")
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        values = dict(line.split(" ", 1) for line in output if " " in line)
+        try:
+            return {"serving_kib": int(values.get("serving_kib") or 0),
+                    "free_kib": int(values["free_kib"]), "mount": values.get("mount", "?")}
+        except (KeyError, ValueError) as exc:
+            raise FactProcessError(f"du and df: cannot read {output[:3]!r}") from exc
+
+
+def room_problem(room: dict, new_venv: str) -> str | None:
+    """Why the lock's new venv (``new_venv``, not built yet) does not fit beside the serving
+    one, or None: it needs about the serving venv's size and VENV_HEADROOM_GIB free."""
+    needed = room["serving_kib"] + int(VENV_HEADROOM_GIB * 2**20)
+    if not room["serving_kib"] or room["free_kib"] >= needed:
+        return None
+    gib = 2**20
+    return (f"no room for the new venv {new_venv} beside the serving one: it needs about "
+            f"{needed / gib:.1f} GiB (the serving venv's {room['serving_kib'] / gib:.1f} GiB and "
+            f"{VENV_HEADROOM_GIB:g} GiB kept free), and {room['free_kib'] / gib:.1f} GiB are "
+            f"free on {room['mount']} (df): free space there (venvs of earlier locks that "
+            "gpuhost_venvs_kept keeps are removed only once a new one passed the health gate)")
+
+
+def stack_changes(serving: dict[str, str], locked: dict[str, str]) -> list[str]:
+    """What a new venv changes against the serving one, one line per distribution, by name:
+    ``sglang 0.5.9 -> 0.5.10``, ``foo missing -> 1.0``, ``bar 2.0 -> removed``. A serving
+    version with a local part matches its locked base (torch 2.9.1+cu128 is the lock's 2.9.1,
+    as the lock pins it: locks/cuda12.8.txt); pip itself, which the venv holds beside its lock,
+    is left out."""
+    lines = []
+    for name in sorted(set(serving) | set(locked)):
+        have, want = serving.get(name), locked.get(name)
+        if name == "pip" and want is None:
+            continue
+        if want is None:
+            lines.append(f"{name} {have} -> removed")
+        elif have is None:
+            lines.append(f"{name} missing -> {want}")
+        elif have != want and have.split("+")[0] != want:
+            lines.append(f"{name} {have} -> {want}")
+    return lines
+
+
+#: What a venv's python must import to serve (the locked stack's top-level modules).
+SERVING_IMPORTS: Final = ("torch", "sglang", "flashinfer")
+
+
+@operation(is_idempotent=False)
+def venv_checked(venv: str, gpu_count: int, flash_attn: bool):
+    """Check a venv the server is about to be pointed at, before any restart: its stack
+    imports (SERVING_IMPORTS, flash_attn where locked) and torch sees the GPUs host data says
+    (``torch.cuda.device_count()``). Fails the host's run (the server goes on serving from the
+    venv it runs from) saying what failed.
+
+    + venv: the venv's folder
+    + gpu_count: gpuhost_gpu_count
+    + flash_attn: whether the lock has flash-attn
+    """
+    modules = [*SERVING_IMPORTS, *(["flash_attn"] if flash_attn else [])]
+    script = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as exc:\n"
+        f"        sys.exit(f'venv {venv}: import {{name}} failed: {{type(exc).__name__}}: {{exc}}')\n"
+        "import torch\n"
+        "n = torch.cuda.device_count()\n"
+        f"if n != {int(gpu_count)}:\n"
+        f"    sys.exit(f'venv {venv}: torch sees {{n}} GPUs, host data says {int(gpu_count)} "
+        "(gpuhost_gpu_count)')\n"
+        "print(f'venv ok: imports, {n} GPUs')\n")
+    yield f"{shlex.quote(venv)}/bin/python -c {shlex.quote(script)}"
