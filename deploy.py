@@ -7,7 +7,8 @@ Every host's data is validated before any host is touched. Each host is deployed
 a time (its deploy lock). A stage that must not run on a host is refused while planning: --dry
 shows why; a real run takes that host out before any change; both exit non-zero.
 With gpuhost_rollback=true a host is only rolled back to its last known good; a rollback an
-earlier run did not finish is finished before anything else.
+earlier run did not finish is finished, and nothing else done on that host (the run fails
+saying so; the next run applies host data).
 """
 
 from pyinfra import host, inventory
@@ -30,7 +31,7 @@ if deploy_lock.held(settings):
     interrupted = rollback.unfinished()
     if settings.rollback or interrupted:
         rollback.rollback(settings, interrupted)
-    if not settings.rollback:
+    if not settings.rollback and not interrupted:
         preflight(settings)
         known_behaviour(settings)
         nvidia(settings)

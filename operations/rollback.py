@@ -1,5 +1,7 @@
 """Roll a host back to its last known good on request (``--data gpuhost_rollback=true``), or
-finish a rollback that an earlier run began and did not finish."""
+finish a rollback that an earlier run began and did not finish (that run then does nothing else
+on the host and fails, saying so: its plan was read off the files before they went back; the
+next run applies host data)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def unfinished() -> dict | None:
 
 
 @remote.callback("the rollback", "the server goes on starting on the host")
-def _roll_back(state, host, argv: list[str], units: list[str], why: str) -> bool:
+def _roll_back(state, host, argv: list[str], units: list[str], why: str,
+               interrupted: bool) -> bool:
     prefix = f"{host.print_prefix}Rollback: "
     ok, out = remote.shell(host, f"python3 {SCRIPT} restore --why {shlex.quote(why)}",
                            _success_exit_codes=[0, 4, 5])
@@ -54,11 +57,16 @@ def _roll_back(state, host, argv: list[str], units: list[str], why: str) -> bool
     remote.shell(host, f"python3 {SCRIPT} finish")
     logger.warning(f"{prefix}the host serves its last known good ({RECORD}), verified by the "
                    "health gate")
+    if interrupted:
+        # what this run planned was read before the files went back: the next run applies it
+        logger.error(f"{prefix}the rollback an earlier run began is finished; host data's "
+                     "configuration is not applied in this run: run the deploy again")
+        return False
     return True
 
 
 @operation(is_idempotent=False)
-def rolled_back(argv: list[str], units: tuple[str, ...], why: str):
+def rolled_back(argv: list[str], units: tuple[str, ...], why: str, interrupted: bool = False):
     """Put the last known good's files back where they differ (operations/files/
     last_known_good.py restore), restart the server where they did or where it does not run,
     and run the health gate on it.
@@ -66,8 +74,10 @@ def rolled_back(argv: list[str], units: tuple[str, ...], why: str):
     + argv: the health gate's command line (operations/server.settings_gate_argv)
     + units: the units whose InvocationIDs the verified record gets once the gate passed
     + why: what the rollback record says of why it began
+    + interrupted: finishing a rollback an earlier run began: the host's run then fails once it
+      serves again (the rest of this run was planned on the files before they went back)
     """
-    yield FunctionCommand(_roll_back, (argv, list(units), why), {})
+    yield FunctionCommand(_roll_back, (argv, list(units), why, interrupted), {})
 
 
 @deploy("Rollback")
@@ -85,4 +95,4 @@ def rollback(settings: Settings, interrupted: dict | None):
     why = (interrupted or {}).get("why") or "asked for by host data (gpuhost_rollback = True)"
     gated = (UNIT, GATE_UNIT) if settings.server_is_public else (UNIT,)
     rolled_back(name="Roll back to the last known good", argv=settings_gate_argv(settings),
-                units=gated, why=why)
+                units=gated, why=why, interrupted=bool(interrupted) and not settings.rollback)

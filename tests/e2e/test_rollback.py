@@ -200,7 +200,7 @@ def test_a_rollback_on_request_restores_the_last_known_good(host, new_lock):
              "systemctl stop sglang.service")
     run = lab.deploy("--data", "gpuhost_rollback=true", "--data", f"gpuhost_lock={new_lock}")
     assert run.returncode == 0, run.output[-6000:]
-    assert "rollback: restored /etc/gpuhost/server.env" in run.output, run.output[-6000:]
+    assert "Rollback: restored /etc/gpuhost/server.env" in run.output, run.output[-6000:]
     assert "the host serves its last known good" in run.output
     assert "Locked ML stack" not in run.output  # nothing else of the deploy ran
     assert host.ssh("cat /etc/gpuhost/server.env") == env and serves(host)
@@ -232,10 +232,13 @@ def test_an_interrupted_rollback_is_finished_by_the_next_run(host, new_lock, tmp
                     ).strip() == "left", log.read_text()[-6000:]
     host.ssh("systemctl stop sglang.service")  # as if the host rebooted meanwhile
     again = lab.deploy("--data", f"gpuhost_lock={new_lock}")
-    assert again.returncode == 0, again.output[-6000:]
+    assert again.returncode != 0, again.output[-6000:]
     assert "did not finish: finishing it first" in again.output, again.output[-6000:]
     assert "the host serves its last known good" in again.output
+    assert "host data's configuration is not applied in this run" in again.output
     assert host.ssh("test -f /var/lib/gpuhost/rollback.json && echo left || echo gone"
                     ).strip() == "gone"
-    assert host.ssh("cat /etc/gpuhost/server.env") == env
+    assert host.ssh("cat /etc/gpuhost/server.env") == env and serves(host)
+    third = lab.deploy("--data", f"gpuhost_lock={new_lock}")
+    assert third.returncode == 0, third.output[-6000:]
     assert served_venv(host) == venv and serves(host)
