@@ -7,12 +7,14 @@ Every host's data is validated before any host is touched. The hosts of the gpuh
 group also run the router in front of every serving host (operations/fleet.py). Each host is
 deployed by one run at a time (its deploy lock). A stage that must not run on a host is refused
 while planning: --dry shows why; a real run takes that host out before any change; both exit
-non-zero.
+non-zero. With gpuhost_rollback=true a host is only rolled back to its last known good; a
+rollback an earlier run did not finish is finished, and nothing else done on that host (the run
+fails saying so; the next run applies host data).
 """
 
 from pyinfra import host, inventory
 
-from operations import deploy_lock, fact_cache, fleet
+from operations import deploy_lock, fact_cache, fleet, rollback
 from operations.driver_rollback import fail_if_rolled_back
 from operations.mlenv import mlenv
 from operations.nodes import node_role, nodes_env
@@ -32,15 +34,19 @@ use_run_env()
 fact_cache.install()
 
 if deploy_lock.held(settings):
-    preflight(settings)
-    known_behaviour(settings)
-    nvidia(settings)
-    venv_changes = mlenv(settings)
-    p2p_changes = p2p(settings)
-    role = node_role(settings)
-    sglang_server(settings, inputs=[*venv_changes, *p2p_changes, *nodes_env(role)], role=role,
-                  peers=fleet_settings)
-    if host.name in the_fleet.routers:
-        router(settings, the_fleet.workers_of(host.name))
-    fail_if_rolled_back()
+    interrupted = rollback.unfinished()
+    if settings.rollback or interrupted:
+        rollback.rollback(settings, interrupted)
+    else:
+        preflight(settings)
+        known_behaviour(settings)
+        nvidia(settings)
+        venv_changes = mlenv(settings)
+        p2p_changes = p2p(settings)
+        role = node_role(settings)
+        sglang_server(settings, inputs=[*venv_changes, *p2p_changes, *nodes_env(role)],
+                      role=role, peers=fleet_settings)
+        if host.name in the_fleet.routers:
+            router(settings, the_fleet.workers_of(host.name))
+        fail_if_rolled_back()
 stop_if_refused()

@@ -30,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PYINFRA = str(ROOT / ".venv" / "bin" / "pyinfra")
 VENV = "/opt/gpuhost/venv"
+#: the venvs themselves (VENV is the link to the serving one: operations/venvs.py)
+VENVS = "/opt/gpuhost/venvs"
 BUILD_LOG = "/opt/gpuhost/build/flash-attn/build.log"
 
 
@@ -70,16 +72,16 @@ def main() -> None:
             print(f"converge the lab:          {deploy('deploy.py', Path(tmp) / 'c0'):7.2f} s")
         first = hosts[0]
         cache = Path(tmp) / "cache"
-        ssh(first, f"rm -rf {VENV} /opt/gpuhost/build")
+        ssh(first, f"rm -rf {VENV} {VENVS} /opt/gpuhost/build")
         cold = deploy("bench/venv_stage.py", cache, first["name"])
-        ssh(first, f"rm -rf {VENV} /opt/gpuhost/build")
+        ssh(first, f"rm -rf {VENV} {VENVS} /opt/gpuhost/build")
         warm = deploy("bench/venv_stage.py", cache, first["name"])
         print(f"venv stage, cold cache:    {cold:7.2f} s  ({first['name']}, venv removed)")
         print(f"venv stage, warm cache:    {warm:7.2f} s  (venv removed again)")
         print(f"cold / warm:               {cold / warm:7.2f}")
 
         for h in hosts:
-            ssh(h, f"rm -rf {VENV} /opt/gpuhost/build")
+            ssh(h, f"rm -rf {VENV} {VENVS} /opt/gpuhost/build")
         together = deploy("bench/venv_stage.py", Path(tmp) / "together")
         builds = [h["name"] for h in hosts
                   if ssh(h, f"test -s {BUILD_LOG} && echo yes || echo no").strip() == "yes"]

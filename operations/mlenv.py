@@ -31,6 +31,8 @@ from operations.pip_index import pip_index_args
 from operations.plan import fact, is_dry_run, refuse
 from operations.settings import Settings
 from operations.venv_path import MAX_ENTRIES, VenvHealth, venv_path_problem
+from operations.venvs import (VENVS_DIR, VenvRoom, link_problem, room_problem, stack_changes,
+                              stack_venv, venv_checked)
 
 #: Memory one nvcc thread takes while compiling flash-attn's kernels, in GiB (flash-attn's
 #: README: "ninja ... without ... enough RAM ... MAX_JOBS"; about 5 GiB per thread is what the
@@ -364,14 +366,15 @@ def build_memory_max(mem_available_gib: float) -> int:
     return int(max(1.0, mem_available_gib - BUILD_HEADROOM_GIB) * 2**30)
 
 
-def check_driver_for_venv(settings: Settings, lock: Lock, installed: Mapping[str, str]) -> None:
+def check_driver_for_venv(settings: Settings, lock: Lock, installed: Mapping[str, str],
+                          venv: str) -> None:
     """Refuse the ML venv stage when the CUDA the venv needs (the newest of torch.version.cuda
     in the venv, its CUDA wheels and the lock's) is newer than the host's driver supports: the installed driver as nvidia-smi reports it,
     else the driver this deploy installs (gpuhost_driver_version or gpuhost_driver_branch)."""
-    torch_cuda = fact(VenvTorchCuda, venv=settings.venv_path)
+    torch_cuda = fact(VenvTorchCuda, venv=venv)
     found = [c for c in (venv_cuda(installed), venv_cuda(lock.versions())) if c]
     if torch_cuda:
-        found.append((torch_cuda, f"torch.version.cuda in {settings.venv_path}"))
+        found.append((torch_cuda, f"torch.version.cuda in {venv}"))
     if not found:
         return
     needed = max(found, key=lambda c: Version(c[0]))
@@ -406,9 +409,26 @@ def python_problem(lock: Lock, lock_name: str, python: str | None, venv: str,
             f"'#: python-version = {python}', then python tools/lock.py <stack>)")
 
 
+def _say_stack_changes(settings: Settings, lock: Lock, venv: str) -> None:
+    """Print (in --dry too) which distributions the lock's new venv changes against the venv
+    the server was last verified with (the link at gpuhost_venv_path), from what to what."""
+    serving = fact(VenvRuns, venv=settings.venv_path)
+    if serving["state"] != "ok":
+        return
+    where = serving["target"] or settings.venv_path
+    changes = stack_changes(fact(VenvPackages, venv=settings.venv_path), lock.versions())
+    said = ("\n    ".join(changes) if changes
+            else "none (the same versions under another lock digest)")
+    logger.warning(f"{host.print_prefix}ML venv: the lock {settings.lock} gets a venv of its "
+                   f"own, {venv}, built beside the serving {where}; distributions that change:"
+                   f"\n    {said}")
+
+
 @deploy("ML venv")
 def mlenv(settings: Settings):
-    """Converge the venv at ``gpuhost_venv_path`` to the lock ``gpuhost_lock`` (distributions
+    """Converge the lock's own venv (``/opt/gpuhost/venvs/<lock digest>``, beside the one the
+    server runs from: operations/venvs.py; the link at ``gpuhost_venv_path`` is the server
+    stage's, moved once the new venv served) to the lock ``gpuhost_lock`` (distributions
     the lock does not name are removed, pip aside), then install flash-attn: the wheel cached on
     the controller for (flash-attn, torch, CUDA, Python, architectures), or else a build from
     source on the host, detached under systemd-run with MAX_JOBS capped by memory, whose wheel
@@ -436,19 +456,26 @@ def mlenv(settings: Settings):
                                      settings.max_jobs, settings.nvcc_threads)
     except BuildError as exc:
         raise BuildError(f"host {host.name}: {exc}") from None
-    venv = settings.venv_path
+    venv = stack_venv(settings.lock_path)
     health = fact(VenvRuns, venv=venv)
-    problem = venv_path_problem(venv, health)
+    problem = (venv_path_problem(venv, health)
+               or link_problem(settings.venv_path, fact(VenvRuns, venv=settings.venv_path)))
     if problem:
         # nothing of the stage is planned: its operations would make or fill that venv
         refuse("ML venv", problem)
         return []
+    if health["found"] == "missing":
+        problem = room_problem(fact(VenvRoom, venv_path=settings.venv_path), venv)
+        if problem:
+            refuse("ML venv", problem)
+            return []
+        _say_stack_changes(settings, lock, venv)
     recreated = health["state"] == "broken"
     if recreated:
         logger.warning(f"{host.print_prefix}venv at {venv} does not run ({health['why']}): "
                        + ("it will be recreated" if is_dry_run() else "recreated"))
     installed = {} if recreated else fact(VenvPackages, venv=venv)
-    check_driver_for_venv(settings, lock, installed)
+    check_driver_for_venv(settings, lock, installed, venv)
     problem = python_problem(lock, settings.lock, fact(VenvPython, venv=venv), venv,
                              venv_exists=bool(installed))
     if problem:
@@ -457,6 +484,7 @@ def mlenv(settings: Settings):
     apt.packages(name="Python venv and build tools", packages=list(BUILD_PACKAGES),
                  no_recommends=True)
     files.directory(name="Lock folder", path=LOCK_DIR, mode="755")
+    files.directory(name="Venvs folder", path=VENVS_DIR, mode="755")
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
     files.put(name="Ship no_space.py", src=str(REPO_ROOT / "operations/files/no_space.py"),
               dest=NO_SPACE, mode="644", create_remote_dir=False)
@@ -474,6 +502,8 @@ def mlenv(settings: Settings):
     )
     flash = lock.get(FLASH_ATTN)
     if flash is None:
+        venv_checked(name=f"Check {venv}", venv=venv, gpu_count=settings.gpu_count,
+                     flash_attn=False, _if=stack.did_change)
         return [stack]
     files.put(name="Lock flash-attn", src=StringIO(flash.line + "\n"),
               dest=f"{LOCK_DIR}/flash-attn.txt", mode="644", create_remote_dir=False)
@@ -498,4 +528,7 @@ def mlenv(settings: Settings):
             cache_root=settings.wheel_cache),
         reasons=reasons,
     )
+    venv_checked(name=f"Check {venv}: imports, torch sees {settings.gpu_count} GPUs",
+                 venv=venv, gpu_count=settings.gpu_count, flash_attn=True,
+                 _if=lambda: stack.did_change() or built.did_change())
     return [stack, built]

@@ -19,6 +19,7 @@ from operations.host import FileText
 from operations.plan import fact
 from operations.settings import Settings
 from operations.virt import Platform, VirtInfo
+from operations.venvs import stack_venv
 
 LIB_DIR: Final = "/opt/gpuhost/lib"
 ENV_FILE: Final = "/etc/gpuhost/p2p.env"
@@ -197,7 +198,7 @@ def p2p(settings: Settings):
         files.put(name=f"Ship {name.split('/')[-1]}", src=str(REPO_ROOT / "operations" / name),
                   dest=f"{LIB_DIR}/{name.split('/')[-1]}", mode="644",
                   create_remote_dir=False)  # the folder is the operation above
-    check = measured(name="Measure P2P between GPUs", venv=settings.venv_path,
+    check = measured(name="Measure P2P between GPUs", venv=stack_venv(settings.lock_path),
                      override=settings.p2p_override, remeasure=settings.p2p_remeasure,
                      timeout=settings.p2p_check_timeout,
                      hints=tuple(platform_hints(platform, {"p2p": "off", "warnings": ["?"]})))

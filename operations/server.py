@@ -7,7 +7,7 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -19,7 +19,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files, systemd
 from typing_extensions import override
 
-from operations import REPO_ROOT, group_restart, remote
+from operations import REPO_ROOT, group_restart, last_known_good, remote
 from operations import model as model_ops
 from operations import model_copy
 from operations.node_group import NodeRole
@@ -27,7 +27,9 @@ from operations.nodes import NODES_ENV_FILE, internode_argv
 from operations.nvidia import DRIVER_GATE_DROPIN
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
+from operations.p2p import RECORD as P2P_RECORD
 from operations.host import FileText
+from operations.mlenv import VenvRuns
 from operations.kernel_cache import (KernelCacheFolders, cache_env, cache_key, kernel_cache,
                                      remove_superseded)
 from operations.plan import fact, refuse
@@ -35,6 +37,7 @@ from operations.preflight import InitSystem
 from operations.secret_files import check_secret_file
 from operations.settings import PREFIX, Settings
 from operations.sglang import server_args
+from operations.venvs import VENVS_DIR, stack_venv, venv_link
 
 UNIT: Final = "sglang.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
@@ -105,7 +108,18 @@ def server_inputs(settings: Settings) -> list[str]:
         paths.append(NODES_ENV_FILE)
     if not settings.model_is_local:
         paths.append(f"{settings.model_path}/{model_ops.STAMP}")
-    return ["--venv", settings.venv_path, *paths]
+    return ["--venv", stack_venv(settings.lock_path), *paths]
+
+
+def record_command(settings: Settings) -> str:
+    """The command that records the last known good once the health gate passed: the venv the
+    unit names, the files the server and its gate read (operations/last_known_good.py)."""
+    venv = stack_venv(settings.lock_path)
+    return last_known_good.record_command(
+        venv=venv, lock_digest=venv.rsplit("/", 1)[1], model=settings.model,
+        revision=settings.model_revision,
+        files=[UNIT_PATH, SERVER_ENV_FILE, P2P_ENV_FILE, P2P_RECORD, GATE_UNIT_PATH],
+        folders=[DROPIN_DIR], keep=settings.venvs_kept, venvs_dir=VENVS_DIR)
 
 
 def gate_inputs() -> list[str]:
@@ -125,7 +139,7 @@ def unit_context(settings: Settings, role: NodeRole | None = None) -> dict:
         "tensor_parallel_size": settings.tensor_parallel_size,
         "server_env_file": SERVER_ENV_FILE,
         "p2p_env_file": P2P_ENV_FILE,
-        "venv": settings.venv_path,
+        "venv": stack_venv(settings.lock_path),
         "cuda_home": settings.cuda_home,
         "lib_dir": LIB_DIR,
         "backend_url": backend_url(settings),
@@ -431,12 +445,10 @@ def unit_restarted(unit: str):
     yield f"systemctl restart --no-block {unit}"
 
 
-@remote.callback("the health gate", "the server goes on starting on the host")
-def _wait_serving(state, host, argv: list[str], timeout: int, units: list[str]) -> bool:
+def health_gate(host, argv: list[str]) -> bool:
     """Run the health gate in rounds of PROGRESS_EVERY seconds, printing its progress through
     pyinfra's logger (shown without -v); False when it failed, after showing why, the journal
-    and that the unit was stopped. When it passed, VERIFIED_FILE gets the InvocationIDs of
-    ``units``: the next deploy gates again only a unit started since."""
+    and that the unit was stopped."""
     waited, began = 0.0, time.monotonic()
     while True:
         command = StringCommand(*argv, "--poll-for", str(PROGRESS_EVERY),
@@ -452,16 +464,73 @@ def _wait_serving(state, host, argv: list[str], timeout: int, units: list[str]) 
         if failed:
             return False
         if any(line.startswith("ready after") for line in lines):
-            names = " ".join(shlex.quote(u) for u in units)
-            return remote.shell(
-                host, f"mkdir -p {shlex.quote(VERIFIED_FILE.rsplit('/', 1)[0])} && "
-                f"systemctl show -p InvocationID --value {names} > {VERIFIED_FILE}.tmp && "
-                f"mv {VERIFIED_FILE}.tmp {VERIFIED_FILE}")[0]
+            return True
+
+
+def mark_verified(host, units: list[str]) -> bool:
+    names = " ".join(shlex.quote(u) for u in units)
+    return remote.shell(
+        host, f"mkdir -p {shlex.quote(VERIFIED_FILE.rsplit('/', 1)[0])} && "
+        f"systemctl show -p InvocationID --value {names} > {VERIFIED_FILE}.tmp && "
+        f"mv {VERIFIED_FILE}.tmp {VERIFIED_FILE}")[0]
+
+
+@remote.callback("the health gate", "the server goes on starting on the host")
+def _wait_serving(state, host, argv: list[str], timeout: int, units: list[str],
+                  record: str | None = None,
+                  change: str | Callable[[], str] = "") -> bool:
+    """Run the health gate (:func:`health_gate`). When it passed, VERIFIED_FILE gets the
+    InvocationIDs of ``units`` (the next deploy gates again only a unit started since) and
+    ``record`` runs: the last known good (operations/last_known_good.py). When it failed and
+    ``record`` is given, the server is rolled back to the last known good, restarted and
+    gated again (:func:`operations.last_known_good.roll_back`); False either way, saying
+    ``change``, what this run changed."""
+    if health_gate(host, argv):
+        if not mark_verified(host, units):
+            return False
+        if record is None:
+            return True
+        ok, out = remote.shell(host, record)
+        for line in out.stdout_lines + out.stderr_lines:
+            (logger.info if ok else logger.error)(f"{host.print_prefix}last known good: {line}")
+        return ok
+    if record is None:
+        return False
+    what = change() if callable(change) else change
+    why = (f"the server with {what} as this run changed it" if what else "the server") + \
+        " failed the health gate (its journal above)"
+
+    def again() -> bool:
+        return health_gate(host, argv) and mark_verified(host, units)
+
+    return last_known_good.roll_back(
+        host, why, again, f"systemctl reset-failed {UNIT} 2>/dev/null; "
+        f"systemctl restart --no-block {UNIT}")
+
+
+def gate_argv(url: str, model: str, timeout: int, public_url: str | None = None,
+              api_key_file: str | None = None) -> list[str]:
+    """health_check.py's command line for :func:`serving` (its arguments, the same)."""
+    argv = ["python3", f"{LIB_DIR}/health_check.py", "--url", shlex.quote(url),
+            "--model", shlex.quote(model), "--unit", UNIT, "--timeout", str(timeout)]
+    if public_url and api_key_file:
+        argv += ["--public-url", shlex.quote(public_url),
+                 "--api-key-file", shlex.quote(api_key_file), "--gate-unit", GATE_UNIT]
+    return argv
+
+
+def settings_gate_argv(settings: Settings) -> list[str]:
+    """The health gate's command line for the server host data configures."""
+    public = _url(settings.server_host, settings.server_port) if settings.server_is_public \
+        else None
+    return gate_argv(backend_url(settings), settings.served_model_name, settings.health_timeout,
+                     public, settings.api_key_file)
 
 
 @operation(is_idempotent=False)
 def serving(url: str, model: str, timeout: int, public_url: str | None = None,
-            api_key_file: str | None = None, units: tuple[str, ...] = (UNIT,)):
+            api_key_file: str | None = None, units: tuple[str, ...] = (UNIT,),
+            record: str | None = None, change: str | Callable[[], str] = ""):
     """Wait until the server serves ``model`` and answers a fixed greedy chat completion with
     text that is neither empty nor degenerate (operations/files/health_check.py), printing
     progress every 10 s; with a public URL, also that the API key gate refuses a request
@@ -473,13 +542,12 @@ def serving(url: str, model: str, timeout: int, public_url: str | None = None,
     + public_url: the API key gate's base URL, when the server is public
     + api_key_file: root-only file holding the key (read on the host, never shown)
     + units: the units whose InvocationIDs VERIFIED_FILE records once the gate passed
+    + record: the command recording the last known good once the gate passed; with it, a
+      failed gate rolls the server back to the recorded one (operations/last_known_good.py)
+    + change: what this run changed, for the failure's message
     """
-    argv = ["python3", f"{LIB_DIR}/health_check.py", "--url", shlex.quote(url),
-            "--model", shlex.quote(model), "--unit", UNIT, "--timeout", str(timeout)]
-    if public_url and api_key_file:
-        argv += ["--public-url", shlex.quote(public_url),
-                 "--api-key-file", shlex.quote(api_key_file), "--gate-unit", GATE_UNIT]
-    yield FunctionCommand(_wait_serving, (argv, timeout, list(units)), {})
+    argv = gate_argv(url, model, timeout, public_url, api_key_file)
+    yield FunctionCommand(_wait_serving, (argv, timeout, list(units), record, change), {})
 
 
 @deploy("SGLang server")
@@ -554,23 +622,25 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
                           dest=f"{LIB_DIR}/{script}", mode="644", create_remote_dir=False)
         # model_fetch.py imports no_space.py too, which the ML venv stage ships
         for script in ("health_check.py", "model_fetch.py", "model_config.py", "api_gate.py",
-                       "unit_inputs.py", "secret_file.py")
+                       "unit_inputs.py", "secret_file.py", "last_known_good.py")
     }
     changed: list[OperationMeta] = []
+    weights: list[OperationMeta] = []
     if not settings.model_is_local:
         files.directory(name="Model folder", path=settings.model_path, mode="755")
         model_copy.copy_access(settings)
         sources = (model_copy.peers(host.name, peers, {h.name: h.data.dict()
                                                        for h in host.inventory})
                    if peers and settings.model_copy_from_peers else [])
-        changed.append(model_ops.weights(
+        weights.append(model_ops.weights(
             name=f"Model {settings.model}@{settings.model_revision}",
             repo=settings.model, revision=settings.model_revision, dest=settings.model_path,
-            endpoint=settings.hf_endpoint, python=f"{settings.venv_path}/bin/python",
+            endpoint=settings.hf_endpoint, python=f"{stack_venv(settings.lock_path)}/bin/python",
             token_file=settings.hf_token_file, headroom_gib=DISK_HEADROOM_GIB,
             architecture=settings.model_architecture, peers=sources,
             bwlimit_kib=settings.model_copy_bwlimit, mirror=settings.model_mirror,
         ))
+        changed += weights
     kernels = cache_key(settings)
     kernel_folders = fact(KernelCacheFolders)
     kernel_cache(kernels)
@@ -642,6 +712,8 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
         group_restart.register(role, changed, must_start)
         started, restarted = group_restart.converge(
             role, internode_argv(settings, role, (P2P_ENV_FILE, NODES_ENV_FILE)))
+    what = [("the ML venv or the P2P decision", list(inputs)), ("the unit", units),
+            ("the server environment", [env]), ("the model", weights)]
     public_url = None
     # A start or restart of the gate alone is verified in this run too (its key, its answers).
     gate_changes: list[OperationMeta] = []
@@ -666,11 +738,21 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
             public_url=public_url,
             api_key_file=settings.api_key_file,
             units=gated,
+            # a node group is not rolled back by one node: its ranks restart together
+            # (group_restart.py), so rank 0 alone must not go back to another venv
+            record=record_command(settings) if role is None else None,
+            change=lambda: " and ".join(label for label, ops in what
+                                        if any(op.did_change() for op in ops)),
             _if=lambda: unverified or any(op.did_change()
                                           for op in (started, restarted, *gate_changes)),
         )
     else:
         # at a later line than the gate: pyinfra runs it after rank 0's gate (group_restart.py)
         group_restart.follow(role, (started, restarted))
+
     # after the restart: the server that read them is gone
     remove_superseded(kernels, kernel_folders)
+    # past the health gate (a failed one ends the host's run before this)
+    venv = stack_venv(settings.lock_path)
+    venv_link(name=f"{settings.venv_path}: the venv that serves", path=settings.venv_path,
+              target=venv, health=fact(VenvRuns, venv=settings.venv_path))

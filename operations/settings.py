@@ -125,6 +125,9 @@ class Settings:
     max_jobs: int | None = None
     nvcc_threads: int | None = None
     wheel_cache: str = "~/.cache/gpuhost/wheels"
+    # Upgrades and rollback (operations/venvs.py, operations/last_known_good.py)
+    venvs_kept: int = 1
+    rollback: bool = False
     # P2P
     p2p_override: str | None = None
     p2p_remeasure: bool = False
@@ -336,6 +339,7 @@ GPUHOST_DIRS: Final[Mapping[str, str]] = {
     "/opt/gpuhost/lock": "the ML stack's lock files",
     "/opt/gpuhost/build": "flash-attn's build folder",
     "/opt/gpuhost/wheels": "flash-attn's built wheels",
+    "/opt/gpuhost/venvs": "the ML venvs, one per lock digest",
     "/var/cache/gpuhost": "the server's kernel caches",
     "/var/lib/gpuhost": "gpuhost's records (the P2P measurement, the verified server)",
     "/var/lib/gpuhost-models": "the model copy user's home (its one key: rrsync -ro)",
@@ -431,6 +435,8 @@ RULES: Final[Mapping[str, _Rule]] = {
     "nvcc_threads": _Rule(
         lambda v: v is None or (_is_int(v) and 1 <= v <= 16), "an integer from 1 to 16, or None"
     ),
+    "venvs_kept": _int_between(1, 16),
+    "rollback": _BOOL,
     "wheel_cache": _text(r"(~|/)[^\s'\"]*", "a path on the controller, absolute or under ~"),
     "p2p_override": _one_of(P2P_OVERRIDES, optional=True),
     "p2p_remeasure": _BOOL,

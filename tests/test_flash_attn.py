@@ -209,7 +209,7 @@ def _refusals_for(installed, torch_cuda, driver_state, lock_text, tmp_path, **da
     })
     plan._refusals.clear()
     with ctx_state.use(state), ctx_host.use(host):
-        check_driver_for_venv(settings, read_lock(lock), installed)
+        check_driver_for_venv(settings, read_lock(lock), installed, "/opt/gpuhost/venv")
     refusals = [r for rs in plan._refusals.values() for r in rs]
     plan._refusals.clear()
     return refusals

@@ -8,6 +8,7 @@ from pyinfra.api.util import get_template
 
 from operations.server import env_context, gate_context, systemd_quote, unit_context
 from operations.settings import from_host_data
+from operations.venvs import stack_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = """python3 -m sglang.launch_server --model lukealonso/GLM-5-NVFP4 --served-model-name glm-5
@@ -38,7 +39,8 @@ def test_unit_is_the_reference_launch(settings):
     text = render("sglang.service.j2", unit_context(settings()))
     (exec_start,) = [line for line in unit_lines(text) if line.startswith("ExecStart=")]
     words = shlex.split(exec_start.removeprefix("ExecStart="))
-    assert words[0] == "/opt/gpuhost/venv/bin/python"
+    # the lock's own venv, not the link at gpuhost_venv_path (operations/venvs.py)
+    assert words[0] == f"{stack_venv(settings().lock_path)}/bin/python"
     assert words[-1] == "$GPUHOST_P2P_SERVER_ARGS"
     reference = shlex.split(REFERENCE)[1:]
     reference.remove("--disable-custom-all-reduce")  # from the P2P decision, not host data
@@ -120,7 +122,9 @@ def test_unit_sets_paths_explicitly(settings):
     lines = unit_lines(render("sglang.service.j2", unit_context(settings())))
     assert "Environment=CUDA_HOME=/usr/local/cuda-12.8" in lines
     assert "Environment=LD_LIBRARY_PATH=/usr/local/cuda-12.8/lib64" in lines
-    assert any(line.startswith("Environment=PATH=/opt/gpuhost/venv/bin:/usr/local/cuda-12.8/bin:")
+    venv = stack_venv(settings().lock_path)
+    assert venv.startswith("/opt/gpuhost/venvs/")
+    assert any(line.startswith(f"Environment=PATH={venv}/bin:/usr/local/cuda-12.8/bin:")
                for line in lines)
     (post,) = [line for line in lines if line.startswith("ExecStartPost=")]
     assert "--health-only" in post and "http://127.0.0.1:8000" in post

@@ -16,6 +16,7 @@ from operations import mlenv
 from operations.mlenv import VenvRuns
 from operations.settings import GPUHOST_DIRS, SettingsError, from_host_data
 from operations.venv_path import venv_path_problem
+from operations.venvs import link_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = "locks/cuda12.8.txt"
@@ -212,8 +213,8 @@ def test_the_stage_refuses_and_plans_nothing_for_a_path_it_may_not_use(tmp_path,
         cores, mem_available_gib = 2, 22.5
 
     def fact(cls, **kwargs):
-        if cls is VenvRuns:
-            return health
+        if cls is VenvRuns:  # the lock's venv is not there yet; the link's path holds files
+            return health if kwargs["venv"] == str(tmp_path) else _health(tmp_path / "none")
         if cls.__name__ == "HostResources":
             return Resources()
         raise AssertionError(f"read after the refusal: {cls.__name__}")
@@ -226,5 +227,6 @@ def test_the_stage_refuses_and_plans_nothing_for_a_path_it_may_not_use(tmp_path,
     assert mlenv.mlenv._inner(s) == []
     assert planned == []
     ((stage, why),) = refused
-    assert stage == "ML venv" and why == venv_path_problem(str(tmp_path), health)
+    assert stage == "ML venv" and why == link_problem(str(tmp_path), health)
+    assert "gpuhost replaces it with a link to the serving venv" in why
     assert (tmp_path / "important.txt").read_text() == "keep me"

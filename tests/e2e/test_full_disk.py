@@ -1,6 +1,7 @@
 """A venv a full disk left half-written, and the full disk itself, on one converged sandbox host:
 a venv whose python or pip does not run is recreated by the next run, and a full file system
-(a small tmpfs mounted on the host) while the venv is created or installed into ends the run
+(a small tmpfs mounted over the venvs' folder) while the lock's venv is created or installed
+into ends the run
 with one line naming ENOSPC, the file system and what is free there. Checked over ssh (the
 venv's python, pip check, the server's MainPID), never through pyinfra."""
 
@@ -8,12 +9,24 @@ from __future__ import annotations
 
 import pytest
 
+import json
+from pathlib import Path
+
+from operations.venvs import VENVS_DIR, stack_venv
 from tests.e2e import lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
+#: the link to the serving venv; the lock's venv itself is under VENVS_DIR (operations/venvs.py)
 VENV = "/opt/gpuhost/venv"
-FULL = "/opt/full"
+#: the tmpfs goes over the venvs' folder: the lock's venv is made in it (the serving one hidden
+#: meanwhile; the server keeps its files open)
+FULL = VENVS_DIR
+
+
+def lock_venv() -> str:
+    (listed,) = json.loads(lab.sandbox("status", "--json").stdout)
+    return stack_venv(Path(listed["lock"]))
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +45,8 @@ def assert_recreated(host: lab.Host, why: str) -> None:
     run = lab.deploy()
     assert run.returncode == 0, run.output[-6000:]
     assert "Traceback" not in run.output, run.output[-6000:]
-    assert f"venv at {VENV} does not run ({why}): recreated" in run.output, run.output[-6000:]
+    assert f"venv at {lock_venv()} does not run ({why}): recreated" in run.output, \
+        run.output[-6000:]
     assert host.ssh(f"{VENV}/bin/python -c 'print(6 * 7)'").strip() == "42"
     assert "No broken requirements" in host.ssh(f"{VENV}/bin/python -m pip check")
     assert "sglang" in host.ssh(f"{VENV}/bin/python -m pip list --disable-pip-version-check")
@@ -49,28 +63,26 @@ def test_a_venv_whose_python_does_not_run_is_recreated(host):
 
 def test_a_venv_whose_pip_does_not_run_is_recreated(host):
     host.ssh(f"rm -rf {VENV}/lib/python3*/site-packages/pip")
-    assert_recreated(host, f"pip exited 1: {VENV}/bin/python: No module named pip")
+    assert_recreated(host, f"pip exited 1: {lock_venv()}/bin/python: No module named pip")
 
 
 @pytest.fixture
 def full_disk(host):
     """A small tmpfs on the host: mounted by the test at the size it needs, removed after."""
-    host.ssh(f"mkdir -p {FULL}")
-
     def mount(size_kib: int) -> None:
         host.ssh(f"mount -t tmpfs -o size={size_kib}k tmpfs {FULL}")
 
     yield mount
-    host.ssh(f"umount {FULL} 2>/dev/null; rmdir {FULL}", check=False)
+    host.ssh(f"umount {FULL} 2>/dev/null", check=False)
 
 
 def test_a_full_disk_while_the_venv_is_created_is_named_and_the_half_venv_recreated(
         host, full_disk):
-    pid = host.main_pid()
+    pid, venv = host.main_pid(), lock_venv()
     full_disk(4096)  # python -m venv fits, its pip does not
-    inside = ("--data", f"gpuhost_venv_path={FULL}/venv")
-    line = (f"installing pip into the venv {FULL}/venv: no space left on the device (ENOSPC) "
-            f"writing {FULL}/venv: {FULL}/venv is on tmpfs mounted on {FULL}, ")
+    inside: tuple[str, ...] = ()
+    line = (f"installing pip into the venv {venv}: no space left on the device (ENOSPC) "
+            f"writing {venv}: {venv} is on tmpfs mounted on {FULL}, ")
     run = lab.deploy(*inside)
     assert run.returncode != 0, run.output[-6000:]
     assert "Traceback" not in run.output and "ensurepip" not in run.output, run.output[-6000:]
@@ -78,7 +90,7 @@ def test_a_full_disk_while_the_venv_is_created_is_named_and_the_half_venv_recrea
     # the next run finds the venv half-made (no pip): recreated, and the disk still full
     again = lab.deploy(*inside)
     assert again.returncode != 0, again.output[-6000:]
-    assert (f"venv at {FULL}/venv does not run (pip exited 1: {FULL}/venv/bin/python: No "
+    assert (f"venv at {venv} does not run (pip exited 1: {venv}/bin/python: No "
             "module named pip): recreated") in again.output, again.output[-6000:]
     assert line in again.output and "Traceback" not in again.output, again.output[-6000:]
     assert host.main_pid() == pid  # the host's own venv and server were left alone
@@ -89,11 +101,12 @@ def test_a_full_disk_during_the_locked_install_is_named(host, full_disk):
     fresh = int(host.ssh("rm -rf /tmp/venv-size && python3 -m venv /tmp/venv-size && "
                          "du -sk /tmp/venv-size | cut -f1; rm -rf /tmp/venv-size").strip())
     full_disk(fresh + 2048)
-    run = lab.deploy("--data", f"gpuhost_venv_path={FULL}/venv")
+    venv = lock_venv()
+    run = lab.deploy()
     assert run.returncode != 0, run.output[-6000:]
     assert "Traceback" not in run.output, run.output[-6000:]
-    assert (f"pip install into {FULL}/venv: no space left on the device (ENOSPC) writing "
-            f"{FULL}/venv") in run.output, run.output[-6000:]
+    assert (f"pip install into {venv}: no space left on the device (ENOSPC) writing "
+            f"{venv}") in run.output, run.output[-6000:]
     assert f"mounted on {FULL}, " in run.output and " free of " in run.output
 
 
@@ -106,14 +119,14 @@ def test_a_folder_of_user_files_or_a_file_at_the_venv_path_is_refused_and_left_a
     run = lab.deploy("--data", "gpuhost_venv_path=/srv/t/notvenv")
     assert run.returncode != 0 and "Traceback" not in run.output, run.output[-6000:]
     assert ("ML venv: refused: gpuhost_venv_path = '/srv/t/notvenv' is not allowed: it is a "
-            "folder that is not empty and has no pyvenv.cfg") in run.output, run.output[-6000:]
-    assert "(it holds important.txt, sub)" in run.output, run.output[-6000:]
+            "folder holding what a venv does not (important.txt, sub), and gpuhost replaces it "
+            "with a link to the serving venv") in run.output, run.output[-6000:]
     assert host.ssh("ls -A /srv/t/notvenv").split() == ["important.txt", "sub"]
     assert host.ssh("cat /srv/t/notvenv/important.txt").strip() == "keep"
     dry = lab.deploy("--dry", "--data", "gpuhost_venv_path=/srv/t/afile")
     assert "Traceback" not in dry.output, dry.output[-6000:]
-    assert ("gpuhost_venv_path = '/srv/t/afile' is not allowed: it is a file; allowed: a "
-            "missing or empty folder, or a venv") in dry.output, dry.output[-6000:]
+    assert ("gpuhost_venv_path = '/srv/t/afile' is not allowed: it is a file, and gpuhost "
+            "puts a link to the serving venv there") in dry.output, dry.output[-6000:]
     assert host.ssh("stat -c %F /srv/t/afile").strip() == "regular empty file"
     assert host.main_pid() == pid
     host.ssh("rm -rf /srv/t")

@@ -41,6 +41,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 UNIT = "sglang.service"
 BUILD_UNIT = "gpuhost-flash-attn-build.service"
 VENV = "/opt/gpuhost/venv"
+#: the venvs themselves, one per lock digest (VENV links to the serving one: operations/venvs.py)
+VENVS = "/opt/gpuhost/venvs"
 KILL_AT = "/run/gpuhost-test-kill-at"
 #: The test instrument (module docstring): when KILL_AT names this call's verb, the deploy's
 #: SSH connection dies here and systemd is not called.
@@ -196,9 +198,9 @@ def test_1_during_the_drivers_apt_install(host, work, state):
 
 def test_2_during_the_venv_install(host, work, state):
     """The venv is gone (a fresh rebuild); pip dies with the deploy."""
-    host.ssh(f"rm -rf {VENV}")
+    host.ssh(f"rm -rf {VENV} {VENVS}")  # the link and the venvs it names
     run = Deploy(inventory(work), work / "k2.log")
-    run.wait_for(host, f"pgrep -f '{VENV}/bin/python.* [-]m pip install' || true",
+    run.wait_for(host, f"pgrep -f '{VENVS}/[0-9a-f]*/bin/python.* [-]m pip install' || true",
                  "the venv's pip install")
     run.kill()
     host.ssh("pkill -KILL -f ' [-]m pip install'; true")

@@ -135,7 +135,7 @@ def test_drift_is_reported_and_repaired(hosts, cache):
 
 def test_a_rebuilt_venv_installs_the_cached_wheel(hosts, cache):
     host = hosts[1]
-    host.ssh(f"rm -rf {VENV} /opt/gpuhost/build")
+    host.ssh(f"rm -rf {VENV} /opt/gpuhost/venvs /opt/gpuhost/build")  # the link, the venvs
     run = deploy(cache)
     assert run.returncode == 0, run.output[-6000:]
     assert not built_here(host)

@@ -107,8 +107,11 @@ def test_crash_fails_with_the_journal(host, deploy, mode):
     assert "last 50 lines of the journal" in run.output
     assert f"{mode} mode" in run.output  # the journal's own line
     assert f"{UNIT} stopped" in run.output
-    time.sleep(2)
-    assert state(host) in ("inactive", "failed")
+    # then rolled back to what last passed the gate (operations/last_known_good.py)
+    assert "rolled back to the last known good" in run.output, run.output[-3000:]
+    assert "it serves again, verified by the health gate" in run.output
+    assert state(host) == "active"
+    assert host.process_env(host.main_pid()).get("SANDBOX_SGLANG_MODE") != mode
 
 
 def test_degenerate_output_fails_with_the_journal(host, deploy):
@@ -116,7 +119,8 @@ def test_degenerate_output_fails_with_the_journal(host, deploy):
     assert run.returncode != 0
     assert "degenerate" in run.output and "one character repeated" in run.output
     assert "last 50 lines of the journal" in run.output
-    assert state(host) in ("inactive", "failed")
+    assert "it serves again, verified by the health gate" in run.output, run.output[-3000:]
+    assert state(host) == "active"
 
 
 def test_noop_keeps_pid_and_one_flag_restarts_once(host, deploy):

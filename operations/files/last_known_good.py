@@ -1,0 +1,205 @@
+"""Record what the server was last verified with, and put it back (gpuhost's rollback).
+
+    python3 last_known_good.py record --venv DIR --lock-digest HEX --model M --revision R
+        [--keep N --venvs-dir DIR] [--folder DIR]... PATH...
+    python3 last_known_good.py restore --why TEXT
+    python3 last_known_good.py finish
+
+``record`` (run once the health gate passed) copies each PATH and each ``*.conf`` of each
+--folder (a unit's drop-ins, the only ones systemd reads: systemd.unit(5)) into /var/lib/gpuhost/last-known-good/, named by the
+SHA-256 of its content (mode 0600, the folder 0700: the server's environment file may hold a
+secret), and writes the "server" entry of /var/lib/gpuhost/last-known-good.json; PATHs that do
+not exist are recorded as absent. The entry's "venvs" lists the venvs verified, newest first,
+at most --keep; with --venvs-dir, every other venv there (a folder named by a lock digest) is
+removed. Other entries of that file (a "driver" one) are kept as they
+are. Copies no entry names any more are removed.
+
+``restore`` writes /var/lib/gpuhost/rollback.json (that a rollback began, and why), then puts
+every recorded file back (atomically: a copy renamed over it), removes those recorded absent,
+and runs ``systemctl daemon-reload``. It prints one line per file put back or removed; exit 4
+when nothing is recorded, 5 when every file is already as recorded (nothing to roll back to).
+``finish`` removes rollback.json once the restored server passed the health gate: a rollback
+interrupted before that is found by the next deploy, which restores and verifies again.
+
+The record's format is operations/last_known_good.py's docstring. Standard library only: runs
+with the host's python3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = "/var/lib/gpuhost"
+RECORD = f"{ROOT}/last-known-good.json"
+COPIES = f"{ROOT}/last-known-good"
+MARKER = f"{ROOT}/rollback.json"
+FORMAT = 1
+#: A venv's folder name under the venvs folder: its lock's digest (operations/venvs.py).
+DIGEST = re.compile(r"[0-9a-f]{16}")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _write(path: str, data: bytes, mode: int) -> None:
+    tmp = f"{path}.gpuhost-tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _load() -> dict:
+    try:
+        with open(RECORD, encoding="utf-8") as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        return {"format": FORMAT}
+    return record if isinstance(record, dict) else {"format": FORMAT}
+
+
+def _save(record: dict) -> None:
+    os.makedirs(ROOT, exist_ok=True)
+    _write(RECORD, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+
+
+def _expand(folders: list[str]) -> list[str]:
+    """The ``*.conf`` files in each folder, by name (none where a folder does not exist)."""
+    return [p for folder in folders for p in sorted(glob.glob(os.path.join(folder, "*.conf")))]
+
+
+def record(args: argparse.Namespace) -> int:
+    os.makedirs(COPIES, mode=0o700, exist_ok=True)
+    os.chmod(COPIES, 0o700)
+    files, absent = {}, []
+    for path in [*args.paths, *_expand(args.folder)]:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            mode = os.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            absent.append(path)
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        copy = os.path.join(COPIES, digest)
+        if not os.path.exists(copy):
+            _write(copy, data, 0o600)
+        files[path] = {"sha256": digest, "mode": f"{mode:04o}"}
+    rec = _load()
+    rec["format"] = FORMAT
+    earlier = (rec.get("server") or {}).get("venvs") or []
+    venvs = [args.venv, *(v for v in earlier if v != args.venv)][:args.keep]
+    rec["server"] = {"recorded_at": _now(), "venv": args.venv, "lock_digest": args.lock_digest,
+                     "model": args.model, "model_revision": args.revision, "files": files,
+                     "absent": absent, "folders": list(args.folder), "venvs": venvs}
+    _save(rec)
+    if args.venvs_dir:
+        _prune(args.venvs_dir, venvs, args.keep)
+    wanted = {e["sha256"] for entry in rec.values() if isinstance(entry, dict)
+              for e in (entry.get("files") or {}).values()}
+    for name in os.listdir(COPIES):
+        if name not in wanted:
+            os.unlink(os.path.join(COPIES, name))
+    print(f"recorded {len(files)} files, venv {args.venv}")
+    return 0
+
+
+def _prune(folder: str, kept: list[str], keep: int) -> None:
+    """Remove the venvs in ``folder`` (named by a lock digest) that ``kept`` does not name."""
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if path in kept or not DIGEST.fullmatch(name) or not os.path.isdir(path):
+            continue
+        shutil.rmtree(path)
+        print(f"removed the venv {path} (gpuhost_venvs_kept = {keep}: it keeps "
+              f"{', '.join(kept)})")
+
+
+def _current(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def restore(args: argparse.Namespace) -> int:
+    server = _load().get("server")
+    if not server:
+        print(f"no last known good is recorded ({RECORD})")
+        return 4
+    files, absent = server["files"], server.get("absent", [])
+    # drop-ins added since (a folder's *.conf the record does not have) go too
+    extra = [p for p in _expand(server.get("folders", [])) if p not in files and p not in absent]
+    differs = ([p for p, e in files.items() if _current(p) != e["sha256"]]
+               + [p for p in [*absent, *extra] if os.path.lexists(p)])
+    if not differs:
+        print("every file is as the last known good has it: nothing to roll back")
+        return 5
+    _save_marker(args.why, server)
+    for path in differs:
+        entry = files.get(path)
+        if entry is None:
+            os.unlink(path)
+            print(f"removed {path}")
+            continue
+        with open(os.path.join(COPIES, entry["sha256"]), "rb") as f:
+            data = f.read()
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _write(path, data, int(entry["mode"], 8))
+        print(f"restored {path}")
+    subprocess.run(["systemctl", "daemon-reload"], check=True)
+    print(f"rolled back to the last known good of {server['recorded_at']}: venv "
+          f"{server['venv']}")
+    return 0
+
+
+def _save_marker(why: str, server: dict) -> None:
+    data = {"started_at": _now(), "why": why, "to": server["recorded_at"],
+            "venv": server["venv"]}
+    _write(MARKER, (json.dumps(data, sort_keys=True) + "\n").encode(), 0o644)
+
+
+def finish(_args: argparse.Namespace) -> int:
+    try:
+        os.unlink(MARKER)
+    except FileNotFoundError:
+        pass
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record")
+    rec.add_argument("--venv", required=True)
+    rec.add_argument("--lock-digest", required=True)
+    rec.add_argument("--model", required=True)
+    rec.add_argument("--revision", required=True)
+    rec.add_argument("--keep", type=int, default=1, help="venvs kept, the recorded one first")
+    rec.add_argument("--venvs-dir", help="where the venvs are; the ones not kept are removed")
+    rec.add_argument("--folder", action="append", default=[],
+                     help="a folder whose *.conf files count (a unit's drop-ins)")
+    rec.add_argument("paths", nargs="+")
+    res = sub.add_parser("restore")
+    res.add_argument("--why", required=True)
+    sub.add_parser("finish")
+    args = parser.parse_args()
+    return {"record": record, "restore": restore, "finish": finish}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

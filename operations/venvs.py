@@ -1,0 +1,225 @@
+"""Manage the ML venvs side by side: one per lock digest under /opt/gpuhost/venvs, and the link
+at gpuhost_venv_path that names the one the server was last verified with.
+
+A new lock gets a venv of its own, built and checked beside the one the server runs from, so
+the server keeps serving until the restart; the unit names the digest's venv itself (not the
+link), so a running server never imports from a venv it did not start with, and a change of
+venv is a change of the unit (one restart). The link at ``gpuhost_venv_path`` (default
+/opt/gpuhost/venv) is moved to the new venv only once the health gate has passed: operators,
+bench.py and anything else that reads the link always get a venv that served.
+
+Taking over a host converged by an earlier gpuhost, whose real venv sits at gpuhost_venv_path:
+a venv is not relocatable (its scripts' shebangs and pyvenv.cfg's ``home``/``command`` name
+its folder; CPython's Lib/venv/__init__.py writes both at creation), so it is neither moved nor
+renamed. The lock's venv is built beside it under /opt/gpuhost/venvs while the server goes on
+serving from the old one; flash-attn is not built again there: the controller's cache holds
+the wheel for the same key (flash-attn, torch, CUDA, Python, architectures;
+operations/flash_attn.py), which the earlier build put there, and the host's pip cache serves
+the locked wheels it already downloaded. The unit then names the new venv (one restart, as
+any venv change); until the health gate passes the old venv stays where it was (a failed
+gate leaves the unit's previous text, pointing at it). Once the gate passes, the old folder is
+removed and the link takes its place. Only a folder that is a venv and holds nothing a venv
+does not (:func:`link_problem`) is removed that way; anything else there is refused while
+planning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from functools import cache
+from pathlib import Path
+from typing import Final
+
+from pyinfra import host
+from pyinfra.api import FactBase, operation
+from pyinfra.api.exceptions import FactProcessError, OperationError
+from typing_extensions import override
+
+from operations.lock import Lock, read_lock
+from operations.venv_path import VenvHealth, foreign_entries
+
+#: The venvs, one folder per lock digest (settings.GPUHOST_DIRS lists it).
+VENVS_DIR: Final = "/opt/gpuhost/venvs"
+#: Hex digits of the lock's sha256 in a venv's folder name (64 bits: no two locks of a fleet
+#: meet by chance).
+DIGEST_CHARS: Final = 16
+
+
+def lock_digest(lock: Lock) -> str:
+    """The lock's digest: sha256 of its pins as pip reads them (name, version, hashes, in file
+    order), its first :data:`DIGEST_CHARS` hex digits. Comments and the header do not count:
+    a lock regenerated to the same pins keeps its venv."""
+    text = "".join(pin.line + "\n" for pin in lock.pins)
+    return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
+
+
+@cache
+def _digest_of(lock_path: Path) -> str:
+    return lock_digest(read_lock(lock_path))
+
+
+def stack_venv(lock_path: Path) -> str:
+    """The folder of the venv for the lock at ``lock_path`` on the controller:
+    ``/opt/gpuhost/venvs/<digest>``. Raises LockError for a lock that does not parse."""
+    return f"{VENVS_DIR}/{_digest_of(lock_path)}"
+
+
+def link_problem(path: str, health: VenvHealth) -> str | None:
+    """Why gpuhost_venv_path (``path``, as :class:`operations.mlenv.VenvRuns` read it) cannot
+    become the link to the serving venv, or None. A symlink is replaced (its target is left
+    alone), an empty folder and a venv of an earlier gpuhost are removed first; refused: a file,
+    a device or the like, a folder that is not a venv and holds anything, a venv holding what a
+    venv does not (:func:`operations.venv_path.foreign_entries`), nothing there with no folder
+    above."""
+    key = f"gpuhost_venv_path = {path!r} is not allowed"
+    allowed = ("a missing path, a symlink, an empty folder, or a venv holding only what a venv "
+               "does")
+    found = health["found"]
+    if found == "missing":
+        if health["above_found"] != "folder":
+            return (f"{key}: {health['above']}, above it, is not a folder; allowed: {allowed} "
+                    "under a folder")
+        return None
+    if found == "link":
+        return None
+    if found in ("file", "other"):
+        return (f"{key}: it is a {'file' if found == 'file' else 'device, fifo or socket'}, and "
+                f"gpuhost puts a link to the serving venv there; allowed: {allowed}")
+    foreign = foreign_entries(health)
+    unlisted = health["entry_count"] - len(health["entries"])
+    if not health["is_venv"] and health["entry_count"]:
+        foreign = health["entries"]
+    if foreign or unlisted > 0:
+        return (f"{key}: it is a folder holding what a venv does not "
+                f"({', '.join(foreign[:8]) or f'{unlisted} entries not listed'}), and gpuhost "
+                f"replaces it with a link to the serving venv under {VENVS_DIR}; allowed: "
+                f"{allowed}: move those out, or set gpuhost_venv_path to another path")
+    return None
+
+
+@operation()
+def venv_link(path: str, target: str, health: VenvHealth):
+    """The symlink at ``path`` (gpuhost_venv_path) to ``target``, the venv that serves.
+
+    + path: gpuhost_venv_path
+    + target: the venv's folder under VENVS_DIR
+    + health: what was at ``path`` while planning (:class:`operations.mlenv.VenvRuns`)
+
+    The link is replaced atomically (a new link renamed over it, rename(2)); a venv of an
+    earlier gpuhost there is removed first (see the module's docstring). Raises OperationError
+    where :func:`link_problem` refuses (planning refuses it first).
+    """
+    problem = link_problem(path, health)
+    if problem:
+        raise OperationError(f"{problem}: left alone")
+    if health["found"] == "link" and health["target"] == target:
+        host.noop(f"{path} links to {target}")
+        return
+    q, t = shlex.quote(path), shlex.quote(target)
+    if health["found"] == "folder":
+        yield f"rm -rf --one-file-system {q}"
+    yield f"ln -sfnT {t} {q}.gpuhost-new && mv -fT {q}.gpuhost-new {q}"
+
+
+#: GiB left free beside a new venv the size of the serving one (pip's downloads and build
+#: folders live in the host's cache and /tmp meanwhile).
+VENV_HEADROOM_GIB: Final = 1.0
+
+
+class VenvRoom(FactBase[dict]):
+    """The size of the venv at ``venv_path`` (the link's target, or a venv of an earlier gpuhost
+    there; ``du -sk``, KiB) and the room on the file system VENVS_DIR is on (or would be: the
+    nearest folder above it that exists; ``df -Pk``, POSIX output, KiB; df(1)):
+
+    .. code:: python
+
+        {"serving_kib": 9437184, "free_kib": 52428800, "mount": "/"}
+
+    ``serving_kib`` is 0 where no venv is there (a fresh host).
+    """
+
+    @override
+    def command(self, venv_path: str) -> str:
+        q = shlex.quote(venv_path)
+        return (f"t=$(readlink -f {q} 2>/dev/null); "
+                "if [ -n \"$t\" ] && [ -f \"$t/pyvenv.cfg\" ]; then "
+                "echo \"serving_kib $(du -sk \"$t\" 2>/dev/null | cut -f1)\"; "
+                "else echo serving_kib 0; fi; "
+                f"d={VENVS_DIR}; while [ ! -d \"$d\" ]; do d=${{d%/*}}; [ -n \"$d\" ] || d=/; done; "
+                "df -Pk \"$d\" | tail -n 1 | awk '{print \"free_kib \" $4; print \"mount \" $6}'")
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        values = dict(line.split(" ", 1) for line in output if " " in line)
+        try:
+            return {"serving_kib": int(values.get("serving_kib") or 0),
+                    "free_kib": int(values["free_kib"]), "mount": values.get("mount", "?")}
+        except (KeyError, ValueError) as exc:
+            raise FactProcessError(f"du and df: cannot read {output[:3]!r}") from exc
+
+
+def room_problem(room: dict, new_venv: str) -> str | None:
+    """Why the lock's new venv (``new_venv``, not built yet) does not fit beside the serving
+    one, or None: it needs about the serving venv's size and VENV_HEADROOM_GIB free."""
+    needed = room["serving_kib"] + int(VENV_HEADROOM_GIB * 2**20)
+    if not room["serving_kib"] or room["free_kib"] >= needed:
+        return None
+    gib = 2**20
+    return (f"no room for the new venv {new_venv} beside the serving one: it needs about "
+            f"{needed / gib:.1f} GiB (the serving venv's {room['serving_kib'] / gib:.1f} GiB and "
+            f"{VENV_HEADROOM_GIB:g} GiB kept free), and {room['free_kib'] / gib:.1f} GiB are "
+            f"free on {room['mount']} (df): free space there (venvs of earlier locks that "
+            "gpuhost_venvs_kept keeps are removed only once a new one passed the health gate)")
+
+
+def stack_changes(serving: dict[str, str], locked: dict[str, str]) -> list[str]:
+    """What a new venv changes against the serving one, one line per distribution, by name:
+    ``sglang 0.5.9 -> 0.5.10``, ``foo missing -> 1.0``, ``bar 2.0 -> removed``. A serving
+    version with a local part matches its locked base (torch 2.9.1+cu128 is the lock's 2.9.1,
+    as the lock pins it: locks/cuda12.8.txt); pip itself, which the venv holds beside its lock,
+    is left out."""
+    lines = []
+    for name in sorted(set(serving) | set(locked)):
+        have, want = serving.get(name), locked.get(name)
+        if name == "pip" and want is None:
+            continue
+        if want is None:
+            lines.append(f"{name} {have} -> removed")
+        elif have is None:
+            lines.append(f"{name} missing -> {want}")
+        elif have != want and have.split("+")[0] != want:
+            lines.append(f"{name} {have} -> {want}")
+    return lines
+
+
+#: What a venv's python must import to serve (the locked stack's top-level modules).
+SERVING_IMPORTS: Final = ("torch", "sglang", "flashinfer")
+
+
+@operation(is_idempotent=False)
+def venv_checked(venv: str, gpu_count: int, flash_attn: bool):
+    """Check a venv the server is about to be pointed at, before any restart: its stack
+    imports (SERVING_IMPORTS, flash_attn where locked) and torch sees the GPUs host data says
+    (``torch.cuda.device_count()``). Fails the host's run (the server goes on serving from the
+    venv it runs from) saying what failed.
+
+    + venv: the venv's folder
+    + gpu_count: gpuhost_gpu_count
+    + flash_attn: whether the lock has flash-attn
+    """
+    modules = [*SERVING_IMPORTS, *(["flash_attn"] if flash_attn else [])]
+    script = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as exc:\n"
+        f"        sys.exit(f'venv {venv}: import {{name}} failed: {{type(exc).__name__}}: {{exc}}')\n"
+        "import torch\n"
+        "n = torch.cuda.device_count()\n"
+        f"if n != {int(gpu_count)}:\n"
+        f"    sys.exit(f'venv {venv}: torch sees {{n}} GPUs, host data says {int(gpu_count)} "
+        "(gpuhost_gpu_count)')\n"
+        "print(f'venv ok: imports, {n} GPUs')\n")
+    yield f"{shlex.quote(venv)}/bin/python -c {shlex.quote(script)}"

@@ -1,0 +1,133 @@
+"""The last known good record on the host (operations/files/last_known_good.py): what is
+recorded, what a rollback puts back, and the entries of other concerns it keeps."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from operations.last_known_good import record_command
+
+SCRIPT = Path(__file__).resolve().parents[1] / "operations/files/last_known_good.py"
+
+
+@pytest.fixture
+def lkg(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("last_known_good_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    root = tmp_path / "var-lib-gpuhost"
+    monkeypatch.setattr(mod, "ROOT", str(root))
+    monkeypatch.setattr(mod, "RECORD", str(root / "last-known-good.json"))
+    monkeypatch.setattr(mod, "COPIES", str(root / "last-known-good"))
+    monkeypatch.setattr(mod, "MARKER", str(root / "rollback.json"))
+    reloads = []
+    monkeypatch.setattr(mod.subprocess, "run", lambda argv, check: reloads.append(argv))
+    mod.reloads = reloads
+    return mod
+
+
+def _files(tmp_path):
+    etc = tmp_path / "etc"
+    (etc / "sglang.service.d").mkdir(parents=True)
+    unit, env = etc / "sglang.service", etc / "server.env"
+    unit.write_text("ExecStart=/opt/gpuhost/venvs/aaaa/bin/python\n")
+    env.write_text("HF_TOKEN=s3cret\n")
+    env.chmod(0o600)
+    (etc / "sglang.service.d" / "10-gate.conf").write_text("[Unit]\n")
+    return unit, env, etc / "gate.service", etc / "sglang.service.d"
+
+
+def _record(lkg, unit, env, gate, dropins):
+    return lkg.record(Namespace(venv="/opt/gpuhost/venvs/aaaa", lock_digest="aaaa", model="m",
+                                revision="main", folder=[str(dropins)], keep=1, venvs_dir=None,
+                                paths=[str(unit), str(env), str(gate)]))
+
+
+def test_a_failed_change_is_put_back_as_recorded(lkg, tmp_path, capsys):
+    unit, env, gate, dropins = _files(tmp_path)
+    assert _record(lkg, unit, env, gate, dropins) == 0
+    copies = Path(lkg.COPIES)
+    assert oct(copies.stat().st_mode & 0o777) == "0o700"
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in copies.iterdir())
+    record = json.loads(Path(lkg.RECORD).read_text())
+    assert record["server"]["venv"] == "/opt/gpuhost/venvs/aaaa"
+    assert record["server"]["absent"] == [str(gate)]
+    assert "s3cret" not in Path(lkg.RECORD).read_text()
+
+    unit.write_text("ExecStart=/opt/gpuhost/venvs/bbbb/bin/python\n")
+    env.write_text("HF_TOKEN=s3cret\nSANDBOX_SGLANG_MODE=crash-on-start\n")
+    gate.write_text("[Service]\n")
+    (dropins / "20-new.conf").write_text("[Service]\n")
+    assert lkg.restore(Namespace(why="the unit failed the health gate")) == 0
+    assert unit.read_text() == "ExecStart=/opt/gpuhost/venvs/aaaa/bin/python\n"
+    assert env.read_text() == "HF_TOKEN=s3cret\n" and oct(env.stat().st_mode & 0o777) == "0o600"
+    assert not gate.exists() and not (dropins / "20-new.conf").exists()
+    assert (dropins / "10-gate.conf").exists()
+    assert lkg.reloads == [["systemctl", "daemon-reload"]]
+    assert json.loads(Path(lkg.MARKER).read_text())["why"] == "the unit failed the health gate"
+    assert lkg.finish(Namespace()) == 0 and not Path(lkg.MARKER).exists()
+    out = capsys.readouterr().out
+    assert "s3cret" not in out and f"restored {unit}" in out and f"removed {gate}" in out
+
+
+def test_nothing_recorded_or_nothing_changed_is_no_rollback(lkg, tmp_path, capsys):
+    unit, env, gate, dropins = _files(tmp_path)
+    assert lkg.restore(Namespace(why="x")) == 4
+    _record(lkg, unit, env, gate, dropins)
+    assert lkg.restore(Namespace(why="x")) == 5
+    assert not Path(lkg.MARKER).exists() and lkg.reloads == []
+    assert "nothing to roll back" in capsys.readouterr().out
+
+
+def test_another_concerns_entry_is_kept_and_old_copies_go(lkg, tmp_path):
+    unit, env, gate, dropins = _files(tmp_path)
+    Path(lkg.ROOT).mkdir(parents=True)
+    Path(lkg.RECORD).write_text(json.dumps({"format": 1, "driver": {"version": "590.48.01"}}))
+    _record(lkg, unit, env, gate, dropins)
+    first = set(p.name for p in Path(lkg.COPIES).iterdir())
+    unit.write_text("ExecStart=/opt/gpuhost/venvs/cccc/bin/python\n")
+    _record(lkg, unit, env, gate, dropins)
+    record = json.loads(Path(lkg.RECORD).read_text())
+    assert record["driver"] == {"version": "590.48.01"}
+    now = set(p.name for p in Path(lkg.COPIES).iterdir())
+    assert len(now) == len(first) and now != first  # the old unit's copy removed
+
+
+def test_the_record_command_quotes_what_it_is_given():
+    command = record_command("/opt/gpuhost/venvs/ab", "ab", "org/model", "main",
+                             ["/etc/a b"], ["/etc/x.d"], keep=2, venvs_dir="/opt/gpuhost/venvs")
+    assert command == ("python3 /opt/gpuhost/lib/last_known_good.py record --venv "
+                       "/opt/gpuhost/venvs/ab --lock-digest ab --model org/model --revision main "
+                       "--keep 2 --venvs-dir /opt/gpuhost/venvs --folder /etc/x.d '/etc/a b'")
+
+
+def test_venvs_beyond_the_ones_kept_are_removed_after_the_gate(lkg, tmp_path, capsys):
+    venvs = tmp_path / "venvs"
+    a, b, c = (venvs / (x * 16) for x in "abc")
+    for v in (a, c, venvs / "not-a-digest"):  # c: a lock's venv that never passed the gate
+        v.mkdir(parents=True)
+    unit = tmp_path / "unit"
+    unit.write_text("x")
+
+    def record(venv, keep):
+        lkg.record(Namespace(venv=str(venv), lock_digest=venv.name, model="m", revision="r",
+                             folder=[], keep=keep, venvs_dir=str(venvs), paths=[str(unit)]))
+
+    record(a, 2)
+    assert sorted(p.name for p in venvs.iterdir()) == ["a" * 16, "not-a-digest"]
+    assert f"removed the venv {c} (gpuhost_venvs_kept = 2" in capsys.readouterr().out
+    b.mkdir()
+    record(b, 2)  # a verified before b: both kept
+    assert sorted(p.name for p in venvs.iterdir()) == ["a" * 16, "b" * 16, "not-a-digest"]
+    c.mkdir()
+    record(c, 2)
+    assert sorted(p.name for p in venvs.iterdir()) == ["b" * 16, "c" * 16, "not-a-digest"]
+    assert json.loads(Path(lkg.RECORD).read_text())["server"]["venvs"] == [str(c), str(b)]
+    record(c, 1)
+    assert sorted(p.name for p in venvs.iterdir()) == ["c" * 16, "not-a-digest"]
+    assert f"removed the venv {b} (gpuhost_venvs_kept = 1" in capsys.readouterr().out

@@ -1,0 +1,163 @@
+"""The venvs side by side: a lock's digest names its venv, and what may stand at
+gpuhost_venv_path where the link to the serving venv goes (operations/venvs.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from operations.lock import read_lock
+from operations.venvs import VENVS_DIR, link_problem, lock_digest, stack_venv
+
+ROOT = Path(__file__).resolve().parents[1]
+PIN = ("sglang==0.5.9 --hash=sha256:" + "a" * 64 + "\n"
+       "torch==2.9.1 --hash=sha256:" + "b" * 64 + "\n")
+
+
+def _lock(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_the_venv_is_named_by_the_pins_not_the_comments(tmp_path):
+    one = _lock(tmp_path, "one.txt", "# made on monday\n" + PIN)
+    two = _lock(tmp_path, "two.txt", "# made again on tuesday\n" + PIN.replace("\n", "  # x\n"))
+    assert lock_digest(read_lock(one)) == lock_digest(read_lock(two))
+    assert stack_venv(one) == f"{VENVS_DIR}/{lock_digest(read_lock(one))}"
+    assert len(stack_venv(one).rsplit("/", 1)[1]) == 16
+
+
+def test_a_changed_pin_or_hash_is_another_venv(tmp_path):
+    base = lock_digest(read_lock(_lock(tmp_path, "a.txt", PIN)))
+    newer = PIN.replace("sglang==0.5.9", "sglang==0.5.10")
+    rehashed = PIN.replace("b" * 64, "c" * 64)
+    assert lock_digest(read_lock(_lock(tmp_path, "b.txt", newer))) != base
+    assert lock_digest(read_lock(_lock(tmp_path, "c.txt", rehashed))) != base
+
+
+def test_the_default_lock_has_its_venv_under_the_venvs_folder():
+    assert stack_venv(ROOT / "locks/cuda12.8.txt").startswith("/opt/gpuhost/venvs/")
+
+
+def _health(**fields):
+    base = {"found": "folder", "target": "", "target_found": "", "above": "",
+            "above_found": "", "entries": [], "entry_count": 0, "is_venv": False,
+            "state": "absent", "why": ""}
+    return {**base, **fields}
+
+
+def test_an_earlier_gpuhost_venv_a_link_or_nothing_may_become_the_link():
+    venv = ["bin", "include", "lib", "lib64", "pyvenv.cfg", "gpuhost-flash-attn.json"]
+    assert link_problem("/opt/gpuhost/venv", _health(
+        entries=venv, entry_count=len(venv), is_venv=True, state="ok")) is None
+    assert link_problem("/opt/gpuhost/venv", _health(found="link", target="/x",
+                                                     target_found="missing")) is None
+    assert link_problem("/opt/gpuhost/venv", _health(found="missing", above="/opt",
+                                                     above_found="folder")) is None
+    assert link_problem("/opt/gpuhost/venv", _health()) is None  # an empty folder
+
+
+def test_what_is_not_a_venv_is_never_replaced_by_the_link():
+    user = link_problem("/srv/venv", _health(entries=["data.csv"], entry_count=1))
+    assert user.startswith("gpuhost_venv_path = '/srv/venv' is not allowed: it is a folder "
+                           "holding what a venv does not (data.csv)")
+    extra = link_problem("/srv/venv", _health(
+        entries=["bin", "lib", "notes.txt", "pyvenv.cfg"], entry_count=4, is_venv=True,
+        state="ok"))
+    assert "(notes.txt)" in extra
+    unlisted = link_problem("/srv/venv", _health(entries=["bin"], entry_count=90, is_venv=True))
+    assert "89 entries not listed" in unlisted
+    assert "it is a file" in link_problem("/srv/venv", _health(found="file"))
+
+
+def test_a_new_venv_needs_room_for_one_more_the_serving_ones_size():
+    from operations.venvs import room_problem
+
+    gib = 2**20
+    assert room_problem({"serving_kib": 0, "free_kib": 10, "mount": "/"}, "/v/new") is None
+    assert room_problem({"serving_kib": 9 * gib, "free_kib": 10 * gib, "mount": "/"},
+                        "/v/new") is None
+    problem = room_problem({"serving_kib": 9 * gib, "free_kib": 9 * gib, "mount": "/opt"},
+                           "/opt/gpuhost/venvs/ab")
+    assert problem.startswith("no room for the new venv /opt/gpuhost/venvs/ab beside the "
+                              "serving one: it needs about 10.0 GiB (the serving venv's 9.0 "
+                              "GiB and 1 GiB kept free), and 9.0 GiB are free on /opt (df)")
+
+
+def test_the_room_is_read_off_the_host(tmp_path):
+    import subprocess
+
+    from operations.venvs import VenvRoom
+
+    venv = tmp_path / "venv"
+    (venv / "lib").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "lib" / "big").write_bytes(b"\0" * 2**20)
+    link = tmp_path / "link"
+    link.symlink_to(venv)
+    out = subprocess.run(["sh", "-c", VenvRoom().command(str(link))], capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    room = VenvRoom().process(out)
+    assert room["serving_kib"] >= 1024 and room["free_kib"] > 0 and room["mount"].startswith("/")
+
+
+def test_the_upgrade_keys_are_checked_before_any_host_is_touched():
+    import pytest
+
+    from operations.settings import SettingsError, from_host_data
+
+    data = {"gpuhost_lock": str(ROOT / "locks/cuda12.8.txt")}
+    assert from_host_data("gpu1", data).venvs_kept == 1
+    assert from_host_data("gpu1", data).rollback is False
+    with pytest.raises(SettingsError) as err:
+        from_host_data("gpu1", {**data, "gpuhost_venvs_kept": 0, "gpuhost_rollback": "yes"})
+    assert "gpuhost_venvs_kept = 0 is not allowed: an integer from 1 to 16" in str(err.value)
+    assert "gpuhost_rollback = 'yes' is not allowed: True or False" in str(err.value)
+
+
+def test_the_distributions_a_new_venv_changes_are_named_from_what_to_what():
+    from operations.venvs import stack_changes
+
+    serving = {"torch": "2.9.1+cu128", "sglang": "0.5.9", "old-dep": "1.0", "pip": "24.0"}
+    locked = {"torch": "2.9.1", "sglang": "0.5.10", "new-dep": "2.0"}
+    assert stack_changes(serving, locked) == [
+        "new-dep missing -> 2.0", "old-dep 1.0 -> removed", "sglang 0.5.9 -> 0.5.10"]
+    assert stack_changes({"torch": "2.9.1+cu128"}, {"torch": "2.9.1+cu130"}) == [
+        "torch 2.9.1+cu128 -> 2.9.1+cu130"]
+    assert stack_changes(serving, {"torch": "2.9.1", "sglang": "0.5.9", "old-dep": "1.0"}) == []
+
+
+def _check(tmp_path, gpus_seen: int, gpu_count: int, missing: str = ""):
+    import os
+    import subprocess
+    import sys
+
+    from operations.venvs import venv_checked
+
+    venv, mods = tmp_path / "venv", tmp_path / "mods"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (mods / "torch" / "cuda").mkdir(parents=True)
+    (mods / "torch" / "__init__.py").write_text("from torch import cuda\n")
+    (mods / "torch" / "cuda" / "__init__.py").write_text(
+        f"def device_count():\n    return {gpus_seen}\n")
+    for name in ("sglang", "flashinfer", "flash_attn"):
+        if name != missing:
+            (mods / f"{name}.py").write_text("")
+    (command,) = list(venv_checked._inner(venv=str(venv), gpu_count=gpu_count, flash_attn=True))
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(mods)})
+
+
+def test_a_new_venv_is_checked_before_the_server_is_pointed_at_it(tmp_path):
+    ok = _check(tmp_path, 8, 8)
+    assert ok.returncode == 0 and ok.stdout.strip() == "venv ok: imports, 8 GPUs"
+
+
+def test_a_venv_whose_torch_sees_other_gpus_or_misses_a_module_fails(tmp_path):
+    few = _check(tmp_path / "a", 7, 8)
+    assert few.returncode == 1
+    assert f"torch sees 7 GPUs, host data says 8 (gpuhost_gpu_count)" in few.stderr
+    broken = _check(tmp_path / "b", 8, 8, missing="flash_attn")
+    assert broken.returncode == 1
+    assert "import flash_attn failed: ModuleNotFoundError" in broken.stderr
