@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from operations.run_exit import end_run
 from operations.settings import PREFIX, Settings
 
 ROUTER_GROUP: Final = "gpuhost_router"
@@ -139,6 +140,6 @@ def for_run(inventory, settings: Mapping[str, Settings]) -> tuple[Fleet, dict[st
     try:
         fleet = plan(hosts, settings)
     except FleetError as exc:
-        raise SystemExit("gpuhost: fleet refused, no host was touched:\n  - "
-                         + "\n  - ".join(exc.problems)) from None
+        end_run("gpuhost: fleet refused, no host was touched:\n  - "
+                + "\n  - ".join(exc.problems))
     return fleet, with_router_peers(fleet, settings)

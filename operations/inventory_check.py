@@ -18,6 +18,8 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+from operations.run_exit import end_run
+
 #: Host data keys whose values are not shown in a message (pyinfra's ssh_password and the like).
 _SECRET_KEY = re.compile(r"password|secret|token", re.IGNORECASE)
 
@@ -113,5 +115,5 @@ def check(argv: Sequence[str] | None = None) -> None:
                                 f"{', '.join(names) or 'none'}; groups: "
                                 f"{', '.join(sorted(groups)) or 'none'}): nothing would run")
     if problems:
-        raise SystemExit("gpuhost: the inventory is refused, no host was touched:\n  - "
-                         + "\n  - ".join(problems))
+        end_run("gpuhost: the inventory is refused, no host was touched:\n  - "
+                + "\n  - ".join(problems))

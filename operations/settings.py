@@ -24,6 +24,7 @@ from operations import REPO_ROOT
 from operations.lock import LockError, read_lock
 from operations.node_group import check_groups
 from operations.p2p_policy import NO_P2P_FLAGS as P2P_SERVER_FLAGS
+from operations.run_exit import end_run
 from operations.sglang import (
     OWNED_FLAGS,
     FlagError,
@@ -1062,8 +1063,8 @@ def for_run(inventory: Any) -> dict[str, Settings]:
         settings = for_inventory(((h.name, h.data.dict()) for h in hosts),
                                  {h.name: data_sources(h, inventory_file, folder) for h in hosts})
     except SettingsError as exc:
-        raise SystemExit("gpuhost: host data refused, no host was touched:\n  - "
-                         + "\n  - ".join(exc.problems)) from None
+        end_run("gpuhost: host data refused, no host was touched:\n  - "
+                + "\n  - ".join(exc.problems))
     if host.name in settings:
         for note in notes(settings[host.name]):
             logger.warning(f"{host.print_prefix}host data: {note}")
