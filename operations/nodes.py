@@ -157,6 +157,14 @@ def node_role(settings: Settings) -> NodeRole | None:
                       "run (--limit): the nodes of one server are converged together, in one "
                       "run (give --limit every node, or none)")
         return None
+    # a node pyinfra could not connect to (or one failed already) has no facts to read: its
+    # get_fact would end the whole run with pyinfra's own error
+    absent = [n for n in nodes if inventory.get_host(n) not in state.active_hosts]
+    if absent:
+        refuse(STAGE, f"group {', '.join(nodes)}: {', '.join(absent)} is not in this run (not "
+                      "connected, or failed): the nodes of one server are converged together; "
+                      "the group is left as it is")
+        return None
     devices = {n: _fact_of(n, NetworkDevices) for n in nodes}
     try:
         network = shared_network(nodes, devices, settings.node_interface)
