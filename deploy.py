@@ -4,7 +4,8 @@
     pyinfra inventory/lab.py deploy.py --dry    # show, per host, what would change
 
 Every host's data is validated before any host is touched. The hosts of the gpuhost_router
-group also run the router in front of every serving host (operations/fleet.py). Each host is
+group also run the router in front of every serving host (operations/fleet.py); servers that
+restart then roll, out of the router one position at a time (operations/roll.py). Each host is
 deployed by one run at a time (its deploy lock). A stage that must not run on a host is refused
 while planning: --dry shows why; a real run takes that host out before any change; both exit
 non-zero. With gpuhost_rollback=true a host is only rolled back to its last known good; a
@@ -14,7 +15,7 @@ fails saying so; the next run applies host data).
 
 from pyinfra import host, inventory
 
-from operations import deploy_lock, fact_cache, fleet, rollback
+from operations import deploy_lock, fact_cache, fleet, roll, rollback
 from operations.driver_rollback import fail_if_rolled_back
 from operations.mlenv import mlenv
 from operations.nodes import node_role, nodes_env
@@ -23,13 +24,15 @@ from operations.p2p import p2p
 from operations.plan import stop_if_refused
 from operations.preflight import preflight
 from operations.remote import use_run_env
-from operations.router import router
+from operations.router import own_url, router
 from operations.server import sglang_server
 from operations.settings import for_run
 from operations.stack_check import known_behaviour
 
 the_fleet, fleet_settings = fleet.for_run(inventory, for_run(inventory))
 settings = fleet_settings[host.name]
+roll.configure(the_fleet, {r: own_url(fleet_settings[r]) for r in the_fleet.routers},
+               fleet_settings)
 use_run_env()
 fact_cache.install()
 

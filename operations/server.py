@@ -19,7 +19,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files, systemd
 from typing_extensions import override
 
-from operations import REPO_ROOT, group_restart, last_known_good, remote
+from operations import REPO_ROOT, group_restart, last_known_good, remote, roll
 from operations import model as model_ops
 from operations import model_copy
 from operations.node_group import NodeRole
@@ -80,6 +80,11 @@ def systemd_quote(arg: str) -> str:
     if arg and re.fullmatch(r"[A-Za-z0-9_./:=+,@-]+", arg):
         return arg
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _public_url(settings: Settings) -> str | None:
+    """Where the API key gate answers, for the health gate, or None: no gate."""
+    return _url(settings.server_host, settings.server_port) if settings.server_is_public else None
 
 
 def _url(address: str, port: int) -> str:
@@ -699,12 +704,29 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
         started = unit_started(name=f"Start {UNIT}", unit=UNIT)
         # A unit started just now (an earlier stage stopped it) read the files as they are: a
         # restart would only kill that start.
-        restarted = unit_restarted(
-            name=f"Restart {UNIT} (what it reads changed)",
-            unit=UNIT,
-            _if=lambda: was_running and not started.did_change() and (
-                server_state.stale or any(op.did_change() for op in changed)),
-        )
+        def must_restart() -> bool:
+            return was_running and not started.did_change() and (
+                server_state.stale or any(op.did_change() for op in changed))
+
+        if roll.rolls(host.name):
+            # out of the router, restarted, gated and back in, one position at a time
+            rolled = roll.rolled_restart(UNIT, must_restart, was_running and not (
+                started.will_change) and (server_state.stale or any(
+                    op.will_change for op in changed)), gate=lambda **kw: serving(
+                name=f"Wait until {settings.served_model_name} answers", url=backend_url(
+                    settings), model=settings.served_model_name, timeout=settings.health_timeout,
+                public_url=_public_url(settings), api_key_file=settings.api_key_file,
+                units=gated, record=record_command(settings), change=lambda: " and ".join(
+                    label for label, ops in what if any(op.did_change() for op in ops)),
+                **kw), restart=unit_restarted)
+            restarts, ungated = rolled, []
+        else:
+            restarted = unit_restarted(
+                name=f"Restart {UNIT} (what it reads changed)",
+                unit=UNIT,
+                _if=must_restart,
+            )
+            restarts = ungated = [restarted]
     else:
         must_start = (f"{UNIT} is not running ({server_state.active})" if not was_running
                       else "it runs with other inputs than the files now"
@@ -712,6 +734,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
         group_restart.register(role, changed, must_start)
         started, restarted = group_restart.converge(
             role, internode_argv(settings, role, (P2P_ENV_FILE, NODES_ENV_FILE)))
+        restarts = ungated = [restarted]
     what = [("the ML venv or the P2P decision", list(inputs)), ("the unit", units),
             ("the server environment", [env]), ("the model", weights)]
     public_url = None
@@ -725,10 +748,10 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
             name=f"Restart {GATE_UNIT} (its unit or program changed)",
             unit=GATE_UNIT,
             # A restart of the server restarts the gate too (PartOf=).
-            _if=lambda: gate_was_running and not restarted.did_change()
+            _if=lambda: gate_was_running and not any(r.did_change() for r in restarts)
             and (gate_state.stale or any(op.did_change() for op in gate_ops)),
         ))
-        public_url = _url(settings.server_host, settings.server_port)
+        public_url = _public_url(settings)
     if role is None or role.node_rank == 0:
         serving(
             name=f"Wait until {settings.served_model_name} answers",
@@ -744,7 +767,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
             change=lambda: " and ".join(label for label, ops in what
                                         if any(op.did_change() for op in ops)),
             _if=lambda: unverified or any(op.did_change()
-                                          for op in (started, restarted, *gate_changes)),
+                                          for op in (started, *ungated, *gate_changes)),
         )
     else:
         # at a later line than the gate: pyinfra runs it after rank 0's gate (group_restart.py)

@@ -197,6 +197,8 @@ class Settings:
     router_lock: str = "locks/router.txt"
     router_venv_path: str = "/opt/gpuhost/router-venv"
     router_wait_timeout: int = 300
+    roll_size: int = 1
+    roll_drain_timeout: int = 120
 
     @property
     def model_is_local(self) -> bool:
@@ -540,6 +542,8 @@ RULES: Final[Mapping[str, _Rule]] = {
                          "absolute path"),
     "router_venv_path": _text(_PATH, _PATH_ALLOWED),
     "router_wait_timeout": _int_between(10, 86400),
+    "roll_size": _int_between(1, 1024),
+    "roll_drain_timeout": _int_between(1, 86400),
     "bench_input_len": _int_between(1, 1 << 20),
     "bench_output_len": _int_between(1, 1 << 20),
     "bench_prompts": _int_between(1, 1 << 20),

@@ -39,12 +39,14 @@ class Fleet:
     router_key: str = field(repr=False)
 
 
-def write_inventory(path: Path, key_file: str, router_key_file: str) -> str:
+def write_inventory(path: Path, key_file: str, router_key_file: str,
+                    extra: dict | None = None) -> str:
     listed = json.loads(lab.sandbox("status", "--json").stdout)
     entries = []
     for h in listed:
         data = {**lab.inventory_data(h), "gpuhost_server_host": h["switch_address"],
-                "gpuhost_fleet_address": h["switch_address"], "gpuhost_api_key_file": key_file}
+                "gpuhost_fleet_address": h["switch_address"], "gpuhost_api_key_file": key_file,
+                **(extra or {})}
         if h["name"] == "gpu1":
             data.update(gpuhost_router_host=h["switch_address"],
                         gpuhost_router_api_key_file=router_key_file,
@@ -145,3 +147,109 @@ def test_a_second_run_changes_nothing_on_the_router(fleet):
     assert again.returncode == 0, again.output[-6000:]
     assert changed(again) == [], changed(again)
     assert fleet.hosts[0].main_pid(ROUTER) == before
+
+
+ROLL_CLIENT = r"""
+import json, os, sys, time, urllib.request
+url, key, limit = sys.argv[1], sys.argv[2], float(sys.argv[3])
+ok = failed = 0; errors = []; end = time.monotonic() + limit
+while time.monotonic() < end and not os.path.exists("/tmp/roll-client.stop") and ok + failed < 20000:
+    body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": f"r{ok} {time.time()}"}],
+                       "max_tokens": 4}).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", body,
+                                 {"content-type": "application/json", "Authorization": "Bearer " + key})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            json.loads(r.read())["choices"][0]; ok += 1
+    except Exception as exc:
+        failed += 1; errors.append(type(exc).__name__ + ": " + str(getattr(exc, "code", exc)))
+    time.sleep(0.05)
+print(json.dumps({"ok": ok, "failed": failed, "errors": errors[:5]}))
+"""
+
+
+def rolling_deploy(fleet: Fleet, inventory: str) -> tuple[lab.Run, dict]:
+    """A deploy while a client on gpu3 sends requests through the router (lab addresses only,
+    bounded: 20000 requests, 480 s), stopped when the deploy ends; its counts."""
+    client = fleet.hosts[2]
+    url = f"http://{fleet.switch['gpu1']}:{ROUTER_PORT}"
+    client.ssh(f"rm -f /tmp/roll-client.stop /tmp/roll-client.out; cat > /tmp/roll-client.py "
+               f"<<'EOF'\n{ROLL_CLIENT}\nEOF")
+    client.ssh(f"nohup python3 /tmp/roll-client.py {url} {fleet.router_key} 480 "
+               "> /tmp/roll-client.out 2>&1 < /dev/null &")
+    time.sleep(2)
+    run = lab.deploy(inventory=inventory)
+    client.ssh("touch /tmp/roll-client.stop")
+    for _ in range(60):
+        out = client.ssh("cat /tmp/roll-client.out", check=False).strip()
+        if out:
+            return run, json.loads(out.splitlines()[-1])
+        time.sleep(1)
+    raise AssertionError("the client loop did not finish")
+
+
+def backend(h) -> str | None:
+    """The MoE runner backend the running server was started with (its command line)."""
+    args = " ".join(h.process_args(h.main_pid("sglang.service"))).split()
+    return args[args.index("--moe-runner-backend") + 1] if "--moe-runner-backend" in args \
+        else None
+
+
+def server_pids(fleet: Fleet) -> dict[str, int]:
+    return {h.name: h.main_pid("sglang.service") for h in fleet.hosts}
+
+
+def test_a_flag_change_rolls_one_host_at_a_time_without_a_failed_request(fleet, tmp_path):
+    inventory = write_inventory(tmp_path / "inventory.py", KEY_FILE, ROUTER_KEY_FILE, {
+        "gpuhost_moe_runner_backend": "flashinfer_cutedsl", "gpuhost_router_wait_timeout": 30})
+    before = server_pids(fleet)
+    dry = lab.deploy("--dry", inventory=inventory)
+    assert dry.returncode == 0, dry.output[-6000:]
+    order = "1. gpu1; 2. gpu2; 3. gpu3"
+    assert "Roll (planned): servers restart 1 at a time, each out of the router on gpu1" in \
+        dry.output and order in dry.output, dry.output[-6000:]
+    assert server_pids(fleet) == before
+    run, client = rolling_deploy(fleet, inventory)
+    assert run.returncode == 0, run.output[-8000:]
+    assert client["failed"] == 0 and client["ok"] > 20, client
+    assert "Roll: servers restart 1 at a time" in run.output and order in run.output
+    after = server_pids(fleet)
+    assert all(after[n] != before[n] for n in before), (before, after)
+    # one position after the other: each restart after the one before had passed its gate
+    started = [int(h.ssh("date -d \"$(systemctl show -p ExecMainStartTimestamp --value "
+                         "sglang.service)\" +%s")) for h in fleet.hosts]
+    assert started == sorted(started) and len(set(started)) == 3, started
+    assert {h.name: backend(h) for h in fleet.hosts} == dict.fromkeys(before,
+                                                                       "flashinfer_cutedsl")
+    want = {"http://127.0.0.1:30000"} | {f"http://{fleet.switch[n]}:8000" for n in ("gpu2", "gpu3")}
+    assert router_workers(fleet) == dict.fromkeys(want, True)
+    fleet.inventory = inventory
+
+
+def test_a_failed_upgrade_stops_the_roll_and_the_rest_keeps_serving(fleet, tmp_path):
+    # gpu2's stand-in dies at start with the cutlass MoE runner backend (sandbox scenario)
+    fleet.hosts[1].ssh("python3 - <<'EOF'\nimport json\np = '/etc/gpuhost-sandbox/hardware.json'\n"
+                       "d = json.load(open(p))\n"
+                       "d['serving']['backend_modes'] = {'cutlass': 'crash-on-start'}\n"
+                       "json.dump(d, open(p, 'w'))\nEOF")
+    inventory = write_inventory(tmp_path / "inventory.py", KEY_FILE, ROUTER_KEY_FILE, {
+        "gpuhost_moe_runner_backend": "cutlass", "gpuhost_router_wait_timeout": 30})
+    before = server_pids(fleet)
+    run, client = rolling_deploy(fleet, inventory)
+    assert run.returncode != 0, run.output[-8000:]
+    assert client["failed"] == 0 and client["ok"] > 5, client
+    assert "Roll: stopped (gpu2 failed its upgrade): gpu3 not restarted" in run.output, \
+        run.output[-8000:]
+    after = server_pids(fleet)
+    assert after["gpu1"] != before["gpu1"]  # upgraded, back in the router
+    assert after["gpu3"] == before["gpu3"]  # untouched, serving
+    assert backend(fleet.hosts[0]) == "cutlass" and backend(fleet.hosts[2]) == \
+        "flashinfer_cutedsl"
+    # gpu2 failed its health gate: rolled back to its last known good (issue 17), serving its
+    # old flag again, and out of the router until a run upgrades it
+    assert "gpu2" in run.output and "rolled back to the last known good" in run.output, \
+        run.output[-8000:]
+    assert backend(fleet.hosts[1]) == "flashinfer_cutedsl"
+    workers = router_workers(fleet)
+    assert workers == {"http://127.0.0.1:30000": True,
+                       f"http://{fleet.switch['gpu3']}:8000": True}, workers

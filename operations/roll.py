@@ -1,0 +1,213 @@
+"""Rolling restarts behind the router: when a run restarts servers of the fleet, they restart
+N at a time (``gpuhost_roll_size``, 1 by default), each out of the router while it does, and the
+roll stops at the first host that fails, the others untouched and serving.
+
+Per roll position k, in this order (operations at these lines, ``_if`` read when they run):
+
+1. ``turn``: on each host of position k: the roll stopped (a host of an earlier position
+   failed) or a router host is out of the run: this host fails, its server untouched and
+   serving (a restart now could drop requests or leave the fleet short);
+2. ``leave``: on each router host: ``DELETE /workers/{id}`` of each host of position k, then
+   waited for until the router lists it no more: smg drains it (``"status": "draining"``, no
+   new requests) until its in-flight requests are done, bounded by ``gpuhost_roll_drain_timeout``
+   (operations/files/router_membership.py);
+3. ``restart``: the server of each host of position k restarts;
+4. ``gate``: the health gate (operations/server.py ``serving``) on it;
+5. ``join``: on each router host: ``POST /workers`` of each host of position k that passed,
+   waited for until the router lists it healthy.
+
+Why the positions run one after the other: pyinfra plans the deploy file host by host, then
+executes operation by operation, each on every host that has it, and orders operations by a DAG
+of each host's own sequence, tie-broken by the line numbers of their call stack (pyinfra 3.x,
+``api/state.py`` ``State.get_op_order``: ``TopologicalSorter`` over every host's
+``op_hash_order``; ``api/operation.py`` ``solve_operation_consistency``). An operation called
+again at the same lines (a loop) gets the same hash plus ``-0``, ``-0-1``... and the loop count
+appended to its order: on its own, iteration k's first line would sort before iteration
+k-1's last. So every host of the roll plans every position's operations (those not its own are
+skipped by ``_if``): each host's sequence then chains position k before k+1 in the DAG, and
+no host's operation of position k+1 starts before every host finished position k.
+
+Which hosts restart is read when the roll starts (every earlier operation has run on every
+host by then): hosts with nothing to restart are in no position and converge in parallel as
+without a router. While planning (and with ``--dry``) the expected order is printed once every
+host of the roll has planned. A node group (``gpuhost_nodes``) restarts as a group
+(operations/group_restart.py), not in the roll.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from pyinfra import host, logger, state
+from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra.api.operation import OperationMeta
+from pyinfra.operations import files
+
+from operations import REPO_ROOT, remote
+from operations.fleet import Fleet
+from operations.p2p import LIB_DIR
+
+SCRIPT: Final = f"{LIB_DIR}/router_membership.py"
+
+
+@dataclass
+class Roll:
+    """The fleet's roll: the hosts that may roll (in inventory order), the router hosts with
+    their own URL, the workers' URLs, N, the bounds; each host's restart decision."""
+
+    hosts: tuple[str, ...] = ()
+    routers: dict[str, str] = field(default_factory=dict)
+    urls: dict[str, dict[str, str]] = field(default_factory=dict)
+    size: int = 1
+    drain_timeout: int = 120
+    join_timeout: int = 300
+    restarts: dict[str, Callable[[], bool]] = field(default_factory=dict)
+    expected: dict[str, bool] = field(default_factory=dict)
+    positions: list[list[str]] | None = None
+    entered: list[str] = field(default_factory=list)
+
+
+ROLL = Roll()
+
+
+def configure(fleet: Fleet, router_urls: dict[str, str], settings) -> None:
+    """Set the roll up from the fleet (every host's plan calls it: the same fleet keeps what
+    the hosts planned so far). No router, or a router host in a node group: no roll (restarts
+    as without a router)."""
+    global ROLL
+    first = fleet.routers[0] if fleet.routers else None
+    hosts = tuple(w.name for w in fleet.workers_of(first) if not settings[w.name].nodes) \
+        if first else ()
+    if any(r not in hosts for r in fleet.routers):
+        hosts = ()
+    if hosts == ROLL.hosts and router_urls == ROLL.routers:
+        return
+    ROLL = Roll()
+    if not hosts or first is None:
+        return
+    ROLL.hosts = hosts
+    ROLL.routers = dict(router_urls)
+    ROLL.urls = {r: {w.name: w.url for w in fleet.workers_of(r)} for r in fleet.routers}
+    ROLL.size = settings[first].roll_size
+    ROLL.drain_timeout = settings[first].roll_drain_timeout
+    ROLL.join_timeout = settings[first].router_wait_timeout
+
+
+def rolls(name: str) -> bool:
+    """Whether host ``name``'s server restarts in the roll."""
+    return name in ROLL.hosts
+
+
+def _active() -> set[str]:
+    return {h.name for h in state.active_hosts}
+
+
+def _positions() -> list[list[str]]:
+    """The roll's positions, decided once, when the roll starts."""
+    if ROLL.positions is None:
+        active = _active()
+        going = [n for n in ROLL.hosts if n in active and n in ROLL.restarts
+                 and ROLL.restarts[n]()]
+        ROLL.positions = [going[i:i + ROLL.size] for i in range(0, len(going), ROLL.size)]
+        if going:
+            logger.info("Roll: " + describe(ROLL.positions))
+    return ROLL.positions
+
+
+def _at(k: int) -> list[str]:
+    positions = _positions()
+    return positions[k] if k < len(positions) else []
+
+
+def describe(positions: list[list[str]]) -> str:
+    """The roll's order in words, for the log and --dry."""
+    routers = ", ".join(ROLL.routers)
+    steps = "; ".join(f"{k + 1}. {', '.join(names)}" for k, names in enumerate(positions))
+    return (f"servers restart {ROLL.size} at a time, each out of the router on {routers} "
+            f"while it drains, restarts and passes the health gate, then back in: {steps}")
+
+
+@remote.callback("the roll")
+def _turn(state, host, k: int) -> bool:
+    stopped = [n for n in ROLL.entered if n in {h.name for h in state.failed_hosts}]
+    away = [r for r in ROLL.routers if r not in _active()]
+    if stopped or away:
+        why = (f"{', '.join(stopped)} failed its upgrade" if stopped else
+               f"the router host {', '.join(away)} is out of this run")
+        logger.error(f"{host.print_prefix}Roll: stopped ({why}): {host.name} not restarted, "
+                     "its server left as it is, serving")
+        return False
+    ROLL.entered.append(host.name)
+    logger.info(f"{host.print_prefix}Roll: position {k + 1} of {len(_positions())}: leaving "
+                "the router")
+    return True
+
+
+@operation(is_idempotent=False)
+def turn(k: int):
+    """Fail this host, untouched, when the roll stopped before position ``k``."""
+    yield FunctionCommand(_turn, (k,), {})
+
+
+@operation(is_idempotent=False)
+def membership(action: str, router: str, k: int, timeout: int):
+    """``leave`` or ``join`` the router, on a router host, for each host of position ``k``
+    (router_membership.py; ``join`` for those that passed). Read when it runs: while planning
+    the positions are not known yet."""
+    if not state.is_executing:
+        return
+    for url in _urls_at(k):
+        yield StringCommand("python3", SCRIPT, action, "--router", router, "--url", url,
+                            "--timeout", str(timeout))
+
+
+def _urls_at(k: int) -> tuple[str, ...]:
+    failed = {h.name for h in state.failed_hosts}
+    urls = ROLL.urls.get(host.name, {})
+    # a host that failed its turn never left; one that failed its gate stays out
+    return tuple(urls[n] for n in _at(k) if n in urls and n not in failed)
+
+
+def rolled_restart(unit: str, must_restart: Callable[[], bool], expected: bool,
+                   gate: Callable[..., OperationMeta],
+                   restart: Callable[..., OperationMeta]) -> list[OperationMeta]:
+    """Plan this host's part of every position (module docstring); returns its restart
+    operations (one per position, at most one of them runs).
+
+    + unit: the server's unit
+    + must_restart: read when the roll starts: whether this host's server restarts
+    + expected: the same, as planning sees it (for the order printed while planning)
+    + gate: plans the health gate with the ``_if`` given
+    + restart: plans the unit's restart (server.py's ``unit_restarted``: given, not imported,
+      as server.py calls this module)
+    """
+
+    name = host.name
+    ROLL.restarts[name] = must_restart
+    ROLL.expected[name] = expected
+    router = ROLL.routers.get(name)
+    if router:
+        files.put(name="Ship router_membership.py",
+                  src=str(REPO_ROOT / "operations/files/router_membership.py"),
+                  dest=SCRIPT, mode="644", create_remote_dir=False)
+    if set(ROLL.expected) >= set(ROLL.hosts) & _active():
+        going = [n for n in ROLL.hosts if ROLL.expected.get(n)]
+        if going:
+            logger.info("Roll (planned): " + describe(
+                [going[i:i + ROLL.size] for i in range(0, len(going), ROLL.size)]))
+    restarts = []
+    for k in range(len(ROLL.hosts)):
+        mine = lambda k=k: name in _at(k)  # noqa: E731
+        turn(name=f"Roll position {k + 1}: this host's turn", k=k, _if=mine)
+        membership(name=f"Roll position {k + 1}: out of the router, drained",
+                   action="leave", router=router or "", k=k, timeout=ROLL.drain_timeout,
+                   _if=lambda k=k: bool(router and _urls_at(k)))
+        restarts.append(restart(name=f"Roll position {k + 1}: restart {unit}", unit=unit,
+                                _if=mine))
+        gate(_if=mine)
+        membership(name=f"Roll position {k + 1}: back in the router, healthy",
+                   action="join", router=router or "", k=k, timeout=ROLL.join_timeout,
+                   _if=lambda k=k: bool(router and _urls_at(k)))
+    return restarts

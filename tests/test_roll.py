@@ -1,0 +1,145 @@
+"""Rolling restarts (operations/roll.py): who restarts at which position, in what words; the
+router's worker API as router_membership.py uses it, against a fake of smg 1.13.0's answers (as
+the real router gave them: operations/files/router_membership.py's docstring)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from operations import fleet, roll
+from operations.files import router_membership
+from operations.settings import from_host_data
+
+
+def settings(name: str, **data):
+    return from_host_data(name, {f"gpuhost_{k}": v for k, v in data.items()})
+
+
+def gated(address: str, **extra):
+    return settings("h", server_host=address, fleet_address=address, api_key_file="/root/key",
+                    **extra)
+
+
+HOSTS = [("gpu1", ["gpuhost_router"]), ("gpu2", []), ("gpu3", []), ("gpu4", [])]
+
+
+def configured(monkeypatch, restarting: set[str], **first):
+    s = {"gpu1": gated("10.0.0.1", **first), "gpu2": gated("10.0.0.2"),
+         "gpu3": gated("10.0.0.3"), "gpu4": gated("10.0.0.4")}
+    planned = fleet.plan(HOSTS, s)
+    roll.configure(fleet.Fleet((), {}), {}, s)  # a fresh roll
+    roll.configure(planned, {"gpu1": "http://127.0.0.1:30100"}, s)
+    monkeypatch.setattr(roll, "_active", lambda: {"gpu1", "gpu2", "gpu3", "gpu4"})
+    for name in s:
+        roll.ROLL.restarts[name] = lambda name=name: name in restarting
+    return roll.ROLL
+
+
+def test_hosts_with_nothing_to_restart_are_in_no_position(monkeypatch):
+    r = configured(monkeypatch, {"gpu1", "gpu3", "gpu4"})
+    assert r.hosts == ("gpu1", "gpu2", "gpu3", "gpu4")
+    assert roll._positions() == [["gpu1"], ["gpu3"], ["gpu4"]]
+    assert roll._at(1) == ["gpu3"] and roll._at(3) == []
+    assert roll.describe(roll._positions()).endswith("1. gpu1; 2. gpu3; 3. gpu4")
+
+
+def test_roll_size_puts_n_hosts_in_a_position(monkeypatch):
+    configured(monkeypatch, {"gpu2", "gpu3", "gpu4"}, roll_size=2, roll_drain_timeout=30)
+    assert roll._positions() == [["gpu2", "gpu3"], ["gpu4"]]
+    assert roll.ROLL.drain_timeout == 30
+    assert roll.describe(roll._positions()).startswith(
+        "servers restart 2 at a time, each out of the router on gpu1")
+
+
+def test_no_router_no_roll():
+    s = {"gpu1": gated("10.0.0.1"), "gpu2": gated("10.0.0.2")}
+    roll.configure(fleet.plan([("gpu1", []), ("gpu2", [])], s), {}, s)
+    assert not roll.rolls("gpu1") and not roll.rolls("gpu2")
+
+
+def test_roll_keys_are_checked():
+    with pytest.raises(Exception, match="roll_size"):
+        settings("h", roll_size=0)
+
+
+class FakeRouter(BaseHTTPRequestHandler):
+    """smg 1.13.0's worker API as seen: DELETE leaves the worker listed as draining for a
+    while, POST adds it (409 when listed)."""
+
+    workers: dict[str, dict] = {}
+    drain_polls = 2
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802
+        for url, w in list(self.workers.items()):
+            if w["status"] == "draining":
+                w["polls"] -= 1
+                if w["polls"] < 0:
+                    del self.workers[url]
+        self._send(200, {"workers": [{k: v for k, v in w.items() if k != "polls"}
+                                     for w in self.workers.values()]})
+
+    def do_DELETE(self):  # noqa: N802
+        wid = self.path.rsplit("/", 1)[-1]
+        for w in self.workers.values():
+            if w["id"] == wid:
+                w.update(status="draining", is_healthy=False, polls=self.drain_polls)
+                return self._send(202, {"status": "accepted", "worker_id": wid})
+        self._send(400, {"error": f"Invalid worker_id '{wid}'"})
+
+    def do_POST(self):  # noqa: N802
+        url = json.loads(self.rfile.read(int(self.headers["content-length"])))["url"]
+        if url in self.workers:
+            return self._send(409, {"code": "WORKER_ALREADY_EXISTS"})
+        self.workers[url] = {"id": f"id-{len(url)}", "url": url, "is_healthy": True,
+                             "status": "ready"}
+        self._send(202, {"status": "accepted"})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def router_url():
+    FakeRouter.workers = {"http://10.0.0.2:8000": {"id": "w2", "url": "http://10.0.0.2:8000",
+                                                   "is_healthy": True, "status": "ready"}}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeRouter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_leave_waits_until_drained_then_join_waits_until_healthy(router_url, capsys):
+    url = "http://10.0.0.2:8000"
+    assert router_membership.leave(router_url, url, timeout=10, interval=0.01) == 0
+    assert url not in FakeRouter.workers
+    assert "drained and out" in capsys.readouterr().out
+    assert router_membership.join(router_url, url, timeout=10, interval=0.01) == 0
+    assert FakeRouter.workers[url]["is_healthy"]
+    # again: listed already (409), kept
+    assert router_membership.join(router_url, url, timeout=10, interval=0.01) == 0
+
+
+def test_a_drain_past_its_timeout_goes_on(router_url, capsys, monkeypatch):
+    monkeypatch.setattr(FakeRouter, "drain_polls", 10 ** 6)
+    assert router_membership.leave(router_url, "http://10.0.0.2:8000", timeout=0.2,
+                                   interval=0.05) == 0
+    assert "still draining after 0 s: going on" in capsys.readouterr().err
+
+
+def test_a_router_not_running_routes_nothing(capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["x", "leave", "--router", "http://127.0.0.1:9",
+                                     "--url", "http://10.0.0.2:8000", "--timeout", "1"])
+    assert router_membership.main() == 0
+    assert "not running" in capsys.readouterr().out
