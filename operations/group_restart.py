@@ -8,9 +8,9 @@ operation's place is the line numbers of its call stack (``get_operation_order_f
 the same on every node for the same code. So the operations below, called by each node at
 these lines in this order, run in this order across the group:
 
-1. ``nodes present``: each node checks that every node of its group is still in the run (a
-   node refused while planning, or failed in an earlier stage, leaves the others as they
-   are: no restart of part of the group);
+1. ``nodes present``: where the group restarts, each node checks that every node of its group
+   is still in the run (a node refused while planning, or failed in an earlier stage, leaves
+   the others as they are: no restart of part of the group);
 2. ``stop``: every node stops its server when the group restarts;
 3. ``all-reduce across the nodes``: on every node at once, with every server stopped, an NCCL
    all-reduce over every GPU of every node (operations/files/internode_check.py), its
@@ -160,7 +160,9 @@ def converge(role: NodeRole, check: tuple[str, ...]) -> tuple[OperationMeta, ...
     + check: the command line of the all-reduce across the nodes (internode_check.py)
     """
     nodes = role.nodes
-    nodes_present(name=f"Every node of {', '.join(nodes)} in this run", nodes=nodes)
+    # only where the group restarts: a no-op run reports no change on any node
+    nodes_present(name=f"Every node of {', '.join(nodes)} in this run", nodes=nodes,
+                  _if=lambda: restart_reason(nodes) is not None)
 
     def restarting() -> bool:
         reason = restart_reason(nodes)

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.e2e import lab
+from tests.e2e.test_deploy import changed_operations
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -75,10 +76,11 @@ def test_the_pair_converges_and_answers_on_rank_0(pair):
 def test_a_no_op_run_keeps_both_servers(pair):
     (rank0, rank1), _, inventory, _ = pair
     pids = (rank0.main_pid(), rank1.main_pid())
-    run = lab.deploy(inventory=inventory["now"])
+    run = lab.deploy("--json", inventory=inventory["now"])
     assert run.returncode == 0, run.output[-6000:]
     assert (rank0.main_pid(), rank1.main_pid()) == pids
     assert "Nodes: the group restarts (" not in run.output
+    assert changed_operations(run) == []  # not even the group check
 
 
 def test_a_flag_change_restarts_both_ranks_once(pair, tmp_path):
