@@ -776,6 +776,20 @@ def _check_server_exposure(host: str, s: Settings) -> None:
         )
 
 
+def _check_dist_init_port(host: str, s: Settings) -> None:
+    """The rendezvous port on rank 0 is torch.distributed's TCP store there (sglang 0.5.9,
+    ``--dist-init-addr``): it cannot be a port the server or its gate listens on."""
+    if not s.nodes:
+        return
+    taken = {s.server_port: "server_port"}
+    if s.server_is_public:
+        taken[s.server_backend_port] = "server_backend_port"
+    if s.dist_init_port in taken:
+        raise _fail(host, "dist_init_port", s.dist_init_port,
+                    f"a port other than {PREFIX}{taken[s.dist_init_port]} "
+                    f"({s.dist_init_port}): rank 0 listens there for the nodes' rendezvous")
+
+
 def _check_router_exposure(host: str, s: Settings) -> None:
     """The router's bind as the server's: a wider bind needs a key (the API key gate in front,
     operations/router.py), and the gate's port is not the router's own."""
@@ -989,7 +1003,7 @@ def _check_venv_path(host: str, s: Settings) -> None:
 #: The checks of settings against each other: each runs, so that every problem is reported.
 _TOGETHER: Final = (_check_bench, _check_tensor_parallel, _check_flavour, _check_driver,
                     _check_mok, _check_server_exposure, _check_router_exposure,
-                    _check_venv_path, _check_lock,
+                    _check_dist_init_port, _check_venv_path, _check_lock,
                     _check_sweep)
 
 

@@ -324,3 +324,9 @@ def test_a_node_does_not_restart_itself(lock):
     assert "Restart=no" in node.splitlines() and "Restart=on-failure" not in node
     alone = template.render(**unit_context(from_host_data("gpu1", {"gpuhost_lock": lock})))
     assert "Restart=on-failure" in alone.splitlines()
+
+
+def test_the_rendezvous_port_is_not_the_servers(lock):
+    with pytest.raises(SettingsError, match=r"gpuhost_dist_init_port = 8000 is not allowed: a port "
+                                            r"other than gpuhost_server_port \(8000\)"):
+        from_host_data("gpu1", group(lock, gpuhost_dist_init_port=8000))
