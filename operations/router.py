@@ -32,12 +32,12 @@ import shlex
 from io import StringIO
 from typing import Final
 
-from pyinfra import host
-from pyinfra.api import FactBase, StringCommand, operation
+from pyinfra import host, logger
+from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
 from pyinfra.operations import files, systemd
 from typing_extensions import override
 
-from operations import REPO_ROOT
+from operations import REPO_ROOT, remote
 from operations.fleet import Worker
 from operations.lock import read_lock
 from operations.mlenv import LOCK_DIR, locked_packages, venv_that_runs
@@ -133,24 +133,47 @@ class RouterWorkers(FactBase[dict]):
             return {"error": f"cannot read {output[:2]!r}"}
 
 
+@remote.callback("the router's worker check")
+def _workers_listed(state, host, router: str, workers: tuple[tuple[str, str], ...],
+                    timeout: int) -> bool:
+    # a worker whose host failed in this run (a failed roll, a refused host) is not waited for:
+    # it stays out of the router until a run converges it
+    failed = {h.name for h in state.failed_hosts}
+    left = [name for name, _ in workers if name in failed]
+    if left:
+        logger.warning(f"{host.print_prefix}Router: not waiting for {', '.join(left)}, which "
+                       "failed in this run")
+    urls = [url for name, url in workers if name not in failed]
+    if not urls:
+        return True
+    ok, out = remote.shell(host, StringCommand("python3", CHECK_SCRIPT, "--router", router,
+                                               "--timeout", str(timeout), *urls),
+                           timeout=timeout + 60)
+    for line in out.stdout_lines + out.stderr_lines:
+        (logger.info if ok else logger.error)(f"{host.print_prefix}Router: {line}")
+    return ok
+
+
 @operation()
-def workers_registered(router: str, urls: tuple[str, ...], timeout: int, restarted: bool):
-    """The router lists every worker of ``urls`` as healthy, read from its own ``/workers``;
-    waited for (up to ``timeout`` seconds) where the router (re)starts in this run or a look
-    while planning found one missing or unhealthy.
+def workers_registered(router: str, workers: tuple[tuple[str, str], ...], timeout: int,
+                       restarted: bool):
+    """The router lists every worker of ``workers`` (name, URL as its unit names it) as
+    healthy, read from its own ``/workers``; waited for (up to ``timeout`` seconds) where the
+    router (re)starts in this run or a look while planning found one missing or unhealthy.
+    Workers whose host failed earlier in this run are not waited for.
 
     + router: the router's own URL on its host
-    + urls: the workers' URLs, as its unit names them
+    + workers: (host name, URL) of each worker
     + timeout: seconds
     + restarted: the router starts or restarts in this run
     """
+    urls = [url for _, url in workers]
     seen = host.get_fact(RouterWorkers, router=router, urls=urls)
     healthy = not seen.get("error") and not seen.get("missing") and not seen.get("unhealthy")
     if healthy and not restarted:
         host.noop(f"the router lists all {len(urls)} worker(s), healthy")
         return
-    yield StringCommand("python3", CHECK_SCRIPT, "--router", router, "--timeout", str(timeout),
-                        *urls)
+    yield FunctionCommand(_workers_listed, (router, workers, timeout), {})
 
 
 def router(settings: Settings, workers: tuple[Worker, ...]):
@@ -195,7 +218,7 @@ def router(settings: Settings, workers: tuple[Worker, ...]):
                         enabled=True, restarted=restart and running,
                         daemon_reload=changed[2].will_change)
     workers_registered(name=f"The router lists its {len(workers)} worker(s), healthy",
-                       router=own_url(settings), urls=tuple(w.url for w in workers),
+                       router=own_url(settings), workers=tuple((w.name, w.url) for w in workers),
                        timeout=settings.router_wait_timeout, restarted=restart or not running)
 
 

@@ -197,3 +197,28 @@ def test_router_check_describes_what_is_missing():
     assert router_workers.describe(seen) == "not listed: c; unhealthy: b"
     assert router_workers.describe({"listed": {}, "missing": [], "unhealthy": [],
                                     "error": "URLError: refused"}).startswith("no worker list")
+
+
+def test_the_router_check_does_not_wait_for_workers_whose_host_failed(monkeypatch):
+    """A host that failed in this run (a failed roll) stays out of the router: its worker is
+    not waited for, the others are."""
+    from types import SimpleNamespace
+
+    from operations import remote
+
+    ran = []
+
+    def shell(host, command, **kwargs):
+        ran.append(str(command))
+        return True, SimpleNamespace(stdout_lines=["all 1 worker(s) healthy"], stderr_lines=[])
+
+    monkeypatch.setattr(remote, "shell", shell)
+    state = SimpleNamespace(failed_hosts=[SimpleNamespace(name="gpu2")])
+    host = SimpleNamespace(name="gpu1", print_prefix="[gpu1] ")
+    workers = (("gpu1", "http://127.0.0.1:30000"), ("gpu2", "http://10.0.0.2:8000"))
+    assert router._workers_listed(state, host, "http://127.0.0.1:30100", workers, 60)
+    assert len(ran) == 1 and ran[0].endswith("--timeout 60 http://127.0.0.1:30000"), ran
+    ran.clear()
+    state.failed_hosts = [SimpleNamespace(name="gpu1"), SimpleNamespace(name="gpu2")]
+    assert router._workers_listed(state, host, "http://127.0.0.1:30100", workers, 60)
+    assert ran == []
