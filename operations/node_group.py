@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -98,17 +98,19 @@ def _identity(settings: Settings) -> dict[str, Any]:
     return found
 
 
-def check_groups(settings: Mapping[str, Settings]) -> list[str]:
+def check_groups(settings: Mapping[str, Settings], refused: Collection[str] = ()) -> list[str]:
     """Every problem of every group, one line each: a node that is no host of the inventory, a
     node whose own ``gpuhost_nodes`` names another group, and nodes that differ in any of
     IDENTICAL or the server flags (naming the hosts and each value).
 
     + settings: every host's validated settings, by host name
+    + refused: hosts whose own data was refused (their problems are listed already): a group
+      with one of them is not compared, as its settings are not known
     """
     problems: list[str] = []
     seen: set[tuple[str, ...]] = set()
     for name, s in settings.items():
-        if not s.nodes or s.nodes in seen:
+        if not s.nodes or s.nodes in seen or any(n in refused for n in s.nodes):
             continue
         seen.add(s.nodes)
         shown = ", ".join(s.nodes)

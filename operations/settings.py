@@ -1039,7 +1039,7 @@ def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]],
             settings[name] = from_host_data(name, data, (sources or {}).get(name))
         except SettingsError as exc:
             problems += exc.problems
-    problems += check_groups(settings)
+    problems += check_groups(settings, refused=[name for name, _ in pairs if name not in settings])
     if problems:
         raise SettingsError("\n".join(problems), problems=problems)
     return settings

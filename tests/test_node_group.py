@@ -330,3 +330,11 @@ def test_the_rendezvous_port_is_not_the_servers(lock):
     with pytest.raises(SettingsError, match=r"gpuhost_dist_init_port = 8000 is not allowed: a port "
                                             r"other than gpuhost_server_port \(8000\)"):
         from_host_data("gpu1", group(lock, gpuhost_dist_init_port=8000))
+
+
+def test_a_node_whose_own_data_is_refused_is_not_called_missing(lock):
+    """gpu2's own bad value is its problem; the group is not said to lack gpu2."""
+    problems = refused([("gpu1", group(lock)),
+                        ("gpu2", group(lock, gpuhost_mem_fraction_static=2.0))])
+    assert len(problems) == 1 and problems[0].startswith(
+        "host gpu2: gpuhost_mem_fraction_static = 2.0 is not allowed"), problems
