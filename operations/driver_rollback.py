@@ -315,7 +315,8 @@ def fail_if_rolled_back() -> None:
     """At the end of the deploy: fail the current host when this run rolled its driver back
     (:func:`reported`); nothing runs on the others."""
     name = host.name
-    reported(name="The driver upgrade was rolled back", _if=lambda: name in _rolled_back)
+    reported(name="Driver: fail the host if this run rolled its upgrade back",
+             _if=lambda: name in _rolled_back)
 
 
 @operation(is_idempotent=False)
