@@ -81,7 +81,7 @@ def authorized_keys(model_dir: str, public_key: str) -> str:
 
 @deploy("Model copy access")
 def copy_access(settings: Settings):
-    """rsync, and the copy user whose one key may only read ``gpuhost_model_dir`` with rrsync.
+    """rsync, and the copy user (its key: :func:`copy_key`, once the weights are in place).
 
     + settings: the host's validated settings
     """
@@ -93,6 +93,15 @@ def copy_access(settings: Settings):
                 home=COPY_HOME, shell="/bin/sh", system=True, create_home=True)
     files.directory(name=f"{COPY_USER}'s .ssh", path=f"{COPY_HOME}/.ssh", user=COPY_USER,
                     group=COPY_USER, mode="700")
+
+
+def copy_key(settings: Settings):
+    """The copy user's one key, which may only read ``gpuhost_model_dir`` with rrsync. After
+    the weights' download: a run whose download fails (a wrong model) leaves peers' access to
+    the folder as it was.
+
+    + settings: the host's validated settings
+    """
     files.put(name=f"{COPY_USER}'s authorized key (rrsync -ro {settings.model_dir})",
               src=StringIO(authorized_keys(settings.model_dir, copy_public_key())),
               dest=f"{COPY_HOME}/.ssh/authorized_keys", user=COPY_USER, group=COPY_USER,

@@ -646,6 +646,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
             bwlimit_kib=settings.model_copy_bwlimit, mirror=settings.model_mirror,
         ))
         changed += weights
+        model_copy.copy_key(settings)
     kernels = cache_key(settings)
     kernel_folders = fact(KernelCacheFolders)
     kernel_cache(kernels)
