@@ -82,11 +82,12 @@ def router_workers(fleet: Fleet) -> dict[str, bool]:
 
 
 CLIENT = r"""
-import json, sys, time, urllib.request, urllib.error
-url, key, count, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+import json, os, sys, time, urllib.request
+url, key, count, limit, pause = (sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]),
+                                 float(sys.argv[5]))
 ok = failed = 0; errors = []; end = time.monotonic() + limit
 for i in range(count):
-    if time.monotonic() > end:
+    if time.monotonic() > end or os.path.exists("/tmp/client.stop"):
         break
     body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": f"q{i} {time.time()}"}],
                        "max_tokens": 4}).encode()
@@ -97,6 +98,7 @@ for i in range(count):
             json.loads(r.read())["choices"][0]; ok += 1
     except Exception as exc:
         failed += 1; errors.append(type(exc).__name__ + ": " + str(getattr(exc, "code", exc)))
+    time.sleep(pause)
 print(json.dumps({"ok": ok, "failed": failed, "errors": errors[:5]}))
 """
 
@@ -105,9 +107,10 @@ def client_loop(fleet: Fleet, count: int, seconds: float, key: str | None = None
     """Requests from gpu3 to the router over the switch (lab addresses only), bounded in count
     and time."""
     url = f"http://{fleet.switch['gpu1']}:{ROUTER_PORT}"
-    fleet.hosts[2].ssh(f"cat > /tmp/client.py <<'EOF'\n{CLIENT}\nEOF")
+    fleet.hosts[2].ssh(f"rm -f /tmp/client.stop; cat > /tmp/client.py <<'EOF'\n{CLIENT}\nEOF")
     out = fleet.hosts[2].ssh(
-        f"python3 /tmp/client.py {url} {key or fleet.router_key} {count} {seconds}", check=False)
+        f"python3 /tmp/client.py {url} {key or fleet.router_key} {count} {seconds} 0",
+        check=False)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -149,37 +152,18 @@ def test_a_second_run_changes_nothing_on_the_router(fleet):
     assert fleet.hosts[0].main_pid(ROUTER) == before
 
 
-ROLL_CLIENT = r"""
-import json, os, sys, time, urllib.request
-url, key, limit = sys.argv[1], sys.argv[2], float(sys.argv[3])
-ok = failed = 0; errors = []; end = time.monotonic() + limit
-while time.monotonic() < end and not os.path.exists("/tmp/roll-client.stop") and ok + failed < 20000:
-    body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": f"r{ok} {time.time()}"}],
-                       "max_tokens": 4}).encode()
-    req = urllib.request.Request(url + "/v1/chat/completions", body,
-                                 {"content-type": "application/json", "Authorization": "Bearer " + key})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            json.loads(r.read())["choices"][0]; ok += 1
-    except Exception as exc:
-        failed += 1; errors.append(type(exc).__name__ + ": " + str(getattr(exc, "code", exc)))
-    time.sleep(0.05)
-print(json.dumps({"ok": ok, "failed": failed, "errors": errors[:5]}))
-"""
-
-
 def rolling_deploy(fleet: Fleet, inventory: str) -> tuple[lab.Run, dict]:
     """A deploy while a client on gpu3 sends requests through the router (lab addresses only,
     bounded: 20000 requests, 480 s), stopped when the deploy ends; its counts."""
     client = fleet.hosts[2]
     url = f"http://{fleet.switch['gpu1']}:{ROUTER_PORT}"
-    client.ssh(f"rm -f /tmp/roll-client.stop /tmp/roll-client.out; cat > /tmp/roll-client.py "
-               f"<<'EOF'\n{ROLL_CLIENT}\nEOF")
-    client.ssh(f"nohup python3 /tmp/roll-client.py {url} {fleet.router_key} 480 "
+    client.ssh(f"rm -f /tmp/client.stop /tmp/roll-client.out; cat > /tmp/client.py "
+               f"<<'EOF'\n{CLIENT}\nEOF")
+    client.ssh(f"nohup python3 /tmp/client.py {url} {fleet.router_key} 20000 480 0.05 "
                "> /tmp/roll-client.out 2>&1 < /dev/null &")
     time.sleep(2)
     run = lab.deploy(inventory=inventory)
-    client.ssh("touch /tmp/roll-client.stop")
+    client.ssh("touch /tmp/client.stop")
     for _ in range(60):
         out = client.ssh("cat /tmp/roll-client.out", check=False).strip()
         if out:
