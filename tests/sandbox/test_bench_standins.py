@@ -30,8 +30,9 @@ def smi(tmp_path):
     (tmp_path / "hardware.json").write_text(scenarios.hardware_json("single-gpu"))
     (tmp_path / "loaded-version").write_text("580.159.04\n")
 
-    def run(*args, active=0, timeout=None):
-        (tmp_path / "load.json").write_text(json.dumps({"active": active, "time": time.time()}))
+    def run(*args, active=0, timeout=None, load=None):
+        load = load or {"active": active, "time": time.time()}
+        (tmp_path / "load.json").write_text(json.dumps(load))
         env = dict(os.environ, GPUHOST_SANDBOX_HARDWARE=str(tmp_path / "hardware.json"),
                    GPUHOST_SANDBOX_LOADED=str(tmp_path / "loaded-version"),
                    GPUHOST_SANDBOX_LOAD=str(tmp_path / "load.json"))
@@ -57,6 +58,18 @@ def test_query_idle_and_under_load(smi):
     default = scenarios.SERVING_DEFAULT["load"]["64"]
     assert busy.reasons == frozenset() and busy.util_gpu_pct == default["utilization_gpu_pct"]
     assert 100 * busy.power_w / busy.power_limit_w == pytest.approx(default["power_pct"])
+
+
+@pytest.mark.parametrize("ended_s_ago, util", [(0.2, 100), (5.0, 0)])
+def test_generations_that_ended_within_the_sample_period_still_count(smi, ended_s_ago, util):
+    """NVML's utilisation covers the past sample period (up to 1 s): a sample taken between two
+    requests of a level is busy, one taken seconds after the last is idle."""
+    ended = time.time() - ended_s_ago
+    (sample,) = telemetry.parse_query(smi(
+        f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits",
+        load={"active": 0, "time": ended, "busy": 64, "busy_time": ended}))
+    busy = scenarios.SERVING_DEFAULT["load"]["64"]["utilization_gpu_pct"]
+    assert sample.util_gpu_pct == (busy if util else 0)
 
 
 def test_query_loop(smi):

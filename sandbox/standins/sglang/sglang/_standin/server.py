@@ -84,18 +84,24 @@ def rate_at(table, n):
 
 
 class Load:
-    """Generations running now, written for the nvidia-smi stand-in at each change."""
+    """Generations running now, written for the nvidia-smi stand-in at each change, with the
+    count and time of the last moment any ran (``busy``, ``busy_time``): a utilisation sample
+    covers a past period, not an instant (nvidia-smi's stand-in reads both)."""
 
     def __init__(self):
-        self.active, self.lock = 0, threading.Lock()
+        self.active, self.busy, self.lock = 0, 0, threading.Lock()
 
     def change(self, delta):
         with self.lock:
+            if self.active > 0:
+                self.busy = self.active
             self.active += delta
+            now = time.time()
             try:
                 os.makedirs(os.path.dirname(LOAD_FILE), exist_ok=True)
                 with open(LOAD_FILE + ".tmp", "w") as fh:
-                    json.dump({"active": self.active, "time": time.time()}, fh)
+                    json.dump({"active": self.active, "time": now, "busy": self.busy,
+                               "busy_time": now}, fh)
                 os.replace(LOAD_FILE + ".tmp", LOAD_FILE)
             except OSError:
                 pass
