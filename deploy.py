@@ -13,9 +13,9 @@ rollback an earlier run did not finish is finished, and nothing else done on tha
 fails saying so; the next run applies host data).
 """
 
-from pyinfra import host, inventory
+from pyinfra import host, inventory, state
 
-from operations import deploy_lock, fact_cache, fleet, roll, rollback
+from operations import deploy_lock, fact_cache, fleet, link, roll, rollback
 from operations.driver_rollback import fail_if_rolled_back
 from operations.mlenv import mlenv
 from operations.nodes import node_role, nodes_env
@@ -34,6 +34,7 @@ settings = fleet_settings[host.name]
 roll.configure(the_fleet, {r: own_url(fleet_settings[r]) for r in the_fleet.routers},
                fleet_settings)
 use_run_env()
+link.watch(state, host)
 fact_cache.install()
 
 if deploy_lock.held(settings):

@@ -1,0 +1,92 @@
+"""The SSH link to each host: one that stops answering fails its host within a bounded time.
+
+pyinfra's SSH connector bounds only the connect (``CONNECT_TIMEOUT``, paramiko's ``timeout``;
+pyinfra 3.10 ``connectors/ssh.py``, ``make_paramiko_kwargs``). A command waits for its output
+without a deadline unless given ``_timeout``, and an upload (``_put_file``: paramiko's
+``SFTPClient.putfo``) has none at all, so a host whose link drops mid-run holds every other
+host at that operation (pyinfra runs each operation on every host before the next) until the
+kernel gives up retransmitting: up to about 20 minutes (tcp(7), TCP_USER_TIMEOUT), and never
+for a connection with nothing in flight.
+
+So each host's SSH socket gets TCP keepalive and ``TCP_USER_TIMEOUT`` (tcp(7): data, keepalive
+probes included, unacknowledged that long closes the connection with ETIMEDOUT). paramiko's
+transport then ends, its channels close, and the operation waiting on them fails (a command
+with no exit status, an upload with SSHException "Server connection dropped"), which pyinfra
+counts as the host's failure. :class:`LinkWatch` says so in gpuhost's words and closes the
+connection for good (operations/remote.py ``close``). A host that only works hard keeps its
+link: its kernel acknowledges segments and keepalive probes whatever its load.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Final
+
+from pyinfra import logger
+from pyinfra.api.state import BaseStateCallback
+
+from operations import remote
+
+#: Seconds a host's link may leave data (or a keepalive probe) unacknowledged before its
+#: connection is closed: OpenSSH's usual dead-peer bound (ServerAliveInterval 15 x
+#: ServerAliveCountMax 4, ssh_config(5)), long enough for a switch's spanning-tree reconvergence.
+LINK_TIMEOUT_S: Final = 60
+#: Seconds of silence before the first keepalive probe, and between probes (tcp(7):
+#: TCP_KEEPIDLE, TCP_KEEPINTVL): an idle connection to a dead host is noticed within
+#: LINK_TIMEOUT_S too.
+KEEPALIVE_IDLE_S: Final = 10
+KEEPALIVE_INTERVAL_S: Final = 5
+
+
+def _socket(host) -> socket.socket | None:
+    client = getattr(host.connector, "client", None)
+    transport = client.get_transport() if client is not None else None
+    sock = getattr(transport, "sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def bound(host) -> bool:
+    """Bound ``host``'s SSH link (a no-op for connectors without one: @local, @docker);
+    returns whether a socket was bound."""
+    sock = _socket(host)
+    if sock is None:
+        return False
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT,
+                    LINK_TIMEOUT_S // KEEPALIVE_INTERVAL_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, LINK_TIMEOUT_S * 1000)
+    return True
+
+
+def lost(host) -> bool:
+    """Whether ``host`` had an SSH link that is gone (paramiko's transport no longer active)."""
+    client = getattr(host.connector, "client", None)
+    transport = client.get_transport() if client is not None else None
+    return client is not None and (transport is None or not transport.is_active())
+
+
+class LinkWatch(BaseStateCallback):
+    """Binds every (re)connected host's link; says when a host failed because its link went."""
+
+    @staticmethod
+    def host_connect(state, host):
+        bound(host)
+
+    @staticmethod
+    def operation_host_error(state, host, op_hash, retry_num=0, max_retries=0):
+        if not lost(host):
+            return
+        names = ", ".join(state.get_op_meta(op_hash).names) or "an operation"
+        host.log_styled(f"connection to {host.name} lost during {names!r}: its link left "
+                        f"data unanswered for {LINK_TIMEOUT_S} s, so the host is out of this "
+                        "run (run again once it answers)", fg="red", log_func=logger.error)
+        remote.close(host)
+
+
+def watch(state, host) -> None:
+    """Bound this host's link now and every host's later connections (once per run)."""
+    bound(host)
+    if not any(isinstance(h, LinkWatch) for h in state.callback_handlers):
+        state.add_callback_handler(LinkWatch())

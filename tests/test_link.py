@@ -1,0 +1,100 @@
+"""The SSH link to each host (operations/link.py): bounded by TCP keepalive and TCP_USER_TIMEOUT;
+a host that failed because its link went is said so, once, and its connection closed."""
+
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import pytest
+
+from operations import link
+
+
+class Transport:
+    def __init__(self, sock, active=True):
+        self.sock = sock
+        self.active = active
+
+    def is_active(self):
+        return self.active
+
+
+class Client:
+    def __init__(self, transport):
+        self.transport = transport
+        self.closed = False
+
+    def get_transport(self):
+        return self.transport
+
+    def close(self):
+        self.closed = True
+
+
+class FakeHost:
+    name = "gpu2"
+
+    def __init__(self, client):
+        self.connector = SimpleNamespace(client=client, disconnect=lambda: None)
+        self.connected = True
+        self.said: list[str] = []
+
+    def log_styled(self, message, fg=None, log_func=None):
+        self.said.append(message)
+
+
+@pytest.fixture
+def tcp():
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    yield client
+    client.close()
+    server.close()
+
+
+def test_a_hosts_ssh_socket_gets_keepalive_and_a_user_timeout(tcp):
+    assert link.bound(FakeHost(Client(Transport(tcp))))
+    assert tcp.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+    assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 60_000
+    assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 10
+    assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 5
+    # the probes alone would outlast the bound: TCP_USER_TIMEOUT decides (tcp(7))
+    assert 10 + 5 * tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) >= 60
+
+
+def test_a_connector_without_an_ssh_socket_is_left_alone():
+    assert not link.bound(SimpleNamespace(connector=SimpleNamespace()))
+    assert not link.bound(FakeHost(None))
+
+
+def _state(*handlers):
+    return SimpleNamespace(callback_handlers=list(handlers),
+                           add_callback_handler=lambda h: None,
+                           get_op_meta=lambda op_hash: SimpleNamespace(
+                               names={"Unit sglang.service"}))
+
+
+def test_a_host_whose_link_went_is_said_lost_and_closed(tcp):
+    client = Client(Transport(tcp, active=False))
+    host = FakeHost(client)
+    link.LinkWatch.operation_host_error(_state(), host, "op")
+    assert host.said == ["connection to gpu2 lost during 'Unit sglang.service': its link left "
+                         "data unanswered for 60 s, so the host is out of this run (run again "
+                         "once it answers)"]
+    assert client.closed and host.connected is False
+
+
+def test_a_failure_on_a_live_link_is_not_called_a_lost_link(tcp):
+    host = FakeHost(Client(Transport(tcp)))
+    link.LinkWatch.operation_host_error(_state(), host, "op")
+    assert host.said == [] and host.connected
+
+
+def test_the_watch_is_installed_once_per_run(tcp):
+    added = []
+    state = SimpleNamespace(callback_handlers=[], add_callback_handler=added.append)
+    link.watch(state, FakeHost(Client(Transport(tcp))))
+    state.callback_handlers = added
+    link.watch(state, FakeHost(Client(Transport(tcp))))
+    assert len(added) == 1 and isinstance(added[0], link.LinkWatch)
