@@ -20,8 +20,9 @@ these lines in this order, run in this order across the group:
 5. ``start ranks 1..N-1``: the others start, after rank 0 on every host;
 6. the health gate, on rank 0 (only rank 0 serves the model; a rank >= 1 answers sglang's
    dummy /health only);
-7. ``follow rank 0``: a rank >= 1 whose rank 0 failed the gate stops its server and shows its
-   journal, so the group is down on every node, visibly.
+7. ``follow rank 0``: a rank >= 1 whose rank 0 failed the gate, or whose own server died,
+   stops its server and shows the last 50 lines of its own journal, so the group is down on
+   every node, visibly, with each rank's own words.
 
 The group restarts when anything a server reads changed on any node (every node registers its
 changing operations while planning; their results are read when step 2 runs, after all of them
@@ -133,22 +134,41 @@ def internode_checked(argv: tuple[str, ...]):
     yield FunctionCommand(_internode, (list(argv),), {})
 
 
+#: Lines of a rank's own journal shown when the group goes down (its last ones).
+JOURNAL_LINES: Final = 50
+
+
+def down_message(rank: int, rank0: str, rank0_failed: bool, active: str) -> str:
+    """What a rank >= 1 says when the group is down: whether its own server died (``active``:
+    ``systemctl is-active``'s word) and whether rank 0 failed its health gate."""
+    if active == "active":
+        return (f"rank 0 ({rank0}) failed its health gate: {UNIT} (node rank {rank}) stopped "
+                "here too")
+    gate = f"; rank 0 ({rank0}) failed its health gate" if rank0_failed else ""
+    return (f"{UNIT} (node rank {rank}) died here (it is {active}){gate}: the group is down, "
+            "every rank stopped")
+
+
 @remote.callback("the group's health gate")
-def _follow_rank0(state, host, rank0: str, journal_lines: int) -> bool:
-    if rank0 not in {h.name for h in state.failed_hosts}:
+def _follow_rank0(state, host, rank0: str, rank: int, journal_lines: int) -> bool:
+    rank0_failed = rank0 in {h.name for h in state.failed_hosts}
+    _, seen = remote.shell(host, f"systemctl is-active {UNIT} || true")
+    active = (seen.stdout_lines or ["unknown"])[0].strip()
+    if not rank0_failed and active == "active":
         return True
     ok, out = remote.shell(host, f"systemctl stop {UNIT}; journalctl -u {UNIT} -n "
                                  f"{journal_lines} --no-pager -o cat")
     lines = "".join(f"\n    {line}" for line in out.stdout_lines) if ok else ""
-    logger.error(f"{host.print_prefix}Nodes: rank 0 ({rank0}) failed its health gate: {UNIT} "
-                 f"stopped here too. The last lines of its journal:{lines}")
+    logger.error(f"{host.print_prefix}Nodes: {down_message(rank, rank0, rank0_failed, active)}. "
+                 f"The last {journal_lines} lines of its journal on {host.name}:{lines}")
     return False
 
 
 @operation(is_idempotent=False)
-def follows_rank0(rank0: str, journal_lines: int = 15):
-    """Stop this rank's server and fail, showing its journal, when rank 0 failed the gate."""
-    yield FunctionCommand(_follow_rank0, (rank0, journal_lines), {})
+def follows_rank0(rank0: str, rank: int, journal_lines: int = JOURNAL_LINES):
+    """Stop this rank's server and fail, showing its own journal, when rank 0 failed the gate
+    or this rank's server died."""
+    yield FunctionCommand(_follow_rank0, (rank0, rank, journal_lines), {})
 
 
 def converge(role: NodeRole, check: tuple[str, ...]) -> tuple[OperationMeta, ...]:
@@ -191,4 +211,4 @@ def converge(role: NodeRole, check: tuple[str, ...]) -> tuple[OperationMeta, ...
 def follow(role: NodeRole, started: tuple[OperationMeta, ...]) -> None:
     """Step 7 on a rank >= 1, after rank 0's health gate."""
     follows_rank0(name=f"Follow rank 0's health gate ({role.rank0})", rank0=role.rank0,
-                  _if=lambda: any(op.did_change() for op in started))
+                  rank=role.node_rank, _if=lambda: any(op.did_change() for op in started))
