@@ -48,7 +48,7 @@ if deploy_lock.held(settings):
         venv_changes = mlenv(settings)
         p2p_changes = p2p(settings)
         role = node_role(settings)
-        sglang_server(settings, inputs=[*venv_changes, *p2p_changes, *nodes_env(role)],
+        sglang_server(settings, inputs=[*venv_changes, *p2p_changes, *nodes_env(role, settings)],
                       role=role, peers=fleet_settings)
         if host.name in the_fleet.routers:
             router(settings, the_fleet.workers_of(host.name))

@@ -194,11 +194,16 @@ def node_role(settings: Settings) -> NodeRole | None:
     return role
 
 
-def nodes_env(role: NodeRole | None) -> list[OperationMeta]:
-    """Write /etc/gpuhost/nodes.env for a node (the unit reads it after p2p.env); returns the
-    operations whose change means the server must restart."""
+def nodes_env(role: NodeRole | None, settings: Settings) -> list[OperationMeta]:
+    """Write /etc/gpuhost/nodes.env for a node (the unit reads it after p2p.env); on a host
+    that is no node (any more: it left its group), remove it and internode_check.py, so that
+    nothing of a rank is left on a server of its own. Returns the operations whose change
+    means the server must restart."""
     if role is None:
-        return []
+        if settings.nodes:  # a node of a group refused while planning: left as it is
+            return []
+        return [files.file(name=f"Remove {path} (no node of a group)", path=path, present=False)
+                for path in (NODES_ENV_FILE, INTERNODE_CHECK)]
     files.put(name="Ship internode_check.py", src=str(REPO_ROOT / "operations/files/"
                                                        "internode_check.py"),
               dest=INTERNODE_CHECK, mode="644")
