@@ -100,8 +100,9 @@ def _identity(settings: Settings) -> dict[str, Any]:
 
 def check_groups(settings: Mapping[str, Settings], refused: Collection[str] = ()) -> list[str]:
     """Every problem of every group, one line each: a node that is no host of the inventory, a
-    node whose own ``gpuhost_nodes`` names another group, and nodes that differ in any of
-    IDENTICAL or the server flags (naming the hosts and each value).
+    node whose own ``gpuhost_nodes`` names another group, a node asked to roll back alone
+    (``gpuhost_rollback``), and nodes that differ in any of IDENTICAL or the server flags
+    (naming the hosts and each value).
 
     + settings: every host's validated settings, by host name
     + refused: hosts whose own data was refused (their problems are listed already): a group
@@ -127,6 +128,13 @@ def check_groups(settings: Mapping[str, Settings], refused: Collection[str] = ()
                     f"host {n} has {PREFIX}nodes = {list(settings[n].nodes)}" for n in other)
                 + f": every node of a group needs the group's own list ({list(s.nodes)})")
             continue
+        rolling_back = [n for n in s.nodes if settings[n].rollback]
+        if rolling_back:
+            problems.append(
+                f"group {shown}: {PREFIX}rollback = True on {', '.join(rolling_back)}: allowed "
+                "on a node of a server across hosts: False only (a node has no last known good "
+                "of its own: its ranks restart together, never one alone); roll the group "
+                "back by deploying every node with the lock and host data it last served with")
         identities = {n: _identity(settings[n]) for n in s.nodes}
         for key in identities[s.nodes[0]]:
             values = {n: identities[n][key] for n in s.nodes}

@@ -14,9 +14,9 @@ from pyinfra.api import FunctionCommand, deploy, operation
 from operations import remote
 from operations.host import FileText
 from operations.last_known_good import MARKER, RECORD, SCRIPT
-from operations.plan import fact
+from operations.plan import fact, refuse
 from operations.server import GATE_UNIT, UNIT, health_gate, mark_verified, settings_gate_argv
-from operations.settings import Settings
+from operations.settings import PREFIX, Settings
 
 
 def unfinished() -> dict | None:
@@ -88,6 +88,17 @@ def rollback(settings: Settings, interrupted: dict | None):
     + settings: the host's validated settings
     + interrupted: the unfinished rollback's record, or None
     """
+    if settings.nodes:
+        # gpuhost_rollback on a node is refused with the host data (node_group.check_groups);
+        # a rollback begun while this host served alone must not restart one rank alone
+        began = (interrupted or {}).get("started_at", "?")
+        refuse("Rollback", f"a rollback began at {began} ({(interrupted or {}).get('why', '?')}) "
+                           f"and did not finish, and {host.name} is now a node of "
+                           f"{', '.join(settings.nodes)}: a rank is never restarted alone; "
+                           f"finish the rollback with {host.name} out of the group (leave it "
+                           f"out of {PREFIX}nodes and run with --limit {host.name}), then put "
+                           "it back")
+        return
     if interrupted:
         logger.warning(f"{host.print_prefix}Rollback: a rollback began at "
                        f"{interrupted.get('started_at', '?')} ({interrupted.get('why', '?')}) "

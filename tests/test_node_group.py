@@ -338,3 +338,12 @@ def test_a_node_whose_own_data_is_refused_is_not_called_missing(lock):
                         ("gpu2", group(lock, gpuhost_mem_fraction_static=2.0))])
     assert len(problems) == 1 and problems[0].startswith(
         "host gpu2: gpuhost_mem_fraction_static = 2.0 is not allowed"), problems
+
+
+def test_a_node_asked_to_roll_back_alone_is_refused_before_any_host_is_touched(lock):
+    problems = refused([("gpu1", group(lock)), ("gpu2", group(lock, gpuhost_rollback=True))])
+    assert problems == [
+        "group gpu1, gpu2: gpuhost_rollback = True on gpu2: allowed on a node of a server "
+        "across hosts: False only (a node has no last known good of its own: its ranks restart "
+        "together, never one alone); roll the group back by deploying every node with the lock "
+        "and host data it last served with"]
