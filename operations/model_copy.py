@@ -199,7 +199,12 @@ def rsync(argv: list[str], prefix: str, what: str) -> tuple[bool, str]:
             last = time.monotonic()
             logger.info(f"{prefix}{what}: {latest}, {last - began:.0f} s")
     err = proc.stderr.read().decode(errors="replace").strip().splitlines()
-    return proc.wait() == 0, (err[-1] if err else "")
+    # rsync's last line is its generic exit ("rsync error: ... (code 255)"); the cause (ssh's
+    # refusal of the key, a file not there) is the first line before it that is not rsync's
+    # own "connection unexpectedly closed"
+    cause = next((line for line in err[:-1] if not line.startswith(
+        ("rsync error:", "rsync: connection unexpectedly closed"))), None)
+    return proc.wait() == 0, (f"{cause} ({err[-1]})" if cause else err[-1] if err else "")
 
 
 def _peer_stamp(peer: Peer, repo: str, prefix: str) -> dict | None:
@@ -209,7 +214,7 @@ def _peer_stamp(peer: Peer, repo: str, prefix: str) -> dict | None:
                         prefix, "stamp")
         if not ok:
             logger.info(f"{prefix}model copy: {peer.name} has no complete copy of {repo} "
-                        f"({err or 'rsync failed'})")
+                        f"that the copy key can read ({err or 'rsync failed'})")
             return None
         try:
             stamp = json.loads(Path(f"{tmp}/stamp").read_text())

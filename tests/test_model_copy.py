@@ -245,3 +245,18 @@ def test_the_relay_leaves_the_copy_to_a_mirror_that_holds_the_revision(monkeypat
     assert model_copy.relay(None, _Host(), [peer], "org/m", "main", "/d", None,
                             mirror="/mnt/empty")
     assert asked == [peer]  # no copy there: the peers are tried
+
+
+def test_a_failed_rsync_names_its_cause_not_only_its_exit(tmp_path):
+    """rsync 3.2.7 ends a failed transfer with its generic 'rsync error: ... (code N)' line;
+    the cause (ssh's refusal of the copy key, a missing file) is on a line before it."""
+    script = tmp_path / "fake-rsync"
+    script.write_text("#!/bin/sh\necho 'gpuhost-models@10.0.0.1: Permission denied (publickey).'"
+                      " >&2\necho 'rsync: connection unexpectedly closed (0 bytes received so "
+                      "far) [Receiver]' >&2\necho 'rsync error: unexplained error (code 255) at "
+                      "io.c(232) [Receiver=3.2.7]' >&2\nexit 255\n")
+    script.chmod(0o755)
+    ok, err = model_copy.rsync([str(script)], "[gpu2] ", "stamp")
+    assert not ok
+    assert err == ("gpuhost-models@10.0.0.1: Permission denied (publickey). (rsync error: "
+                   "unexplained error (code 255) at io.c(232) [Receiver=3.2.7])")
