@@ -101,7 +101,9 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
       the first whose stamp says so is copied from, through the controller, before the Hub
     + bwlimit_kib: rsync's --bwlimit for that copy (KiB/s), None for no limit
     + mirror: a folder on the host holding ``<repo>/`` copies (``gpuhost_model_mirror``),
-      copied from before the peers and the Hub where its copy is of the same commit
+      copied from before the peers and the Hub where its copy is of the same commit; where its
+      stamp names no copy of ``revision`` (a missing, empty or other mirror), the peers are
+      tried as without it
 
     The download runs operations/files/model_fetch.py on the host: model metadata, the disk
     preflight (exit 2: not enough space), snapshot_download, then every file's size checked
@@ -118,11 +120,14 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
         args += ["--token-file", token_file]
     if architecture:
         args += ["--architecture", architecture]
+    if peers:
+        # before the fetch: a mirror that holds the revision is left to it (model_fetch.py
+        # copies from it first), one that does not leaves the copy to the peers
+        yield FunctionCommand(model_copy.relay, (peers, repo, revision, dest, bwlimit_kib),
+                              {"mirror": mirror})
+        args += ["--copied-from", "peer " + " or ".join(p.name for p in peers)]
     if mirror:
         args += ["--mirror", mirror]
-    elif peers:
-        yield FunctionCommand(model_copy.relay, (peers, repo, revision, dest, bwlimit_kib), {})
-        args += ["--copied-from", "peer " + " or ".join(p.name for p in peers)]
     yield StringCommand(*(shlex.quote(a) for a in (python, f"{LIB_DIR}/model_fetch.py", *args)))
     yield FunctionCommand(say_source, (dest,), {})
 

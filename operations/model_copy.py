@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from pyinfra import host, logger
-from pyinfra.api import deploy
+from pyinfra.api import StringCommand, deploy
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, server
 
+from operations import remote
 from operations.settings import Settings
 
 #: The peer-side user the copy key logs in as (no password, no login shell of its own).
@@ -198,7 +199,12 @@ def rsync(argv: list[str], prefix: str, what: str) -> tuple[bool, str]:
             last = time.monotonic()
             logger.info(f"{prefix}{what}: {latest}, {last - began:.0f} s")
     err = proc.stderr.read().decode(errors="replace").strip().splitlines()
-    return proc.wait() == 0, (err[-1] if err else "")
+    # rsync's last line is its generic exit ("rsync error: ... (code 255)"); the cause (ssh's
+    # refusal of the key, a file not there) is the first line before it that is not rsync's
+    # own "connection unexpectedly closed"
+    cause = next((line for line in err[:-1] if not line.startswith(
+        ("rsync error:", "rsync: connection unexpectedly closed"))), None)
+    return proc.wait() == 0, (f"{cause} ({err[-1]})" if cause else err[-1] if err else "")
 
 
 def _peer_stamp(peer: Peer, repo: str, prefix: str) -> dict | None:
@@ -208,7 +214,7 @@ def _peer_stamp(peer: Peer, repo: str, prefix: str) -> dict | None:
                         prefix, "stamp")
         if not ok:
             logger.info(f"{prefix}model copy: {peer.name} has no complete copy of {repo} "
-                        f"({err or 'rsync failed'})")
+                        f"that the copy key can read ({err or 'rsync failed'})")
             return None
         try:
             stamp = json.loads(Path(f"{tmp}/stamp").read_text())
@@ -217,12 +223,30 @@ def _peer_stamp(peer: Peer, repo: str, prefix: str) -> dict | None:
     return stamp if isinstance(stamp, dict) else None
 
 
+def _mirror_holds(host, mirror: str, repo: str, revision: str) -> bool:
+    """Whether the mirror folder on ``host`` has a stamp of ``repo`` at ``revision`` (its branch
+    or commit), as a peer's stamp is read: model_fetch.py then copies from it."""
+    ok, out = remote.shell(host, StringCommand("cat", shlex.quote(f"{mirror}/{repo}/{STAMP}")))
+    try:
+        stamp = json.loads("\n".join(out.stdout_lines)) if ok else None
+    except ValueError:
+        stamp = None
+    return isinstance(stamp, dict) and stamp.get("repo") == repo and revision in (
+        stamp.get("revision"), stamp.get("sha"))
+
+
 def relay(state, host, peer_list: list[Peer], repo: str, revision: str, dest: str,
-          bwlimit_kib: int | None) -> bool:
+          bwlimit_kib: int | None, mirror: str | None = None) -> bool:
     """Copy ``repo`` from the first peer whose stamp says it holds ``revision`` complete into
-    ``dest`` on ``host``, through the controller. Always True: a peer that fails or holds no
-    copy is said, and model_fetch.py, run next, downloads from the Hub what is not there."""
+    ``dest`` on ``host``, through the controller, unless ``mirror`` (gpuhost_model_mirror, on
+    the host) holds it. Always True: a peer that fails or holds no copy is said, and
+    model_fetch.py, run next, copies from the mirror or downloads from the Hub what is not
+    there."""
     prefix = host.print_prefix
+    if mirror and _mirror_holds(host, mirror, repo, revision):
+        logger.info(f"{prefix}model copy: the mirror {mirror} holds {repo}@{revision}: copied "
+                    "from there, not from a peer")
+        return True
     if not shutil.which("rsync"):
         logger.warning(f"{prefix}model copy: rsync is not installed on the controller: the "
                        "weights come from the Hub (apt install rsync to copy them from peers)")

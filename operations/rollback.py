@@ -7,16 +7,23 @@ from __future__ import annotations
 
 import json
 import shlex
+from typing import Final
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, deploy, operation
+from pyinfra.operations import files
 
-from operations import remote
+from operations import REPO_ROOT, remote
 from operations.host import FileText
 from operations.last_known_good import MARKER, RECORD, SCRIPT
+from operations.p2p import LIB_DIR
 from operations.plan import fact, refuse
 from operations.server import GATE_UNIT, UNIT, health_gate, mark_verified, settings_gate_argv
 from operations.settings import PREFIX, Settings
+
+
+#: The shipped scripts a rollback runs: the restore, the health gate and what it imports.
+ROLLBACK_SCRIPTS: Final = ("last_known_good.py", "health_check.py", "secret_file.py")
 
 
 def unfinished() -> dict | None:
@@ -39,10 +46,11 @@ def _roll_back(state, host, argv: list[str], units: list[str], why: str,
     ok, out = remote.shell(host, f"python3 {SCRIPT} restore --why {shlex.quote(why)}",
                            _success_exit_codes=[0, 4, 5])
     lines = out.stdout_lines + out.stderr_lines
-    for line in lines:
-        logger.warning(f"{prefix}{line}")
     last = lines[-1] if lines else ""
-    if not ok or last.startswith("no last known good"):
+    failed = not ok or last.startswith("no last known good")
+    for line in lines[:-1] if failed else lines:
+        logger.warning(f"{prefix}{line}")
+    if failed:
         logger.error(f"{prefix}nothing to roll back to: {last or 'the restore failed'}")
         return False
     active = remote.shell(host, f"systemctl is-active --quiet {UNIT}")[0]
@@ -104,6 +112,12 @@ def rollback(settings: Settings, interrupted: dict | None):
                        f"{interrupted.get('started_at', '?')} ({interrupted.get('why', '?')}) "
                        "and did not finish: finishing it first")
     why = (interrupted or {}).get("why") or "asked for by host data (gpuhost_rollback = True)"
+    # this run's own scripts: nothing else of the deploy runs to ship them (a host never
+    # deployed has none; one whose rollback cannot go on needs the one that says so)
+    files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
+    for script in ROLLBACK_SCRIPTS:
+        files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),
+                  dest=f"{LIB_DIR}/{script}", mode="644", create_remote_dir=False)
     gated = (UNIT, GATE_UNIT) if settings.server_is_public else (UNIT,)
     rolled_back(name="Roll back to the last known good", argv=settings_gate_argv(settings),
                 units=gated, why=why, interrupted=bool(interrupted) and not settings.rollback)

@@ -43,7 +43,10 @@ def _files(tmp_path):
 
 
 def _record(lkg, unit, env, gate, dropins):
-    return lkg.record(Namespace(venv="/opt/gpuhost/venvs/aaaa", lock_digest="aaaa", model="m",
+    venv = unit.parent.parent / "venvs" / "aaaa"  # the venv a rollback goes back to exists
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    (venv / "bin" / "python").touch()
+    return lkg.record(Namespace(venv=str(venv), lock_digest="aaaa", model="m",
                                 revision="main", folder=[str(dropins)], keep=1, venvs_dir=None,
                                 paths=[str(unit), str(env), str(gate)]))
 
@@ -55,7 +58,7 @@ def test_a_failed_change_is_put_back_as_recorded(lkg, tmp_path, capsys):
     assert oct(copies.stat().st_mode & 0o777) == "0o700"
     assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in copies.iterdir())
     record = json.loads(Path(lkg.RECORD).read_text())
-    assert record["server"]["venv"] == "/opt/gpuhost/venvs/aaaa"
+    assert record["server"]["venv"] == str(tmp_path / "venvs" / "aaaa")
     assert record["server"]["absent"] == [str(gate)]
     assert "s3cret" not in Path(lkg.RECORD).read_text()
 
@@ -131,3 +134,86 @@ def test_venvs_beyond_the_ones_kept_are_removed_after_the_gate(lkg, tmp_path, ca
     record(c, 1)
     assert sorted(p.name for p in venvs.iterdir()) == ["c" * 16, "not-a-digest"]
     assert f"removed the venv {b} (gpuhost_venvs_kept = 1" in capsys.readouterr().out
+
+
+def _venv(tmp_path, name="aaaa"):
+    venv = tmp_path / "venvs" / name
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    return venv
+
+
+def _recorded_with_a_change(lkg, tmp_path):
+    """Files recorded with a venv that exists, then the unit changed (a rollback would put it
+    back)."""
+    unit, env, gate, dropins = _files(tmp_path)
+    venv = _venv(tmp_path)
+    assert lkg.record(Namespace(venv=str(venv), lock_digest="aaaa", model="m", revision="main",
+                                folder=[str(dropins)], keep=1, venvs_dir=None,
+                                paths=[str(unit), str(env), str(gate)])) == 0
+    unit.write_text("ExecStart=/opt/gpuhost/venvs/bbbb/bin/python\n")
+    return unit, venv
+
+
+@pytest.mark.parametrize("text", ['{"format": 1, "server": {"venv": "/opt/gpu', "", "[1, 2]",
+                                  '{"format": 1, "server": {"venv": 3}}'])
+def test_a_record_that_does_not_parse_is_no_rollback_and_no_traceback(lkg, tmp_path, capsys,
+                                                                       text):
+    unit, _ = _recorded_with_a_change(lkg, tmp_path)
+    Path(lkg.RECORD).write_text(text)
+    capsys.readouterr()
+    assert lkg.restore(Namespace(why="x")) == 6
+    out = capsys.readouterr().out
+    assert f"the last known good record {lkg.RECORD} does not parse" in out, out
+    assert "no rollback" in out and "Traceback" not in out
+    assert unit.read_text() == "ExecStart=/opt/gpuhost/venvs/bbbb/bin/python\n"
+    assert not Path(lkg.MARKER).exists() and lkg.reloads == []
+
+
+def test_a_record_that_does_not_parse_is_written_anew_once_the_gate_passed(lkg, tmp_path,
+                                                                          capsys):
+    unit, env, gate, dropins = _files(tmp_path)
+    Path(lkg.ROOT).mkdir(parents=True)
+    Path(lkg.RECORD).write_text('{"format": 1, "serv')
+    assert _record(lkg, unit, env, gate, dropins) == 0
+    assert json.loads(Path(lkg.RECORD).read_text())["server"]["files"][str(unit)]
+    assert f"{lkg.RECORD} did not parse: recorded anew" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", ["missing", "changed"])
+def test_a_missing_or_changed_copy_leaves_every_file_as_it_is(lkg, tmp_path, capsys, damage):
+    unit, _ = _recorded_with_a_change(lkg, tmp_path)
+    env = tmp_path / "etc" / "server.env"
+    env.write_text("HF_TOKEN=s3cret\nNEW=1\n")  # put back before the unit, were it not refused
+    digest = json.loads(Path(lkg.RECORD).read_text())["server"]["files"][str(unit)]["sha256"]
+    copy = Path(lkg.COPIES) / digest
+    copy.unlink() if damage == "missing" else copy.write_text("ExecStart=/bin/false\n")
+    capsys.readouterr()
+    assert lkg.restore(Namespace(why="x")) == 6
+    out = capsys.readouterr().out
+    assert f"the last known good's copy of {unit} ({copy}) is" in out, out
+    assert "no rollback" in out and "Traceback" not in out and "s3cret" not in out
+    assert unit.read_text() == "ExecStart=/opt/gpuhost/venvs/bbbb/bin/python\n"
+    assert env.read_text() == "HF_TOKEN=s3cret\nNEW=1\n"
+    assert not Path(lkg.MARKER).exists() and lkg.reloads == []
+
+
+def test_a_recorded_venv_that_is_gone_is_no_rollback(lkg, tmp_path, capsys):
+    unit, venv = _recorded_with_a_change(lkg, tmp_path)
+    (venv / "bin" / "python").unlink()
+    capsys.readouterr()
+    assert lkg.restore(Namespace(why="x")) == 6
+    out = capsys.readouterr().out
+    assert f"the last known good's venv {venv} is gone (no {venv}/bin/python)" in out, out
+    assert unit.read_text() == "ExecStart=/opt/gpuhost/venvs/bbbb/bin/python\n"
+    assert not Path(lkg.MARKER).exists() and lkg.reloads == []
+
+
+def test_a_rollback_left_unfinished_that_cannot_go_on_is_given_up(lkg, tmp_path, capsys):
+    unit, venv = _recorded_with_a_change(lkg, tmp_path)
+    Path(lkg.MARKER).write_text('{"why": "x"}\n')  # an earlier run began a rollback
+    (venv / "bin" / "python").unlink()
+    assert lkg.restore(Namespace(why="x")) == 6
+    out = capsys.readouterr().out
+    assert not Path(lkg.MARKER).exists()
+    assert "the next deploy applies host data" in out, out

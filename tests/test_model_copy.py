@@ -196,3 +196,67 @@ def test_the_copy_into_the_host_uses_the_deploys_own_login_as_pyinfra_builds_it(
                    "-o StrictHostKeyChecking=yes -p 2222 -i /keys/id")
     assert (target, remote) == ("gpuops@10.0.0.2", "sudo rsync")
     assert model_copy._login_rsh("gpu3", {})[1:] == ("gpu3", "rsync")
+
+
+def _weights_commands(monkeypatch, **kwargs):
+    """model.weights' commands for a host with no copy yet (its ModelSnapshot fact empty)."""
+    import types
+
+    from operations import model
+    monkeypatch.setattr(model, "host", types.SimpleNamespace(get_fact=lambda *a, **k: {}))
+    return list(model.weights._inner(
+        repo="org/m", revision="main", dest="/opt/gpuhost/models/org/m",
+        endpoint="https://huggingface.co", python="/opt/gpuhost/venvs/ab/bin/python", **kwargs))
+
+
+def test_with_a_mirror_the_peers_are_still_tried_where_the_mirror_has_no_copy(monkeypatch):
+    peer = model_copy.Peer("gpu1", "10.0.0.1", 22, None, "yes", "/opt/gpuhost/models")
+    relay, fetch, _ = _weights_commands(monkeypatch, peers=[peer], mirror="/mnt/models")
+    assert relay.function is model_copy.relay and relay.kwargs == {"mirror": "/mnt/models"}
+    fetch = str(fetch)
+    assert "--mirror /mnt/models" in fetch and "--copied-from 'peer gpu1'" in fetch
+
+
+class _Host:
+    print_prefix = "[gpu2] "
+    name = "gpu2"
+
+
+def test_the_relay_leaves_the_copy_to_a_mirror_that_holds_the_revision(monkeypatch):
+    stamps = {"/mnt/models/org/m/.gpuhost-model.json": {"repo": "org/m", "revision": "main",
+                                                       "sha": "b" * 40}}
+    asked, lines = [], []
+
+    def shell(host, command, **kw):
+        import types
+        path = str(command).split()[-1]
+        text = json.dumps(stamps[path]) if path in stamps else ""
+        return bool(text), types.SimpleNamespace(stdout_lines=[text] if text else [],
+                                                 stderr_lines=[])
+
+    monkeypatch.setattr(model_copy.remote, "shell", shell)
+    monkeypatch.setattr(model_copy, "_peer_stamp", lambda peer, repo, prefix: asked.append(peer))
+    monkeypatch.setattr(model_copy.logger, "info", lines.append)
+    peer = model_copy.Peer("gpu1", "10.0.0.1", 22, None, "yes", "/opt/gpuhost/models")
+    assert model_copy.relay(None, _Host(), [peer], "org/m", "main", "/d", None,
+                            mirror="/mnt/models")
+    assert asked == [] and any("the mirror /mnt/models holds org/m@main" in line
+                               for line in lines), lines
+    assert model_copy.relay(None, _Host(), [peer], "org/m", "main", "/d", None,
+                            mirror="/mnt/empty")
+    assert asked == [peer]  # no copy there: the peers are tried
+
+
+def test_a_failed_rsync_names_its_cause_not_only_its_exit(tmp_path):
+    """rsync 3.2.7 ends a failed transfer with its generic 'rsync error: ... (code N)' line;
+    the cause (ssh's refusal of the copy key, a missing file) is on a line before it."""
+    script = tmp_path / "fake-rsync"
+    script.write_text("#!/bin/sh\necho 'gpuhost-models@10.0.0.1: Permission denied (publickey).'"
+                      " >&2\necho 'rsync: connection unexpectedly closed (0 bytes received so "
+                      "far) [Receiver]' >&2\necho 'rsync error: unexplained error (code 255) at "
+                      "io.c(232) [Receiver=3.2.7]' >&2\nexit 255\n")
+    script.chmod(0o755)
+    ok, err = model_copy.rsync([str(script)], "[gpu2] ", "stamp")
+    assert not ok
+    assert err == ("gpuhost-models@10.0.0.1: Permission denied (publickey). (rsync error: "
+                   "unexplained error (code 255) at io.c(232) [Receiver=3.2.7])")

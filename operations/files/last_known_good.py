@@ -17,7 +17,10 @@ are. Copies no entry names any more are removed.
 ``restore`` writes /var/lib/gpuhost/rollback.json (that a rollback began, and why), then puts
 every recorded file back (atomically: a copy renamed over it), removes those recorded absent,
 and runs ``systemctl daemon-reload``. It prints one line per file put back or removed; exit 4
-when nothing is recorded, 5 when every file is already as recorded (nothing to roll back to).
+when nothing is recorded, 5 when every file is already as recorded (nothing to roll back to),
+6 when the record does not parse, a copy it names is missing or changed, or its venv is gone:
+then nothing is changed (and an unfinished rollback's rollback.json is removed, as it cannot
+finish). ``record`` writes a record that does not parse anew.
 ``finish`` removes rollback.json once the restored server passed the health gate: a rollback
 interrupted before that is found by the next deploy, which restores and verifies again.
 
@@ -62,13 +65,36 @@ def _write(path: str, data: bytes, mode: int) -> None:
     os.replace(tmp, path)
 
 
+class RecordError(Exception):
+    """The record, or what it names, cannot be rolled back to: one line, no traceback."""
+
+
 def _load() -> dict:
+    """The record, ``{"format": FORMAT}`` where there is none. Raises RecordError where it does
+    not parse (a truncated or hand-edited file) or its "server" entry lacks what restore
+    reads."""
     try:
         with open(RECORD, encoding="utf-8") as f:
             record = json.load(f)
     except FileNotFoundError:
         return {"format": FORMAT}
-    return record if isinstance(record, dict) else {"format": FORMAT}
+    except (OSError, ValueError) as exc:
+        raise RecordError(f"the last known good record {RECORD} does not parse ({exc})") from None
+    server = record.get("server") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or (server is not None and not _well_formed(server)):
+        raise RecordError(f"the last known good record {RECORD} does not parse (not the "
+                          "format operations/last_known_good.py describes)")
+    return record
+
+
+def _well_formed(server) -> bool:
+    files = server.get("files") if isinstance(server, dict) else None
+    return (isinstance(server, dict) and isinstance(server.get("venv"), str)
+            and isinstance(server.get("recorded_at"), str) and isinstance(files, dict)
+            and all(isinstance(e, dict) and isinstance(e.get("sha256"), str)
+                    and isinstance(e.get("mode"), str) and re.fullmatch(r"[0-7]{3,4}", e["mode"])
+                    for e in files.values())
+            and all(isinstance(server.get(k, []), list) for k in ("absent", "folders")))
 
 
 def _save(record: dict) -> None:
@@ -98,7 +124,12 @@ def record(args: argparse.Namespace) -> int:
         if not os.path.exists(copy):
             _write(copy, data, 0o600)
         files[path] = {"sha256": digest, "mode": f"{mode:04o}"}
-    rec = _load()
+    try:
+        rec = _load()
+    except RecordError as exc:
+        # the gate just passed: what runs now is the known good, whatever the old record said
+        print(f"{exc}; {RECORD} did not parse: recorded anew")
+        rec = {"format": FORMAT}
     rec["format"] = FORMAT
     earlier = (rec.get("server") or {}).get("venvs") or []
     venvs = [args.venv, *(v for v in earlier if v != args.venv)][:args.keep]
@@ -136,16 +167,48 @@ def _current(path: str) -> str | None:
         return None
 
 
+def _differs(server: dict) -> list[str]:
+    """The paths a rollback changes: recorded files that differ, recorded-absent files and
+    drop-ins added since (a folder's *.conf the record does not have) that exist."""
+    files, absent = server["files"], server.get("absent", [])
+    extra = [p for p in _expand(server.get("folders", [])) if p not in files and p not in absent]
+    return ([p for p, e in files.items() if _current(p) != e["sha256"]]
+            + [p for p in [*absent, *extra] if os.path.lexists(p)])
+
+
+def _check_restorable(server: dict) -> None:
+    """Raise RecordError unless every copy the record names is there with its SHA-256 and the
+    recorded venv's python exists: checked before any file changes, so a rollback that cannot
+    finish changes nothing."""
+    for path, entry in server["files"].items():
+        copy = os.path.join(COPIES, entry["sha256"])
+        if _current(copy) != entry["sha256"]:
+            state = "missing" if not os.path.exists(copy) else "not what was recorded"
+            raise RecordError(f"the last known good's copy of {path} ({copy}) is {state}")
+    python = os.path.join(server["venv"], "bin", "python")
+    if not os.path.lexists(python):
+        raise RecordError(f"the last known good's venv {server['venv']} is gone (no {python})")
+
+
 def restore(args: argparse.Namespace) -> int:
-    server = _load().get("server")
+    try:
+        server = _load().get("server")
+        differs = _differs(server) if server else []
+        if differs:
+            _check_restorable(server)
+    except RecordError as exc:
+        # an earlier run's unfinished rollback cannot go on either: given up, so that the
+        # next deploy converges the host from host data instead of failing here each time
+        given_up = os.path.exists(MARKER)
+        if given_up:
+            os.unlink(MARKER)
+        print(f"{exc}: no rollback" + (f" (the unfinished rollback's {MARKER} removed: the "
+                                       "next deploy applies host data)" if given_up else ""))
+        return 6
     if not server:
         print(f"no last known good is recorded ({RECORD})")
         return 4
-    files, absent = server["files"], server.get("absent", [])
-    # drop-ins added since (a folder's *.conf the record does not have) go too
-    extra = [p for p in _expand(server.get("folders", [])) if p not in files and p not in absent]
-    differs = ([p for p, e in files.items() if _current(p) != e["sha256"]]
-               + [p for p in [*absent, *extra] if os.path.lexists(p)])
+    files = server["files"]
     if not differs:
         print("every file is as the last known good has it: nothing to roll back")
         return 5
