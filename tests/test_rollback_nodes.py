@@ -14,6 +14,11 @@ def _plan(monkeypatch, nodes):
     monkeypatch.setattr(rollback, "refuse", lambda stage, reason: said.append((stage, reason)))
     monkeypatch.setattr(rollback, "rolled_back", lambda **kw: planned.append(kw))
     monkeypatch.setattr(rollback, "settings_gate_argv", lambda s: ["gate"])
+
+    def shipped(**kw):
+        planned.append({"shipped": kw.get("dest") or kw["path"]})
+
+    monkeypatch.setattr(rollback, "files", SimpleNamespace(directory=shipped, put=shipped))
     settings = SimpleNamespace(nodes=nodes, rollback=False, server_is_public=False)
     state = FakeState()
     with ctx_state.use(state), ctx_host.use(create_host(state, name="gpu2")):
@@ -34,4 +39,5 @@ def test_an_unfinished_rollback_on_a_node_is_refused_naming_the_group(monkeypatc
 
 def test_an_unfinished_rollback_on_a_host_of_its_own_is_finished(monkeypatch):
     said, planned = _plan(monkeypatch, ())
-    assert said == [] and len(planned) == 1 and planned[0]["interrupted"] is True
+    assert said == [] and planned[-1]["interrupted"] is True
+    assert {"shipped": "/opt/gpuhost/lib/last_known_good.py"} in planned
