@@ -1,9 +1,15 @@
 """One model across two hosts: an inventory group with gpuhost_nodes is one SGLang server of
 tensor parallel size 16 over the lab switch; restarts are group-wide, a different lock is
 refused before anything restarts, a rank that dies takes the group down and the next run brings
-it back, a no-op run keeps both servers. One pair of hosts, booted once, scenarios chained."""
+it back, a no-op run keeps both servers; a node whose link drops mid-run fails within a bounded
+time with its group, the other rank left serving; a rank that dies in a group restart shows its
+own journal; hosts that leave the group serve alone, nothing of a rank left. One pair of hosts,
+booted once, scenarios chained."""
 
 import json
+import os
+import subprocess
+import threading
 import time
 
 import pytest
@@ -12,6 +18,10 @@ from tests.e2e import lab
 from tests.e2e.test_deploy import changed_operations
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+#: Seconds a run may go on after a node's link dropped: operations/link.py's 60 s, and the rest
+#: of the run on the other node.
+BOUND_S = 150
 
 
 def _inventory(path, listed, group_extra=None, host_extra=None):
@@ -135,3 +145,77 @@ def test_killing_rank_1_fails_the_group_visibly_and_the_next_run_brings_it_back(
     assert "Nodes: the group restarts (" in run.output
     assert _serves(rank0)
     assert rank1.ssh("systemctl is-active sglang.service").strip() == "active"
+
+
+def test_a_node_whose_link_drops_mid_run_fails_with_its_group_in_bounded_time(pair, tmp_path):
+    (rank0, rank1), listed, inventory, _ = pair
+    changed = _inventory(tmp_path / "pair.py", listed,
+                         group_extra={"gpuhost_mem_fraction_static": 0.88})
+    pid0 = rank0.main_pid()
+    run = subprocess.Popen([str(lab.PYINFRA), "-y", changed, "deploy.py"], cwd=lab.ROOT,
+                           text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines, dropped = [], None
+    # without a bound on the link, the run would wait on gpu2 for many minutes
+    watchdog = threading.Timer(BOUND_S, run.kill)
+    try:
+        for line in run.stdout:
+            lines.append(line)
+            # planned with both hosts; the first thing executed on gpu2 meets a dead link
+            if dropped is None and "--> Beginning operation run" in line:
+                lab.sandbox("link", listed[1]["name"], "down")
+                dropped = time.monotonic()
+                watchdog.start()
+        run.wait(timeout=60)
+    finally:
+        watchdog.cancel()
+        run.kill()
+        lab.sandbox("link", listed[1]["name"], "up")
+    output = "".join(lines)
+    lab.GUARD.observe(f"pyinfra -y {changed} deploy.py", output)
+    assert dropped is not None, output[-4000:]
+    # operations/link.py LINK_TIMEOUT_S (60 s), not pyinfra's unbounded wait
+    assert time.monotonic() - dropped < BOUND_S, output[-4000:]
+    assert run.returncode != 0
+    assert (f"connection to {listed[1]['name']} lost during '") in output
+    assert (f"{listed[1]['name']} of the group {listed[0]['name']}, {listed[1]['name']} is out "
+            "of this run") in output
+    assert "Nodes: the group restarts (" not in output
+    assert rank0.main_pid() == pid0 and _serves(rank0)  # never one rank restarted alone
+    inventory["now"] = changed
+
+
+def test_a_rank_that_dies_in_a_group_restart_shows_its_own_journal(pair, tmp_path):
+    (rank0, rank1), listed, inventory, _ = pair
+    # rank 1 (only) crashes while loading weights with this MoE runner backend
+    rank1.ssh("python3 - <<'EOF'\nimport json\np = '/etc/gpuhost-sandbox/hardware.json'\n"
+              "d = json.load(open(p))\nd.setdefault('serving', {}).setdefault('backend_modes', "
+              "{})['triton'] = 'crash-on-start'\njson.dump(d, open(p, 'w'))\nEOF")
+    crashing = _inventory(tmp_path / "pair.py", listed,
+                          group_extra={"gpuhost_mem_fraction_static": 0.88,
+                                       "gpuhost_moe_runner_backend": "triton"})
+    run = lab.deploy(inventory=crashing)
+    assert run.returncode != 0
+    # the link is back: the group restarts (after the last test's dropped run)
+    assert "Nodes: the group restarts (" in run.output
+    said = run.output[run.output.index(f"[{listed[1]['name']}] Nodes: sglang.service (node "
+                                       "rank 1) died here"):]
+    assert "The last 50 lines of its journal on " + listed[1]["name"] in said
+    assert "crash-on-start mode" in said  # rank 1's own words, not rank 0's
+    assert rank1.ssh("systemctl is-active sglang.service", check=False).strip() != "active"
+    assert rank0.ssh("systemctl is-active sglang.service", check=False).strip() != "active"
+
+
+def test_hosts_that_leave_the_group_serve_alone_with_nothing_of_a_rank_left(pair, tmp_path):
+    (rank0, rank1), listed, _, _ = pair
+    alone = tmp_path / "alone.py"
+    hosts = [(h["name"], lab.inventory_data(h)) for h in listed]  # tensor parallel size 8 each
+    alone.write_text(f"alone = ({hosts!r}, {{}})\n")
+    run = lab.deploy(inventory=str(alone))
+    assert run.returncode == 0, run.output[-6000:]
+    for host in (rank0, rank1):
+        assert _serves(host)
+        assert "--nnodes" not in host.process_args(host.main_pid())
+        assert host.ssh("ls /etc/gpuhost/nodes.env /opt/gpuhost/lib/internode_check.py "
+                        "2>/dev/null; true").strip() == ""
+        assert "NCCL_SOCKET_IFNAME" not in host.process_env(host.main_pid())
