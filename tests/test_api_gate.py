@@ -154,10 +154,10 @@ def start_gate(tmp_path, backend):
             proc = subprocess.Popen(argv, stdout=log, stderr=log)
         gate = Gate(proc, port, key_file, log_file)
         started.append(gate)
-        for _ in range(200):
-            if "gate on" in log_file.read_text():
-                break
+        deadline = time.monotonic() + 60  # its start, however loaded the machine
+        while "gate on" not in log_file.read_text():
             assert proc.poll() is None, gate.log()
+            assert time.monotonic() < deadline, f"the gate did not start: {gate.log()}"
             time.sleep(0.02)
         return gate
 

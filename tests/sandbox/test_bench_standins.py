@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,17 +31,32 @@ def smi(tmp_path):
     (tmp_path / "hardware.json").write_text(scenarios.hardware_json("single-gpu"))
     (tmp_path / "loaded-version").write_text("580.159.04\n")
 
-    def run(*args, active=0, timeout=None, load=None):
+    def run(*args, active=0, lines=None, load=None):
+        """The tool's output; a loop (-lms, dmon) is stopped once it printed ``lines`` lines
+        (a deadline in seconds would give fewer lines on a loaded machine)."""
         load = load or {"active": active, "time": time.time()}
         (tmp_path / "load.json").write_text(json.dumps(load))
         env = dict(os.environ, GPUHOST_SANDBOX_HARDWARE=str(tmp_path / "hardware.json"),
                    GPUHOST_SANDBOX_LOADED=str(tmp_path / "loaded-version"),
                    GPUHOST_SANDBOX_LOAD=str(tmp_path / "load.json"))
-        try:
-            return subprocess.run([sys.executable, str(script), *args], capture_output=True,
-                                  text=True, env=env, timeout=timeout).stdout
-        except subprocess.TimeoutExpired as exc:
-            return exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        argv = [sys.executable, str(script), *args]
+        if lines is None:
+            return subprocess.run(argv, capture_output=True, text=True, env=env,
+                                  timeout=60).stdout
+        out = []
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env) as proc:
+            stuck = threading.Timer(60, proc.kill)  # a tool that stops printing: EOF
+            stuck.start()
+            try:
+                while len(out) < lines:
+                    line = proc.stdout.readline()
+                    if not line:
+                        break
+                    out.append(line)
+            finally:
+                stuck.cancel()
+                proc.kill()
+        return "".join(out)
 
     return run
 
@@ -74,14 +90,14 @@ def test_generations_that_ended_within_the_sample_period_still_count(smi, ended_
 
 def test_query_loop(smi):
     text = smi(f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits", "-lms", "200",
-               active=1, timeout=1.1)
+               active=1, lines=3)
     assert len(telemetry.parse_query(text)) >= 3
 
 
 @pytest.mark.parametrize("options, capture", [([], "dmon.txt"), (["-o", "T"], "dmon-T.txt"),
                                               (["-o", "DT", "--format", "csv"], "dmon-DT.csv")])
 def test_dmon_formats_are_the_real_ones(smi, options, capture):
-    text = smi("dmon", "-s", "puct", "-d", "0.3", *options, active=16, timeout=1.0)
+    text = smi("dmon", "-s", "puct", "-d", "0.3", *options, active=16, lines=4)
     real = (CAPTURE / capture).read_text().splitlines()
     assert text.splitlines()[:2] == real[:2]
     rows = telemetry.parse_dmon(text)
@@ -133,9 +149,9 @@ def test_diagnosis_rules_on_scenario_telemetry(smi, tmp_path, load, verdict):
     (tmp_path / "hardware.json").write_text(json.dumps(hw))
     begin = datetime.now() - timedelta(seconds=1)
     samples = telemetry.parse_query(smi(f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits",
-                                        "-lms", "200", active=16, timeout=1.0))
+                                        "-lms", "200", active=16, lines=4))
     dmon = telemetry.parse_dmon(smi("dmon", "-s", "puct", "-d", "0.2", "-o", "DT", "--format",
-                                    "csv", active=16, timeout=1.0))
+                                    "csv", active=16, lines=5))
     links = telemetry.parse_links(smi("--query-gpu=" + ",".join(telemetry.LINK_FIELDS),
                                       "--format=csv,noheader,nounits"))
     gpus = telemetry.figures(samples, dmon, links, begin, datetime.now() + timedelta(seconds=1))
