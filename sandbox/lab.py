@@ -339,8 +339,9 @@ def _describe_image(tar: Path) -> dict[str, Any]:
 
 
 def save_image(name: str, tar: Path) -> None:
-    """Power host `name` off (orderly, as `down` does) and write its tree to image `tar`
-    (sandbox/image.py); the host stays off, the rest of the lab as it is."""
+    """Power host `name` off (orderly, as `down` does), write its tree to image `tar`
+    (sandbox/image.py) and boot it again, as a VM is stopped for an image of its disk; returns
+    once its sshd answers. The rest of the lab stays as it is."""
     require_root("image")
     with _exclusive():
         state = load_state()
@@ -350,11 +351,18 @@ def save_image(name: str, tar: Path) -> None:
         procs.stop([procs.Proc.from_json(entry.get("supervisor"))], POWEROFF_TIMEOUT_S)
         began = time.monotonic()
         try:
-            image.save(host_from_name(name).root, tar, state.get("scenario", DEFAULT_SCENARIO),
-                       name)
+            image.save(host_from_name(name).root, tar,
+                       state.get("scenario", DEFAULT_SCENARIO), name)
         except image.ImageError as exc:
             raise LabError(str(exc)) from exc
         _say(f"{name} powered off, image {tar} written in {time.monotonic() - began:.1f}s")
+        spec = host_from_name(name)
+        supervisor = services.start_supervisor(spec)
+        entry["supervisor"] = supervisor.to_json()
+        _save_state(state)
+        booted = time.monotonic()
+        _wait_ssh(spec, supervisor, booted + BOOT_TIMEOUT_S)
+        _say(f"{name} answers ssh {time.monotonic() - booted:.1f}s into boot")
 
 
 def _host_state(entry: dict[str, Any]) -> str:

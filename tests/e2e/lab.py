@@ -107,20 +107,24 @@ def up(hosts: int = 1, scenario: str = "reference-lab",
 def up_converged(scenario: str = "reference-lab") -> Host:
     """One host of `scenario` converged by a first deploy of the default inventory (which must
     succeed). Where the suite run keeps images ($GPUHOST_E2E_IMAGES), the first module to ask
-    converges a bare host and keeps its image (sandbox/image.py); every module, that one too,
-    then gets a new host from the image and runs the first deploy on it (the host is new to
-    this lab: its address, SSH keys, NVIDIA repository key and controller are this lab's), so
-    one bare converge serves the run. Modules that test the converge itself use ``up``."""
+    converges a bare host and keeps its image (sandbox/image.py, which boots the host again);
+    every other module gets a new host from the image; each runs the first deploy on its host
+    (one from the image is new to this lab: its address, SSH keys, NVIDIA repository key and
+    controller are this lab's), so one bare converge serves the run. Modules that test the
+    converge itself use ``up``."""
     folder = os.environ.get(IMAGES_ENV)
     if folder:
         tar = Path(folder) / f"converged-{scenario}.tar"
         with open(Path(folder) / f".{scenario}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another lane's module may be making it
-            if not tar.is_file():
+            made = not tar.is_file()
+            if made:  # the host is booted again once its image is written
                 up(hosts=1, scenario=scenario)
                 _first_deploy()
                 sandbox("image", "gpu1", str(tar))
-        (host,) = up(hosts=1, scenario=scenario, from_image=tar)
+        if not made:
+            up(hosts=1, scenario=scenario, from_image=tar)
+        (host,) = status()
     else:
         (host,) = up(hosts=1, scenario=scenario)
     _first_deploy()
