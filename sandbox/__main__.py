@@ -1,14 +1,15 @@
-"""python -m sandbox up [--hosts N] [--scenario NAME] | status [--json] | ask | link NAME up|down
-| down"""
+"""python -m sandbox up [--hosts N] [--scenario NAME] [--from-image PATH] | status [--json] | ask
+| link NAME up|down | image NAME PATH | down"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from sandbox.ask import ask
-from sandbox.lab import BOOT_TIMEOUT_S, LabError, down, link, status, up
+from sandbox.lab import BOOT_TIMEOUT_S, LabError, down, link, save_image, status, up
 from sandbox.layout import DEFAULT_SCENARIO, MAX_HOSTS, SSH_KEY
 from sandbox.network import NetworkError
 from sandbox.rootfs import RootfsError
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--hosts", type=_host_count, default=1, metavar="N")
     p_up.add_argument("--scenario", default=DEFAULT_SCENARIO, metavar="NAME")
     p_up.add_argument("--boot-timeout", type=float, default=BOOT_TIMEOUT_S, metavar="SECONDS")
+    p_up.add_argument("--from-image", type=Path, metavar="PATH",
+                      help="the hosts' trees from this image (python -m sandbox image)")
     p_status = sub.add_parser("status", help="name, address, state, SSH key path")
     p_status.add_argument("--json", action="store_true", help="the list inventory/sandbox.py reads")
     sub.add_parser("down", help="stop hosts, services, namespaces; remove the host trees")
@@ -49,10 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     p_link = sub.add_parser("link", help="drop a host's side of its link, or bring it back")
     p_link.add_argument("name", help="a host of this lab, e.g. gpu1")
     p_link.add_argument("state", choices=("up", "down"))
+    p_image = sub.add_parser("image", help="power a host off and write its tree to an image")
+    p_image.add_argument("name", help="a host of this lab, e.g. gpu1")
+    p_image.add_argument("path", type=Path, help="the image file to write (a tar)")
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
-            _print_status(up(args.hosts, args.scenario, args.boot_timeout))
+            _print_status(up(args.hosts, args.scenario, args.boot_timeout, args.from_image))
+        elif args.command == "image":
+            save_image(args.name, args.path)
         elif args.command == "down":
             down()
         elif args.command == "link":

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sandbox import hub, network, procs, rootfs, scenarios, services
+from sandbox import hub, image, network, procs, rootfs, scenarios, services
 from sandbox.layout import (
     CACHE,
     DEFAULT_SCENARIO,
@@ -32,6 +32,7 @@ from sandbox.layout import (
     KNOWN_HOSTS,
     LOCK_FILE,
     PYPI_CACHE,
+    ROOTFS_TAR,
     SERVICES_DIR,
     SSH_DIR,
     SSH_KEY,
@@ -163,9 +164,11 @@ def build_www(kernel_release: str) -> str | None:
     return keyring_sha256
 
 
-def _prepare_host(spec: HostSpec, authorized_key: str, hardware_json: str) -> list[str]:
-    """A fresh root filesystem and link for `spec`; returns its SSH host public keys."""
-    rootfs.extract(spec.root)
+def _prepare_host(spec: HostSpec, authorized_key: str, hardware_json: str,
+                  tar: Path = ROOTFS_TAR) -> list[str]:
+    """A fresh root filesystem (from `tar`) and link for `spec`; returns its SSH host public
+    keys."""
+    rootfs.extract(spec.root, tar)
     keys = rootfs.personalise(spec, spec.root, authorized_key, hardware_json)
     rootfs.seed_apt_archives(spec.root)
     network.create(spec)
@@ -221,16 +224,27 @@ def _sshd_answers(spec: HostSpec, timeout: float = 0.5) -> bool:
 
 
 def up(
-    hosts: int = 1, scenario: str = DEFAULT_SCENARIO, boot_timeout: float = BOOT_TIMEOUT_S
+    hosts: int = 1, scenario: str = DEFAULT_SCENARIO, boot_timeout: float = BOOT_TIMEOUT_S,
+    from_image: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Fresh hosts gpu1..gpuN, booted and answering ssh; returns `status()`.
+    """Fresh hosts gpu1..gpuN, booted and answering ssh; returns `status()`. With `from_image`
+    (sandbox/image.py), each host's tree comes from that image instead of the bare root
+    filesystem.
 
-    Raises LabError (root needed, unknown scenario, a host that does not boot: the message
-    carries the console log's tail), ValueError for a host count outside 1..254.
+    Raises LabError (root needed, unknown scenario, an image of another scenario, a host that
+    does not boot: the message carries the console log's tail), ValueError for a host count
+    outside 1..254.
     """
     require_root("up")
     specs = host_specs(hosts)
     hardware = _hardware_json(scenario)
+    tar = ROOTFS_TAR
+    if from_image is not None:
+        tar = from_image
+        made = _describe_image(from_image)
+        if made["scenario"] != scenario:
+            raise LabError(f"image {from_image} was made under scenario {made['scenario']!r}, "
+                           f"not {scenario!r}")
     started = time.monotonic()
     with _exclusive():
         ensure_tools()
@@ -260,7 +274,7 @@ def up(
         }
         _save_state(state)
         network.create_switch()
-        _prepare(specs, state, authorized_key, hardware)
+        _prepare(specs, state, authorized_key, hardware, tar)
         _start_services(specs, state)
         _boot(specs, state, boot_timeout)
         _say(f"lab up in {time.monotonic() - started:.1f}s")
@@ -272,14 +286,15 @@ def up(
 
 
 def _prepare(
-    specs: list[HostSpec], state: dict[str, Any], authorized_key: str, hardware: str
+    specs: list[HostSpec], state: dict[str, Any], authorized_key: str, hardware: str,
+    tar: Path = ROOTFS_TAR,
 ) -> None:
     """Host trees and links in parallel, the HTTP root alongside; writes known_hosts."""
     began = time.monotonic()
     workers = max(2, min(len(specs), 2 * (os.cpu_count() or 1)))
     with ThreadPoolExecutor(max_workers=workers + 1) as pool:
         www = pool.submit(build_www, os.uname().release)
-        prepared = [pool.submit(_prepare_host, s, authorized_key, hardware) for s in specs]
+        prepared = [pool.submit(_prepare_host, s, authorized_key, hardware, tar) for s in specs]
         host_keys = [f.result() for f in prepared]
         state["cuda_keyring_sha256"] = www.result()
     _save_state(state)
@@ -314,6 +329,40 @@ def _boot(specs: list[HostSpec], state: dict[str, Any], timeout: float) -> None:
         waits = [pool.submit(_wait_ssh, s, p, began + timeout) for s, p in zip(specs, supervisors)]
         for spec, wait in zip(specs, waits):
             _say(f"{spec.name} ({spec.address}) answers ssh {wait.result() - began:.1f}s into boot")
+
+
+def _describe_image(tar: Path) -> dict[str, Any]:
+    try:
+        return image.describe(tar)
+    except image.ImageError as exc:
+        raise LabError(str(exc)) from exc
+
+
+def save_image(name: str, tar: Path) -> None:
+    """Power host `name` off (orderly, as `down` does), write its tree to image `tar`
+    (sandbox/image.py) and boot it again, as a VM is stopped for an image of its disk; returns
+    once its sshd answers. The rest of the lab stays as it is."""
+    require_root("image")
+    with _exclusive():
+        state = load_state()
+        entry = next((h for h in (state or {}).get("hosts", []) if h["name"] == name), None)
+        if state is None or entry is None:
+            raise LabError(f"no host {name!r} in this lab (python -m sandbox status)")
+        procs.stop([procs.Proc.from_json(entry.get("supervisor"))], POWEROFF_TIMEOUT_S)
+        began = time.monotonic()
+        try:
+            image.save(host_from_name(name).root, tar,
+                       state.get("scenario", DEFAULT_SCENARIO), name)
+        except image.ImageError as exc:
+            raise LabError(str(exc)) from exc
+        _say(f"{name} powered off, image {tar} written in {time.monotonic() - began:.1f}s")
+        spec = host_from_name(name)
+        supervisor = services.start_supervisor(spec)
+        entry["supervisor"] = supervisor.to_json()
+        _save_state(state)
+        booted = time.monotonic()
+        _wait_ssh(spec, supervisor, booted + BOOT_TIMEOUT_S)
+        _say(f"{name} answers ssh {time.monotonic() - booted:.1f}s into boot")
 
 
 def _host_state(entry: dict[str, Any]) -> str:

@@ -1,6 +1,7 @@
 """The suite's lanes (tests/lanes.py): what makes a unit, how a unit's report is counted, and
 what the suite's exit status is."""
 
+import subprocess
 from pathlib import Path
 
 from tests import lanes
@@ -44,3 +45,18 @@ def test_the_longest_modules_start_first(tmp_path):
     heavy.write_text("lab.up(hosts=2)\nlab.deploy()\nlab.deploy()\n")
     assert lanes.weight(heavy) > lanes.weight(light)
     assert isinstance(lanes.weight(Path(lanes.__file__)), int)
+
+
+def test_every_unit_of_a_run_gets_the_runs_image_folder(tmp_path, monkeypatch):
+    seen = []
+
+    def run(cmd, env, **kwargs):
+        seen.append(env)
+        return subprocess.CompletedProcess(cmd, 0, stdout="")
+
+    monkeypatch.setattr(lanes.subprocess, "run", run)
+    for lab in (0, 1):
+        lanes.run_unit(Unit("m", ["tests/e2e/test_m.py"]), lab, [], tmp_path, lambda text: None)
+    assert [e["GPUHOST_SANDBOX_LAB"] for e in seen] == ["0", "1"]
+    assert {e["GPUHOST_E2E_IMAGES"] for e in seen} == {str(tmp_path / "images")}
+    assert (tmp_path / "images").is_dir()

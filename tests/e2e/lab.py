@@ -4,6 +4,7 @@ confirm itself)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -16,6 +17,9 @@ from tests.secret_guard import GUARD
 
 ROOT = Path(__file__).resolve().parents[2]
 PYINFRA = ROOT / ".venv" / "bin" / "pyinfra"
+#: A folder for this suite run's images of converged hosts (tests/lanes.py makes one per run,
+#: so an image never outlives the code that converged it); unset: every module converges its own.
+IMAGES_ENV = "GPUHOST_E2E_IMAGES"
 
 
 def sandbox(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -90,12 +94,46 @@ def inventory_data(listed: dict) -> dict:
     }
 
 
-def up(hosts: int = 1, scenario: str = "reference-lab") -> list[Host]:
-    result = sandbox("up", "--hosts", str(hosts), "--scenario", scenario, check=False)
+def up(hosts: int = 1, scenario: str = "reference-lab",
+       from_image: str | Path | None = None) -> list[Host]:
+    image = ["--from-image", str(from_image)] if from_image else []
+    result = sandbox("up", "--hosts", str(hosts), "--scenario", scenario, *image, check=False)
     register_hub_token()
     if result.returncode != 0:
         raise AssertionError(f"sandbox up failed:\n{result.stdout}\n{result.stderr}")
     return status()
+
+
+def up_converged(scenario: str = "reference-lab") -> Host:
+    """One host of `scenario` converged by a first deploy of the default inventory (which must
+    succeed). Where the suite run keeps images ($GPUHOST_E2E_IMAGES), the first module to ask
+    converges a bare host and keeps its image (sandbox/image.py, which boots the host again);
+    every other module gets a new host from the image; each runs the first deploy on its host
+    (one from the image is new to this lab: its address, SSH keys, NVIDIA repository key and
+    controller are this lab's), so one bare converge serves the run. Modules that test the
+    converge itself use ``up``."""
+    folder = os.environ.get(IMAGES_ENV)
+    if folder:
+        tar = Path(folder) / f"converged-{scenario}.tar"
+        with open(Path(folder) / f".{scenario}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another lane's module may be making it
+            made = not tar.is_file()
+            if made:  # the host is booted again once its image is written
+                up(hosts=1, scenario=scenario)
+                _first_deploy()
+                sandbox("image", "gpu1", str(tar))
+        if not made:
+            up(hosts=1, scenario=scenario, from_image=tar)
+        (host,) = status()
+    else:
+        (host,) = up(hosts=1, scenario=scenario)
+    _first_deploy()
+    return host
+
+
+def _first_deploy() -> None:
+    first = deploy()
+    assert first.returncode == 0, first.output[-6000:]
 
 
 def status() -> list[Host]:

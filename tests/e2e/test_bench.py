@@ -22,8 +22,8 @@ BENCH_DATA = ["--data", "gpuhost_bench_levels=[1, 4]", "--data", "gpuhost_bench_
 EXPECTED_TOK_S = {1: 11.0, 4: 65.5}
 
 
-def test_bench_converged_then_refused_when_unhealthy(reference_host):
-    host = reference_host
+def test_bench_converged_then_refused_when_unhealthy(converged_host):
+    host = converged_host
     first = lab.deploy()
     assert first.returncode == 0, first.output[-6000:]
     pid = host.main_pid()
@@ -72,8 +72,8 @@ def test_bench_converged_then_refused_when_unhealthy(reference_host):
 SWEEP = '{"moe_runner_backend": ["flashinfer_cutedsl", "cutlass", "triton"]}'
 
 
-def test_sweep_records_failures_ranks_and_restores(reference_host):
-    host = reference_host
+def test_sweep_records_failures_ranks_and_restores(converged_host):
+    host = converged_host
     assert lab.deploy().returncode == 0
     unit = host.ssh("cat /etc/systemd/system/sglang.service")
     env = host.ssh("cat /etc/gpuhost/server.env")
@@ -135,10 +135,10 @@ def test_sweep_records_failures_ranks_and_restores(reference_host):
     assert host.ssh("ls /run/systemd/system/sglang.service.d").strip() == ""
 
 
-def test_public_server_benched_through_the_gate(reference_host, tmp_path):
+def test_public_server_benched_through_the_gate(converged_host, tmp_path):
     """Bound wider than the loopback: bench_serving goes through the API key gate with the key,
     which no output shows (the suite's secret guard checks every output)."""
-    host = reference_host
+    host = converged_host
     key = lab.GUARD.register("sk-" + secrets.token_hex(24), "API key")
     host.ssh(f"umask 077; printf '%s\\n' {key} > /root/sglang-api.key")
     inventory = write_inventory(tmp_path / "inventory.py", gpuhost_server_host="0.0.0.0",
