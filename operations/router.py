@@ -32,7 +32,7 @@ import shlex
 from io import StringIO
 from typing import Final
 
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
 from pyinfra.operations import files, systemd
 from typing_extensions import override
@@ -133,47 +133,72 @@ class RouterWorkers(FactBase[dict]):
             return {"error": f"cannot read {output[:2]!r}"}
 
 
+def _expected(state, workers: tuple[tuple[str, str], ...]) -> tuple[list[str], list[str]]:
+    """(URLs to check, names left out): a worker whose host failed in this run (a failed roll,
+    a refused host) is left out: it stays out of the router until a run converges it."""
+    failed = {h.name for h in state.failed_hosts}
+    return ([url for name, url in workers if name not in failed],
+            [name for name, _ in workers if name in failed])
+
+
 @remote.callback("the router's worker check")
 def _workers_listed(state, host, router: str, workers: tuple[tuple[str, str], ...],
                     timeout: int) -> bool:
-    # a worker whose host failed in this run (a failed roll, a refused host) is not waited for:
-    # it stays out of the router until a run converges it
-    failed = {h.name for h in state.failed_hosts}
-    left = [name for name, _ in workers if name in failed]
+    urls, left = _expected(state, workers)
     if left:
         logger.warning(f"{host.print_prefix}Router: not waiting for {', '.join(left)}, which "
                        "failed in this run")
-    urls = [url for name, url in workers if name not in failed]
     if not urls:
         return True
     ok, out = remote.shell(host, StringCommand("python3", CHECK_SCRIPT, "--router", router,
-                                               "--timeout", str(timeout), *urls),
+                                               "--timeout", str(timeout), "--register", *urls),
                            timeout=timeout + 60)
     for line in out.stdout_lines + out.stderr_lines:
         (logger.info if ok else logger.error)(f"{host.print_prefix}Router: {line}")
     return ok
 
 
+def _look_now(router: str, workers: tuple[tuple[str, str], ...]) -> bool:
+    """Whether the router, looked at now (the run's restarts and reboots before it done), lists
+    a worker missing or unhealthy, or gives no list."""
+    urls, _ = _expected(state, workers)
+    if not urls:
+        return False
+    ok, out = remote.shell(host, StringCommand("python3", CHECK_SCRIPT, "--timeout", "0",
+                                               "--router", router, *urls),
+                           timeout=remote.POLL_TIMEOUT_S)
+    seen = RouterWorkers().process(out.stdout_lines) if ok else {"error": "no look"}
+    return bool(seen.get("error") or seen.get("missing") or seen.get("unhealthy"))
+
+
 @operation()
 def workers_registered(router: str, workers: tuple[tuple[str, str], ...], timeout: int,
                        restarted: bool):
     """The router lists every worker of ``workers`` (name, URL as its unit names it) as
-    healthy, read from its own ``/workers``; waited for (up to ``timeout`` seconds) where the
-    router (re)starts in this run or a look while planning found one missing or unhealthy.
-    Workers whose host failed earlier in this run are not waited for.
+    healthy, read from its own ``/workers``; a worker it does not list is registered again
+    (router_workers.py ``--register``), and all are waited for (up to ``timeout`` seconds).
+    Planned where the router (re)starts in this run or a look while planning found one missing
+    or unhealthy; otherwise looked at again when the operation runs, after the run's restarts and
+    reboots of servers (a worker rebooted for a driver, or the router host itself), and done
+    then only where that look finds one missing or unhealthy (so a run that changes nothing
+    reports no change). Workers whose host failed earlier in this run are left out.
 
     + router: the router's own URL on its host
     + workers: (host name, URL) of each worker
     + timeout: seconds
     + restarted: the router starts or restarts in this run
     """
+    command = FunctionCommand(_workers_listed, (router, workers, timeout), {})
     urls = [url for _, url in workers]
     seen = host.get_fact(RouterWorkers, router=router, urls=urls)
     healthy = not seen.get("error") and not seen.get("missing") and not seen.get("unhealthy")
     if healthy and not restarted:
+        if state.is_executing and _look_now(router, workers):
+            yield command
+            return
         host.noop(f"the router lists all {len(urls)} worker(s), healthy")
         return
-    yield FunctionCommand(_workers_listed, (router, workers, timeout), {})
+    yield command
 
 
 def router(settings: Settings, workers: tuple[Worker, ...]):

@@ -217,8 +217,75 @@ def test_the_router_check_does_not_wait_for_workers_whose_host_failed(monkeypatc
     host = SimpleNamespace(name="gpu1", print_prefix="[gpu1] ")
     workers = (("gpu1", "http://127.0.0.1:30000"), ("gpu2", "http://10.0.0.2:8000"))
     assert router._workers_listed(state, host, "http://127.0.0.1:30100", workers, 60)
-    assert len(ran) == 1 and ran[0].endswith("--timeout 60 http://127.0.0.1:30000"), ran
+    assert len(ran) == 1 and ran[0].endswith("--timeout 60 --register http://127.0.0.1:30000"), \
+        ran
     ran.clear()
     state.failed_hosts = [SimpleNamespace(name="gpu1"), SimpleNamespace(name="gpu2")]
     assert router._workers_listed(state, host, "http://127.0.0.1:30100", workers, 60)
     assert ran == []
+
+
+def test_the_router_check_registers_a_worker_the_router_lost(monkeypatch, capsys):
+    """smg registers its --worker-urls at its start only: a worker it lost (down past its
+    startup timeout, taken out) is registered again, then waited for until healthy."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from operations.files import router_workers
+    from tests.test_roll import FakeRouter
+
+    FakeRouter.workers = {"http://127.0.0.1:30000": {"id": "w1", "url": "http://127.0.0.1:30000",
+                                                     "is_healthy": True, "status": "ready"}}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeRouter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        argv = ["x", "--router", url, "--timeout", "5", "--interval", "0.01",
+                "http://127.0.0.1:30000", "http://10.0.0.2:8000"]
+        monkeypatch.setattr("sys.argv", argv)
+        assert router_workers.main() == 1  # without --register: waited for in vain
+        assert "not listed: http://10.0.0.2:8000" in capsys.readouterr().err
+        monkeypatch.setattr("sys.argv", [*argv[:5], "--register", *argv[5:]])
+        assert router_workers.main() == 0
+        out = capsys.readouterr().out
+        assert "registering http://10.0.0.2:8000 again (202)" in out, out
+        assert FakeRouter.workers["http://10.0.0.2:8000"]["is_healthy"]
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize(("look", "checked"), [
+    ({"listed": {"http://127.0.0.1:30000": True}, "missing": ["http://10.0.0.2:8000"],
+      "unhealthy": [], "error": ""}, True),
+    ({"listed": {"http://127.0.0.1:30000": True, "http://10.0.0.2:8000": False},
+      "missing": [], "unhealthy": ["http://10.0.0.2:8000"], "error": ""}, True),
+    ({"listed": {"http://127.0.0.1:30000": True, "http://10.0.0.2:8000": True}, "missing": [],
+      "unhealthy": [], "error": ""}, False),
+])
+def test_the_router_is_looked_at_again_after_the_runs_restarts(monkeypatch, look, checked):
+    """Planning found the router well; a worker that rebooted (or a router host that did) in
+    this run is seen when the operation runs: checked then, and only then (a no-op run reports
+    no change)."""
+    import json
+    from types import SimpleNamespace
+
+    from operations import remote
+
+    workers = (("gpu1", "http://127.0.0.1:30000"), ("gpu2", "http://10.0.0.2:8000"))
+    well = {"listed": dict.fromkeys([u for _, u in workers], True), "missing": [],
+            "unhealthy": [], "error": ""}
+    noops = []
+    monkeypatch.setattr(router, "host", SimpleNamespace(get_fact=lambda *a, **k: well,
+                                                        noop=noops.append))
+    monkeypatch.setattr(router, "state", SimpleNamespace(is_executing=False, failed_hosts=[]))
+    monkeypatch.setattr(remote, "shell", lambda host, command, **kw: (
+        True, SimpleNamespace(stdout_lines=[json.dumps(look)], stderr_lines=[])))
+    planned = list(router.workers_registered._inner(
+        router="http://127.0.0.1:30100", workers=workers, timeout=60, restarted=False))
+    assert planned == [] and noops == ["the router lists all 2 worker(s), healthy"]
+    router.state.is_executing = True
+    ran = list(router.workers_registered._inner(
+        router="http://127.0.0.1:30100", workers=workers, timeout=60, restarted=False))
+    assert len(ran) == (1 if checked else 0), ran
+    if checked:
+        assert ran[0].function is router._workers_listed

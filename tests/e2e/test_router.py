@@ -37,6 +37,7 @@ class Fleet:
     inventory: str
     key: str = field(repr=False)
     router_key: str = field(repr=False)
+    extra: dict = field(default_factory=dict)  # host data the tests so far set
 
 
 def write_inventory(path: Path, key_file: str, router_key_file: str,
@@ -152,6 +153,46 @@ def test_a_second_run_changes_nothing_on_the_router(fleet):
     assert fleet.hosts[0].main_pid(ROUTER) == before
 
 
+def reboot(h) -> None:
+    """Reboot a lab host as a VM reboots (nspawn's exit 133: the supervisor boots it again)."""
+    boot = h.ssh("cat /proc/sys/kernel/random/boot_id")
+    h.ssh("systemd-run --on-active=1 systemctl reboot")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        time.sleep(3)
+        now = h.ssh("cat /proc/sys/kernel/random/boot_id", check=False).strip()
+        if now and now != boot and h.ssh("systemctl is-system-running --wait",
+                                         check=False).strip() in ("running", "degraded"):
+            return
+    raise AssertionError(f"{h.name} did not come back from its reboot")
+
+
+def test_a_run_registers_again_a_worker_the_router_lost_after_its_host_rebooted(fleet):
+    """smg registers its --worker-urls at its start only (router_workers.py says what was
+    seen): a worker it lost is listed again by the next run, checked from its own list."""
+    router_host = fleet.hosts[0]
+    reboot(router_host)
+    gpu3 = f"http://{fleet.switch['gpu3']}:8000"
+    # the router registers its --worker-urls at its start: gpu3 listed, then taken out through
+    # the router's own API (what smg does not undo by itself)
+    deadline, taken = time.monotonic() + 120, False
+    while time.monotonic() < deadline:
+        answer = router_host.ssh(f"curl -s -m 10 {ROUTER_OWN}/workers", check=False)
+        listed = {w["url"]: w["id"] for w in json.loads(answer or '{"workers": []}')["workers"]}
+        if gpu3 in listed:
+            taken = router_host.ssh(f"curl -s -m 10 -X DELETE {ROUTER_OWN}/workers/"
+                                    f"{listed[gpu3]}", check=False) != "" or taken
+        elif taken:
+            break
+        time.sleep(1)
+    assert gpu3 not in router_workers(fleet)
+    run = lab.deploy(inventory=fleet.inventory)
+    assert run.returncode == 0, run.output[-6000:]
+    assert f"registering {gpu3} again" in run.output, run.output[-6000:]
+    want = {"http://127.0.0.1:30000"} | {f"http://{fleet.switch[n]}:8000" for n in ("gpu2", "gpu3")}
+    assert router_workers(fleet) == dict.fromkeys(want, True)
+
+
 def rolling_deploy(fleet: Fleet, inventory: str) -> tuple[lab.Run, dict]:
     """A deploy while a client on gpu3 sends requests through the router (lab addresses only,
     bounded: 20000 requests, 480 s), stopped when the deploy ends; its counts."""
@@ -184,8 +225,10 @@ def server_pids(fleet: Fleet) -> dict[str, int]:
 
 
 def test_a_flag_change_rolls_one_host_at_a_time_without_a_failed_request(fleet, tmp_path):
-    inventory = write_inventory(tmp_path / "inventory.py", KEY_FILE, ROUTER_KEY_FILE, {
-        "gpuhost_moe_runner_backend": "flashinfer_cutedsl", "gpuhost_router_wait_timeout": 30})
+    fleet.extra = {"gpuhost_moe_runner_backend": "flashinfer_cutedsl",
+                   "gpuhost_router_wait_timeout": 30}
+    inventory = write_inventory(tmp_path / "inventory.py", KEY_FILE, ROUTER_KEY_FILE,
+                                fleet.extra)
     before = server_pids(fleet)
     dry = lab.deploy("--dry", inventory=inventory)
     assert dry.returncode == 0, dry.output[-6000:]
@@ -210,6 +253,32 @@ def test_a_flag_change_rolls_one_host_at_a_time_without_a_failed_request(fleet, 
     fleet.inventory = inventory
 
 
+def test_a_lock_upgrade_rolls_one_host_at_a_time_without_a_failed_request(fleet, tmp_path):
+    # another lock digest, the same distributions (tests/e2e/test_rollback.py's relocked): each
+    # host builds the new venv beside the serving one, then restarts on it in the roll
+    from tests.e2e.test_rollback import relocked
+
+    listed = json.loads(lab.sandbox("status", "--json").stdout)
+    lock = relocked(Path(listed[0]["lock"]), tmp_path / "relocked.txt")
+    fleet.extra = {**fleet.extra, "gpuhost_lock": str(lock)}
+    inventory = write_inventory(tmp_path / "inventory.py", KEY_FILE, ROUTER_KEY_FILE,
+                                fleet.extra)
+    before = server_pids(fleet)
+    run, client = rolling_deploy(fleet, inventory)
+    assert run.returncode == 0, run.output[-8000:]
+    assert client["failed"] == 0 and client["ok"] > 20, client
+    assert "Roll: servers restart 1 at a time" in run.output and \
+        "1. gpu1; 2. gpu2; 3. gpu3" in run.output, run.output[-8000:]
+    after = server_pids(fleet)
+    assert all(after[n] != before[n] for n in before), (before, after)
+    started = [int(h.ssh("date -d \"$(systemctl show -p ExecMainStartTimestamp --value "
+                         "sglang.service)\" +%s")) for h in fleet.hosts]
+    assert started == sorted(started) and len(set(started)) == 3, started
+    want = {"http://127.0.0.1:30000"} | {f"http://{fleet.switch[n]}:8000" for n in ("gpu2", "gpu3")}
+    assert router_workers(fleet) == dict.fromkeys(want, True)
+    fleet.inventory = inventory
+
+
 def test_a_failed_upgrade_stops_the_roll_and_the_rest_keeps_serving(fleet, tmp_path):
     # gpu2's stand-in dies at start with the cutlass MoE runner backend (sandbox scenario)
     fleet.hosts[1].ssh("python3 - <<'EOF'\nimport json\np = '/etc/gpuhost-sandbox/hardware.json'\n"
@@ -217,7 +286,7 @@ def test_a_failed_upgrade_stops_the_roll_and_the_rest_keeps_serving(fleet, tmp_p
                        "d['serving']['backend_modes'] = {'cutlass': 'crash-on-start'}\n"
                        "json.dump(d, open(p, 'w'))\nEOF")
     inventory = write_inventory(tmp_path / "inventory.py", KEY_FILE, ROUTER_KEY_FILE, {
-        "gpuhost_moe_runner_backend": "cutlass", "gpuhost_router_wait_timeout": 30})
+        **fleet.extra, "gpuhost_moe_runner_backend": "cutlass"})
     before = server_pids(fleet)
     run, client = rolling_deploy(fleet, inventory)
     assert run.returncode != 0, run.output[-8000:]
