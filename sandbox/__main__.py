@@ -1,4 +1,4 @@
-"""python -m sandbox up [--hosts N] [--scenario NAME] | status [--json] | ask | link NAME up|down
+"""python -m sandbox up [--hosts N] [--scenario NAME] | status [--json] | ask | link NAME up|down [--switch]
 | down"""
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     p_link = sub.add_parser("link", help="drop a host's side of its link, or bring it back")
     p_link.add_argument("name", help="a host of this lab, e.g. gpu1")
     p_link.add_argument("state", choices=("up", "down"))
+    p_link.add_argument("--switch", action="store_true",
+                        help="the switch port (eth1) only: off its peers, still on this machine")
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "down":
             down()
         elif args.command == "link":
-            link(args.name, args.state == "up")
+            link(args.name, args.state == "up", args.switch)
         elif args.command == "ask":
             for result in ask(args.port):
                 models = [m["id"] for m in result["models"]["data"]]
