@@ -188,11 +188,11 @@ def test_a_mirror_of_another_commit_is_not_copied(tmp_path):
 
 
 def test_the_copy_into_the_host_uses_the_deploys_own_login_as_pyinfra_builds_it():
-    rsh, target, remote = model_copy._login_rsh("gpu2", {
+    rsh, target, remote = model_copy.login_rsh("gpu2", {
         "ssh_hostname": "10.0.0.2", "ssh_user": "gpuops", "_sudo": True, "ssh_port": 2222,
         "ssh_key": "/keys/id", "ssh_known_hosts_file": "/keys/known",
         "ssh_strict_host_key_checking": "yes"})
     assert rsh == ("ssh -o BatchMode=yes -o UserKnownHostsFile=/keys/known "
                    "-o StrictHostKeyChecking=yes -p 2222 -i /keys/id")
     assert (target, remote) == ("gpuops@10.0.0.2", "sudo rsync")
-    assert model_copy._login_rsh("gpu3", {})[1:] == ("gpu3", "rsync")
+    assert model_copy.login_rsh("gpu3", {})[1:] == ("gpu3", "rsync")
