@@ -1,6 +1,7 @@
 """Rebuilding a host with its weights from a peer: two hosts, the first converged from the hub
 stand-in (no peer holds the model yet), the second from the first directly over the lab switch
-(hub bytes for the weights: 0), then, with the first off the switch, a copy through the
+(hub bytes for the weights: 0; its locked wheels from the controller's cache, none from the
+index), then, with the first off the switch, a copy through the
 controller interrupted half way and resumed by the next run, which catches a file corrupted on
 the peer and fetches it from the hub. The hub stand-in's byte count (sandbox/hub.py) says what came from
 outside the lab; the files' hashes are read over plain ssh."""
@@ -70,6 +71,16 @@ def test_a_host_with_no_peer_holding_the_model_downloads_it_from_the_hub(hosts):
     assert weight_bytes(before, hub_bytes(), gpu1) == {s: SIZES[s] for s in SHARDS}
 
 
+def index_wheel_bytes(host: lab.Host) -> dict[str, int]:
+    """The distributions (not pages) the lab's HTTP server sent ``host`` from the package index
+    stand-in, by path (sandbox/httpd.py's count)."""
+    gateway = json.loads(lab.sandbox("status", "--json").stdout)[0]["gateway"]
+    with urllib.request.urlopen(f"http://{gateway}:8080/_sandbox/bytes-served") as r:
+        files = json.loads(r.read()).get(host.address, {}).get("files", {})
+    return {p: n for p, n in files.items()
+            if p.startswith("/simple/") and not p.endswith(("/", ".html")) and n}
+
+
 def switch_address(host: lab.Host) -> str:
     listed = json.loads(lab.sandbox("status", "--json").stdout)
     return next(h["switch_address"] for h in listed if h["name"] == host.name)
@@ -77,7 +88,8 @@ def switch_address(host: lab.Host) -> str:
 
 def test_a_second_host_pulls_its_weights_from_the_first_over_the_switch(hosts):
     """Directly: gpu2 pulls from gpu1's switch address with the copy key, placed on gpu2 for
-    the copy alone; nothing is staged on the controller. 128 KiB/s: the 1.5 MiB take about
+    the copy alone; nothing is staged on the controller. Its locked wheels come from the
+    controller's cache, none from the index. 128 KiB/s: the 1.5 MiB take about
     12 s, long enough for a progress line."""
     gpu1, gpu2, _, _ = hosts
     before = hub_bytes()
@@ -90,6 +102,14 @@ def test_a_second_host_pulls_its_weights_from_the_first_over_the_switch(hosts):
     assert re.search(r"\[gpu2\] model copy from gpu1: [\d,]+ bytes \(\d+%\) at \S+/s, \d+ s",
                      run.output), run.output[-6000:]
     assert not os.path.exists(STAGING) or not any(os.scandir(STAGING))
+    # the locked wheels came from the controller's cache (filled by gpu1, or an earlier run),
+    # each checked by pip against the lock's hashes
+    assert index_wheel_bytes(gpu2) == {}, index_wheel_bytes(gpu2)
+    assert re.search(r"\[gpu2\] locked wheels: \d+ files \(\d+ bytes\) from the controller's "
+                     r"cache, 0 of the lock's distributions from the index", run.output), \
+        run.output[-6000:]
+    assert gpu2.ssh("test -e /opt/gpuhost/wheels/locked && echo present || echo absent"
+                    ).strip() == "absent"
     # the key was on gpu2 for the copy only
     assert gpu2.ssh("test -e /run/gpuhost-model-copy && echo present || echo absent"
                     ).strip() == "absent"
