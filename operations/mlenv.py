@@ -19,7 +19,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files
 from typing_extensions import override
 
-from operations import REPO_ROOT
+from operations import REPO_ROOT, locked_wheels
 from operations.cuda_compat import driver_problem, venv_cuda
 from operations.disk import NO_SPACE, no_space_named
 from operations.flash_attn import STAMP_NAME, BuildPlan, built_wheel, read_stamp, stale_reasons
@@ -214,6 +214,10 @@ def drift(installed: dict[str, str], wanted: dict[str, str]) -> dict[str, tuple[
     return out
 
 
+#: What a venv holds before anything is installed into it: ensurepip's bundled distributions
+#: (CPython 3.11's Lib/ensurepip/__init__.py ``_PROJECTS``: setuptools and pip; 3.12 bundles
+#: pip alone).
+ENSUREPIP: Final = frozenset({"pip", "setuptools"})
 #: Distributions a venv may hold beyond its lock: pip itself, which ``python -m venv`` puts
 #: there and which installs the lock.
 UNLOCKED_ALLOWED: Final = frozenset({"pip"})
@@ -237,7 +241,8 @@ def describe_drift(changed: dict[str, tuple[str | None, str]], extra: dict[str, 
 @operation()
 def locked_packages(venv: str, requirements: str, wanted: dict[str, str], index_url: str,
                     env: dict[str, str] | None = None, build_isolation: bool = True,
-                    remove_unlocked: Iterable[str] | None = None, recreated: bool = False):
+                    remove_unlocked: Iterable[str] | None = None, recreated: bool = False,
+                    wheel_cache: str | None = None, requirements_text: str = ""):
     """Install a venv's distributions from a lock file on the host, only those that drifted.
 
     + venv: the venv's path
@@ -250,6 +255,10 @@ def locked_packages(venv: str, requirements: str, wanted: dict[str, str], index_
       distributions outside it, pip aside, are uninstalled. None leaves them alone.
     + recreated: the venv does not run and an earlier operation recreates it: while planning
       it counts as empty (its pip cannot list anything yet)
+    + wheel_cache: ``gpuhost_wheel_cache``: a fresh venv (nothing but :data:`ENSUREPIP`)
+      takes the locked files the controller caches by sha256 and fills that cache for the fleet
+      (operations/locked_wheels.py); None installs from the index alone
+    + requirements_text: the requirements file's content (its hashes key the cache)
 
     pip runs through no_space.py: a full disk is said in one line (:func:`no_space_named`).
 
@@ -272,6 +281,11 @@ def locked_packages(venv: str, requirements: str, wanted: dict[str, str], index_
             f"{venv}/bin/python", "-m", "pip", "uninstall", "--yes",
             "--disable-pip-version-check", *extra])
     if not changes:
+        return
+    if wheel_cache and set(installed) <= ENSUREPIP and not env:
+        yield from locked_wheels.fresh_install(
+            venv, requirements, requirements_text, index_url, wheel_cache,
+            [] if build_isolation else ["--no-build-isolation"])
         return
     command = []
     if env:
@@ -499,6 +513,8 @@ def mlenv(settings: Settings):
         index_url=settings.pip_index_url,
         remove_unlocked=[p.name for p in lock.pins],
         recreated=recreated,
+        wheel_cache=settings.wheel_cache,
+        requirements_text=lock.requirements((FLASH_ATTN,)),
     )
     flash = lock.get(FLASH_ATTN)
     if flash is None:

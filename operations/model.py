@@ -98,7 +98,9 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
       another (or none) fails the host there (exit 3), before the unit is written or the
       server restarted: planning could not read a config.json that was not there yet
     + peers: other inventory hosts that may hold a complete copy (operations/model_copy.py):
-      the first whose stamp says so is copied from, through the controller, before the Hub
+      the first whose stamp says so is copied from, before the Hub (directly where the host
+      reaches its fleet address, else through the controller), once the disk preflight
+      (model_fetch.py --check-room) found room for what is missing
     + bwlimit_kib: rsync's --bwlimit for that copy (KiB/s), None for no limit
     + mirror: a folder on the host holding ``<repo>/`` copies (``gpuhost_model_mirror``),
       copied from before the peers and the Hub where its copy is of the same commit; where its
@@ -123,7 +125,8 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
     if peers:
         # before the fetch: a mirror that holds the revision is left to it (model_fetch.py
         # copies from it first), one that does not leaves the copy to the peers
-        yield FunctionCommand(model_copy.relay, (peers, repo, revision, dest, bwlimit_kib),
+        room = shlex.join([python, f"{LIB_DIR}/model_fetch.py", *args, "--check-room"])
+        yield FunctionCommand(model_copy.copy, (peers, repo, revision, dest, bwlimit_kib, room),
                               {"mirror": mirror})
         args += ["--copied-from", "peer " + " or ".join(p.name for p in peers)]
     if mirror:

@@ -8,10 +8,16 @@ Ubuntu 24.04's rsync package: "Allow only reading from the DIR"), with sshd's ``
 option (sshd(8), AUTHORIZED_KEYS FILE FORMAT: no forwarding, no PTY, no ~/.ssh/rc). Its shell
 is /bin/sh, not bash (rrsync(1), BASH SECURITY ISSUE). It is never a login key.
 
-The copy goes through the controller (hosts that cannot reach each other): rsync from the peer
-into a staging folder on the controller with that key, then from there into the host's model
-folder over the deploy's own SSH login. Both legs keep partly copied files (``--partial-dir``),
-so an interrupted copy resumes; the staging folder is removed once the host has every file.
+Before any byte moves, model_fetch.py's disk preflight (``--check-room``: the bytes the Hub's
+metadata lists that are not there yet, plus the headroom, against the free space of the model
+folder's file system) runs on the host: a disk too small fails the host there.
+
+Where the peer has a ``gpuhost_fleet_address`` and the host reaches it there, the host pulls
+the folder itself (operations/model_copy_direct.py). Else the copy goes through the controller:
+rsync from the peer into a staging folder on the controller with that key, then from there
+into the host's model folder over the deploy's own SSH login. Every leg keeps partly copied
+files (``--partial-dir``), so an interrupted copy resumes; the staging folder is removed once
+the host has every file.
 model_fetch.py then verifies each file against the Hub's metadata and downloads from the Hub
 only what is missing or wrong. No token is used by the copy or travels with it.
 """
@@ -34,11 +40,12 @@ from typing import Any, Final
 
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, deploy
+from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, server
 
-from operations import remote
-from operations.settings import Settings
+from operations import model_copy_direct, remote
+from operations.settings import PREFIX, Settings
 
 #: The peer-side user the copy key logs in as (no password, no login shell of its own).
 COPY_USER: Final = "gpuhost-models"
@@ -88,8 +95,9 @@ def copy_access(settings: Settings):
     """
     # apt's lists are refreshed only where rsync is missing: a converged host's run stays a
     # no-op (apt.packages' update would run whenever the lists are older than cache_time)
-    apt.packages(name="rsync (the model copy)", packages=["rsync"],
-                 update="rsync" not in (host.get_fact(DebPackages) or {}))
+    installed = host.get_fact(DebPackages) or {}
+    apt.packages(name="rsync and ssh (the model copy)", packages=["rsync", "openssh-client"],
+                 update=not {"rsync", "openssh-client"} <= set(installed))
     server.user(name=f"User {COPY_USER} (reads the model folder for peers)", user=COPY_USER,
                 home=COPY_HOME, shell="/bin/sh", system=True, create_home=True)
     files.directory(name=f"{COPY_USER}'s .ssh", path=f"{COPY_HOME}/.ssh", user=COPY_USER,
@@ -112,7 +120,8 @@ def copy_key(settings: Settings):
 @dataclass(frozen=True)
 class Peer:
     """Another inventory host that may hold the same model: its name, SSH address and port,
-    its known-hosts file and host key checking (from its host data), its model folder."""
+    its known-hosts file and host key checking (from its host data), its model folder, and its
+    address on the network the hosts share (``gpuhost_fleet_address``, None if not set)."""
 
     name: str
     address: str
@@ -120,6 +129,7 @@ class Peer:
     known_hosts: str | None
     strict_host_key_checking: str
     model_dir: str
+    fleet_address: str | None = None
 
 
 def peers(me: str, settings: Mapping[str, Settings], data: Mapping[str, Mapping[str, Any]]
@@ -143,7 +153,7 @@ def peers(me: str, settings: Mapping[str, Settings], data: Mapping[str, Mapping[
         found.append(Peer(name, str(d.get("ssh_hostname") or name), int(d.get("ssh_port") or 22),
                           d.get("ssh_known_hosts_file"),
                           str(d.get("ssh_strict_host_key_checking") or "accept-new"),
-                          other.model_dir))
+                          other.model_dir, other.fleet_address))
     return found
 
 
@@ -157,7 +167,7 @@ def _peer_rsh(peer: Peer) -> str:
     return shlex.join(opts)
 
 
-def _login_rsh(name: str, data: Mapping[str, Any]) -> tuple[str, str, str]:
+def login_rsh(name: str, data: Mapping[str, Any]) -> tuple[str, str, str]:
     """The ssh command, ``user@address`` and remote rsync of the deploy's own login to a host,
     built as pyinfra's SSH connector builds its rsync (pyinfra 3.10, connectors/ssh.py,
     ``SSHConnector.rsync``)."""
@@ -180,7 +190,21 @@ def _login_rsh(name: str, data: Mapping[str, Any]) -> tuple[str, str, str]:
 def rsync(argv: list[str], prefix: str, what: str) -> tuple[bool, str]:
     """Run rsync, printing ``what``'s bytes, share and rate every PROGRESS_EVERY seconds from
     its --info=progress2 updates; (whether it exited 0, its stderr's last line)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    code, err = run_rsync(argv, prefix, what)
+    return code == 0, err
+
+
+def run_rsync(argv: list[str], prefix: str, what: str, stdin: Path | None = None
+              ) -> tuple[int, str]:
+    """:func:`rsync`, returning its exit status; ``stdin``: a file it reads (the copy key sent
+    to the host, model_copy_direct.py)."""
+    with open(stdin or os.devnull, "rb") as source:
+        proc = subprocess.Popen(argv, stdin=source, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        return _follow(proc, prefix, what)
+
+
+def _follow(proc: subprocess.Popen, prefix: str, what: str) -> tuple[int, str]:
     assert proc.stdout is not None and proc.stderr is not None
     began = last = time.monotonic()
     latest = ""
@@ -204,7 +228,7 @@ def rsync(argv: list[str], prefix: str, what: str) -> tuple[bool, str]:
     # own "connection unexpectedly closed"
     cause = next((line for line in err[:-1] if not line.startswith(
         ("rsync error:", "rsync: connection unexpectedly closed"))), None)
-    return proc.wait() == 0, (f"{cause} ({err[-1]})" if cause else err[-1] if err else "")
+    return proc.wait(), (f"{cause} ({err[-1]})" if cause else err[-1] if err else "")
 
 
 def _peer_stamp(peer: Peer, repo: str, prefix: str) -> dict | None:
@@ -235,13 +259,17 @@ def _mirror_holds(host, mirror: str, repo: str, revision: str) -> bool:
         stamp.get("revision"), stamp.get("sha"))
 
 
-def relay(state, host, peer_list: list[Peer], repo: str, revision: str, dest: str,
-          bwlimit_kib: int | None, mirror: str | None = None) -> bool:
+@remote.callback("model copy")
+def copy(state, host, peer_list: list[Peer], repo: str, revision: str, dest: str,
+         bwlimit_kib: int | None, room_check: str, mirror: str | None = None) -> bool:
     """Copy ``repo`` from the first peer whose stamp says it holds ``revision`` complete into
-    ``dest`` on ``host``, through the controller, unless ``mirror`` (gpuhost_model_mirror, on
-    the host) holds it. Always True: a peer that fails or holds no copy is said, and
-    model_fetch.py, run next, copies from the mirror or downloads from the Hub what is not
-    there."""
+    ``dest`` on ``host``: directly where the host reaches the peer's fleet address, else
+    through the controller; nothing where ``mirror`` (gpuhost_model_mirror, on the host) holds
+    it (model_fetch.py copies from there). ``room_check`` (model_fetch.py --check-room) runs
+    first: a disk too small fails the host before any byte moves. A peer that fails or holds
+    no copy is said and the next one tried; model_fetch.py, run next, copies from the mirror or
+    downloads from the Hub what is not there.
+    """
     prefix = host.print_prefix
     if mirror and _mirror_holds(host, mirror, repo, revision):
         logger.info(f"{prefix}model copy: the mirror {mirror} holds {repo}@{revision}: copied "
@@ -251,6 +279,9 @@ def relay(state, host, peer_list: list[Peer], repo: str, revision: str, dest: st
         logger.warning(f"{prefix}model copy: rsync is not installed on the controller: the "
                        "weights come from the Hub (apt install rsync to copy them from peers)")
         return True
+    ok, output = remote.shell(host, StringCommand(room_check))
+    if not ok:
+        raise OperationError((output.stderr_lines or ["the disk preflight failed"])[-1])
     limit = [f"--bwlimit={bwlimit_kib}"] if bwlimit_kib else []
     for peer in peer_list:
         stamp = _peer_stamp(peer, repo, prefix)
@@ -258,28 +289,76 @@ def relay(state, host, peer_list: list[Peer], repo: str, revision: str, dest: st
                                                                       stamp.get("sha")):
             continue
         sha = str(stamp.get("sha"))
-        staging = STAGING / f"{repo.replace('/', '--')}@{sha}"
-        staging.mkdir(parents=True, exist_ok=True)
-        staged = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
-        logger.info(f"{prefix}model copy: {repo}@{sha[:12]} from peer {peer.name} through the "
-                    "controller" + (f", resuming: {staged} bytes already staged there by an "
-                                    "earlier copy" if staged else ""))
-        ok, err = rsync(["rsync", *RSYNC_FLAGS, *limit, "-e", _peer_rsh(peer),
-                         f"{COPY_USER}@{peer.address}:{repo}/", f"{staging}/"],
-                        prefix, f"model copy from {peer.name}")
-        if not ok:
-            logger.warning(f"{prefix}model copy from {peer.name} failed ({err}): what was "
-                           "copied is kept for the next run")
-            continue
-        rsh, target, remote_rsync = _login_rsh(host.name, host.data.dict())
-        ok, err = rsync(["rsync", *RSYNC_FLAGS, *limit, "-e", rsh, "--rsync-path", remote_rsync,
-                         f"{staging}/", f"{target}:{dest}/"], prefix, "model copy to the host")
-        if not ok:
-            logger.warning(f"{prefix}model copy into {dest} failed ({err}): what was copied is "
-                           "kept for the next run")
+        what = f"{repo}@{sha[:12]} from peer {peer.name}"
+        why = (f"{PREFIX}fleet_address is not set for {peer.name}" if not peer.fleet_address
+               else "")
+        if peer.fleet_address:
+            done, why = _direct(host, peer, repo, dest, limit, what)
+            if done:
+                logger.info(f"{prefix}model copy: {repo}@{sha[:12]} copied from {peer.name} "
+                            "directly over the fleet network; verifying every file against the "
+                            "Hub's metadata")
+                return True
+        if relay(host, peer, repo, sha, dest, limit, what, why):
             return True
-        shutil.rmtree(staging, ignore_errors=True)
-        logger.info(f"{prefix}model copy: {repo}@{sha[:12]} copied from {peer.name}; "
-                    "verifying every file against the Hub's metadata")
+    return True
+
+
+def _direct(host, peer: Peer, repo: str, dest: str, limit: list[str], what: str
+            ) -> tuple[bool, str]:
+    """Pull from ``peer``'s fleet address on the host: (whether it copied, why not: the host
+    does not reach the peer there, or rsync's error; the copy through the controller is next)."""
+    prefix = host.print_prefix
+    assert peer.fleet_address is not None
+    known = model_copy_direct.known_hosts_for(peer.address, peer.port, peer.fleet_address,
+                                              peer.known_hosts)
+    copy_public_key()
+    rsh, target, remote_rsync = login_rsh(host.name, host.data.dict())
+    logger.info(f"{prefix}model copy: {what} directly over the fleet network "
+                f"({peer.fleet_address})")
+    line = model_copy_direct.command(
+        "sudo -n" if remote_rsync.startswith("sudo") else "", peer.fleet_address, peer.port,
+        repo, dest, peer.strict_host_key_checking, known, [*RSYNC_FLAGS, *limit])
+    code, err = run_rsync([*shlex.split(rsh), target, line], prefix,
+                          f"model copy from {peer.name}", stdin=KEY_PATH)
+    if code == model_copy_direct.UNREACHABLE:
+        return False, err
+    if code != 0:
+        logger.warning(f"{prefix}model copy from {peer.name} over the fleet network failed "
+                       f"({err}): what was copied is kept for the next run")
+        return False, f"the direct copy failed: {err}"
+    return True, ""
+
+
+
+
+def relay(host, peer: Peer, repo: str, sha: str, dest: str, limit: list[str], what: str,
+          why: str) -> bool:
+    """Copy ``repo`` from ``peer`` into ``dest`` on ``host`` through the controller (``why``:
+    why not directly); whether the host has it all now."""
+    prefix = host.print_prefix
+    staging = STAGING / f"{repo.replace('/', '--')}@{sha}"
+    staging.mkdir(parents=True, exist_ok=True)
+    staged = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
+    logger.info(f"{prefix}model copy: {what} through the controller"
+                + (f" ({why})" if why else "")
+                + (f", resuming: {staged} bytes already staged there by an earlier copy"
+                   if staged else ""))
+    ok, err = rsync(["rsync", *RSYNC_FLAGS, *limit, "-e", _peer_rsh(peer),
+                     f"{COPY_USER}@{peer.address}:{repo}/", f"{staging}/"],
+                    prefix, f"model copy from {peer.name}")
+    if not ok:
+        logger.warning(f"{prefix}model copy from {peer.name} failed ({err}): what was "
+                       "copied is kept for the next run")
+        return False
+    rsh, target, remote_rsync = login_rsh(host.name, host.data.dict())
+    ok, err = rsync(["rsync", *RSYNC_FLAGS, *limit, "-e", rsh, "--rsync-path", remote_rsync,
+                     f"{staging}/", f"{target}:{dest}/"], prefix, "model copy to the host")
+    if not ok:
+        logger.warning(f"{prefix}model copy into {dest} failed ({err}): what was copied is "
+                       "kept for the next run")
         return True
+    shutil.rmtree(staging, ignore_errors=True)
+    logger.info(f"{prefix}model copy: {repo}@{sha[:12]} copied from {peer.name} through the "
+                "controller; verifying every file against the Hub's metadata")
     return True

@@ -341,13 +341,14 @@ GPUHOST_DIRS: Final[Mapping[str, str]] = {
     "/opt/gpuhost/lib": "gpuhost's shipped scripts",
     "/opt/gpuhost/lock": "the ML stack's lock files",
     "/opt/gpuhost/build": "flash-attn's build folder",
-    "/opt/gpuhost/wheels": "flash-attn's built wheels",
+    "/opt/gpuhost/wheels": "flash-attn's built wheels, a fresh venv's locked wheels",
     "/opt/gpuhost/venvs": "the ML venvs, one per lock digest",
     "/var/cache/gpuhost": "the server's kernel caches",
     "/var/lib/gpuhost": "gpuhost's records (the P2P measurement, the verified server)",
     "/var/lib/gpuhost-models": "the model copy user's home (its one key: rrsync -ro)",
     "/etc/gpuhost": "the server's and the P2P decision's environment files",
     "/run/gpuhost": "the deploy lock",
+    "/run/gpuhost-model-copy": "the copy key while the host copies from a peer",
     "/opt/gpuhost/router-venv": "the router's venv (gpuhost_router_venv_path's default)",
 }
 

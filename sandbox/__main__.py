@@ -1,5 +1,5 @@
 """python -m sandbox up [--hosts N] [--scenario NAME] [--from-image PATH] | status [--json] | ask
-| link NAME up|down | image NAME PATH | down"""
+| link NAME up|down [--switch] | image NAME PATH | down"""
 
 from __future__ import annotations
 
@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     p_link = sub.add_parser("link", help="drop a host's side of its link, or bring it back")
     p_link.add_argument("name", help="a host of this lab, e.g. gpu1")
     p_link.add_argument("state", choices=("up", "down"))
+    p_link.add_argument("--switch", action="store_true",
+                        help="the switch port (eth1) only: off its peers, still on this machine")
     p_image = sub.add_parser("image", help="power a host off and write its tree to an image")
     p_image.add_argument("name", help="a host of this lab, e.g. gpu1")
     p_image.add_argument("path", type=Path, help="the image file to write (a tar)")
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "down":
             down()
         elif args.command == "link":
-            link(args.name, args.state == "up")
+            link(args.name, args.state == "up", args.switch)
         elif args.command == "ask":
             for result in ask(args.port):
                 models = [m["id"] for m in result["models"]["data"]]

@@ -1,12 +1,20 @@
 """The lab's HTTP server: one process serving the www root on each host link's address only.
 
 Run detached by `up` as `python -m sandbox.httpd --root DIR --port 8080 ADDRESS...`.
+
+It counts the bytes of the files it sends (response bodies: NVIDIA's repository stand-in and the
+package index's pages and distributions), per client address and path, as the hub stand-in does
+(sandbox/hub.py), for tests and the rebuild bench:
+
+    GET  /_sandbox/bytes-served    {"<client address>": {"total": n, "files": {"<path>": n}}}
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
+import shutil
 import signal
 import sys
 import threading
@@ -14,10 +22,55 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
+class Counter:
+    """Bytes sent per client address and path."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.served: dict[str, dict] = {}
+
+    def count(self, client: str, path: str, n: int) -> None:
+        with self.lock:
+            entry = self.served.setdefault(client, {"total": 0, "files": {}})
+            entry["total"] += n
+            entry["files"][path] = entry["files"].get(path, 0) + n
+
+    def json(self) -> bytes:
+        with self.lock:
+            return json.dumps(self.served).encode()
+
+
 class Handler(SimpleHTTPRequestHandler):
     """Static files with keep-alive (apt and pip fetch many files per connection)."""
 
     protocol_version = "HTTP/1.1"
+    counter = Counter()
+
+    def do_GET(self) -> None:
+        if self.path == "/_sandbox/bytes-served":
+            body = self.counter.json()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_GET()
+
+    def copyfile(self, source, outputfile) -> None:
+        class Counted:
+            def __init__(self, handler):
+                self.handler, self.n = handler, 0
+
+            def write(self, data):
+                self.n += len(data)
+                return outputfile.write(data)
+
+        counted = Counted(self)
+        try:
+            shutil.copyfileobj(source, counted)
+        finally:
+            self.counter.count(self.client_address[0], self.path.split("?")[0], counted.n)
 
     def log_message(self, format: str, *args: object) -> None:
         link = self.connection.getsockname()[0]

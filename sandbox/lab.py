@@ -424,14 +424,14 @@ def _scenario_host_data(scenario: str) -> dict[str, Any]:
     }
 
 
-def link(name: str, up: bool) -> None:
-    """Drop or bring back host ``name``'s side of its link (network.set_link); LabError for a
-    host this lab does not have."""
+def link(name: str, up: bool, switch_only: bool = False) -> None:
+    """Drop or bring back host ``name``'s side of its link, or of its switch port alone
+    (network.set_link); LabError for a host this lab does not have."""
     require_root("link")
     state = load_state()
     if state is None or name not in [h["name"] for h in state["hosts"]]:
         raise LabError(f"no host {name!r} in this lab (python -m sandbox status)")
-    network.set_link(host_from_name(name), up)
+    network.set_link(host_from_name(name), up, switch_only)
 
 
 def down() -> None:

@@ -98,13 +98,17 @@ def create(spec: HostSpec) -> None:
         _ip(*args)
 
 
-def set_link(spec: HostSpec, up: bool) -> None:
+def set_link(spec: HostSpec, up: bool, switch_only: bool = False) -> None:
     """Drop (``up=False``) or bring back the host's side of its link, as a cable pulled at the
     host: eth0 inside its namespace goes down (its default route with it) or comes back with
-    the route, and its switch port eth1 with it (the host is off the whole network). This
-    machine's side and routes, and the switch, are left alone."""
+    the route, and its switch port eth1 with it (the host is off the whole network). With
+    ``switch_only`` only eth1 (the host is off the switch, still reached from this machine: its
+    peers cannot reach it, the controller can). This machine's side and routes, and the switch,
+    are left alone."""
     ns = spec.netns
-    if up:
+    if switch_only:
+        _ip("-n", ns, "link", "set", SWITCH_IFACE, "up" if up else "down")
+    elif up:
         _ip("-n", ns, "link", "set", "eth0", "up")
         _ip("-n", ns, "route", "replace", "default", "via", spec.gateway)
         _ip("-n", ns, "link", "set", SWITCH_IFACE, "up")

@@ -188,14 +188,14 @@ def test_a_mirror_of_another_commit_is_not_copied(tmp_path):
 
 
 def test_the_copy_into_the_host_uses_the_deploys_own_login_as_pyinfra_builds_it():
-    rsh, target, remote = model_copy._login_rsh("gpu2", {
+    rsh, target, remote = model_copy.login_rsh("gpu2", {
         "ssh_hostname": "10.0.0.2", "ssh_user": "gpuops", "_sudo": True, "ssh_port": 2222,
         "ssh_key": "/keys/id", "ssh_known_hosts_file": "/keys/known",
         "ssh_strict_host_key_checking": "yes"})
     assert rsh == ("ssh -o BatchMode=yes -o UserKnownHostsFile=/keys/known "
                    "-o StrictHostKeyChecking=yes -p 2222 -i /keys/id")
     assert (target, remote) == ("gpuops@10.0.0.2", "sudo rsync")
-    assert model_copy._login_rsh("gpu3", {})[1:] == ("gpu3", "rsync")
+    assert model_copy.login_rsh("gpu3", {})[1:] == ("gpu3", "rsync")
 
 
 def _weights_commands(monkeypatch, **kwargs):
@@ -211,8 +211,8 @@ def _weights_commands(monkeypatch, **kwargs):
 
 def test_with_a_mirror_the_peers_are_still_tried_where_the_mirror_has_no_copy(monkeypatch):
     peer = model_copy.Peer("gpu1", "10.0.0.1", 22, None, "yes", "/opt/gpuhost/models")
-    relay, fetch, _ = _weights_commands(monkeypatch, peers=[peer], mirror="/mnt/models")
-    assert relay.function is model_copy.relay and relay.kwargs == {"mirror": "/mnt/models"}
+    copy, fetch, _ = _weights_commands(monkeypatch, peers=[peer], mirror="/mnt/models")
+    assert copy.function is model_copy.copy and copy.kwargs == {"mirror": "/mnt/models"}
     fetch = str(fetch)
     assert "--mirror /mnt/models" in fetch and "--copied-from 'peer gpu1'" in fetch
 
@@ -222,13 +222,15 @@ class _Host:
     name = "gpu2"
 
 
-def test_the_relay_leaves_the_copy_to_a_mirror_that_holds_the_revision(monkeypatch):
+def test_the_copy_is_left_to_a_mirror_that_holds_the_revision(monkeypatch):
     stamps = {"/mnt/models/org/m/.gpuhost-model.json": {"repo": "org/m", "revision": "main",
                                                        "sha": "b" * 40}}
     asked, lines = [], []
 
     def shell(host, command, **kw):
         import types
+        if str(command) == "room check":
+            return True, types.SimpleNamespace(stdout_lines=[], stderr_lines=[])
         path = str(command).split()[-1]
         text = json.dumps(stamps[path]) if path in stamps else ""
         return bool(text), types.SimpleNamespace(stdout_lines=[text] if text else [],
@@ -238,12 +240,12 @@ def test_the_relay_leaves_the_copy_to_a_mirror_that_holds_the_revision(monkeypat
     monkeypatch.setattr(model_copy, "_peer_stamp", lambda peer, repo, prefix: asked.append(peer))
     monkeypatch.setattr(model_copy.logger, "info", lines.append)
     peer = model_copy.Peer("gpu1", "10.0.0.1", 22, None, "yes", "/opt/gpuhost/models")
-    assert model_copy.relay(None, _Host(), [peer], "org/m", "main", "/d", None,
-                            mirror="/mnt/models")
+    assert model_copy.copy(None, _Host(), [peer], "org/m", "main", "/d", None, "room check",
+                           mirror="/mnt/models")
     assert asked == [] and any("the mirror /mnt/models holds org/m@main" in line
                                for line in lines), lines
-    assert model_copy.relay(None, _Host(), [peer], "org/m", "main", "/d", None,
-                            mirror="/mnt/empty")
+    assert model_copy.copy(None, _Host(), [peer], "org/m", "main", "/d", None, "room check",
+                           mirror="/mnt/empty")
     assert asked == [peer]  # no copy there: the peers are tried
 
 

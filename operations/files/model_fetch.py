@@ -8,7 +8,9 @@ Runs on the GPU host with the ML venv's python (huggingface_hub comes with the l
 2. a disk-space preflight: the bytes still missing plus --headroom-gib must fit in the free
    space of the destination's file system, else exit 2 before downloading anything (a disk
    that fills up all the same, ENOSPC on any write, exits 2 with one line: what was being
-   written, the space free there, what the snapshot needs; no_space.py, shipped beside);
+   written, the space free there, what the snapshot needs; no_space.py, shipped beside). With
+   --check-room the script stops here (exit 0 when it fits): the deploy runs it before a copy
+   from a peer (operations/model_copy.py), so a disk too small is refused before any byte moves;
 3. snapshot_download of that commit into --dest (resumes what is partly there). With
    --copied-from (the deploy copied the folder from a peer first: operations/model_copy.py),
    every file already there is verified first against the metadata's hash, the sha256 of an
@@ -124,6 +126,20 @@ def copy_from_mirror(folder: Path, dest: Path, sha: str) -> bool:
     return done.returncode == 0
 
 
+def no_room(args: argparse.Namespace, sha: str, need: int) -> str | None:
+    """The refusal when ``need`` bytes and the headroom do not fit in the free space of
+    ``--dest``'s file system (shutil.disk_usage: statvfs's blocks available to unprivileged
+    users), else None."""
+    free = _free_bytes(args.dest)
+    if need + args.headroom_gib * GIB <= free:
+        return None
+    verb = "to copy or download" if args.check_room else "to download"
+    return (f"not enough disk for {args.repo}@{sha} in {args.dest}: {need / GIB:.2f} GiB {verb} "
+            f"+ {args.headroom_gib:g} GiB headroom, {free / GIB:.2f} GiB free (gpuhost_model_dir's "
+            "file system): free space there or set gpuhost_model_dir to a larger one; nothing "
+            "was fetched")
+
+
 def main() -> int:
     try:
         return _main()
@@ -162,6 +178,9 @@ def _main() -> int:
                         "from (a peer), for the message: each is verified by its hash")
     parser.add_argument("--mirror", type=Path, help="a folder holding <repo>/ copies with their "
                         "stamps, copied from before the Hub")
+    parser.add_argument("--check-room", action="store_true", help="only the disk preflight "
+                        "(the bytes still missing + --headroom-gib against the free space), "
+                        "before a copy from a peer")
     args = parser.parse_args()
     _AT.update(repo=f"{args.repo}@{args.revision}", dest=str(args.dest))
 
@@ -202,6 +221,15 @@ def _main() -> int:
                 out[name] = size
         return out
 
+    if args.check_room:
+        refused = no_room(args, sha, sum(missing_bytes().values()))
+        if refused:
+            print(refused, file=sys.stderr)
+            return 2
+        print(f"{args.repo}@{sha}: {len(files)} files, {sum(files.values()) / GIB:.2f} GiB, "
+              f"{sum(missing_bytes().values()) / GIB:.2f} GiB still to fetch, "
+              f"{_free_bytes(args.dest) / GIB:.1f} GiB free in {args.dest}", flush=True)
+        return 0
     if args.mirror is not None and copy_from_mirror(args.mirror / args.repo, args.dest, sha):
         args.copied_from = f"the mirror {args.mirror}"
     copied: list[str] = []
@@ -216,10 +244,9 @@ def _main() -> int:
     need = sum(todo.values())
     _AT.update(repo=f"{args.repo}@{sha}", total=sum(files.values()), need=need)
     free = _free_bytes(args.dest)
-    if need + args.headroom_gib * GIB > free:
-        print(f"not enough disk for {args.repo}@{sha} in {args.dest}: {need / GIB:.2f} GiB to "
-              f"download + {args.headroom_gib:g} GiB headroom, {free / GIB:.2f} GiB free",
-              file=sys.stderr)
+    refused = no_room(args, sha, need)
+    if refused:
+        print(refused, file=sys.stderr)
         return 2
     print(f"{args.repo}@{args.revision} is commit {sha}: {len(files)} files, "
           f"{sum(files.values()) / GIB:.2f} GiB, {need / GIB:.2f} GiB to download "

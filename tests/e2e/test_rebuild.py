@@ -1,6 +1,8 @@
 """Rebuilding a host with its weights from a peer: two hosts, the first converged from the hub
-stand-in (no peer holds the model yet), the second from the first (hub bytes for the weights:
-0), then a copy interrupted half way resumed by the next run, which catches a file corrupted on
+stand-in (no peer holds the model yet), the second from the first directly over the lab switch
+(hub bytes for the weights: 0; its locked wheels from the controller's cache, none from the
+index), then, with the first off the switch, a copy through the
+controller interrupted half way and resumed by the next run, which catches a file corrupted on
 the peer and fetches it from the hub. The hub stand-in's byte count (sandbox/hub.py) says what came from
 outside the lab; the files' hashes are read over plain ssh."""
 
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -68,13 +71,48 @@ def test_a_host_with_no_peer_holding_the_model_downloads_it_from_the_hub(hosts):
     assert weight_bytes(before, hub_bytes(), gpu1) == {s: SIZES[s] for s in SHARDS}
 
 
-def test_a_second_host_gets_its_weights_from_the_first(hosts):
+def index_wheel_bytes(host: lab.Host) -> dict[str, int]:
+    """The distributions (not pages) the lab's HTTP server sent ``host`` from the package index
+    stand-in, by path (sandbox/httpd.py's count)."""
+    gateway = json.loads(lab.sandbox("status", "--json").stdout)[0]["gateway"]
+    with urllib.request.urlopen(f"http://{gateway}:8080/_sandbox/bytes-served") as r:
+        files = json.loads(r.read()).get(host.address, {}).get("files", {})
+    return {p: n for p, n in files.items()
+            if p.startswith("/simple/") and not p.endswith(("/", ".html")) and n}
+
+
+def switch_address(host: lab.Host) -> str:
+    listed = json.loads(lab.sandbox("status", "--json").stdout)
+    return next(h["switch_address"] for h in listed if h["name"] == host.name)
+
+
+def test_a_second_host_pulls_its_weights_from_the_first_over_the_switch(hosts):
+    """Directly: gpu2 pulls from gpu1's switch address with the copy key, placed on gpu2 for
+    the copy alone; nothing is staged on the controller. Its locked wheels come from the
+    controller's cache, none from the index. 128 KiB/s: the 1.5 MiB take about
+    12 s, long enough for a progress line."""
     gpu1, gpu2, _, _ = hosts
     before = hub_bytes()
-    run = deploy_gpu2()
+    run = deploy_gpu2("--data", "gpuhost_model_copy_bwlimit=128")
     assert run.returncode == 0, run.output[-6000:]
     assert "model copy: gpuhost-sandbox/tiny-glm-5@" in run.output
-    assert "from peer gpu1 through the controller" in run.output
+    assert (f"from peer gpu1 directly over the fleet network ({switch_address(gpu1)})"
+            in run.output), run.output[-6000:]
+    assert "through the controller" not in run.output
+    assert re.search(r"\[gpu2\] model copy from gpu1: [\d,]+ bytes \(\d+%\) at \S+/s, \d+ s",
+                     run.output), run.output[-6000:]
+    assert not os.path.exists(STAGING) or not any(os.scandir(STAGING))
+    # the locked wheels came from the controller's cache (filled by gpu1, or an earlier run),
+    # each checked by pip against the lock's hashes
+    assert index_wheel_bytes(gpu2) == {}, index_wheel_bytes(gpu2)
+    assert re.search(r"\[gpu2\] locked wheels: \d+ files \(\d+ bytes\) from the controller's "
+                     r"cache, 0 of the lock's distributions from the index", run.output), \
+        run.output[-6000:]
+    assert gpu2.ssh("test -e /opt/gpuhost/wheels/locked && echo present || echo absent"
+                    ).strip() == "absent"
+    # the key was on gpu2 for the copy only
+    assert gpu2.ssh("test -e /run/gpuhost-model-copy && echo present || echo absent"
+                    ).strip() == "absent"
     assert (f"[gpu2] weights source: {len(SIZES)} files ({TOTAL} bytes) from peer gpu1, "
             "verified against the Hub's metadata; 0 files (0 bytes) from the Hub") in run.output
     assert weight_bytes(before, hub_bytes(), gpu2) == {s: 0 for s in SHARDS}
@@ -102,10 +140,19 @@ def restore(gpu1: lab.Host, gpu2: lab.Host, shard: str) -> None:
 
 def test_a_copy_stopped_half_way_resumes_and_a_corrupted_peer_file_comes_from_the_hub(
         hosts, tmp_path):
-    """One scenario on the same hosts: gpu2's copy from gpu1 is stopped half way (Ctrl-C)
-    and resumed by the next run, which also catches a file corrupted on gpu1 (one byte
-    changed, the size kept: only the hash tells) and fetches it alone from the hub."""
+    """One scenario on the same hosts: gpu1 is off the switch (gpu2 does not reach it, the
+    controller does), so gpu2's copy from gpu1 goes through the controller; it is stopped half
+    way (Ctrl-C) and resumed by the next run, which also catches a file corrupted on gpu1 (one
+    byte changed, the size kept: only the hash tells) and fetches it alone from the hub."""
     gpu1, gpu2, _, _ = hosts
+    lab.sandbox("link", "gpu1", "down", "--switch")
+    try:
+        _interrupted_and_resumed(gpu1, gpu2, tmp_path)
+    finally:
+        lab.sandbox("link", "gpu1", "up", "--switch")
+
+
+def _interrupted_and_resumed(gpu1: lab.Host, gpu2: lab.Host, tmp_path) -> None:
     shard = SHARDS[-1]
     good = hashes(gpu1)[shard]
     gpu1.ssh(f"printf 'X' | dd of={MODEL_DIR}/{shard} bs=1 seek=4096 conv=notrunc status=none")
@@ -143,7 +190,9 @@ def test_a_copy_stopped_half_way_resumes_and_a_corrupted_peer_file_comes_from_th
         before = hub_bytes()
         run = deploy_gpu2()
         assert run.returncode == 0, run.output[-6000:]
-        assert "resuming: " in run.output and "bytes already staged there" in run.output
+        assert (f"from peer gpu1 through the controller ({switch_address(gpu1)} port 22 does "
+                "not answer from gpu2), resuming: ") in run.output, run.output[-6000:]
+        assert "bytes already staged there" in run.output
         assert (f"[gpu2] weights source: {len(SIZES) - 1} files ({TOTAL - SIZES[shard]} "
                 "bytes) from peer gpu1, verified against the Hub's metadata; 1 files "
                 f"({SIZES[shard]} bytes) from the Hub") in run.output

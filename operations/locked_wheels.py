@@ -1,0 +1,172 @@
+"""The locked wheels of a fresh venv from the fleet: a cache on the controller keyed by sha256,
+filled from the first host that downloaded them from the package index.
+
+A fresh venv (a rebuilt host, or a new lock's venv) is installed in three steps
+(:func:`fresh_install`):
+
+1. the controller sends the host, into :data:`WHEEL_DIR`, every distribution of its cache whose
+   sha256 the lock names (one tar stream over the deploy's own SSH login);
+2. ``pip download --no-deps --require-hashes -d <dir>`` fetches from the index only the lock's
+   lines the cache holds no file of; then ``pip install --no-deps --require-hashes --no-index
+   --find-links <dir>`` installs from that folder alone. (Not the index and the folder
+   together: pip ranks a link whose URL carries an allowed hash, as the index's do, above a
+   local file's, which carries none, so it would download them all again: pip 26.3,
+   PackageFinder ``_sort_key``, ``has_allowed_hash``; seen on the sandbox, every file fetched
+   again with the folder full.)
+3. the controller takes back the files it does not hold yet, each kept under its sha256 only
+   when that is one of the lock's hashes, and the folder on the host is removed.
+
+pip checks every file against the lock's hashes (--require-hashes) whatever its source: a
+wrong file in the cache fails the install, it is never trusted. A venv that only drifted
+(an upgrade in place) installs as before, from the index, only what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import subprocess
+import tempfile
+from io import StringIO
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Final
+
+from pyinfra import logger
+from pyinfra.api import FunctionCommand, StringCommand
+from pyinfra.api.exceptions import OperationError
+
+from operations import remote
+from operations.disk import no_space_named
+from operations.model_copy import login_rsh
+from operations.pip_index import pip_index_args
+
+#: Where the wheels of one install wait on the host (removed once the controller has them).
+WHEEL_DIR: Final = "/opt/gpuhost/wheels/locked"
+#: The lock's lines the cache holds no file of, written beside the sent files.
+MISSING: Final = "missing.txt"
+#: The cache's folder under ``gpuhost_wheel_cache``: ``<root>/locked/<sha256>/<file name>``.
+SUBDIR: Final = "locked"
+
+
+def cache_dir(wheel_cache: str) -> Path:
+    return Path(os.path.expanduser(wheel_cache)) / SUBDIR
+
+
+def cached(wheel_cache: str, hashes: Iterable[str]) -> dict[str, Path]:
+    """The cache's files whose sha256 is in ``hashes`` (hex): hex -> path."""
+    found = {}
+    for digest in hashes:
+        folder = cache_dir(wheel_cache) / digest
+        files = [f for f in folder.iterdir() if f.is_file()] if folder.is_dir() else []
+        if len(files) == 1:
+            found[digest] = files[0]
+    return found
+
+
+def lock_hashes(requirements_text: str) -> set[str]:
+    """The sha256 hexes a requirements file with ``--hash=sha256:<hex>`` names."""
+    return {word.split(":", 1)[1] for word in requirements_text.split()
+            if word.startswith("--hash=sha256:")}
+
+
+def _ssh(host) -> list[str]:
+    rsh, target, remote_rsync = login_rsh(host.name, host.data.dict())
+    return [*shlex.split(rsh), target, *(["sudo", "-n"] if remote_rsync.startswith("sudo")
+                                         else [])]
+
+
+@remote.callback("sending the fleet's cached wheels")
+def send(state, host, wheel_cache: str, requirements_text: str) -> bool:
+    """Put the cached files of the lock's hashes into WHEEL_DIR on ``host``, and beside them
+    MISSING: the lock's lines of which the cache holds no file (step 1)."""
+    hashes = lock_hashes(requirements_text)
+    found = cached(wheel_cache, hashes)
+    missing = [line for line in requirements_text.splitlines()
+               if line.strip() and not lock_hashes(line) & set(found)]
+    remote.shell(host, StringCommand("mkdir", "-p", WHEEL_DIR))
+    remote.put(host, StringIO("".join(line + "\n" for line in missing)),
+               f"{WHEEL_DIR}/{MISSING}")
+    if not found:
+        logger.info(f"{host.print_prefix}locked wheels: none of the lock's {len(hashes)} "
+                    "hashes in the controller's cache: from the index")
+        return True
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in found.values():
+            os.symlink(path, Path(tmp) / path.name)
+        names = sorted(p.name for p in found.values())
+        tar = subprocess.Popen(["tar", "-chf", "-", "-C", tmp, "--", *names],
+                               stdout=subprocess.PIPE)
+        done = subprocess.run([*_ssh(host), f"tar -xf - -C {WHEEL_DIR}"], stdin=tar.stdout,
+                              capture_output=True, text=True, check=False)
+        tar.wait()
+    if done.returncode != 0 or tar.returncode != 0:
+        raise OperationError(f"could not send the cached wheels ({done.stderr.strip()})")
+    size = sum(p.stat().st_size for p in found.values())
+    logger.info(f"{host.print_prefix}locked wheels: {len(found)} files ({size} bytes) from the "
+                f"controller's cache, {len(missing)} of the lock's distributions from the index")
+    return True
+
+
+@remote.callback("caching the locked wheels")
+def harvest(state, host, wheel_cache: str, hashes: list[str]) -> bool:
+    """Fetch the files of WHEEL_DIR the cache lacks, keep those whose sha256 the lock names,
+    remove WHEEL_DIR (step 3)."""
+    ok, listed = remote.shell(host, StringCommand(
+        "sh", "-c", shlex.quote(f"cd {WHEEL_DIR} && sha256sum -- *")))
+    have = cached(wheel_cache, hashes)
+    wanted = {}
+    for line in listed.stdout_lines if ok else []:
+        digest, _, name = line.partition("  ")
+        if digest in hashes and digest not in have and "/" not in name:
+            wanted[name] = digest
+    if wanted:
+        root = cache_dir(wheel_cache)
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=root, prefix=".fetch.") as tmp:
+            command = "tar -cf - -C " + WHEEL_DIR + " -- " + shlex.join(sorted(wanted))
+            ssh = subprocess.Popen([*_ssh(host), command], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+            done = subprocess.run(["tar", "-xf", "-", "-C", tmp], stdin=ssh.stdout,
+                                  capture_output=True, check=False)
+            ssh.wait()
+            kept = 0
+            for name, digest in wanted.items():
+                path = Path(tmp) / name
+                if done.returncode or not path.is_file() or hashlib.sha256(
+                        path.read_bytes()).hexdigest() != digest:
+                    continue
+                final = root / digest
+                staged = Path(tmp) / f".{digest}"
+                staged.mkdir()
+                os.replace(path, staged / name)
+                try:
+                    os.replace(staged, final)
+                    kept += 1
+                except OSError:  # another host's copy got there first
+                    pass
+        logger.info(f"{host.print_prefix}locked wheels: {kept} files cached on the controller "
+                    f"({root}) for the rest of the fleet")
+    remote.shell(host, StringCommand("rm", "-rf", WHEEL_DIR))
+    return True
+
+
+def fresh_install(venv: str, requirements: str, requirements_text: str, index_url: str,
+                  wheel_cache: str, pip_options: list[str]):
+    """The commands that install a fresh venv's lock through the fleet's cache (the module's
+    three steps); ``pip_options``: the install's own (``--no-build-isolation``)."""
+    hashes = sorted(lock_hashes(requirements_text))
+    pip = [f"{venv}/bin/python", "-m", "pip"]
+    common = ["--no-deps", "--require-hashes", "--disable-pip-version-check"]
+    yield FunctionCommand(send, (wheel_cache, requirements_text), {})
+    download = no_space_named(f"pip download into {WHEEL_DIR}", WHEEL_DIR, [
+        *pip, "download", *common, *pip_index_args(index_url), "--dest", WHEEL_DIR,
+        "-r", f"{WHEEL_DIR}/{MISSING}"])
+    # pip refuses an empty requirements file ("You must give at least one requirement")
+    yield StringCommand("sh", "-c", shlex.quote(
+        f"if [ -s {WHEEL_DIR}/{MISSING} ]; then {download.get_raw_value()}; fi"))
+    yield no_space_named(f"pip install into {venv}", venv, [
+        *pip, "install", *common, "--no-index", "--find-links", WHEEL_DIR, *pip_options,
+        "-r", requirements])
+    yield FunctionCommand(harvest, (wheel_cache, hashes), {})

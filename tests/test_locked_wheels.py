@@ -1,0 +1,96 @@
+"""The locked wheels' cache on the controller: keyed by sha256, sent to a fresh host and filled
+from it (the host's side run here: its SSH login replaced by a local shell), and the commands of
+a fresh install (pip still checks every hash)."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import types
+from pathlib import Path
+
+import pytest
+from pyinfra.api import FunctionCommand
+
+from operations import locked_wheels
+
+A = b"A" * 1000
+B = b"B" * 2000
+
+
+def _hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class _Host:
+    name = "gpu2"
+    print_prefix = "[gpu2] "
+
+    def log_styled(self, text, **kwargs):
+        raise AssertionError(text)
+
+
+@pytest.fixture
+def on_host(monkeypatch, tmp_path):
+    """The host's WHEEL_DIR in tmp_path/host, its commands run by a local shell."""
+    folder = tmp_path / "host" / "wheels"
+    monkeypatch.setattr(locked_wheels, "WHEEL_DIR", str(folder))
+    monkeypatch.setattr(locked_wheels, "_ssh", lambda host: ["sh", "-c"])
+
+    def shell(host, command, **kwargs):
+        done = subprocess.run(["sh", "-c", str(command.get_raw_value())], capture_output=True,
+                              text=True, check=False)
+        return done.returncode == 0, types.SimpleNamespace(
+            stdout_lines=done.stdout.splitlines(), stderr_lines=done.stderr.splitlines())
+
+    monkeypatch.setattr(locked_wheels.remote, "shell", shell)
+    monkeypatch.setattr(locked_wheels.remote, "put",
+                        lambda host, src, dest: Path(dest).write_text(src.read()))
+    monkeypatch.setattr(locked_wheels.logger, "info", lambda line: None)
+    return folder
+
+
+def test_the_lock_hashes_key_the_cache():
+    text = ("torch==2.9.1 \\\n    --hash=sha256:aa --hash=sha256:bb\n"
+            "sglang==0.5.9 --hash=sha256:cc\n")
+    assert locked_wheels.lock_hashes(text) == {"aa", "bb", "cc"}
+
+
+def test_a_host_fills_the_cache_with_the_locked_files_only(tmp_path, on_host):
+    on_host.mkdir(parents=True)
+    (on_host / "a-1.0-py3-none-any.whl").write_bytes(A)
+    (on_host / "b-1.0-py3-none-any.whl").write_bytes(B)  # not of the lock: not cached
+    cache = str(tmp_path / "controller")
+    assert locked_wheels.harvest(None, _Host(), cache, {_hex(A), "f" * 64})
+    assert locked_wheels.cached(cache, {_hex(A), _hex(B)}) == {
+        _hex(A): tmp_path / "controller" / "locked" / _hex(A) / "a-1.0-py3-none-any.whl"}
+    assert not on_host.exists()  # removed from the host once cached
+
+
+def test_the_cache_sends_a_fresh_host_the_files_of_its_lock(tmp_path, on_host):
+    cache = tmp_path / "controller" / "locked"
+    for data, name in ((A, "a-1.0-py3-none-any.whl"), (B, "b-1.0-py3-none-any.whl")):
+        (cache / _hex(data)).mkdir(parents=True)
+        (cache / _hex(data) / name).write_bytes(data)
+    text = f"a==1.0 --hash=sha256:{_hex(A)}\nc==2.0 --hash=sha256:{'c' * 64}\n"
+    assert locked_wheels.send(None, _Host(), str(tmp_path / "controller"), text)
+    assert sorted(p.name for p in on_host.iterdir()) == ["a-1.0-py3-none-any.whl",
+                                                         "missing.txt"]
+    assert (on_host / "a-1.0-py3-none-any.whl").read_bytes() == A
+    # what the index must still give: the lines the cache holds no file of
+    assert (on_host / "missing.txt").read_text() == f"c==2.0 --hash=sha256:{'c' * 64}\n"
+
+
+def test_a_fresh_install_downloads_what_is_missing_and_installs_with_every_hash_checked():
+    commands = list(locked_wheels.fresh_install(
+        "/opt/v", "/etc/gpuhost/lock/stack.txt", "x==1 --hash=sha256:aa\n",
+        "http://10.213.2.1:8080/simple/", "~/.cache/gpuhost/wheels", []))
+    assert [type(c) for c in commands] == [FunctionCommand, type(commands[1]),
+                                           type(commands[2]), FunctionCommand]
+    download, install = (str(c.get_raw_value()) for c in commands[1:3])
+    assert "--require-hashes" in download and "--require-hashes" in install
+    assert " download " in download and "--dest /opt/gpuhost/wheels/locked" in download
+    assert "-r /opt/gpuhost/wheels/locked/missing.txt" in download
+    # the folder alone: with the index too pip would take the index's files (hashed links)
+    assert "--no-index --find-links /opt/gpuhost/wheels/locked" in install
+    assert "--index-url" not in install and "-r /etc/gpuhost/lock/stack.txt" in install
