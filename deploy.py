@@ -15,7 +15,7 @@ fails saying so; the next run applies host data).
 
 from pyinfra import host, inventory
 
-from operations import deploy_lock, fact_cache, fleet, roll, rollback
+from operations import deploy_lock, fact_cache, fleet, roll, rollback, shipped_files
 from operations.driver_rollback import fail_if_rolled_back
 from operations.mlenv import mlenv
 from operations.nodes import node_role, nodes_env
@@ -35,6 +35,7 @@ roll.configure(the_fleet, {r: own_url(fleet_settings[r]) for r in the_fleet.rout
                fleet_settings)
 use_run_env()
 fact_cache.install()
+shipped_files.install()
 
 if deploy_lock.held(settings):
     interrupted = rollback.unfinished()
