@@ -15,7 +15,7 @@ fails saying so; the next run applies host data).
 
 from pyinfra import host, inventory, state
 
-from operations import deploy_lock, fact_cache, fleet, link, roll, rollback
+from operations import deploy_lock, fact_cache, fleet, link, roll, rollback, shipped_files
 from operations.driver_rollback import fail_if_rolled_back
 from operations.mlenv import mlenv
 from operations.nodes import node_role, nodes_env
@@ -36,6 +36,7 @@ roll.configure(the_fleet, {r: own_url(fleet_settings[r]) for r in the_fleet.rout
 use_run_env()
 link.watch(state, host)
 fact_cache.install()
+shipped_files.install()
 
 if deploy_lock.held(settings):
     interrupted = rollback.unfinished()

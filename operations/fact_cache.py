@@ -11,6 +11,10 @@ A dry run executes nothing, so it reads what a real run's planning reads.
 
 Each caller gets a copy of the value (pyinfra's own operations may change the dict a fact
 returned, ``operations/util/packaging.py``), as a second reading would give it.
+
+Facts a run will read can be announced (``expect``): the first of them that is not kept reads
+every announced fact not kept in one command (``operations/fact_batch.py``), so a host that
+changed nothing answers them all at once, and one that changed answers them again at once.
 """
 
 from __future__ import annotations
@@ -23,8 +27,15 @@ from typing import Any
 from pyinfra.api import host as host_module
 from pyinfra.api.host import Host
 
+from operations import fact_batch
+
 #: What one host's cache holds: (fact class, its arguments) -> the value read.
 _FACTS = "_gpuhost_facts"
+#: The facts announced for one host: key -> (fact class, its arguments by name).
+_EXPECTED = "_gpuhost_expected_facts"
+#: The announced facts a batch tried since the host's facts were last dropped: one that did
+#: not answer there (its command failed) is read alone, not batched again.
+_TRIED = "_gpuhost_tried_facts"
 #: How deep the host is in reading facts (a short fact reads its parent).
 _READING = "_gpuhost_reading_fact"
 
@@ -51,9 +62,44 @@ def _arguments(cls: Any, args: Any, kwargs: Any) -> Hashable:
     return _key(named), _key(own)
 
 
+def _cache_key(cls: Any, args: Any, kwargs: Any, rest: Any) -> Hashable | None:
+    try:
+        return (cls, _arguments(cls, args, kwargs), _key(rest))
+    except TypeError:
+        return None
+
+
+def expect(host: Host, cls: Any, **fact_kwargs: Any) -> None:
+    """Announce that ``host`` will read ``cls`` with ``fact_kwargs`` in this run."""
+    key = _cache_key(cls, (), fact_kwargs, {})
+    if key is not None:
+        vars(host).setdefault(_EXPECTED, {})[key] = (cls, fact_kwargs)
+
+
+def _read_expected(state: Any, host: Host, cls: Any, args: Any, kwargs: Any) -> None:
+    """Read every announced fact of ``host`` not kept, in one batch, and keep the answers."""
+    kept = vars(host).setdefault(_FACTS, {})
+    tried = vars(host).setdefault(_TRIED, set())
+    pending = [(key, wanted) for key, wanted in vars(host).get(_EXPECTED, {}).items()
+               if key not in kept and key not in tried]
+    if len(pending) < 2 or not host.connected:
+        return
+    tried.update(key for key, _ in pending)
+    connector_kwargs = fact_batch.connector_arguments(state, host, cls, args, kwargs)
+    vars(host)[_READING] = vars(host).get(_READING, 0) + 1
+    try:
+        values = fact_batch.read(state, host, [wanted for _, wanted in pending],
+                                 connector_kwargs)
+    finally:
+        vars(host)[_READING] -= 1
+    for index, value in values.items():
+        kept[pending[index][0]] = copy.deepcopy(value)
+
+
 def forget(host: Host) -> None:
     """Drop what is kept of ``host``'s facts."""
     vars(host).pop(_FACTS, None)
+    vars(host).pop(_TRIED, None)
 
 
 def install() -> None:
@@ -65,11 +111,11 @@ def install() -> None:
 
     def get_fact(state: Any, host: Host, cls: Any, args: Any = None, kwargs: Any = None,
                  **rest: Any) -> Any:
-        try:
-            key: Hashable | None = (cls, _arguments(cls, args, kwargs), _key(rest))
-        except TypeError:
-            key = None
+        key = _cache_key(cls, args, kwargs, rest)
         kept = vars(host).setdefault(_FACTS, {})
+        if key is not None and key not in kept and key in vars(host).get(_EXPECTED, {}) \
+                and key not in vars(host).get(_TRIED, ()):
+            _read_expected(state, host, cls, args, kwargs)
         if key is not None and key in kept:
             return copy.deepcopy(kept[key])
         vars(host)[_READING] = vars(host).get(_READING, 0) + 1

@@ -1,0 +1,105 @@
+"""operations/fact_batch.py and the announced facts of operations/fact_cache.py and
+operations/shipped_files.py: announced facts are read in one command, each as pyinfra reads it
+alone. pyinfra's own State, Host and @local connector; each command is counted."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api import host as host_module
+from pyinfra.api.host import Host
+from pyinfra.api.operation import add_op
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.server import Command
+from pyinfra.operations import files
+
+from operations import fact_batch, fact_cache, shipped_files
+
+
+@pytest.fixture
+def local(monkeypatch):
+    """pyinfra's @local host, its commands counted in ``host.commands``, the cache installed
+    for the test only."""
+    monkeypatch.setattr(host_module, "get_fact", host_module.get_fact)
+    monkeypatch.setattr(Host, "put_file", Host.put_file)
+    monkeypatch.delattr(host_module, "_gpuhost_fact_cache", raising=False)
+    for name in shipped_files.READS:
+        monkeypatch.setattr(files, name, getattr(files, name))
+    run = Host.run_shell_command
+    commands: list[str] = []
+
+    def counted(self, command, *args, **kwargs):
+        commands.append(str(command))
+        return run(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(Host, "run_shell_command", counted)
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory, Config())
+    state.current_stage = StateStage.Prepare
+    target = inventory.get_host("@local")
+    with ctx_state.use(state), ctx_host.use(target):
+        target.connect()
+        fact_cache.install()
+        target.commands = commands
+        yield target
+
+
+@pytest.fixture
+def tree(tmp_path):
+    (tmp_path / "a.txt").write_text("one\n")
+    (tmp_path / "b.txt").write_text("two, no newline")
+    os.chmod(tmp_path / "b.txt", 0o600)
+    (tmp_path / "sub").mkdir()
+    return tmp_path
+
+
+def test_announced_facts_are_read_in_one_command_as_each_alone(local, tree):
+    state = local.state
+    wanted = [(File, {"path": str(tree / "a.txt")}), (Sha1File, {"path": str(tree / "a.txt")}),
+              (File, {"path": str(tree / "b.txt")}), (Sha1File, {"path": str(tree / "b.txt")}),
+              (Directory, {"path": str(tree / "sub")}), (File, {"path": str(tree / "no")}),
+              (Sha1File, {"path": str(tree / "no")}), (Directory, {"path": str(tree / "a.txt")})]
+    values = fact_batch.read(state, local, wanted, {})
+    assert len(local.commands) == 1
+    fact_cache.forget(local)
+    alone = [local.get_fact(cls, **kwargs) for cls, kwargs in wanted]
+    assert [values[i] for i in range(len(wanted))] == alone
+    assert alone[3] is not None and alone[2]["mode"] == 600 and alone[5] is None
+
+
+def test_a_fact_whose_command_fails_is_left_to_its_own_reading(local, tmp_path):
+    values = fact_batch.read(local.state, local, [
+        (Command, {"command": "printf 'no newline'"}), (Command, {"command": "echo x; false"}),
+        (Command, {"command": "true"}), (Command, {"command": "printf 'a\\n\\n'"})], {})
+    assert values == {0: "no newline", 2: None, 3: "a\n"}
+
+
+def test_the_first_announced_fact_read_reads_them_all_once_until_a_command_runs(local, tree):
+    paths = [str(tree / "a.txt"), str(tree / "b.txt"), str(tree / "sub")]
+    for path in paths:
+        fact_cache.expect(local, File, path=path)
+        fact_cache.expect(local, Sha1File, path=path)
+    assert local.get_fact(File, path=paths[0])["size"] == 4
+    assert local.get_fact(Sha1File, path=paths[1])
+    assert local.get_fact(File, path=paths[2]) is False
+    assert len(local.commands) == 1
+    local.run_shell_command(f"echo more >> {paths[0]}")
+    assert local.get_fact(File, path=paths[0])["size"] == 9  # read again, with the others
+    assert local.get_fact(Sha1File, path=paths[1])
+    assert len(local.commands) == 3
+
+
+def test_files_put_announces_what_it_reads(local, tree):
+    shipped_files.install()
+    dest = str(tree / "sub" / "shipped.txt")
+    add_op(local.state, files.put, name="Ship", src=str(tree / "a.txt"), dest=dest, mode="644",
+           host=local)
+    add_op(local.state, files.directory, name="Folder", path=str(tree / "other"), host=local)
+    announced = {(cls, kwargs["path"]) for cls, kwargs
+                 in vars(local)[fact_cache._EXPECTED].values()}
+    assert announced == {(File, dest), (Directory, dest), (Sha1File, dest),
+                         (Directory, str(tree / "sub")), (Directory, str(tree / "other"))}
