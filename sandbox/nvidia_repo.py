@@ -492,12 +492,17 @@ def _build_deb(deb: Deb, work: Path, out: Path) -> None:
 
 
 def _drop_stale(apt_archives: Path, repo: Path) -> None:
+    """Remove the shared apt cache's copies of this repository's packages that differ from
+    them (a stand-in changed); labs that boot side by side may drop the same copy."""
     if not apt_archives.is_dir():
         return
     for deb in repo.glob("*.deb"):
         cached = apt_archives / deb.name
-        if cached.is_file() and cached.read_bytes() != deb.read_bytes():
-            cached.unlink()
+        try:
+            if cached.read_bytes() != deb.read_bytes():
+                cached.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def _index(repo: Path) -> None:
