@@ -12,7 +12,9 @@ it reaches the lab's hosts and nothing else, and nothing in this machine's own n
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
+import time
 
 from sandbox.layout import LAB, SWITCH_BRIDGE, SWITCH_IFACE, SWITCH_NETNS, HostSpec
 
@@ -112,9 +114,24 @@ def set_link(spec: HostSpec, up: bool, switch_only: bool = False) -> None:
         _ip("-n", ns, "link", "set", "eth0", "up")
         _ip("-n", ns, "route", "replace", "default", "via", spec.gateway)
         _ip("-n", ns, "link", "set", SWITCH_IFACE, "up")
+        _answering(spec)
     else:
         _ip("-n", ns, "link", "set", "eth0", "down")
         _ip("-n", ns, "link", "set", SWITCH_IFACE, "down")
+
+
+def _answering(spec: HostSpec, within_s: float = 15.0) -> None:
+    """Wait until the host's SSH port answers on its link again: the neighbour entry this
+    machine marked FAILED while the link was down gives "No route to host" until resolved
+    anew (a test's first ssh right after ``link up`` met it). Silent past ``within_s``: the
+    link is up; what answers on it is the host's business."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((spec.address, 22), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
 
 
 def lab_namespaces() -> list[str]:
