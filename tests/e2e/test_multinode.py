@@ -177,7 +177,11 @@ def test_a_node_whose_link_drops_mid_run_fails_with_its_group_in_bounded_time(pa
     # operations/link.py LINK_TIMEOUT_S (60 s), not pyinfra's unbounded wait
     assert time.monotonic() - dropped < BOUND_S, output[-4000:]
     assert run.returncode != 0
-    assert (f"connection to {listed[1]['name']} lost during '") in output, output[-6000:]
+    # operations/link.py's words where the dead link fails an operation; where pyinfra first
+    # tried to connect again (seen once in CI, under load), its own "[gpu2] Could not connect"
+    gone = listed[1]["name"]
+    assert (f"connection to {gone} lost during '" in output
+            or f"[{gone}] Could not connect" in output), output[-6000:]
     assert (f"{listed[1]['name']} of the group {listed[0]['name']}, {listed[1]['name']} is out "
             "of this run") in output, output[-6000:]
     assert "Nodes: the group restarts (" not in output
