@@ -59,6 +59,12 @@ def flash_attn_build_env(host: lab.Host) -> dict:
     return json.loads(host.ssh(f"{VENV}/bin/python -c '{script}'"))
 
 
+def _wheel_folders(cache):
+    """The controller cache's flash-attn wheel folders (beside them: their .lock files, and
+    locked/ with the locked wheels a host downloaded)."""
+    return [p for p in cache.glob("flash_attn-*") if p.is_dir()]
+
+
 def test_gpus_other_than_host_data_stop_before_the_build(hosts, cache):
     # fresh hosts: no driver answers while planning, so only the deploy itself, once the driver
     # stage has loaded it, can compare the GPUs (SM120) with host data
@@ -69,7 +75,7 @@ def test_gpus_other_than_host_data_stop_before_the_build(hosts, cache):
             in run.output), run.output[-6000:]
     assert "Traceback" not in run.output
     assert not any(built_here(h) for h in hosts)
-    assert list(cache.glob("flash_attn-*")) == []  # no flash-attn wheel cached
+    assert _wheel_folders(cache) == []  # no flash-attn wheel cached
     for h in hosts:
         assert h.ssh(f"ls {VENV}/lib/python3*/site-packages/ | grep -c '^flash_attn' "
                      "|| true").strip() == "0"
@@ -88,7 +94,7 @@ def test_two_fresh_hosts_converge_with_one_build(hosts, cache):
     assert envs[0] == envs[1]  # one wheel, installed on both
     assert envs[0]["FLASH_ATTN_CUDA_ARCHS"] == "120"
     assert envs[0]["torch_cuda"] == envs[0]["nvcc_release"] == "12.8"
-    assert len(list(cache.glob("flash_attn-*"))) == 1  # one wheel, beside the locked wheels
+    assert len(_wheel_folders(cache)) == 1
     pids = [h.main_pid() for h in hosts]
 
     second = deploy(cache, "--json")
