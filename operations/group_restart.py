@@ -149,11 +149,19 @@ def down_message(rank: int, rank0: str, rank0_failed: bool, active: str) -> str:
             "every rank stopped")
 
 
+#: Seconds a rank >= 1 still "activating" is waited for before it counts as not running.
+ACTIVATING_WAIT_S: Final = 60
+
+
 @remote.callback("the group's health gate")
 def _follow_rank0(state, host, rank0: str, rank: int, journal_lines: int) -> bool:
     rank0_failed = rank0 in {h.name for h in state.failed_hosts}
-    _, seen = remote.shell(host, f"systemctl is-active {UNIT} || true")
-    active = (seen.stdout_lines or ["unknown"])[0].strip()
+    # a rank started without blocking may still be "activating" when rank 0's gate passes
+    # quickly (seen in the sandbox: rank 1 stopped in the second it started): wait for it
+    wait = (f"for i in $(seq {ACTIVATING_WAIT_S}); do "
+            f"test \"$(systemctl is-active {UNIT})\" = activating || break; sleep 1; done; ")
+    _, seen = remote.shell(host, wait + f"systemctl is-active {UNIT} || true")
+    active = (seen.stdout_lines or ["unknown"])[-1].strip()
     if not rank0_failed and active == "active":
         return True
     ok, out = remote.shell(host, f"systemctl stop {UNIT}; journalctl -u {UNIT} -n "
