@@ -4,7 +4,10 @@ Planning takes it, before any fact is read (``deploy.py``: the stages run only f
 lock is held); it is let go when the run ends or its connection closes. The host side is
 ``operations/files/deploy_lock.py``, on an SSH channel of its own: an flock under /run that a
 reboot releases too, exclusive for a deploy, shared for ``--dry``. A second run says who holds
-it and waits ``gpuhost_deploy_lock_wait`` seconds, or fails at once (the default).
+it and waits ``gpuhost_deploy_lock_wait`` seconds, or fails at once (the default). A lock held
+only by runs of this controller whose pyinfra process has ended (a link that dropped mid-run:
+the host heard nothing, and its holder would wait out its 300 s of silence) is taken from them,
+and said so.
 """
 
 from __future__ import annotations
@@ -55,9 +58,10 @@ def _holder() -> str:
                        "controller_pid": os.getpid()})
 
 
-def _command(target, mode: str, wait: int) -> str:
+def _command(target, mode: str, wait: int, gone: list[dict] | None = None) -> str:
     command = StringCommand("python3", "-c", QuoteString(SCRIPT.read_text()), "--mode", mode,
-                            "--wait", str(wait), "--holder", QuoteString(_holder()))
+                            "--wait", str(wait), "--holder", QuoteString(_holder()),
+                            *(("--evict", QuoteString(json.dumps(gone))) if gone else ()))
     arguments = remote.connector_arguments(target)
     extract_control_arguments(arguments)  # the connector's own, not the command line's
     return make_unix_command_for_host(target.state, target, command, **arguments).get_raw_value()
@@ -100,6 +104,37 @@ def _describe(holders_json: str) -> str:
         f"{h.get('login', '?')}, since {h.get('since', '?')})" for h in holders)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: another user's process, alive
+        return True
+    return True
+
+
+def gone_runs(holders_json: str) -> list[dict]:
+    """The holders of a busy lock whose run is known to be over: every one of them taken by a
+    pyinfra process of this controller (user@host) that no longer lives; [] where any holder
+    is another controller's or a live run's. Such a holder stays after a link dropped mid-run
+    (operations/link.py): its run ended, but the host heard nothing of it."""
+    try:
+        holders = json.loads(holders_json)
+    except ValueError:
+        return []
+    me = json.loads(_holder())
+    if not isinstance(holders, list) or not holders:
+        return []
+    for h in holders:
+        pid = h.get("controller_pid") if isinstance(h, dict) else None
+        if (h.get("controller") != me["controller"] or not isinstance(pid, int)
+                or pid == me["controller_pid"] or _alive(pid)):
+            return []
+    return [{"controller": h["controller"], "controller_pid": h["controller_pid"]}
+            for h in holders]
+
+
 def _beat(target, held: _Held) -> None:
     while True:
         gevent.sleep(HEARTBEAT_S)
@@ -109,11 +144,12 @@ def _beat(target, held: _Held) -> None:
             return
 
 
-def _take(target, mode: str, wait: int) -> str | None:
-    """Take the lock on ``target``; None when held, else why not."""
+def _take(target, mode: str, wait: int, gone: list[dict] | None = None) -> str | None:
+    """Take the lock on ``target``; None when held, else why not. A lock held only by runs of
+    this controller that are gone is taken from them (once)."""
     try:
         with gevent.Timeout(wait + ANSWER_SLACK_S):
-            held = _open(target, _command(target, mode, wait))
+            held = _open(target, _command(target, mode, wait, gone))
             if held is None:
                 logger.warning(f"{target.print_prefix}deploy lock: the {type(target.connector)}"
                                " connector cannot hold one: going on without it")
@@ -124,6 +160,12 @@ def _take(target, mode: str, wait: int) -> str | None:
                     logger.info(f"{target.print_prefix}deploy lock: waiting up to {wait} s for "
                                 f"{_describe(line[len('waiting '):])}")
                     continue
+                if line.startswith("evicted "):
+                    logger.warning(f"{target.print_prefix}deploy lock: held by "
+                                   f"{_describe(line[len('evicted '):])}, a run that is over "
+                                   "(its pyinfra process is gone; its link dropped before it "
+                                   "could let go): taken from it")
+                    continue
                 break
     except (gevent.Timeout, SSHException, OSError, EOFError) as exc:
         return f"the host did not answer the deploy lock ({exc or type(exc).__name__})"
@@ -133,6 +175,8 @@ def _take(target, mode: str, wait: int) -> str | None:
         _held[target.name] = held
         return None
     held.close()
+    if line.startswith("busy ") and gone is None and gone_runs(line[len("busy "):]):
+        return _take(target, mode, wait, gone_runs(line[len("busy "):]))
     if line.startswith("busy "):
         return (f"{target.name} is being deployed: {_describe(line[len('busy '):])}. Run again "
                 f"when it ends, or let this run wait for it: --data "

@@ -79,7 +79,7 @@ class LinkWatch(BaseStateCallback):
         if not lost(host):
             return
         names = ", ".join(state.get_op_meta(op_hash).names) or "an operation"
-        host.log_styled(f"connection to {host.name} lost during {names!r}: its link left "
+        host.log_styled(f"connection to {host.name} lost during '{names}': its link left "
                         f"data unanswered for {LINK_TIMEOUT_S} s, so the host is out of this "
                         "run (run again once it answers)", fg="red", log_func=logger.error)
         remote.close(host)

@@ -4,6 +4,7 @@ and how the controller says who holds it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,11 +21,13 @@ class Holder:
     """The holder process, its stdin the controller's heartbeats, its stdout the protocol."""
 
     def __init__(self, run_dir: Path, mode: str = "exclusive", wait: float = 0,
-                 silence: float = 300, who: str = "ops@laptop"):
+                 silence: float = 300, who: str = "ops@laptop", pid: int = 4242,
+                 evict: list | None = None):
         self.proc = subprocess.Popen(
             [sys.executable, str(SCRIPT), "--mode", mode, "--wait", str(wait), "--run-dir",
              str(run_dir), "--silence", str(silence),
-             "--holder", json.dumps({"controller": who, "controller_pid": 4242})],
+             "--holder", json.dumps({"controller": who, "controller_pid": pid}),
+             *(["--evict", json.dumps(evict)] if evict is not None else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def line(self) -> str:
@@ -106,3 +109,50 @@ def test_who_holds_it_in_words():
                     "2026-12-01T14:02:11Z)")
     assert deploy_lock._describe("[]") == "another run"
     assert deploy_lock._describe("not json") == "another run"
+
+
+def test_a_holder_whose_run_is_gone_is_evicted_by_the_next_run(run_dir):
+    # a link that dropped mid-run: the old holder still waits for heartbeats
+    stale = Holder(run_dir)
+    assert stale.line() == "held"
+    nxt = Holder(run_dir, who="ops@laptop", pid=5151,
+                 evict=[{"controller": "ops@laptop", "controller_pid": 4242}])
+    said = nxt.line()
+    assert said.startswith("evicted ") and json.loads(said[8:])[0]["controller_pid"] == 4242
+    assert nxt.line() == "held"
+    assert stale.proc.wait(timeout=10) == 0
+    assert [p.name for p in (run_dir / "deploy-lock.d").iterdir()] == [f"{nxt.proc.pid}.json"]
+    nxt.end()
+
+
+def test_a_holder_not_named_keeps_the_lock(run_dir):
+    dry_gone = Holder(run_dir, "shared")
+    dry_live = Holder(run_dir, "shared", who="cron@ctl", pid=7)
+    assert dry_gone.line() == "held" and dry_live.line() == "held"
+    deploy = Holder(run_dir, evict=[{"controller": "ops@laptop", "controller_pid": 4242}])
+    assert deploy.line().startswith("busy ")  # the live dry run holds it too: nobody evicted
+    assert deploy.proc.wait(timeout=10) == 75
+    assert dry_gone.proc.poll() is None
+    dry_gone.end()
+    dry_live.end()
+
+
+def _ended_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_the_controller_names_only_its_own_runs_that_ended(monkeypatch):
+    monkeypatch.setattr(deploy_lock, "_holder",
+                        lambda: json.dumps({"controller": "ops@ctl", "controller_pid": 1}))
+    ended = _ended_pid()
+    mine_ended = {"controller": "ops@ctl", "controller_pid": ended, "pid": 99, "mode": "exclusive"}
+    assert deploy_lock.gone_runs(json.dumps([mine_ended])) == [
+        {"controller": "ops@ctl", "controller_pid": ended}]
+    live = {**mine_ended, "controller_pid": os.getpid()}
+    other = {**mine_ended, "controller": "cron@other"}
+    itself = {**mine_ended, "controller_pid": 1}
+    for holders in ([live], [other], [itself], [mine_ended, other], []):
+        assert deploy_lock.gone_runs(json.dumps(holders)) == []
+    assert deploy_lock.gone_runs("not json") == []

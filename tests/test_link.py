@@ -68,11 +68,10 @@ def test_a_connector_without_an_ssh_socket_is_left_alone():
     assert not link.bound(FakeHost(None))
 
 
-def _state(*handlers):
+def _state(*handlers, name="Unit sglang.service"):
     return SimpleNamespace(callback_handlers=list(handlers),
                            add_callback_handler=lambda h: None,
-                           get_op_meta=lambda op_hash: SimpleNamespace(
-                               names={"Unit sglang.service"}))
+                           get_op_meta=lambda op_hash: SimpleNamespace(names={name}))
 
 
 def test_a_host_whose_link_went_is_said_lost_and_closed(tcp):
@@ -83,6 +82,14 @@ def test_a_host_whose_link_went_is_said_lost_and_closed(tcp):
                          "data unanswered for 60 s, so the host is out of this run (run again "
                          "once it answers)"]
     assert client.closed and host.connected is False
+
+
+def test_an_operation_name_with_an_apostrophe_is_quoted_the_same_way(tcp):
+    # seen in e2e: repr() quoted "apt waits for dpkg's lock" with double quotes
+    host = FakeHost(Client(Transport(tcp, active=False)))
+    link.LinkWatch.operation_host_error(_state(name="apt waits for dpkg's lock"), host, "op")
+    assert host.said[0].startswith("connection to gpu2 lost during 'apt waits for dpkg's "
+                                   "lock': ")
 
 
 def test_a_failure_on_a_live_link_is_not_called_a_lost_link(tcp):

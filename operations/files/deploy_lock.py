@@ -10,8 +10,14 @@ deploy, ``shared`` for a dry run (dry runs read together; a deploy waits for the
 it). Who holds it is kept beside it, one JSON file per holder in /run/gpuhost/deploy-lock.d/.
 
 Protocol on stdout, one line each: ``waiting <holders JSON>`` (once, when another run holds it
-and --wait allows waiting), then ``held`` or ``busy <holders JSON>`` (exit 75, EX_TEMPFAIL of
-sysexits.h). While held, it reads the controller's heartbeats (any bytes) on stdin and writes
+and --wait allows waiting), ``evicted <holders JSON>`` (once, see below), then ``held`` or
+``busy <holders JSON>`` (exit 75, EX_TEMPFAIL of sysexits.h).
+
+``--evict <holders JSON>`` names holders whose run the controller knows is gone (its own
+pyinfra process ended: a link that dropped mid-run leaves the old holder waiting for a word that
+never comes, up to SILENCE_S). Where every holder of the lock is one of those (same controller,
+same pyinfra pid), they are sent SIGTERM and the lock is taken once they are gone; a holder
+not named keeps the lock. While held, it reads the controller's heartbeats (any bytes) on stdin and writes
 one byte every HEARTBEAT_S seconds; it lets go when stdin ends (the run ended or its connection
 closed), when nothing came for SILENCE_S seconds (the link dropped without a word), or when its
 own write fails (the connection is gone: once the link is back, the controller's kernel answers
@@ -33,6 +39,8 @@ RUN_DIR = "/run/gpuhost"
 HEARTBEAT_S = 15
 SILENCE_S = 300
 EX_TEMPFAIL = 75
+#: Seconds evicted holders get to exit (an flock is let go when its process ends).
+EVICT_WAIT_S = 10
 
 
 def holders(folder: str) -> list[dict]:
@@ -58,23 +66,49 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def take(fd: int, mode: str, wait: float, folder: str) -> bool:
+def _named(entry: dict, gone: list[dict]) -> bool:
+    return any(entry.get("controller") == g.get("controller")
+               and entry.get("controller_pid") == g.get("controller_pid") for g in gone)
+
+
+def evict(folder: str, gone: list[dict]) -> list[dict]:
+    """SIGTERM the holders in ``folder`` when every one of them is named in ``gone``; returns
+    those sent it (none when a holder not named holds the lock too)."""
+    current = holders(folder)
+    if not current or not all(_named(h, gone) for h in current):
+        return []
+    for entry in current:
+        try:
+            os.kill(int(entry["pid"]), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    return current
+
+
+def take(fd: int, mode: str, wait: float, folder: str, gone: list[dict] | None = None) -> bool:
     flag = fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH
     deadline = time.monotonic() + wait
-    told = False
+    told = evicting = False
     while True:
         try:
             fcntl.flock(fd, flag | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
             pass
+        if gone:
+            evicted = evict(folder, gone)
+            gone = None  # once: a holder that came since is a run of its own
+            if evicted:
+                say("evicted " + json.dumps(evicted))
+                deadline = max(deadline, time.monotonic() + EVICT_WAIT_S)
+                evicting = True
         if time.monotonic() >= deadline:
             say("busy " + json.dumps(holders(folder)))
             return False
-        if not told:
+        if not told and not evicting:
             say("waiting " + json.dumps(holders(folder)))
             told = True
-        time.sleep(1)
+        time.sleep(0.2 if evicting else 1)
 
 
 def hold(silence: float) -> None:
@@ -102,12 +136,15 @@ def main() -> int:
     parser.add_argument("--run-dir", default=RUN_DIR, help="where the lock lives")
     parser.add_argument("--silence", type=float, default=SILENCE_S,
                         help="seconds without a heartbeat before letting go")
+    parser.add_argument("--evict", default="[]",
+                        help="JSON: holders whose run is gone, to let go of the lock")
     args = parser.parse_args()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # a write to a closed channel ends us
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # evicted: our record goes too
     folder = os.path.join(args.run_dir, "deploy-lock.d")
     os.makedirs(folder, mode=0o755, exist_ok=True)
     fd = os.open(os.path.join(args.run_dir, "deploy.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    if not take(fd, args.mode, args.wait, folder):
+    if not take(fd, args.mode, args.wait, folder, json.loads(args.evict)):
         return EX_TEMPFAIL
     holders(folder)  # sweeps the records of holders that died with their channel
     entry = {**json.loads(args.holder), "mode": args.mode, "pid": os.getpid(),
