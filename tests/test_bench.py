@@ -30,7 +30,8 @@ def test_bench_command_offline_fixed_lengths():
     cmd = bench_run.bench_command(args, 16, "/out/level-16.json")
     joined = " ".join(cmd)
     assert cmd[:3] == ["/v/bin/python", "-m", "sglang.bench_serving"]
-    for part in ("--backend sglang-oai", "--dataset-name random-ids", "--random-range-ratio 1.0", "--tokenizer /m/x",
+    for part in ("--backend sglang-oai", "--dataset-name random-ids",
+                 "--random-range-ratio 1.0", "--tokenizer /m/x",
                  "--max-concurrency 16", "--num-prompts 64", "--output-file /out/level-16.json",
                  "--served-model-name glm-5", "--warmup-requests 4"):
         assert part in joined

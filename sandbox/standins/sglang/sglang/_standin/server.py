@@ -21,10 +21,11 @@ Startup takes SANDBOX_SGLANG_STARTUP_SECONDS (default 0.5) in every mode. The ho
 --moe-runner-backend.
 
 Under load: a streamed /v1/completions (what sglang.bench_serving --backend sglang-oai sends)
-or /generate (--backend sglang) yields max_tokens (max_new_tokens) tokens when ignore_eos is set, at the rate the scenario sets for the
---moe-runner-backend and the number of generations running (serving.output_tokens_per_s: all
-streams' output tokens per second, log-linear between its levels); the number running is kept in
-/run/gpuhost-sandbox/serving-load.json for the nvidia-smi stand-in.
+or /generate (--backend sglang) yields max_tokens (max_new_tokens) tokens when ignore_eos is
+set, at the rate the scenario sets for the --moe-runner-backend and the number of generations
+running (serving.output_tokens_per_s: all streams' output tokens per second, log-linear between
+its levels); the number running is kept in /run/gpuhost-sandbox/serving-load.json for the
+nvidia-smi stand-in.
 
 On a scenario whose P2P corrupts data (peer_transfers "wrong-data"), the answers are degenerate
 as well when the tensor parallel group's all-reduce would go peer-to-peer: NCCL's, as the torch
