@@ -5,6 +5,8 @@ a diagnosis per level, results on the controller; or a sweep of one server setti
     pyinfra inventory/lab.py bench.py --limit gpu1    # one host
     pyinfra inventory/lab.py bench.py --data gpuhost_bench_sweep='{"moe_runner_backend":
         ["flashinfer_cutlass", "cutlass"]}'           # each value served, benched, compared
+    pyinfra inventory/lab.py bench.py --data gpuhost_bench_target=router   # the fleet, through
+                                                      # the router (operations/bench_fleet.py)
 
 Host data is validated as for deploy.py (gpuhost_bench_* keys included) before any host is
 touched; each host is benched under its deploy lock, and refused, before any load, when its
@@ -13,17 +15,28 @@ server does not pass the deploy's health gate. Results: bench-results/<host>/<UT
 
 from pyinfra import host, inventory
 
-from operations import deploy_lock
+from operations import bench_fleet, deploy_lock
 from operations.bench import RESULTS_ROOT, bench_run, prepare
 from operations.plan import stop_if_refused
 from operations.remote import use_run_env
 from operations.settings import for_run
 from operations.sweep import leftover_restored, sweep_run
 
-settings = for_run(inventory)[host.name]
+everyone = for_run(inventory)
+settings = everyone[host.name]
 use_run_env()
 
-if deploy_lock.held(settings) and prepare(settings):
+the_fleet = bench_fleet.plan(inventory, everyone)
+part = bench_fleet.prepare(the_fleet, everyone) if the_fleet else None
+if part is not None:
+    if part and deploy_lock.held(settings) and prepare(settings):
+        workers = the_fleet.workers_of(host.name)
+        bench_fleet.fleet_bench_run(
+            name=f"Bench the fleet ({len(workers)} workers) through the router at concurrency "
+                 + ", ".join(str(n) for n in settings.bench_levels),
+            settings=settings, workers=tuple((w.name, w.url) for w in workers),
+            dest_root=str(RESULTS_ROOT))
+elif deploy_lock.held(settings) and prepare(settings):
     leftover_restored(name="Restore the server if an interrupted sweep left it changed",
                       settings=settings)
     levels = ", ".join(str(n) for n in settings.bench_levels)

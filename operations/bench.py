@@ -77,9 +77,17 @@ def _gate_argv(settings: Settings) -> list[str]:
     return argv
 
 
-def _run_argv(settings: Settings) -> list[str]:
-    url = (_url(settings.server_host, settings.server_port) if settings.server_is_public
-           else backend_url(settings))
+def _run_argv(settings: Settings, endpoint: tuple[str, str | None, str] | None = None
+              ) -> list[str]:
+    """bench_run.py's command line: against the host's own server, or ``endpoint`` (URL, API
+    key file or None, bench_serving backend: operations/bench_fleet.py's router)."""
+    if endpoint is None:
+        url = (_url(settings.server_host, settings.server_port) if settings.server_is_public
+               else backend_url(settings))
+        key_file = settings.api_key_file if settings.server_is_public else None
+        backend = None
+    else:
+        url, key_file, backend = endpoint
     argv = ["python3", f"{BENCH_DIR}/bench_run.py", "--python",
             f"{settings.venv_path}/bin/python", "--url", url,
             "--model", settings.served_model_name, "--tokenizer", settings.model_path,
@@ -87,8 +95,10 @@ def _run_argv(settings: Settings) -> list[str]:
             "--input-len", str(settings.bench_input_len),
             "--output-len", str(settings.bench_output_len),
             "--prompts", str(settings.bench_prompts), "--out", RUN_DIR]
-    if settings.server_is_public:
-        argv += ["--api-key-file", settings.api_key_file]
+    if key_file:
+        argv += ["--api-key-file", key_file]
+    if backend:
+        argv += ["--backend", backend]
     return argv
 
 
@@ -109,10 +119,13 @@ def gate_or_refuse(host, settings: Settings) -> None:
                              "failed, above): no load was sent; run deploy.py to put it right")
 
 
-def run_levels(host, settings: Settings, dest: Path, label: str | None = None):
-    """Run bench_run.py in RUN_UNIT, print its progress, fetch its outputs to ``dest/raw`` and
-    report them into ``dest``; returns (results, summary text, whether every level ran)."""
-    run = " ".join(shlex.quote(a) for a in _run_argv(settings))
+def run_levels(host, settings: Settings, dest: Path, label: str | None = None,
+               argv: list[str] | None = None, endpoint: dict | None = None):
+    """Run bench_run.py in RUN_UNIT (``argv``, else against the host's own server), print its
+    progress, fetch its outputs to ``dest/raw`` and report them into ``dest`` (``endpoint``:
+    what was benched, when not the host's own server); returns (results, summary text, whether
+    every level ran)."""
+    run = " ".join(shlex.quote(a) for a in (argv or _run_argv(settings)))
     _, state = remote.shell(host, f"systemctl is-active {RUN_UNIT}", _success_exit_codes=[0, 3])
     if state.stdout_lines[:1] in (["active"], ["activating"]):
         raise OperationError(f"a bench is still running on the host ({RUN_UNIT}, from an earlier "
@@ -149,7 +162,7 @@ def run_levels(host, settings: Settings, dest: Path, label: str | None = None):
         raise OperationError(f"the bench run ended without finishing ({RUN_UNIT}'s output is "
                              f"in {raw}/progress.log)")
     try:
-        results, text = bench_report.write(raw, dest, host.name, label)
+        results, text = bench_report.write(raw, dest, host.name, label, endpoint)
     except (bench_report.ReportError, ValueError) as exc:
         raise OperationError(f"the raw outputs in {raw} do not report: {exc}") from None
     remote.shell(host, f"rm -rf {RUN_DIR}")

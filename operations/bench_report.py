@@ -51,10 +51,13 @@ def _stamp(text: str) -> datetime:
     return datetime.strptime(text, "%Y/%m/%d %H:%M:%S.%f")
 
 
-def build(raw: Path, host: str, label: str | None = None) -> dict[str, Any]:
+def build(raw: Path, host: str, label: str | None = None,
+          endpoint: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every figure of one run, as results.json holds it: per level bench_serving's figures,
     each GPU's telemetry figures, the level's combined figures and its verdict; the server's
-    flags and the versions. ``label`` names the run (a sweep's value)."""
+    flags and the versions. ``label`` names the run (a sweep's value); ``endpoint`` what was
+    loaded when it was not the host's own server (operations/bench_fleet.py: the fleet's
+    router, its URL and workers)."""
     meta = json.loads(_read(raw, "meta.json"))
     samples = telemetry.parse_query(_read(raw, "telemetry.csv"))
     dmon = telemetry.parse_dmon(_read(raw, "dmon.csv"))
@@ -84,11 +87,23 @@ def build(raw: Path, host: str, label: str | None = None) -> dict[str, Any]:
         "prompts": meta["prompts"],
         "server": {k: server_info.get(k) for k in SERVER_FLAGS if k in server_info},
         "levels": levels,
+        "endpoint": endpoint or {"kind": "host", "host": host},
     }
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _endpoint_lines(results: dict[str, Any]) -> list[str]:
+    """The fleet's line (what was loaded, through which router, how many workers), or none."""
+    e = results.get("endpoint") or {}
+    if e.get("kind") != "router":
+        return []
+    return [f"Fleet endpoint {e['url']}: the router on {e['router']} (policy {e['policy']}) "
+            f"with {len(e['workers'])} workers listed healthy ({', '.join(e['workers'])}), "
+            f"bench_serving --backend {e['backend']} from {results['host']}; the GPU figures "
+            f"are {results['host']}'s own GPUs only.", ""]
 
 
 def summary(results: dict[str, Any]) -> str:
@@ -101,6 +116,7 @@ def summary(results: dict[str, Any]) -> str:
              f"{server.get('moe_runner_backend')}, TP {server.get('tp_size')}; "
              f"{results['input_len']} input / {results['output_len']} output tokens, "
              f"{results['prompts']} prompts per level", "",
+             *_endpoint_lines(results),
              "| concurrency | output tok/s | total tok/s | req/s | TTFT median / p99 ms | "
              "TPOT median / p99 ms | ITL median / p99 ms | power % of limit (mean / peak) | "
              "SM clock % of max | GPU util % | PCIe % of capacity (peak) | throttle reasons |",
@@ -208,10 +224,11 @@ def series(raw: Path) -> list[dict[str, Any]]:
     return out
 
 
-def write(raw: Path, dest: Path, host: str, label: str | None = None) -> tuple[dict, str]:
+def write(raw: Path, dest: Path, host: str, label: str | None = None,
+          endpoint: dict[str, Any] | None = None) -> tuple[dict, str]:
     """Write results.json, summary.md and bench.png into ``dest`` from ``raw``; returns the
     results and the summary's text."""
-    results = build(raw, host, label)
+    results = build(raw, host, label, endpoint)
     results["series"] = series(raw)
     text = summary(results)
     (dest / "results.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -182,6 +182,8 @@ class Settings:
     bench_output_len: int = 256
     bench_prompts: int = 128
     bench_sweep: Mapping[str, tuple] | None = None
+    #: "host": each host's own server; "router": the fleet endpoint (operations/bench_fleet.py)
+    bench_target: str = "host"
     # The fleet (operations/router.py): the SGLang model gateway on the gpuhost_router group
     fleet_address: str | None = None
     api_gate_trusted_peers: tuple[str, ...] = ()
@@ -548,6 +550,7 @@ RULES: Final[Mapping[str, _Rule]] = {
     "bench_input_len": _int_between(1, 1 << 20),
     "bench_output_len": _int_between(1, 1 << 20),
     "bench_prompts": _int_between(1, 1 << 20),
+    "bench_target": _one_of(("host", "router")),
     "bench_sweep": _Rule(
         lambda v: v is None or (isinstance(v, Mapping) and len(v) == 1 and all(
             isinstance(k, str) and isinstance(vals, (list, tuple)) for k, vals in v.items())),
@@ -922,6 +925,10 @@ def _check_bench(host: str, s: Settings) -> None:
         raise _fail(host, "bench_levels", list(s.bench_levels),
                     f"levels from 1 to {PREFIX}max_running_requests ({s.max_running_requests}):"
                     f" the server runs no more requests at once ({over[0]} is more)")
+    if s.bench_sweep and s.bench_target == "router":
+        raise _fail(host, "bench_target", s.bench_target,
+                    f"'host' with {PREFIX}bench_sweep: a sweep restarts one host's server, "
+                    "which the router then takes out; sweep a host's own server")
     if s.bench_prompts < max(s.bench_levels):
         raise _fail(host, "bench_prompts", s.bench_prompts,
                     f"at least the highest of {PREFIX}bench_levels ({max(s.bench_levels)}): "

@@ -26,11 +26,12 @@ def test_host_script_samples_the_captured_fields():
 def test_bench_command_offline_fixed_lengths():
     args = type("A", (), dict(python="/v/bin/python", url="http://127.0.0.1:8000",
                               tokenizer="/m/x", model="glm-5", input_len=100, output_len=20,
-                              prompts=64))
+                              prompts=64, backend="sglang-oai"))
     cmd = bench_run.bench_command(args, 16, "/out/level-16.json")
     joined = " ".join(cmd)
     assert cmd[:3] == ["/v/bin/python", "-m", "sglang.bench_serving"]
-    for part in ("--dataset-name random-ids", "--random-range-ratio 1.0", "--tokenizer /m/x",
+    for part in ("--backend sglang-oai", "--dataset-name random-ids",
+                 "--random-range-ratio 1.0", "--tokenizer /m/x",
                  "--max-concurrency 16", "--num-prompts 64", "--output-file /out/level-16.json",
                  "--served-model-name glm-5", "--warmup-requests 4"):
         assert part in joined
@@ -51,6 +52,10 @@ def test_bench_command_offline_fixed_lengths():
      "--moe-runner-backend nope: sglang 0.5.9 allows only auto"),
     ({"gpuhost_bench_sweep": {"mem_fraction_static": [0.9, 1.5]}}, "1.5 is not"),
     ({"gpuhost_bench_sweep": {"a": [1], "b": [2]}}, "gpuhost_bench_sweep"),
+    ({"gpuhost_bench_target": "fleet"}, "gpuhost_bench_target = 'fleet' is not allowed: one of "
+     "host, router"),
+    ({"gpuhost_bench_target": "router", "gpuhost_bench_sweep": {"moe_runner_backend": ["cutlass"]}},
+     "gpuhost_bench_target = 'router' is not allowed: 'host' with gpuhost_bench_sweep"),
 ])
 def test_bad_bench_settings_refused(data, key):
     with pytest.raises(SettingsError) as caught:

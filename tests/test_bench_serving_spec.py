@@ -28,9 +28,11 @@ def test_spec_is_the_wheels():
     assert "sglang-oai" in SPEC["arguments"]["--backend"]["choices"]
 
 
-def test_host_script_command_is_accepted_by_the_real_parser():
+@pytest.mark.parametrize("backend", ["sglang-oai", "sglang"])  # a host's own; the router's
+def test_host_script_command_is_accepted_by_the_real_parser(backend):
     args = type("A", (), dict(python="python", url="http://127.0.0.1:8000", tokenizer="/m",
-                              model="glm-5", input_len=1024, output_len=256, prompts=128))
+                              model="glm-5", input_len=1024, output_len=256, prompts=128,
+                              backend=backend))
     command = bench_run.bench_command(args, 64, "/out/level-64.json")[3:]
     seen = []
     i = 0

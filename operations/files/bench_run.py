@@ -7,6 +7,7 @@ unit of bench.py's (so a dropped link does not stop it half-way):
     python3 bench_run.py --python VENV/bin/python --url http://127.0.0.1:8000 --model glm-5
         --tokenizer /opt/gpuhost/models/... --levels 1,16,64 --input-len 1024
         --output-len 256 --prompts 128 --out /var/lib/gpuhost/bench/run [--api-key-file F]
+        [--backend sglang]
 
 Writes into --out: ``links.csv`` (each GPU's PCIe generation and width), ``telemetry.csv``
 (``nvidia-smi --query-gpu=<telemetry.QUERY_FIELDS> --format=csv,noheader,nounits -lms 500``),
@@ -17,6 +18,9 @@ completed" line to its result's first line), the command lines, exit statuses, v
 ``done`` last. Formats: tests/fixtures/h200-device/telemetry/. bench_serving's arguments are
 sglang 0.5.9's (its wheel's bench_serving.py): ``--dataset-name random-ids`` needs no download
 (``random`` fetches ShareGPT from the Hub), ``--random-range-ratio 1.0`` fixes the lengths. With
+``--backend sglang`` (bench_serving's native backend: POST /generate) is for the fleet's router:
+smg 1.13.0 answers the ``sglang-oai`` backend's /v1/completions with 400 (operations/
+bench_fleet.py says what was seen). With
 an API key file the key goes to bench_serving as ``OPENAI_API_KEY`` (its get_auth_headers sends
 ``Authorization: Bearer``), never on a command line or in the output.
 """
@@ -68,7 +72,7 @@ def _versions(python: str) -> dict:
 
 
 def bench_command(args: argparse.Namespace, level: int, output: str) -> list[str]:
-    return [args.python, "-m", "sglang.bench_serving", "--backend", "sglang-oai",
+    return [args.python, "-m", "sglang.bench_serving", "--backend", args.backend,
             "--base-url", args.url, "--model", args.tokenizer,
             "--served-model-name", args.model, "--tokenizer", args.tokenizer,
             "--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
@@ -86,6 +90,7 @@ def main() -> int:
     for name in ("--input-len", "--output-len", "--prompts"):
         parser.add_argument(name, type=int, required=True)
     parser.add_argument("--api-key-file")
+    parser.add_argument("--backend", choices=("sglang-oai", "sglang"), default="sglang-oai")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.api_key_file:
@@ -114,7 +119,7 @@ def main() -> int:
     meta = {"utc_offset_s": time.localtime().tm_gmtoff, "started": _now(),
             "versions": _versions(args.python), "levels": [],
             "input_len": args.input_len, "output_len": args.output_len,
-            "prompts": args.prompts}
+            "prompts": args.prompts, "backend": args.backend}
     failed = False
     try:
         time.sleep(2)  # idle samples before the first level

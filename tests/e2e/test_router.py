@@ -10,6 +10,7 @@ only), not through pyinfra.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -151,6 +152,36 @@ def test_a_second_run_changes_nothing_on_the_router(fleet):
     assert again.returncode == 0, again.output[-6000:]
     assert changed(again) == [], changed(again)
     assert fleet.hosts[0].main_pid(ROUTER) == before
+
+
+def test_a_bench_through_the_router_measures_the_fleet(fleet):
+    """bench.py with gpuhost_bench_target=router: the load from gpu1 through the router's public
+    endpoint (its key), bench_serving's native backend (/generate: smg 1.13.0 refuses the
+    sglang-oai backend's /v1/completions), the workers sending none of their own."""
+    since = time.time() - 1
+    run = lab.deploy("--data", "gpuhost_bench_levels=[4]", "--data", "gpuhost_bench_prompts=8",
+                     "--data", "gpuhost_bench_input_len=32", "--data",
+                     "gpuhost_bench_output_len=16", "--data", "gpuhost_bench_target=router",
+                     inventory=fleet.inventory, deploy_file="bench.py")
+    assert run.returncode == 0, run.output[-8000:]
+    for name in ("gpu2", "gpu3"):
+        assert re.search(rf"\[{name}\].*a worker of the fleet, loaded through the router on "
+                         "gpu1", run.output), run.output[-8000:]
+    found = re.findall(r"bench: (\S+)/results\.json", run.output)
+    assert len(found) == 1, run.output[-8000:]
+    dest = Path(found[0])
+    assert dest.parent.name == "fleet-gpu1", dest
+    results = json.loads((dest / "results.json").read_text())
+    assert results["endpoint"]["kind"] == "router" and results["endpoint"]["url"] == \
+        f"http://{fleet.switch['gpu1']}:{ROUTER_PORT}"
+    assert results["endpoint"]["workers"] == ["gpu1", "gpu2", "gpu3"]
+    assert [lv["bench"]["completed"] for lv in results["levels"]] == [8]
+    assert "with 3 workers listed healthy (gpu1, gpu2, gpu3)" in \
+        (dest / "summary.md").read_text()
+    served = sum(h.ssh(f"journalctl -u sglang.service --since @{since:.0f} --no-pager -o cat",
+                       check=False).count('"POST /generate HTTP/1.1" 200') for h in fleet.hosts)
+    assert served >= 8, served  # the level's 8 prompts (and the warm-up), through the router
+    assert not fleet.hosts[1].ssh("ls /var/lib/gpuhost/bench 2>/dev/null", check=False).strip()
 
 
 def reboot(h) -> None:

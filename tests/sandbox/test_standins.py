@@ -704,6 +704,57 @@ def test_sglang_serves(sglang_env):
     assert "The server is fired up and ready to roll!" in err
 
 
+def test_sglang_streams_generate_and_bench_serving_loads_it_natively(sglang_env, tmp_path):
+    """/generate streamed as sglang 0.5.9 streams it (each chunk all the text so far, then
+    [DONE]) and bench_serving's native backend (what the fleet bench sends through the router)
+    counting its tokens."""
+    port = _free_port()
+    env = sglang_env("reference-lab")
+    proc = subprocess.Popen([PYTHON, "-m", "sglang.launch_server", "--model", "x",
+                             "--served-model-name", "glm-5", "--tp", "8", "--host", "127.0.0.1",
+                             "--port", str(port)], stderr=subprocess.DEVNULL, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.1)
+        body = {"input_ids": [1, 2, 3], "stream": True,
+                "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}}
+        req = urllib.request.Request(url + "/generate", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        events = urllib.request.urlopen(req, timeout=30).read().decode().split("\n\n")
+        assert events[-2] == "data: [DONE]"
+        chunks = [json.loads(e[len("data: "):]) for e in events[:-2]]
+        assert [c["meta_info"]["completion_tokens"] for c in chunks] == [1, 2, 3, 4, 5]
+        assert all(b["text"].startswith(a["text"]) for a, b in zip(chunks, chunks[1:]))
+        assert chunks[0]["meta_info"]["prompt_tokens"] == 3
+        assert [c["meta_info"]["finish_reason"] for c in chunks][-2:] == [
+            None, {"type": "length", "length": 5}]
+        (tmp_path / "tok").mkdir()
+        out = subprocess.run(
+            [PYTHON, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
+             "--model", str(tmp_path / "tok"), "--served-model-name", "glm-5",
+             "--tokenizer", str(tmp_path / "tok"), "--dataset-name", "random-ids",
+             "--random-input-len", "8", "--random-output-len", "6", "--random-range-ratio",
+             "1.0", "--num-prompts", "4", "--max-concurrency", "2", "--warmup-requests", "1",
+             "--output-file", str(tmp_path / "r.json"), "--disable-tqdm"],
+            capture_output=True, text=True, env=env, timeout=120, check=False)
+        assert out.returncode == 0, out.stdout + out.stderr
+        result = json.loads((tmp_path / "r.json").read_text())
+        assert result["backend"] == "sglang" and result["completed"] == 4
+        assert result["total_output_tokens"] == 24 and result["median_ttft_ms"] > 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def test_torch_reads_the_scenario(index, tmp_path):
     site = _unpack(index, tmp_path / "site", "torch")
     (tmp_path / "hw.json").write_text(scenarios.hardware_json("bare-metal-p2p"))

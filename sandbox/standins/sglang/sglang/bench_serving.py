@@ -3,7 +3,10 @@
 Takes the real tool's arguments that gpuhost uses (names and defaults from the 0.5.9 wheel's
 bench_serving.py; any other flag is refused, exit 2, as argparse does), loads the server over
 HTTP as the real one does for ``--backend sglang-oai`` (streamed POST /v1/completions with
-best_of, max_tokens, temperature 0, ignore_eos; ``Authorization: Bearer $OPENAI_API_KEY``),
+best_of, max_tokens, temperature 0, ignore_eos; ``Authorization: Bearer $OPENAI_API_KEY``) and
+for ``--backend sglang`` (its async_request_sglang_generate: streamed POST /generate with text,
+sampling_params max_new_tokens, temperature 0, ignore_eos; each chunk's text is the whole text so
+far, its meta_info.completion_tokens the count),
 ``--max-concurrency`` requests at a time, after ``--warmup-requests``, and appends one JSON line
 to ``--output-file`` with the real tool's ``result`` fields, computed as its calculate_metrics
 does (TPOT = (latency - TTFT) / (output_len - 1); percentiles as numpy's, linear). Prompts are
@@ -122,18 +125,60 @@ def one_request(url: str, model: str, prompt: str, output_len: int, ignore_eos: 
     return out
 
 
+def one_generate(url: str, model: str, prompt: str, output_len: int, ignore_eos: bool) -> dict:
+    """One request of the real tool's ``sglang`` backend (async_request_sglang_generate)."""
+    payload = {"text": prompt,
+               "sampling_params": {"temperature": 0.0, "max_new_tokens": output_len,
+                                   "ignore_eos": ignore_eos},
+               "stream": True, "lora_path": None, "return_logprob": False,
+               "return_routed_experts": False, "logprob_start_len": -1}
+    out = {"success": False, "ttft": 0.0, "itl": [], "latency": 0.0, "output_len": output_len,
+           "text": "", "error": "", "start": time.perf_counter()}
+    st = recent = out["start"]
+    last = 0
+    try:
+        request = urllib.request.Request(url, data=json.dumps(payload).encode(),
+                                         headers=headers())
+        with urllib.request.urlopen(request, timeout=600) as response:
+            for raw in response:
+                chunk = raw.strip().decode().removeprefix("data: ")
+                if not chunk:
+                    continue
+                latency = time.perf_counter() - st
+                if chunk == "[DONE]":
+                    continue
+                data = json.loads(chunk)
+                if data.get("text"):
+                    now = time.perf_counter()
+                    out["text"] = data["text"]
+                    out["output_len"] = data["meta_info"]["completion_tokens"]
+                    if out["ttft"] == 0.0:
+                        out["ttft"] = now - st
+                    else:
+                        new = out["output_len"] - last
+                        if new == 0:
+                            continue
+                        out["itl"] += [(now - recent) / new] * new
+                    recent, last = now, out["output_len"]
+            out.update(success=True, latency=latency)
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        out["error"] = str(exc)
+    return out
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    if args.backend != "sglang-oai" or args.dataset_name != "random-ids":
-        print("sandbox stand-in: only --backend sglang-oai with --dataset-name random-ids",
-              file=sys.stderr)
+    if args.backend not in ("sglang-oai", "sglang") or args.dataset_name != "random-ids":
+        print("sandbox stand-in: only --backend sglang-oai or sglang with --dataset-name "
+              "random-ids", file=sys.stderr)
         return 2
     tokenizer = args.tokenizer or args.model
     if tokenizer and tokenizer.startswith("/") and not os.path.isdir(tokenizer):
         print(f"OSError: Can't load tokenizer for '{tokenizer}'.", file=sys.stderr)
         return 1
     base = args.base_url or f"http://{args.host}:{args.port or 30000}"
-    url = f"{base}/v1/completions"
+    url = f"{base}/generate" if args.backend == "sglang" else f"{base}/v1/completions"
+    request = one_generate if args.backend == "sglang" else one_request
     model = args.served_model_name or args.model
     print(f"Namespace({', '.join(f'{k}={v!r}' for k, v in vars(args).items())})")
     print(f"#Input tokens: {args.num_prompts * args.random_input_len}")
@@ -142,7 +187,7 @@ def main(argv: list[str]) -> int:
     ignore_eos = not args.disable_ignore_eos
     print(f"Starting warmup with {args.warmup_requests} sequences...")
     with ThreadPoolExecutor(max_workers=max(args.warmup_requests, 1)) as pool:
-        warm = list(pool.map(lambda _: one_request(url, model, prompt, 16, ignore_eos),
+        warm = list(pool.map(lambda _: request(url, model, prompt, 16, ignore_eos),
                              range(args.warmup_requests)))
     if args.warmup_requests > 0 and not any(w["success"] for w in warm):
         print("ValueError: Warmup failed - Please make sure benchmark arguments are correctly "
@@ -156,7 +201,7 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
 
     def run(_):
-        result = one_request(url, model, prompt, args.random_output_len, ignore_eos)
+        result = request(url, model, prompt, args.random_output_len, ignore_eos)
         with lock:
             outputs.append(result)
 

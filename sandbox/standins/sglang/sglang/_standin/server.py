@@ -21,10 +21,11 @@ Startup takes SANDBOX_SGLANG_STARTUP_SECONDS (default 0.5) in every mode. The ho
 --moe-runner-backend.
 
 Under load: a streamed /v1/completions (what sglang.bench_serving --backend sglang-oai sends)
-yields max_tokens tokens when ignore_eos is set, at the rate the scenario sets for the
---moe-runner-backend and the number of generations running (serving.output_tokens_per_s: all
-streams' output tokens per second, log-linear between its levels); the number running is kept in
-/run/gpuhost-sandbox/serving-load.json for the nvidia-smi stand-in.
+or /generate (--backend sglang) yields max_tokens (max_new_tokens) tokens when ignore_eos is
+set, at the rate the scenario sets for the --moe-runner-backend and the number of generations
+running (serving.output_tokens_per_s: all streams' output tokens per second, log-linear between
+its levels); the number running is kept in /run/gpuhost-sandbox/serving-load.json for the
+nvidia-smi stand-in.
 
 On a scenario whose P2P corrupts data (peer_transfers "wrong-data"), the answers are degenerate
 as well when the tensor parallel group's all-reduce would go peer-to-peer: NCCL's, as the torch
@@ -697,7 +698,10 @@ class Handler(BaseHTTPRequestHandler):
         self._generation_allowed()
         params = req.get("sampling_params") or {}
         tokens, finish = answer_tokens(self.state, params.get("max_new_tokens"))
-        prompt_tokens = count_tokens(req.get("text") or "")
+        ids = req.get("input_ids")
+        prompt_tokens = len(ids) if isinstance(ids, list) else count_tokens(req.get("text") or "")
+        if req.get("stream"):
+            return self._stream_generate(params, tokens, finish, prompt_tokens)
         self._send(
             200,
             {
@@ -716,6 +720,47 @@ class Handler(BaseHTTPRequestHandler):
                 },
             },
         )
+
+
+    def _stream_generate(self, params, tokens, finish, prompt_tokens):
+        """SSE chunks of /generate as sglang 0.5.9 streams them (http_server.py generate_request,
+        tokenizer_manager.py: each chunk's text and output_ids are all so far, its
+        finish_reason None until the last; then ``data: [DONE]``), paced by the scenario's
+        rate as a streamed completion."""
+        max_new = params.get("max_new_tokens") or len(tokens)
+        if params.get("ignore_eos") and len(tokens) < max_new:
+            tokens = (tokens * (max_new // max(len(tokens), 1) + 1))[:max_new]
+            finish = "length"
+        rates = serving_scenario().get("output_tokens_per_s") or {}
+        table = rates.get(self.state.args.get("moe_runner_backend") or "auto") \
+            or rates.get("default")
+        rid = uuid.uuid4().hex
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        LOAD.change(+1)
+        try:
+            for i in range(len(tokens)):
+                if table:
+                    time.sleep(max(LOAD.active, 1) / rate_at(table, max(LOAD.active, 1)))
+                last = i == len(tokens) - 1
+                reason = None if not last else ({"type": "stop"} if finish == "stop" else
+                                                {"type": "length", "length": len(tokens)})
+                body = {"text": "".join(tokens[:i + 1]), "output_ids": list(range(i + 1)),
+                        "meta_info": {"id": rid, "finish_reason": reason,
+                                      "prompt_tokens": prompt_tokens,
+                                      "completion_tokens": i + 1, "cached_tokens": 0,
+                                      "weight_version": "default"}}
+                self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except OSError:
+            pass
+        finally:
+            LOAD.change(-1)
 
 
 GET_ROUTES = {
