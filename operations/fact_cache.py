@@ -96,6 +96,13 @@ def _read_expected(state: Any, host: Host, cls: Any, args: Any, kwargs: Any) -> 
         kept[pending[index][0]] = copy.deepcopy(value)
 
 
+def read_expected(state: Any, host: Host, cls: Any, args: Any = None,
+                  kwargs: Any = None) -> None:
+    """Read the announced facts of ``host`` not kept now, in one batch, with the connector
+    arguments a reading of ``cls`` would have."""
+    _read_expected(state, host, cls, args, kwargs)
+
+
 def forget(host: Host) -> None:
     """Drop what is kept of ``host``'s facts."""
     vars(host).pop(_FACTS, None)

@@ -1,0 +1,197 @@
+"""The facts a host's planning read last run, kept on the controller and read in one command
+at the start of the next run's planning.
+
+deploy.py's stages read their facts one after the other as they plan (``plan.fact``, the
+stages' ``host.get_fact``), each a command of its own: 37 on a converged sandbox host. Which
+facts those are (fact class and arguments, never their values) is written at the end of the
+host's planning to ``<cache>/gpuhost/planned-facts/<host>.json`` on the controller; the next
+run announces them to the fact cache (``fact_cache.expect``) at its first planning reading and
+reads them all there in one command (``operations/fact_batch.py``: each fact's own command
+and parser). Every decision is still made from what the host answers in this run; the record
+only says what to ask at once. A fact the record lacks is read alone (and recorded for the
+next run); one the plan no longer reads costs its share of the one command. The fact cache's
+rules stand: any command or file sent to the host drops the kept answers, and the announced
+facts are read again together at the next of them.
+
+Only readings made by gpuhost's own planning code are recorded: outside an operation's body
+(pyinfra's ``Host.in_op``, ``api/operation.py``; pyinfra 3.10), with no per-reading pyinfra
+arguments (``_sudo``...), so they run with the host's own connector arguments as a reading of
+their own would; and only facts whose arguments survive JSON unchanged and whose class is a
+fact of a module this run has imported (a tuple is recorded as {"tuple": [...]}). A record that is not such a list is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.api import FactBase, ShortFactBase
+from pyinfra.api import host as host_module
+from pyinfra.api.host import Host
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host
+
+from operations import fact_cache
+
+#: The record's format: {"format": FORMAT, "facts": [{"fact": "module:Class", "arguments": {}}]},
+#: the arguments by name, a tuple among them as {"tuple": [...]}.
+FORMAT = 1
+#: What one host holds in this run: the facts its planning read, in order (class, arguments).
+_READ = "_gpuhost_planned_read"
+#: Whether the host's record was announced in this run.
+_ANNOUNCED = "_gpuhost_planned_announced"
+
+
+def record_dir() -> Path:
+    """Where the records live on the controller (XDG's cache folder, as pip's and others')."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(root) / "gpuhost" / "planned-facts"
+
+
+def record_path(host: Host) -> Path:
+    """One file per host name and address: two labs may name their hosts alike."""
+    address = str(host.data.get("ssh_hostname") or host.name)
+    digest = hashlib.sha256(f"{host.name}\0{address}".encode()).hexdigest()[:12]
+    return record_dir() / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', host.name)}-{digest}.json"
+
+
+def _fact_class(name: Any) -> Any:
+    """The fact class a record names, from a module this run imported; None otherwise."""
+    if not isinstance(name, str) or name.count(":") != 1:
+        return None
+    module_name, qualname = name.split(":")
+    module = sys.modules.get(module_name)
+    cls = getattr(module, qualname, None) if module and qualname.isidentifier() else None
+    if isinstance(cls, type) and issubclass(cls, FactBase) and not issubclass(cls, ShortFactBase):
+        return cls
+    return None
+
+
+def load(host: Host) -> list[tuple[Any, dict[str, Any]]]:
+    """The facts ``host``'s record names that this run can read (class, arguments)."""
+    try:
+        record = json.loads(record_path(host).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(record, dict) or record.get("format") != FORMAT \
+            or not isinstance(record.get("facts"), list):
+        return []
+    facts = []
+    for entry in record["facts"]:
+        cls = _fact_class(entry.get("fact")) if isinstance(entry, dict) else None
+        arguments = _decode(entry.get("arguments")) if cls else None
+        if cls and isinstance(arguments, dict) and all(isinstance(k, str) for k in arguments):
+            named = _named(cls, (), arguments)
+            if named is not None and _same(named, arguments):
+                facts.append((cls, arguments))
+    return facts
+
+
+def _encode(value: Any) -> Any:
+    """JSON for a fact argument: a tuple as {"tuple": [...]} (JSON has only lists)."""
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(v) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        if "tuple" in value or not all(isinstance(k, str) for k in value):
+            raise TypeError("a dict argument JSON cannot hold as it is")
+        return {k: _encode(v) for k, v in value.items()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(f"{type(value).__name__} is no JSON")
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {"tuple"} and isinstance(value["tuple"], list):
+            return tuple(_decode(v) for v in value["tuple"])
+        return {k: _decode(v) for k, v in value.items()}
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, and of the same types throughout (1 and True, a list and a tuple differ)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def _named(cls: Any, args: Any, kwargs: Any) -> dict[str, Any] | None:
+    """The reading's fact arguments by name, if a record can hold them as they are."""
+    try:
+        named = inspect.getcallargs(cls().command, *(args or ()), **(kwargs or {}))
+    except TypeError:
+        return None
+    named.pop("self", None)
+    try:
+        if not _same(_decode(json.loads(json.dumps(_encode(named)))), named):
+            return None
+    except (TypeError, ValueError):
+        return None
+    return named
+
+
+def _note(host: Host, cls: Any, args: Any, kwargs: Any) -> None:
+    if any(str(k).startswith("_") for k in (kwargs or {})) or issubclass(cls, ShortFactBase) \
+            or _fact_class(f"{cls.__module__}:{cls.__qualname__}") is not cls:
+        return
+    named = _named(cls, args, kwargs)
+    if named is None:
+        return
+    entry = {"fact": f"{cls.__module__}:{cls.__qualname__}", "arguments": _encode(named)}
+    read = vars(host).setdefault(_READ, [])
+    if entry not in read:
+        read.append(entry)
+
+
+def save() -> None:
+    """Write the current host's record: the facts its planning read in this run."""
+    host = ctx_host.get()
+    facts = vars(host).get(_READ, [])
+    path = record_path(host)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False,
+                                         suffix=".tmp") as out:
+            json.dump({"format": FORMAT, "facts": facts}, out, indent=1)
+        os.replace(out.name, path)
+    except OSError as error:  # only the next run's speed depends on it
+        logger.debug(f"could not write {path}: {error}")
+
+
+def install() -> None:
+    """Record planning's readings and read the last run's at the first (idempotent); after
+    ``fact_cache.install``, whose cache holds the answers."""
+    if getattr(host_module, "_gpuhost_planned_facts", False):
+        return
+    read = host_module.get_fact
+
+    def get_fact(state: Any, host: Host, cls: Any, args: Any = None, kwargs: Any = None,
+                 **rest: Any) -> Any:
+        planning = state.current_stage != StateStage.Execute and not host.in_op and not rest
+        if planning and not vars(host).get(_ANNOUNCED):
+            vars(host)[_ANNOUNCED] = True
+            for recorded, arguments in load(host):
+                fact_cache.expect(host, recorded, **arguments)
+            fact_cache.read_expected(state, host, cls, args, kwargs)
+        if planning:
+            _note(host, cls, args, kwargs)
+        return read(state, host, cls, args=args, kwargs=kwargs, **rest)
+
+    host_module.get_fact = get_fact
+    host_module._gpuhost_planned_facts = True  # type: ignore[attr-defined]
