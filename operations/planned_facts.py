@@ -10,8 +10,10 @@ reads them all there in one command (``operations/fact_batch.py``: each fact's o
 and parser). Every decision is still made from what the host answers in this run; the record
 only says what to ask at once. A fact the record lacks is read alone (and recorded for the
 next run); one the plan no longer reads costs its share of the one command. The fact cache's
-rules stand: any command or file sent to the host drops the kept answers, and the announced
-facts are read again together at the next of them.
+rules stand: any command or file sent to the host drops the kept answers; while planning the
+recorded facts are then read again together at the next of them, while executing each alone
+(``fact_cache.expect_while_planning``: a run that changes the host would otherwise read every
+planning fact again after each change).
 
 Only readings made by gpuhost's own planning code are recorded: outside an operation's body
 (pyinfra's ``Host.in_op``, ``api/operation.py``; pyinfra 3.10), with no per-reading pyinfra
@@ -187,7 +189,7 @@ def install() -> None:
         if planning and not vars(host).get(_ANNOUNCED):
             vars(host)[_ANNOUNCED] = True
             for recorded, arguments in load(host):
-                fact_cache.expect(host, recorded, **arguments)
+                fact_cache.expect_while_planning(host, recorded, **arguments)
             fact_cache.read_expected(state, host, cls, args, kwargs)
         if planning:
             _note(host, cls, args, kwargs)

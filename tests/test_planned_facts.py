@@ -145,3 +145,18 @@ def test_executing_reads_nothing_from_the_record(runs, tmp_path):
         assert target.get_fact(Command, reading(log, "b")) == "b-3"
     assert len(runs.calls) == 1
     assert len(log.read_text().splitlines()) == 3
+
+
+def test_after_a_change_while_executing_a_recorded_fact_is_read_alone(runs, tmp_path):
+    log = tmp_path / "reads"
+    plan(*runs(), log)
+    state, target = runs()
+    with ctx_state.use(state), ctx_host.use(target):
+        assert target.get_fact(Command, reading(log, "a")) == "a-3"
+        state.current_stage = StateStage.Execute
+        assert target.get_fact(Command, command=reading(log, "b")) == "b-4"
+        assert target.run_shell_command(f"touch {tmp_path}/changed")[0]
+        runs.calls.clear()
+        assert target.get_fact(Command, reading(log, "a")) == "a-5"
+    assert len(runs.calls) == 1
+    assert len(log.read_text().splitlines()) == 5
