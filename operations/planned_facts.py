@@ -1,5 +1,5 @@
-"""The facts a host's planning read last run, kept on the controller and read in one command
-at the start of the next run's planning.
+"""The facts a host's run read last time, kept on the controller and read in one command at
+the start of the next run's planning.
 
 deploy.py's stages read their facts one after the other as they plan (``plan.fact``, the
 stages' ``host.get_fact``), each a command of its own: 37 on a converged sandbox host. Which
@@ -15,10 +15,14 @@ recorded facts are then read again together at the next of them, while executing
 (``fact_cache.expect_while_planning``: a run that changes the host would otherwise read every
 planning fact again after each change).
 
-Only readings made by gpuhost's own planning code are recorded: outside an operation's body
-(pyinfra's ``Host.in_op``, ``api/operation.py``; pyinfra 3.10), with no per-reading pyinfra
-arguments (``_sudo``...), so they run with the host's own connector arguments as a reading of
-their own would; and only facts whose arguments survive JSON unchanged and whose class is a
+The facts operations read while executing (pyinfra's own, as ``apt-mark showhold`` or the
+keyring's sha256) are recorded too, and read in the same command: on a host that changes
+nothing no command runs between planning and them, so they are answered from it; after any
+change they are read again, each alone. Recorded are readings by gpuhost's planning code
+(outside an operation's body: pyinfra's ``Host.in_op``, ``api/operation.py``; pyinfra 3.10)
+and readings in an operation's body while executing whose connector arguments (sudo, user,
+shell...) are those of the planning readings, so the one command reads each fact as a reading
+of its own would; none with per-reading pyinfra arguments (``_sudo``...); and only facts whose arguments survive JSON unchanged and whose class is a
 fact of a module this run has imported (a tuple is recorded as {"tuple": [...]}). A record that is not such a list is ignored.
 """
 
@@ -41,13 +45,18 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host
 
-from operations import fact_cache
+from operations import fact_batch, fact_cache
 
-#: The record's format: {"format": FORMAT, "facts": [{"fact": "module:Class", "arguments": {}}]},
-#: the arguments by name, a tuple among them as {"tuple": [...]}.
+#: The record's format: {"format": FORMAT, "facts": [{"fact": "module:Class", "arguments": {}}],
+#: "executing": [...]}, the arguments by name, a tuple among them as {"tuple": [...]}.
 FORMAT = 1
 #: What one host holds in this run: the facts its planning read, in order (class, arguments).
 _READ = "_gpuhost_planned_read"
+#: The facts its operations read while executing in this run, and in the last (the record's).
+_EXECUTED = "_gpuhost_planned_executed"
+_PREVIOUS = "_gpuhost_planned_previous"
+#: The connector arguments (sudo, user...) of the host's planning readings in this run.
+_BASELINE = "_gpuhost_planned_connector_arguments"
 #: Whether the host's record was announced in this run.
 _ANNOUNCED = "_gpuhost_planned_announced"
 
@@ -77,24 +86,34 @@ def _fact_class(name: Any) -> Any:
     return None
 
 
-def load(host: Host) -> list[tuple[Any, dict[str, Any]]]:
-    """The facts ``host``'s record names that this run can read (class, arguments)."""
-    try:
-        record = json.loads(record_path(host).read_text())
-    except (OSError, ValueError):
+def _entries(record: Any, key: str) -> list[dict[str, Any]]:
+    """The record's entries under ``key`` that this run can read."""
+    entries = record.get(key) if isinstance(record, dict) else None
+    if not isinstance(entries, list):
         return []
-    if not isinstance(record, dict) or record.get("format") != FORMAT \
-            or not isinstance(record.get("facts"), list):
-        return []
-    facts = []
-    for entry in record["facts"]:
+    valid = []
+    for entry in entries:
         cls = _fact_class(entry.get("fact")) if isinstance(entry, dict) else None
         arguments = _decode(entry.get("arguments")) if cls else None
         if cls and isinstance(arguments, dict) and all(isinstance(k, str) for k in arguments):
             named = _named(cls, (), arguments)
             if named is not None and _same(named, arguments):
-                facts.append((cls, arguments))
-    return facts
+                valid.append(entry)
+    return valid
+
+
+def load(host: Host) -> list[tuple[Any, dict[str, Any]]]:
+    """The facts ``host``'s record names that this run can read (class, arguments): those its
+    planning read, then those its operations read while executing."""
+    try:
+        record = json.loads(record_path(host).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        return []
+    vars(host)[_PREVIOUS] = _entries(record, "executing")
+    return [(_fact_class(e["fact"]), _decode(e["arguments"]))
+            for e in _entries(record, "facts") + vars(host)[_PREVIOUS]]
 
 
 def _encode(value: Any) -> Any:
@@ -148,32 +167,42 @@ def _named(cls: Any, args: Any, kwargs: Any) -> dict[str, Any] | None:
     return named
 
 
-def _note(host: Host, cls: Any, args: Any, kwargs: Any) -> None:
+def _entry(cls: Any, args: Any, kwargs: Any) -> dict[str, Any] | None:
     if any(str(k).startswith("_") for k in (kwargs or {})) or issubclass(cls, ShortFactBase) \
             or _fact_class(f"{cls.__module__}:{cls.__qualname__}") is not cls:
-        return
+        return None
     named = _named(cls, args, kwargs)
     if named is None:
-        return
-    entry = {"fact": f"{cls.__module__}:{cls.__qualname__}", "arguments": _encode(named)}
-    read = vars(host).setdefault(_READ, [])
-    if entry not in read:
-        read.append(entry)
+        return None
+    return {"fact": f"{cls.__module__}:{cls.__qualname__}", "arguments": _encode(named)}
 
 
-def save() -> None:
-    """Write the current host's record: the facts its planning read in this run."""
-    host = ctx_host.get()
-    facts = vars(host).get(_READ, [])
+def _note(host: Host, key: str, entry: dict[str, Any] | None) -> bool:
+    read = vars(host).setdefault(key, [])
+    if entry is None or entry in read:
+        return False
+    read.append(entry)
+    return True
+
+
+def _write(host: Host) -> None:
+    executing = vars(host).get(_EXECUTED) or vars(host).get(_PREVIOUS, [])
     path = record_path(host)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False,
                                          suffix=".tmp") as out:
-            json.dump({"format": FORMAT, "facts": facts}, out, indent=1)
+            json.dump({"format": FORMAT, "facts": vars(host).get(_READ, []),
+                       "executing": executing}, out, indent=1)
         os.replace(out.name, path)
     except OSError as error:  # only the next run's speed depends on it
         logger.debug(f"could not write {path}: {error}")
+
+
+def save() -> None:
+    """Write the current host's record: the facts its planning read in this run (and those
+    the last run's operations read while executing, until this run's read theirs)."""
+    _write(ctx_host.get())
 
 
 def install() -> None:
@@ -186,13 +215,20 @@ def install() -> None:
     def get_fact(state: Any, host: Host, cls: Any, args: Any = None, kwargs: Any = None,
                  **rest: Any) -> Any:
         planning = state.current_stage != StateStage.Execute and not host.in_op and not rest
+        executing = state.current_stage == StateStage.Execute and host.in_op and not rest
         if planning and not vars(host).get(_ANNOUNCED):
             vars(host)[_ANNOUNCED] = True
+            vars(host)[_BASELINE] = fact_batch.connector_arguments(state, host, cls, args,
+                                                                   kwargs)
             for recorded, arguments in load(host):
                 fact_cache.expect_while_planning(host, recorded, **arguments)
             fact_cache.read_expected(state, host, cls, args, kwargs)
         if planning:
-            _note(host, cls, args, kwargs)
+            _note(host, _READ, _entry(cls, args, kwargs))
+        elif executing and _BASELINE in vars(host) and vars(host)[_BASELINE] == \
+                fact_batch.connector_arguments(state, host, cls, args, kwargs):
+            if _note(host, _EXECUTED, _entry(cls, args, kwargs)):
+                _write(host)
         return read(state, host, cls, args=args, kwargs=kwargs, **rest)
 
     host_module.get_fact = get_fact

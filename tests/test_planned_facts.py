@@ -160,3 +160,37 @@ def test_after_a_change_while_executing_a_recorded_fact_is_read_alone(runs, tmp_
         assert target.get_fact(Command, reading(log, "a")) == "a-5"
     assert len(runs.calls) == 1
     assert len(log.read_text().splitlines()) == 5
+
+
+def execute(state: State, target: Host, log: Path, global_arguments=None) -> str:
+    """An operation's body reading a fact while executing."""
+    state.current_stage = StateStage.Execute
+    with ctx_state.use(state), ctx_host.use(target):
+        target.in_op = True
+        target.current_op_global_arguments = global_arguments
+        try:
+            return target.get_fact(Command, reading(log, "c"))
+        finally:
+            target.in_op = False
+            target.current_op_global_arguments = None
+
+
+def test_a_fact_an_operation_read_while_executing_is_read_with_the_planning_facts(runs, tmp_path):
+    log = tmp_path / "reads"
+    state, target = runs()
+    plan(state, target, log)
+    assert execute(state, target, log) == "c-3"
+
+    state, target = runs()
+    assert plan(state, target, log) == ["a-4", "b-5", "1 2"]
+    assert len(runs.calls) == 1
+    assert execute(state, target, log) == "c-6"
+    assert len(runs.calls) == 1
+
+
+def test_one_read_with_other_connector_arguments_is_not_recorded(runs, tmp_path):
+    log = tmp_path / "reads"
+    state, target = runs()
+    plan(state, target, log)
+    assert execute(state, target, log, {"_chdir": str(tmp_path)}) == "c-3"
+    assert json.loads(planned_facts.record_path(target).read_text())["executing"] == []
