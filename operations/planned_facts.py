@@ -3,27 +3,28 @@ the start of the next run's planning.
 
 deploy.py's stages read their facts one after the other as they plan (``plan.fact``, the
 stages' ``host.get_fact``), each a command of its own: 37 on a converged sandbox host. Which
-facts those are (fact class and arguments, never their values) is written at the end of the
-host's planning to ``<cache>/gpuhost/planned-facts/<host>.json`` on the controller; the next
-run announces them to the fact cache (``fact_cache.expect``) at its first planning reading and
-reads them all there in one command (``operations/fact_batch.py``: each fact's own command
-and parser). Every decision is still made from what the host answers in this run; the record
-only says what to ask at once. A fact the record lacks is read alone (and recorded for the
-next run); one the plan no longer reads costs its share of the one command. The fact cache's
-rules stand: any command or file sent to the host drops the kept answers; while planning the
-recorded facts are then read again together at the next of them, while executing each alone
-(``fact_cache.expect_while_planning``: a run that changes the host would otherwise read every
-planning fact again after each change).
+facts those are (fact class and arguments, never their answers) is written at the end of the
+host's planning to ``<cache>/gpuhost/planned-facts/<host>-<digest>.json`` on the controller;
+the next run announces them to the fact cache (``fact_cache.expect_while_planning``) at its
+first planning reading and reads them all there in one command (``operations/fact_batch.py``:
+each fact's own command and parser). Every decision is still made from what the host answers
+in this run; the record only says what to ask at once. A fact the record lacks is read alone
+(and recorded for the next run); one the plan no longer reads costs its share of the one
+command. The fact cache's rules stand: any command or file sent to the host drops the kept
+answers; while planning the recorded facts are then read again together at the next of them,
+while executing each alone (a run that changes the host would otherwise read every planning
+fact again after each change).
 
 The facts operations read while executing (pyinfra's own, as ``apt-mark showhold`` or the
 keyring's sha256) are recorded too, and read in the same command: on a host that changes
-nothing no command runs between planning and them, so they are answered from it; after any
-change they are read again, each alone. Recorded are readings by gpuhost's planning code
-(outside an operation's body: pyinfra's ``Host.in_op``, ``api/operation.py``; pyinfra 3.10)
-and readings in an operation's body while executing whose connector arguments (sudo, user,
-shell...) are those of the planning readings, so the one command reads each fact as a reading
-of its own would; none with per-reading pyinfra arguments (``_sudo``...); and only facts whose arguments survive JSON unchanged and whose class is a
-fact of a module this run has imported (a tuple is recorded as {"tuple": [...]}). A record that is not such a list is ignored.
+nothing no command runs between planning and them, so they are answered from it. Recorded
+are readings by gpuhost's planning code (outside an operation's body: pyinfra's
+``Host.in_op``, ``api/operation.py``; pyinfra 3.10) and readings in an operation's body while
+executing whose connector arguments (sudo, user, shell...) are those of the planning
+readings, so the one command reads each fact as a reading of its own would; none with
+per-reading pyinfra arguments (``_sudo``...); and only facts whose arguments survive JSON
+unchanged (a tuple is recorded as ``{"tuple": [...]}``) and whose class is a fact of a module
+this run has imported. A record that is not such a list is ignored.
 """
 
 from __future__ import annotations
