@@ -15,7 +15,8 @@ fails saying so; the next run applies host data).
 
 from pyinfra import host, inventory, state
 
-from operations import deploy_lock, fact_cache, fleet, link, roll, rollback, shipped_files
+from operations import (deploy_lock, fact_cache, fleet, link, planned_facts, roll, rollback,
+                        shipped_files)
 from operations.driver_rollback import fail_if_rolled_back
 from operations.mlenv import mlenv
 from operations.nodes import node_role, nodes_env
@@ -37,6 +38,7 @@ use_run_env()
 link.watch(state, host)
 fact_cache.install()
 shipped_files.install()
+planned_facts.install()
 
 if deploy_lock.held(settings):
     interrupted = rollback.unfinished()
@@ -55,3 +57,4 @@ if deploy_lock.held(settings):
             router(settings, the_fleet.workers_of(host.name))
         fail_if_rolled_back()
 stop_if_refused()
+planned_facts.save()

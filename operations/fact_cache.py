@@ -26,6 +26,7 @@ from typing import Any
 
 from pyinfra.api import host as host_module
 from pyinfra.api.host import Host
+from pyinfra.api.state import StateStage
 
 from operations import fact_batch
 
@@ -33,6 +34,8 @@ from operations import fact_batch
 _FACTS = "_gpuhost_facts"
 #: The facts announced for one host: key -> (fact class, its arguments by name).
 _EXPECTED = "_gpuhost_expected_facts"
+#: The facts announced for one host's planning only (``expect_while_planning``), as _EXPECTED.
+_EXPECTED_PLANNING = "_gpuhost_expected_while_planning"
 #: The announced facts a batch tried since the host's facts were last dropped: one that did
 #: not answer there (its command failed) is read alone, not batched again.
 _TRIED = "_gpuhost_tried_facts"
@@ -76,11 +79,28 @@ def expect(host: Host, cls: Any, **fact_kwargs: Any) -> None:
         vars(host).setdefault(_EXPECTED, {})[key] = (cls, fact_kwargs)
 
 
+def expect_while_planning(host: Host, cls: Any, **fact_kwargs: Any) -> None:
+    """Announce that ``host``'s planning will read ``cls`` with ``fact_kwargs``: while
+    executing, the fact is no longer read with the others (a value read while planning is
+    still served until the host runs a command), so a run that changes the host does not read
+    every planning fact again after each change."""
+    key = _cache_key(cls, (), fact_kwargs, {})
+    if key is not None:
+        vars(host).setdefault(_EXPECTED_PLANNING, {})[key] = (cls, fact_kwargs)
+
+
+def _expected(state: Any, host: Host) -> dict[Hashable, Any]:
+    expected = dict(vars(host).get(_EXPECTED, {}))
+    if getattr(state, "current_stage", None) != StateStage.Execute:
+        expected = {**vars(host).get(_EXPECTED_PLANNING, {}), **expected}
+    return expected
+
+
 def _read_expected(state: Any, host: Host, cls: Any, args: Any, kwargs: Any) -> None:
     """Read every announced fact of ``host`` not kept, in one batch, and keep the answers."""
     kept = vars(host).setdefault(_FACTS, {})
     tried = vars(host).setdefault(_TRIED, set())
-    pending = [(key, wanted) for key, wanted in vars(host).get(_EXPECTED, {}).items()
+    pending = [(key, wanted) for key, wanted in _expected(state, host).items()
                if key not in kept and key not in tried]
     if len(pending) < 2 or not host.connected:
         return
@@ -94,6 +114,13 @@ def _read_expected(state: Any, host: Host, cls: Any, args: Any, kwargs: Any) -> 
         vars(host)[_READING] -= 1
     for index, value in values.items():
         kept[pending[index][0]] = copy.deepcopy(value)
+
+
+def read_expected(state: Any, host: Host, cls: Any, args: Any = None,
+                  kwargs: Any = None) -> None:
+    """Read the announced facts of ``host`` not kept now, in one batch, with the connector
+    arguments a reading of ``cls`` would have."""
+    _read_expected(state, host, cls, args, kwargs)
 
 
 def forget(host: Host) -> None:
@@ -113,7 +140,7 @@ def install() -> None:
                  **rest: Any) -> Any:
         key = _cache_key(cls, args, kwargs, rest)
         kept = vars(host).setdefault(_FACTS, {})
-        if key is not None and key not in kept and key in vars(host).get(_EXPECTED, {}) \
+        if key is not None and key not in kept and key in _expected(state, host) \
                 and key not in vars(host).get(_TRIED, ()):
             _read_expected(state, host, cls, args, kwargs)
         if key is not None and key in kept:

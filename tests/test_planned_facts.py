@@ -1,0 +1,196 @@
+"""operations/planned_facts.py: the facts one run's planning read are read in one command at the
+next run's first planning reading, then served from the fact cache; their answers are the
+host's own in that run. pyinfra's own State, Host and @local connector; each fact command
+appends to a file, so the file's lines count the readings, and the connector's calls count
+the round trips."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api import host as host_module
+from pyinfra.api.host import Host
+from pyinfra.api.state import StateStage
+from pyinfra.connectors.local import LocalConnector
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra.facts.server import Command
+
+from operations import fact_cache, planned_facts
+
+
+class Ports(Command):
+    """A fact with a tuple argument (as operations.server.PortListeners)."""
+
+    def command(self, ports):  # type: ignore[override]
+        return "echo " + " ".join(str(p) for p in ports)
+
+
+@pytest.fixture
+def runs(monkeypatch, tmp_path):
+    """A factory of runs: each a fresh pyinfra State and @local host, the caches installed;
+    the records under tmp_path; ``calls`` counts the commands sent to the host."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(host_module, "get_fact", host_module.get_fact)
+    monkeypatch.setattr(Host, "run_shell_command", Host.run_shell_command)
+    monkeypatch.setattr(Host, "put_file", Host.put_file)
+    monkeypatch.delattr(host_module, "_gpuhost_fact_cache", raising=False)
+    monkeypatch.delattr(host_module, "_gpuhost_planned_facts", raising=False)
+    calls = []
+    sent = LocalConnector.run_shell_command
+
+    def counted(self, command, *args, **kwargs):
+        calls.append(command)
+        return sent(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(LocalConnector, "run_shell_command", counted)
+    fact_cache.install()
+    planned_facts.install()
+
+    def start() -> tuple[State, Host]:
+        inventory = Inventory((["@local"], {}))
+        state = State(inventory, Config())
+        state.current_stage = StateStage.Prepare
+        target = inventory.get_host("@local")
+        target.connect()
+        calls.clear()
+        return state, target
+
+    start.calls = calls  # type: ignore[attr-defined]
+    return start
+
+
+def reading(log: Path, what: str) -> str:
+    return f"echo r >> {log}; echo {what}-$(wc -l < {log})"
+
+
+def plan(state: State, target: Host, log: Path) -> list:
+    """Planning code reading three facts, the record written at its end."""
+    with ctx_state.use(state), ctx_host.use(target):
+        answers = [target.get_fact(Command, reading(log, "a")),
+                   target.get_fact(Command, command=reading(log, "b")),
+                   target.get_fact(Ports, ports=(1, 2))]
+        planned_facts.save()
+    return answers
+
+
+def test_the_next_run_reads_last_runs_planning_facts_in_one_command(runs, tmp_path):
+    log = tmp_path / "reads"
+    assert plan(*runs(), log) == ["a-1", "b-2", "1 2"]
+    assert len(runs.calls) == 3
+
+    assert plan(*runs(), log) == ["a-3", "b-4", "1 2"]
+    assert len(runs.calls) == 1
+
+
+def test_the_record_names_facts_never_their_answers(runs, tmp_path):
+    log = tmp_path / "reads"
+    state, target = runs()
+    plan(state, target, log)
+    text = planned_facts.record_path(target).read_text()
+    assert "a-1" not in text and "1 2" not in text
+    assert json.loads(text)["facts"][2] == {
+        "fact": f"{Ports.__module__}:Ports", "arguments": {"ports": {"tuple": [1, 2]}}}
+
+
+def test_a_command_run_while_planning_drops_the_batched_answers(runs, tmp_path):
+    log = tmp_path / "reads"
+    plan(*runs(), log)
+    state, target = runs()
+    with ctx_state.use(state), ctx_host.use(target):
+        assert target.get_fact(Command, reading(log, "a")) == "a-3"
+        assert target.run_shell_command(f"touch {tmp_path}/changed")[0]
+        assert target.get_fact(Command, command=reading(log, "b")) == "b-6"
+
+
+@pytest.mark.parametrize("record", [
+    "not json",
+    json.dumps({"format": 1, "facts": [{"fact": "os:path", "arguments": {}}]}),
+    json.dumps({"format": 1, "facts": [{"fact": "no.such.module:Fact", "arguments": {}}]}),
+    json.dumps({"format": 1, "facts": [{"fact": "pyinfra.facts.server:Command",
+                                        "arguments": {"wrong": 1}}]}),
+    json.dumps({"format": 2, "facts": []}),
+    json.dumps([1, 2]),
+])
+def test_a_record_that_is_not_a_list_of_facts_is_ignored(runs, tmp_path, record):
+    log = tmp_path / "reads"
+    state, target = runs()
+    path = planned_facts.record_path(target)
+    path.parent.mkdir(parents=True)
+    path.write_text(record)
+    assert plan(state, target, log) == ["a-1", "b-2", "1 2"]
+    assert len(runs.calls) == 3
+
+
+def test_readings_in_an_operation_or_with_pyinfra_arguments_are_not_recorded(runs, tmp_path):
+    log = tmp_path / "reads"
+    state, target = runs()
+    with ctx_state.use(state), ctx_host.use(target):
+        target.get_fact(Command, reading(log, "a"), _sudo=False)
+        target.in_op = True
+        target.get_fact(Command, reading(log, "b"))
+        target.in_op = False
+        planned_facts.save()
+    assert json.loads(planned_facts.record_path(target).read_text())["facts"] == []
+
+
+def test_executing_reads_nothing_from_the_record(runs, tmp_path):
+    log = tmp_path / "reads"
+    plan(*runs(), log)
+    state, target = runs()
+    state.current_stage = StateStage.Execute
+    with ctx_state.use(state), ctx_host.use(target):
+        assert target.get_fact(Command, reading(log, "b")) == "b-3"
+    assert len(runs.calls) == 1
+    assert len(log.read_text().splitlines()) == 3
+
+
+def test_after_a_change_while_executing_a_recorded_fact_is_read_alone(runs, tmp_path):
+    log = tmp_path / "reads"
+    plan(*runs(), log)
+    state, target = runs()
+    with ctx_state.use(state), ctx_host.use(target):
+        assert target.get_fact(Command, reading(log, "a")) == "a-3"
+        state.current_stage = StateStage.Execute
+        assert target.get_fact(Command, command=reading(log, "b")) == "b-4"
+        assert target.run_shell_command(f"touch {tmp_path}/changed")[0]
+        runs.calls.clear()
+        assert target.get_fact(Command, reading(log, "a")) == "a-5"
+    assert len(runs.calls) == 1
+    assert len(log.read_text().splitlines()) == 5
+
+
+def execute(state: State, target: Host, log: Path, global_arguments=None) -> str:
+    """An operation's body reading a fact while executing."""
+    state.current_stage = StateStage.Execute
+    with ctx_state.use(state), ctx_host.use(target):
+        target.in_op = True
+        target.current_op_global_arguments = global_arguments
+        try:
+            return target.get_fact(Command, reading(log, "c"))
+        finally:
+            target.in_op = False
+            target.current_op_global_arguments = None
+
+
+def test_a_fact_an_operation_read_while_executing_is_read_with_the_planning_facts(runs, tmp_path):
+    log = tmp_path / "reads"
+    state, target = runs()
+    plan(state, target, log)
+    assert execute(state, target, log) == "c-3"
+
+    state, target = runs()
+    assert plan(state, target, log) == ["a-4", "b-5", "1 2"]
+    assert len(runs.calls) == 1
+    assert execute(state, target, log) == "c-6"
+    assert len(runs.calls) == 1
+
+
+def test_one_read_with_other_connector_arguments_is_not_recorded(runs, tmp_path):
+    log = tmp_path / "reads"
+    state, target = runs()
+    plan(state, target, log)
+    assert execute(state, target, log, {"_chdir": str(tmp_path)}) == "c-3"
+    assert json.loads(planned_facts.record_path(target).read_text())["executing"] == []
