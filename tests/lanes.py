@@ -53,6 +53,10 @@ PER_TEST = "LANES_UNIT_PER_TEST"
 #: the rest of tests/ (the unit tests) weighs as much as a module of one boot and two deploys
 #: (197 s in the 2434 s CI run, beside test_deploy's 156 s and test_rebuild's 250 s)
 REST_WEIGHT = 5
+#: a unit's `sandbox down` sets its host trees aside, the next `up` on the lab deletes them in
+#: the background (sandbox/trash.py: 13 to 82 s per teardown off the lane); the lane's last
+#: step is a plain `down` of its lab, which waits for that and removes the rest
+DEFER_REMOVAL = "GPUHOST_SANDBOX_DEFER_REMOVAL"
 
 
 @dataclass
@@ -149,7 +153,7 @@ def run_unit(unit: Unit, lab: int, extra: list[str], reports: Path, say) -> None
     images = reports / "images"
     images.mkdir(exist_ok=True)
     env = {**os.environ, "GPUHOST_SANDBOX_LAB": str(lab), "PYTHONUNBUFFERED": "1",
-           "GPUHOST_E2E_IMAGES": str(images)}
+           "GPUHOST_E2E_IMAGES": str(images), DEFER_REMOVAL: "1"}
     started = time.monotonic()
     say(f"[lab {lab}] {unit.name}: started")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
@@ -161,6 +165,21 @@ def run_unit(unit: Unit, lab: int, extra: list[str], reports: Path, say) -> None
     unit.counts = counts(junit)
     say(f"\n{'=' * 30} {unit.name} (lab {lab}): exit {unit.rc} in {unit.seconds:.0f} s "
         f"{'=' * 30}\n{proc.stdout.rstrip()}\n")
+
+
+def clean_up(lab: int, say) -> None:
+    """A plain `sandbox down` of the lane's lab: the trees its units set aside are removed
+    (after a deleter still at work); without root there is no lab to take down."""
+    if os.geteuid() != 0:
+        return
+    env = {k: v for k, v in os.environ.items() if k != DEFER_REMOVAL}
+    env["GPUHOST_SANDBOX_LAB"] = str(lab)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "sandbox", "down"], cwd=ROOT, env=env,
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          check=False)
+    say(f"[lab {lab}] sandbox down: exit {proc.returncode} in {time.monotonic() - started:.0f} s"
+        + (f"\n{proc.stdout.rstrip()}" if proc.returncode else ""))
 
 
 def main(args: list[str]) -> int:
@@ -189,6 +208,7 @@ def main(args: list[str]) -> int:
                 try:
                     unit = todo.get_nowait()
                 except queue.Empty:
+                    clean_up(lab, say)
                     return
                 run_unit(unit, lab, args, Path(reports), say)
 

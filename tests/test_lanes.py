@@ -110,3 +110,23 @@ def test_units_of_one_module_keep_reports_of_their_own(tmp_path, monkeypatch):
     for name in ("tests/e2e/test_m.py::test_x[a]", "tests/e2e/test_m.py::test_x[b]"):
         lanes.run_unit(Unit(name, [name]), 0, [], tmp_path, lambda text: None)
     assert len(set(junits)) == 2
+
+
+def test_units_defer_tree_removal_and_each_lane_ends_with_a_plain_down(tmp_path, monkeypatch):
+    seen = []
+
+    def run(cmd, env, **kwargs):
+        seen.append((cmd, env))
+        return subprocess.CompletedProcess(cmd, 0, stdout="")
+
+    monkeypatch.setattr(lanes.subprocess, "run", run)
+    monkeypatch.setattr(lanes.os, "geteuid", lambda: 0)
+    monkeypatch.setenv(lanes.DEFER_REMOVAL, "1")  # as a unit's own environment would have it
+    lanes.run_unit(Unit("m", ["tests/e2e/test_m.py"]), 7, [], tmp_path, lambda text: None)
+    said = []
+    lanes.clean_up(7, said.append)
+    (unit_cmd, unit_env), (down_cmd, down_env) = seen
+    assert unit_env[lanes.DEFER_REMOVAL] == "1"
+    assert down_cmd[1:] == ["-m", "sandbox", "down"]
+    assert lanes.DEFER_REMOVAL not in down_env and down_env["GPUHOST_SANDBOX_LAB"] == "7"
+    assert said == ["[lab 7] sandbox down: exit 0 in 0 s"]
