@@ -5,7 +5,7 @@ filesystem is mounted ``discard``: /proc/mounts), and a converged host's tree is
 22,000 files; on this 2-core machine one such delete took 13 s idle and 34 s for /usr alone at
 load 5 (measured with ``rm -rf`` per top-level folder; a just-extracted bare tree, whose blocks
 were never written back, went in 2.4 s). So `up`, once its hosts answer, hands the trees that
-`down` set aside to a deleter process of its own (``python -m sandbox.trash ENTRY...``) and
+`down` set aside to a deleter process of its own (``trash.main``, with the entries) and
 returns; the next commands on the lab do not wait for it.
 
 One rule keeps it free of races: TRASH holds only whole trees set aside under names never used
@@ -52,7 +52,9 @@ def delete_in_background(names: list[Path]) -> None:
         return
     root = Path(__file__).resolve().parent.parent
     with open(LOG, "a") as log:
-        subprocess.Popen([sys.executable, "-m", "sandbox.trash", *map(str, names)], cwd=root,
+        # -c rather than -m: the package's __init__ imports this module first
+        subprocess.Popen([sys.executable, "-c", "import sys; from sandbox import trash; "
+                          "trash.main(sys.argv[1:])", *map(str, names)], cwd=root,
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                          start_new_session=True)
 
@@ -69,5 +71,5 @@ def delete(names: list[Path]) -> None:
               f"{time.monotonic() - began:.1f}s: {' '.join(n.name for n in names)}", flush=True)
 
 
-if __name__ == "__main__":
-    delete([Path(a) for a in sys.argv[1:]])
+def main(argv: list[str]) -> None:
+    delete([Path(a) for a in argv])
