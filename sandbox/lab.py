@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sandbox import hub, image, network, procs, rootfs, scenarios, services
+from sandbox import hub, image, network, procs, rootfs, scenarios, services, trash
 from sandbox.layout import (
     CACHE,
     DEFAULT_SCENARIO,
@@ -51,6 +51,9 @@ STATE_VERSION = 1
 HUB_TOKEN = STATE_DIR / "hub" / "token"  # the hub stand-in's token, also on each host
 BOOT_TIMEOUT_S = 180.0
 POWEROFF_TIMEOUT_S = 30.0
+#: Set to 1 (tests/lanes.py does, for its units), `down` only sets the host trees aside: the
+#: lab's next `up` deletes them in the background (sandbox/trash.py), a plain `down` at the end.
+DEFER_REMOVAL_ENV = "GPUHOST_SANDBOX_DEFER_REMOVAL"
 
 
 class LabError(RuntimeError):
@@ -278,10 +281,8 @@ def up(
         _start_services(specs, state)
         _boot(specs, state, boot_timeout)
         _say(f"lab up in {time.monotonic() - started:.1f}s")
-        if TRASH.exists():
-            removing = time.monotonic()
-            _remove_trees([TRASH])
-            _say(f"previous host trees removed in {time.monotonic() - removing:.1f}s")
+        # the trees set aside: deleted in the background (sandbox/trash.py)
+        trash.delete_in_background(trash.entries())
     return status()
 
 
@@ -439,13 +440,14 @@ def down() -> None:
     links and host trees. Idempotent: with no lab up it does nothing."""
     require_root("down")
     with _exclusive():
-        _down()
+        _down(defer_removal=os.environ.get(DEFER_REMOVAL_ENV) == "1")
 
 
 def _down(defer_removal: bool = False) -> None:
     """Take the lab down; with `defer_removal` the host trees are only moved into TRASH, for
     `up` to delete once its new hosts answer (this machine's ext4 has no journal: inodes freed
-    in the last minute make creating new ones slow, so extracting right after a delete crawls)."""
+    in the last minute make creating new ones slow, so extracting right after a delete crawls);
+    without, it waits for a deleter still at work (sandbox/trash.py) and removes TRASH too."""
     state = load_state() or {}
     entries = state.get("hosts", [])
     supervisors = [procs.Proc.from_json(e.get("supervisor")) for e in entries]
@@ -473,7 +475,8 @@ def _down(defer_removal: bool = False) -> None:
     if defer_removal:
         rootfs.set_aside(trees, TRASH)
     else:
-        _remove_trees([*trees, TRASH])
+        with trash.held():
+            _remove_trees([*trees, TRASH])
     shutil.rmtree(SERVICES_DIR, ignore_errors=True)
     KNOWN_HOSTS.unlink(missing_ok=True)
     STATE_FILE.unlink(missing_ok=True)

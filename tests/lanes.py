@@ -11,6 +11,12 @@ start), so lanes on a 2-core machine take much less than one: two lanes left 20 
 the CPU idle (vmstat, 17 units), so the default is three. Arguments go to every unit's
 pytest; arguments naming test paths run just those, in one plain pytest process.
 
+A module whose tests each boot hosts of their own (a function-scoped host fixture, e.g.
+test_p2p's five scenarios) says so with a top-level ``LANES_UNIT_PER_TEST = True``: each of its
+tests (by node id, from ``pytest --collect-only -q``) is then a unit of its own, so they spread
+over the lanes instead of holding one lane for the sum of their boots (test_p2p alone took
+1000 to 1100 s of a 2434 s run in one lane).
+
 The run keeps a folder for images of converged hosts (GPUHOST_E2E_IMAGES, removed at the end;
 tests/e2e/lab.py ``up_converged``): modules that start from a converged host boot it from the
 image the first of them made, instead of each converging a bare host (4 to 5 minutes each on 2
@@ -24,8 +30,11 @@ happens after execnet's I/O thread started, and the worker stops at once with ge
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
 import queue
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,6 +48,15 @@ ROOT = Path(__file__).resolve().parent.parent
 E2E = ROOT / "tests" / "e2e"
 #: pytest's exit status when a unit collects nothing (e.g. ``-m "not e2e"`` on an e2e module)
 NO_TESTS = 5
+#: the top-level name by which a module asks for one unit per test
+PER_TEST = "LANES_UNIT_PER_TEST"
+#: the rest of tests/ (the unit tests) weighs as much as a module of one boot and two deploys
+#: (197 s in the 2434 s CI run, beside test_deploy's 156 s and test_rebuild's 250 s)
+REST_WEIGHT = 5
+#: a unit's `sandbox down` sets its host trees aside, the next `up` on the lab deletes them in
+#: the background (sandbox/trash.py: 13 to 82 s per teardown off the lane); the lane's last
+#: step is a plain `down` of its lab, which waits for that and removes the rest
+DEFER_REMOVAL = "GPUHOST_SANDBOX_DEFER_REMOVAL"
 
 
 @dataclass
@@ -48,20 +66,69 @@ class Unit:
     rc: int | None = None
     seconds: float = 0.0
     lab: int = 0
+    weight: int = 0
     counts: tuple[int, int, int, int] = (0, 0, 0, 0)  # tests, failures, errors, skipped
 
 
 def weight(path: Path) -> int:
     """How long a module is likely to take, for starting the longest first: its boots and
     deploys, as the text says (a proxy; a lane takes the next unit whenever it finishes)."""
-    text = path.read_text()
+    return text_weight(path.read_text())
+
+
+def text_weight(text: str) -> int:
     return 3 * text.count("lab.up(") + text.count("deploy(")
 
 
+def test_weight(path: Path, node_id: str) -> int:
+    """One test's weight: its function's text and that of the module's fixtures it takes (the
+    function-scoped host fixture boots for each test)."""
+    source = path.read_text()
+    functions = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+    test = functions[node_id.split("::")[-1].split("[")[0]]
+    parts = [test] + [functions[a.arg] for a in test.args.args if a.arg in functions]
+    return sum(text_weight(ast.get_source_segment(source, f) or "") for f in parts)
+
+
+def unit_per_test(path: Path) -> bool:
+    """True when the module sets ``LANES_UNIT_PER_TEST = True`` at its top level."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            if any(isinstance(t, ast.Name) and t.id == PER_TEST for t in node.targets):
+                return node.value.value is True
+    return False
+
+
+@functools.cache
+def node_ids(path: Path) -> tuple[str, ...]:
+    """The module's tests, as pytest collects them (parametrized ones one per parameter)."""
+    rel = str(path.relative_to(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                           "--collect-only", "-q", rel], cwd=ROOT, text=True,
+                          capture_output=True, check=False)
+    found = [line.strip() for line in proc.stdout.splitlines()
+             if line.startswith(f"{rel}::")]
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"collecting {rel} for its tests' units failed "
+                           f"(exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    return tuple(found)
+
+
+def module_units(path: Path) -> list[Unit]:
+    """The module as one unit or, where it asks, each test as one."""
+    rel = str(path.relative_to(ROOT))
+    if not unit_per_test(path):
+        return [Unit(rel, [rel], weight=weight(path))]
+    tests = node_ids(path)
+    return [Unit(t, [t], weight=test_weight(path, t)) for t in tests]
+
+
 def units() -> list[Unit]:
-    modules = sorted(E2E.glob("test_*.py"), key=lambda p: (-weight(p), p.name))
-    found = [Unit(str(p.relative_to(ROOT)), [str(p.relative_to(ROOT))]) for p in modules]
-    return found + [Unit("the rest of tests/", ["tests", f"--ignore={E2E.relative_to(ROOT)}"])]
+    """Every unit of the suite, the heaviest first (ties by name)."""
+    found = [u for p in sorted(E2E.glob("test_*.py")) for u in module_units(p)]
+    found.append(Unit("the rest of tests/", ["tests", f"--ignore={E2E.relative_to(ROOT)}"],
+                      weight=REST_WEIGHT))
+    return sorted(found, key=lambda u: (-u.weight, u.name))
 
 
 def names_paths(args: list[str]) -> bool:
@@ -82,11 +149,11 @@ def counts(junit: Path) -> tuple[int, int, int, int]:
 
 
 def run_unit(unit: Unit, lab: int, extra: list[str], reports: Path, say) -> None:
-    junit = reports / f"{Path(unit.args[0]).stem}.xml"
+    junit = reports / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', unit.name)}.xml"
     images = reports / "images"
     images.mkdir(exist_ok=True)
     env = {**os.environ, "GPUHOST_SANDBOX_LAB": str(lab), "PYTHONUNBUFFERED": "1",
-           "GPUHOST_E2E_IMAGES": str(images)}
+           "GPUHOST_E2E_IMAGES": str(images), DEFER_REMOVAL: "1"}
     started = time.monotonic()
     say(f"[lab {lab}] {unit.name}: started")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
@@ -98,6 +165,21 @@ def run_unit(unit: Unit, lab: int, extra: list[str], reports: Path, say) -> None
     unit.counts = counts(junit)
     say(f"\n{'=' * 30} {unit.name} (lab {lab}): exit {unit.rc} in {unit.seconds:.0f} s "
         f"{'=' * 30}\n{proc.stdout.rstrip()}\n")
+
+
+def clean_up(lab: int, say) -> None:
+    """A plain `sandbox down` of the lane's lab: the trees its units set aside are removed
+    (after a deleter still at work); without root there is no lab to take down."""
+    if os.geteuid() != 0:
+        return
+    env = {k: v for k, v in os.environ.items() if k != DEFER_REMOVAL}
+    env["GPUHOST_SANDBOX_LAB"] = str(lab)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "sandbox", "down"], cwd=ROOT, env=env,
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          check=False)
+    say(f"[lab {lab}] sandbox down: exit {proc.returncode} in {time.monotonic() - started:.0f} s"
+        + (f"\n{proc.stdout.rstrip()}" if proc.returncode else ""))
 
 
 def main(args: list[str]) -> int:
@@ -126,6 +208,7 @@ def main(args: list[str]) -> int:
                 try:
                     unit = todo.get_nowait()
                 except queue.Empty:
+                    clean_up(lab, say)
                     return
                 run_unit(unit, lab, args, Path(reports), say)
 

@@ -11,8 +11,45 @@ from tests.lanes import Unit
 def test_every_e2e_module_is_a_unit_and_the_rest_is_one_more():
     found = lanes.units()
     modules = {str(p.relative_to(lanes.ROOT)) for p in lanes.E2E.glob("test_*.py")}
-    assert {u.name for u in found[:-1]} == modules
-    assert found[-1].args == ["tests", "--ignore=tests/e2e"]
+    split = {m for m in modules if lanes.unit_per_test(lanes.ROOT / m)}
+    whole = {u.name for u in found if "::" not in u.name and u.name.startswith("tests/e2e/")}
+    assert whole == modules - split
+    assert [u.args for u in found if u.name == "the rest of tests/"] == [
+        ["tests", "--ignore=tests/e2e"]]
+    assert [u.weight for u in found] == sorted((u.weight for u in found), reverse=True)
+
+
+def test_each_p2p_test_is_a_unit_of_its_own_and_spreads_over_the_lanes():
+    """test_p2p's tests each boot a host (five scenarios, two more): one unit would hold a lane
+    for all seven boots and converges."""
+    p2p = [u for u in lanes.units() if u.name.startswith("tests/e2e/test_p2p.py")]
+    names = {u.name for u in p2p}
+    assert len(p2p) == 7 and all(u.args == [u.name] for u in p2p)
+    assert ("tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
+            "[bare-metal-p2p]") in names
+    assert "tests/e2e/test_p2p.py::test_remeasure_on_request_stops_the_server_first" in names
+    # a test of a bare converge weighs as one boot (its fixture's) and its three deploys
+    assert {u.weight for u in p2p} == {6, 5}
+
+
+def test_a_module_asks_for_a_unit_per_test_at_its_top_level(tmp_path):
+    asks, silent, off = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    asks.write_text("import pytest\nLANES_UNIT_PER_TEST = True\n")
+    silent.write_text("def f():\n    LANES_UNIT_PER_TEST = True\n")
+    off.write_text("LANES_UNIT_PER_TEST = False\n")
+    assert lanes.unit_per_test(asks)
+    assert not lanes.unit_per_test(silent) and not lanes.unit_per_test(off)
+
+
+def test_a_tests_weight_counts_its_own_text_and_its_fixtures(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "@pytest.fixture\ndef host():\n    lab.up(hosts=1)\n    yield\n\n"
+        "def other():\n    lab.up(hosts=2)\n\n"
+        "def test_a(host):\n    lab.deploy()\n    lab.deploy('--dry')\n\n"
+        "def test_b():\n    lab.deploy()\n")
+    assert lanes.test_weight(module, "m.py::test_a[x]") == 3 + 2
+    assert lanes.test_weight(module, "m.py::test_b") == 1
 
 
 def test_arguments_naming_test_paths_are_told_from_options():
@@ -60,3 +97,36 @@ def test_every_unit_of_a_run_gets_the_runs_image_folder(tmp_path, monkeypatch):
     assert [e["GPUHOST_SANDBOX_LAB"] for e in seen] == ["0", "1"]
     assert {e["GPUHOST_E2E_IMAGES"] for e in seen} == {str(tmp_path / "images")}
     assert (tmp_path / "images").is_dir()
+
+
+def test_units_of_one_module_keep_reports_of_their_own(tmp_path, monkeypatch):
+    junits = []
+
+    def run(cmd, env, **kwargs):
+        junits.append(next(a for a in cmd if a.startswith("--junitxml=")))
+        return subprocess.CompletedProcess(cmd, 0, stdout="")
+
+    monkeypatch.setattr(lanes.subprocess, "run", run)
+    for name in ("tests/e2e/test_m.py::test_x[a]", "tests/e2e/test_m.py::test_x[b]"):
+        lanes.run_unit(Unit(name, [name]), 0, [], tmp_path, lambda text: None)
+    assert len(set(junits)) == 2
+
+
+def test_units_defer_tree_removal_and_each_lane_ends_with_a_plain_down(tmp_path, monkeypatch):
+    seen = []
+
+    def run(cmd, env, **kwargs):
+        seen.append((cmd, env))
+        return subprocess.CompletedProcess(cmd, 0, stdout="")
+
+    monkeypatch.setattr(lanes.subprocess, "run", run)
+    monkeypatch.setattr(lanes.os, "geteuid", lambda: 0)
+    monkeypatch.setenv(lanes.DEFER_REMOVAL, "1")  # as a unit's own environment would have it
+    lanes.run_unit(Unit("m", ["tests/e2e/test_m.py"]), 7, [], tmp_path, lambda text: None)
+    said = []
+    lanes.clean_up(7, said.append)
+    (unit_cmd, unit_env), (down_cmd, down_env) = seen
+    assert unit_env[lanes.DEFER_REMOVAL] == "1"
+    assert down_cmd[1:] == ["-m", "sandbox", "down"]
+    assert lanes.DEFER_REMOVAL not in down_env and down_env["GPUHOST_SANDBOX_LAB"] == "7"
+    assert said == ["[lab 7] sandbox down: exit 0 in 0 s"]

@@ -13,6 +13,8 @@ import pytest
 from tests.e2e import lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+#: every test boots a host of its own: tests/lanes.py runs each as a unit, spread over the lanes
+LANES_UNIT_PER_TEST = True
 
 BASE = {"NCCL_IB_DISABLE": "1"}
 NO_P2P = {**BASE, "NCCL_P2P_LEVEL": "PHB", "NCCL_ALLOC_P2P_NET_LL_BUFFERS": "1",
