@@ -15,6 +15,15 @@ with no exit status, an upload with SSHException "Server connection dropped"), w
 counts as the host's failure. :class:`LinkWatch` says so in gpuhost's words and closes the
 connection for good (operations/remote.py ``close``). A host that only works hard keeps its
 link: its kernel acknowledges segments and keepalive probes whatever its load.
+
+One failure pyinfra does not count as the host's: a file transfer whose SFTP session cannot be
+opened (the link dropped before the upload began) raises pyinfra's ``ConnectError``
+(``connectors/ssh.py``, ``get_file_transfer_connection``), which ``_run_host_op`` does not catch
+(it catches ``TimeoutError``, ``OSError`` and ``SSHException``; ``api/operations.py``, pyinfra
+3.10): the whole run stopped with "pyinfra error in ...", every other host with it (seen in
+e2e test_multinode, once a no-op's first remote call was an upload). :func:`watch` has
+``Host.put_file`` and ``Host.get_file`` raise it as ``SSHException``, so it fails that host
+only, said as a lost link.
 """
 
 from __future__ import annotations
@@ -22,7 +31,13 @@ from __future__ import annotations
 import socket
 from typing import Final
 
+from functools import wraps
+from typing import Any, Callable
+
+from paramiko import SSHException
 from pyinfra import logger
+from pyinfra.api.exceptions import ConnectError
+from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback
 
 from operations import remote
@@ -60,11 +75,41 @@ def bound(host) -> bool:
     return True
 
 
+#: Set on a host whose file transfer could not open its session in this run.
+_TRANSFER_LOST: Final = "_gpuhost_transfer_lost"
+
+
 def lost(host) -> bool:
-    """Whether ``host`` had an SSH link that is gone (paramiko's transport no longer active)."""
+    """Whether ``host`` had an SSH link that is gone (paramiko's transport no longer active, or
+    a file transfer that could not open its session)."""
+    if vars(host).get(_TRANSFER_LOST):
+        return True
     client = getattr(host.connector, "client", None)
     transport = client.get_transport() if client is not None else None
     return client is not None and (transport is None or not transport.is_active())
+
+
+def fails_its_host(transfer: Callable) -> Callable:
+    """``Host.put_file``/``get_file`` raising pyinfra's ConnectError as SSHException, which
+    pyinfra counts as the host's failure (module docstring)."""
+
+    @wraps(transfer)
+    def run(self: Host, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return transfer(self, *args, **kwargs)
+        except ConnectError as exc:
+            vars(self)[_TRANSFER_LOST] = True
+            raise SSHException(f"file transfer: {exc}") from exc
+
+    run._gpuhost_link = True  # type: ignore[attr-defined]
+    return run
+
+
+def _bound_transfers() -> None:
+    for name in ("put_file", "get_file"):
+        transfer = getattr(Host, name)
+        if not getattr(transfer, "_gpuhost_link", False):
+            setattr(Host, name, fails_its_host(transfer))
 
 
 class LinkWatch(BaseStateCallback):
@@ -88,5 +133,6 @@ class LinkWatch(BaseStateCallback):
 def watch(state, host) -> None:
     """Bound this host's link now and every host's later connections (once per run)."""
     bound(host)
+    _bound_transfers()
     if not any(isinstance(h, LinkWatch) for h in state.callback_handlers):
         state.add_callback_handler(LinkWatch())

@@ -105,3 +105,29 @@ def test_the_watch_is_installed_once_per_run(tcp):
     state.callback_handlers = added
     link.watch(state, FakeHost(Client(Transport(tcp))))
     assert len(added) == 1 and isinstance(added[0], link.LinkWatch)
+
+
+def test_a_transfer_that_cannot_open_its_session_fails_its_host_as_a_lost_link(tcp):
+    from paramiko import SSHException
+    from pyinfra.api.exceptions import ConnectError
+
+    def put_file(self, *args, **kwargs):
+        raise ConnectError("Unable to establish SFTP connection. Check that the SFTP "
+                           "subsystem for the SSH service at gpu2 is enabled.")
+
+    host = FakeHost(Client(Transport(tcp)))  # pyinfra's connector still holds a live client
+    with pytest.raises(SSHException, match="file transfer: Unable to establish SFTP"):
+        link.fails_its_host(put_file)(host, "local", "remote")
+    link.LinkWatch.operation_host_error(_state(name="Ship health_check.py"), host, "op")
+    assert host.said[0].startswith("connection to gpu2 lost during 'Ship health_check.py': ")
+
+
+def test_pyinfras_transfers_are_wrapped_once(monkeypatch):
+    from pyinfra.api.host import Host
+
+    monkeypatch.setattr(Host, "put_file", lambda self, *a, **k: True)
+    monkeypatch.setattr(Host, "get_file", lambda self, *a, **k: True)
+    link._bound_transfers()
+    wrapped = Host.put_file
+    link._bound_transfers()
+    assert Host.put_file is wrapped and wrapped._gpuhost_link and Host.get_file._gpuhost_link
