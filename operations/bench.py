@@ -181,6 +181,12 @@ def _bench(state, host, settings: Settings, dest_root: str) -> bool:
     gate_or_refuse(host, settings)
     dest = results_dir(dest_root, host)
     _, text, complete = run_levels(host, settings, dest)
+    report(text, complete, dest)
+    return True
+
+
+def report(text: str, complete: bool, dest) -> None:
+    """Say the report and where its files are; OperationError when a level failed."""
     for line in text.splitlines():
         say(line)
     for name in ("results.json", "summary.md", "bench.png"):
@@ -188,7 +194,6 @@ def _bench(state, host, settings: Settings, dest_root: str) -> bool:
     if not complete:
         raise OperationError("bench_serving failed at a level (above); the levels before it "
                              f"are reported in {dest}")
-    return True
 
 
 @operation(is_idempotent=False)

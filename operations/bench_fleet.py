@@ -37,7 +37,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 
 from operations import fleet, remote
-from operations.bench import _run_argv, run_levels, say
+from operations.bench import _run_argv, report, run_levels, say
 from operations.fleet import ROUTER_GROUP, Fleet
 from operations.plan import fact, refuse
 from operations.router import CHECK_SCRIPT, UNIT_PATH, own_url
@@ -152,13 +152,7 @@ def _fleet_bench(state, host, settings: Settings, workers: tuple[tuple[str, str]
     _, text, complete = run_levels(host, settings, dest,
                                    argv=_run_argv(settings, (url, key_file, BACKEND)),
                                    endpoint=about)
-    for line in text.splitlines():
-        say(line)
-    for name in ("results.json", "summary.md", "bench.png"):
-        say(f"bench: {dest / name}")
-    if not complete:
-        raise OperationError("bench_serving failed at a level (above); the levels before it "
-                             f"are reported in {dest}")
+    report(text, complete, dest)
     return True
 
 
