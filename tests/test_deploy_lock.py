@@ -156,3 +156,37 @@ def test_the_controller_names_only_its_own_runs_that_ended(monkeypatch):
     for holders in ([live], [other], [itself], [mine_ended, other], []):
         assert deploy_lock.gone_runs(json.dumps(holders)) == []
     assert deploy_lock.gone_runs("not json") == []
+
+
+@pytest.mark.parametrize("record", [
+    {"controller": "ops@laptop", "controller_pid": 4242, "pid": 1},  # a pid another has now
+    {"controller": "ops@laptop", "controller_pid": 4242, "pid": 0},  # kill(0) is the group
+    {"controller": "ops@laptop", "controller_pid": 4242, "pid": True},
+    '{"controller": "ops@laptop", "pid": ',  # cut short
+    ["a list"],
+])
+def test_a_record_of_no_holder_neither_blocks_nor_is_reported(run_dir, record):
+    records = run_dir / "deploy-lock.d"
+    records.mkdir(parents=True)
+    (records / "1.json").write_text(record if isinstance(record, str) else json.dumps(record))
+    first = Holder(run_dir)
+    assert first.line() == "held"
+    assert [p.name for p in records.iterdir()] == [f"{first.proc.pid}.json"]  # swept
+    (records / "1.json").write_text(record if isinstance(record, str) else json.dumps(record))
+    second = Holder(run_dir, who="cron@ctl")
+    (holder,) = json.loads(second.line()[len("busy "):])
+    assert holder["pid"] == first.proc.pid
+    nxt = Holder(run_dir, pid=5151, evict=[{"controller": "ops@laptop", "controller_pid": 4242}])
+    assert nxt.line().startswith("evicted ") and nxt.line() == "held"
+    assert first.proc.wait(timeout=10) == 0
+    nxt.end()
+
+
+def test_a_lock_folder_it_cannot_make_is_said_in_one_line(tmp_path):
+    (tmp_path / "run").write_text("a file where the folder should be")
+    holder = Holder(tmp_path / "run")
+    said = holder.line()
+    assert said.startswith("error ") and "deploy-lock.d" in said
+    assert holder.proc.wait(timeout=10) == 73
+    assert holder.proc.stdout.read() == ""
+

@@ -11,22 +11,28 @@ it). Who holds it is kept beside it, one JSON file per holder in /run/gpuhost/de
 
 Protocol on stdout, one line each: ``waiting <holders JSON>`` (once, when another run holds it
 and --wait allows waiting), ``evicted <holders JSON>`` (once, see below), then ``held`` or
-``busy <holders JSON>`` (exit 75, EX_TEMPFAIL of sysexits.h).
+``busy <holders JSON>`` (exit 75, EX_TEMPFAIL of sysexits.h), or ``error <why>`` (exit 73,
+EX_CANTCREAT) where the lock or a holder's record cannot be made (/run/gpuhost not a writable
+folder). A holder is a record whose process holds an flock on the lock, as /proc/locks says
+(proc(5)): a record a holder killed with SIGKILL left, whose pid another process has since,
+counts for nothing.
 
 ``--evict <holders JSON>`` names holders whose run the controller knows is gone (its own
 pyinfra process ended: a link that dropped mid-run leaves the old holder waiting for a word that
-never comes, up to SILENCE_S). Where every holder of the lock is one of those (same controller,
-same pyinfra pid), they are sent SIGTERM and the lock is taken once they are gone; a holder
-not named keeps the lock. While held, it reads the controller's heartbeats (any bytes) on stdin and writes
-one byte every HEARTBEAT_S seconds; it lets go when stdin ends (the run ended or its connection
-closed), when nothing came for SILENCE_S seconds (the link dropped without a word), or when its
-own write fails (the connection is gone: once the link is back, the controller's kernel answers
-the write with a reset).
+never comes, up to SILENCE_S). Where every holder of the lock is one of those (the same value
+for each key a gone run names: controller, pyinfra pid, the controller's pid space and the
+run's start), they are sent SIGTERM and the lock is taken once they are gone; a holder not
+named keeps the lock. While held, it reads the controller's heartbeats (any bytes) on stdin
+and writes one byte every HEARTBEAT_S seconds; it lets go when stdin ends (the run ended or its
+connection closed), when nothing came for SILENCE_S seconds (the link dropped without a word),
+or when its own write fails (the connection is gone: once the link is back, the controller's
+kernel answers the write with a reset).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
@@ -39,23 +45,62 @@ RUN_DIR = "/run/gpuhost"
 HEARTBEAT_S = 15
 SILENCE_S = 300
 EX_TEMPFAIL = 75
+EX_CANTCREAT = 73
 #: Seconds evicted holders get to exit (an flock is let go when its process ends).
 EVICT_WAIT_S = 10
 
 
-def holders(folder: str) -> list[dict]:
-    """The holders recorded in ``folder`` whose process still lives."""
+def lock_pids(lock_fd: int) -> set[int] | None:
+    """The pids holding an flock on ``lock_fd``'s file, from /proc/locks (proc(5): pids as seen
+    in the reader's pid namespace, 0 for one outside it; "->" lines are waiters); None where
+    /proc/locks cannot be read."""
+    st = os.fstat(lock_fd)
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    pids = set()
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == device:
+            pids.add(int(fields[4]))
+    return pids
+
+
+def _pid(entry: object) -> int | None:
+    pid = entry.get("pid") if isinstance(entry, dict) else None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+
+def holders(folder: str, lock_fd: int | None = None, sweep: bool = False) -> list[dict]:
+    """The holders recorded in ``folder`` whose process still lives and, where /proc/locks
+    tells, holds the lock on ``lock_fd``: a record left by a holder killed with SIGKILL whose
+    pid now names another process, or one that is corrupt or names no process of its own (pid 0
+    signals the whole group), is no holder. ``sweep``: remove those records."""
+    locking = lock_pids(lock_fd) if lock_fd is not None else None
     found = []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if not name.endswith(".json"):
+            continue
         path = os.path.join(folder, name)
         try:
             with open(path) as fh:
                 entry = json.load(fh)
-            os.kill(int(entry["pid"]), 0)
+            pid = _pid(entry)
+            if pid is None or (locking is not None and pid not in locking):
+                raise ProcessLookupError
+            os.kill(pid, 0)
         except ProcessLookupError:
-            os.unlink(path)  # a holder killed with its channel (SIGPIPE) left it
+            if sweep or _pid(entry) is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # a holder killed with its channel (SIGPIPE) left it
             continue
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError):
+            if sweep:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
             continue
         found.append(entry)
     return found
@@ -67,21 +112,21 @@ def say(line: str) -> None:
 
 
 def _named(entry: dict, gone: list[dict]) -> bool:
-    return any(entry.get("controller") == g.get("controller")
-               and entry.get("controller_pid") == g.get("controller_pid") for g in gone)
+    """``entry`` is one of ``gone``: the same value for every key a gone run names (its
+    controller, pyinfra pid and, from a Linux controller, boot, pid namespace and start)."""
+    return any(isinstance(g, dict) and g.get("controller") and g.get("controller_pid")
+               and all(entry.get(k) == v for k, v in g.items()) for g in gone)
 
 
-def evict(folder: str, gone: list[dict]) -> list[dict]:
+def evict(folder: str, fd: int, gone: list[dict]) -> list[dict]:
     """SIGTERM the holders in ``folder`` when every one of them is named in ``gone``; returns
     those sent it (none when a holder not named holds the lock too)."""
-    current = holders(folder)
+    current = holders(folder, fd)
     if not current or not all(_named(h, gone) for h in current):
         return []
     for entry in current:
-        try:
-            os.kill(int(entry["pid"]), signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(entry["pid"], signal.SIGTERM)
     return current
 
 
@@ -96,17 +141,17 @@ def take(fd: int, mode: str, wait: float, folder: str, gone: list[dict] | None =
         except BlockingIOError:
             pass
         if gone:
-            evicted = evict(folder, gone)
+            evicted = evict(folder, fd, gone)
             gone = None  # once: a holder that came since is a run of its own
             if evicted:
                 say("evicted " + json.dumps(evicted))
                 deadline = max(deadline, time.monotonic() + EVICT_WAIT_S)
                 evicting = True
         if time.monotonic() >= deadline:
-            say("busy " + json.dumps(holders(folder)))
+            say("busy " + json.dumps(holders(folder, fd)))
             return False
         if not told and not evicting:
-            say("waiting " + json.dumps(holders(folder)))
+            say("waiting " + json.dumps(holders(folder, fd)))
             told = True
         time.sleep(0.2 if evicting else 1)
 
@@ -142,22 +187,32 @@ def main() -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # a write to a closed channel ends us
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # evicted: our record goes too
     folder = os.path.join(args.run_dir, "deploy-lock.d")
-    os.makedirs(folder, mode=0o755, exist_ok=True)
-    fd = os.open(os.path.join(args.run_dir, "deploy.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.makedirs(folder, mode=0o755, exist_ok=True)
+        fd = os.open(os.path.join(args.run_dir, "deploy.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        say(f"error {error}")
+        return EX_CANTCREAT
     if not take(fd, args.mode, args.wait, folder, json.loads(args.evict)):
         return EX_TEMPFAIL
-    holders(folder)  # sweeps the records of holders that died with their channel
+    holders(folder, fd, sweep=True)  # records of holders that died with their channel
     entry = {**json.loads(args.holder), "mode": args.mode, "pid": os.getpid(),
              "login": os.environ.get("SUDO_USER") or os.environ.get("USER") or str(os.getuid()),
              "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     mine = os.path.join(folder, f"{os.getpid()}.json")
-    with open(mine, "w") as fh:
-        json.dump(entry, fh)
+    try:
+        with open(f"{mine}.tmp", "w") as fh:  # whole or absent: a reader never sees half
+            json.dump(entry, fh)
+        os.replace(f"{mine}.tmp", mine)
+    except OSError as error:
+        say(f"error {error}")
+        return EX_CANTCREAT
     try:
         say("held")
         hold(args.silence)
     finally:
-        os.unlink(mine)
+        with contextlib.suppress(OSError):
+            os.unlink(mine)
     return 0
 
 
