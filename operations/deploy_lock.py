@@ -18,6 +18,7 @@ import os
 import socket
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import gevent
@@ -52,10 +53,35 @@ class _Held:
 _held: dict[str, _Held] = {}
 
 
+def _start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (proc(5), /proc/PID/stat field
+    22, after the command's parenthesis); None without /proc (macOS) or without the process."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pid_space() -> str | None:
+    """Which pids this controller's mean: its boot (/proc/sys/kernel/random/boot_id) and pid
+    namespace (/proc/self/ns/pid); None without /proc. Two containers, or two machines, of one
+    user@host name have different ones."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot} {os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
 def _holder() -> str:
-    """Who takes the lock, as the next run will be told."""
-    return json.dumps({"controller": f"{getpass.getuser()}@{socket.gethostname()}",
-                       "controller_pid": os.getpid()})
+    """Who takes the lock, as the next run will be told (and its controller can tell whether
+    that run is over: pid, pid space and start time)."""
+    me = {"controller": f"{getpass.getuser()}@{socket.gethostname()}",
+          "controller_pid": os.getpid()}
+    space, start = _pid_space(), _start(os.getpid())
+    if space and start is not None:
+        me |= {"controller_pids": space, "controller_start": start}
+    return json.dumps(me)
 
 
 def _command(target, mode: str, wait: int, gone: list[dict] | None = None) -> str:
@@ -114,25 +140,37 @@ def _alive(pid: int) -> bool:
     return True
 
 
+_RUN_KEYS: Final = ("controller", "controller_pid", "controller_pids", "controller_start")
+
+
+def _over(h: Any, me: dict) -> bool:
+    """``h`` was taken by a run of this controller that is over: same user@host and pid space
+    (where /proc tells it), and its pid names no process, or one started since (a pid
+    reused)."""
+    pid = h.get("controller_pid") if isinstance(h, dict) else None
+    if (not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0
+            or h.get("controller") != me["controller"] or pid == me["controller_pid"]
+            or h.get("controller_pids") != me.get("controller_pids")):
+        return False
+    if "controller_pids" in me:
+        return not _alive(pid) or _start(pid) != h.get("controller_start")
+    return not _alive(pid)
+
+
 def gone_runs(holders_json: str) -> list[dict]:
     """The holders of a busy lock whose run is known to be over: every one of them taken by a
-    pyinfra process of this controller (user@host) that no longer lives; [] where any holder
-    is another controller's or a live run's. Such a holder stays after a link dropped mid-run
-    (operations/link.py): its run ended, but the host heard nothing of it."""
+    pyinfra process of this controller (user@host, pid space) that no longer lives; [] where
+    any holder is another controller's, another container's or a live run's. Such a holder
+    stays after a link dropped mid-run (operations/link.py): its run ended, but the host heard
+    nothing of it."""
     try:
         holders = json.loads(holders_json)
     except ValueError:
         return []
     me = json.loads(_holder())
-    if not isinstance(holders, list) or not holders:
+    if not isinstance(holders, list) or not holders or not all(_over(h, me) for h in holders):
         return []
-    for h in holders:
-        pid = h.get("controller_pid") if isinstance(h, dict) else None
-        if (h.get("controller") != me["controller"] or not isinstance(pid, int)
-                or pid == me["controller_pid"] or _alive(pid)):
-            return []
-    return [{"controller": h["controller"], "controller_pid": h["controller_pid"]}
-            for h in holders]
+    return [{k: h[k] for k in _RUN_KEYS if k in h} for h in holders]
 
 
 def _beat(target, held: _Held) -> None:
@@ -181,6 +219,8 @@ def _take(target, mode: str, wait: int, gone: list[dict] | None = None) -> str |
         return (f"{target.name} is being deployed: {_describe(line[len('busy '):])}. Run again "
                 f"when it ends, or let this run wait for it: --data "
                 f"{PREFIX}deploy_lock_wait=SECONDS")
+    if line.startswith("error "):
+        return f"the host cannot hold the deploy lock: {line[len('error '):]}"
     return f"the deploy lock's holder on the host said {line or 'nothing'!r} (is python3 there?)"
 
 

@@ -190,3 +190,33 @@ def test_a_lock_folder_it_cannot_make_is_said_in_one_line(tmp_path):
     assert holder.proc.wait(timeout=10) == 73
     assert holder.proc.stdout.read() == ""
 
+
+def test_a_run_of_another_pid_space_or_a_reused_pid_is_told_apart(monkeypatch):
+    me = {"controller": "ops@ctl", "controller_pid": os.getpid(),
+          "controller_pids": deploy_lock._pid_space(), "controller_start": 1}
+    monkeypatch.setattr(deploy_lock, "_holder", lambda: json.dumps(me))
+    ended = _ended_pid()
+    gone = {**me, "controller_pid": ended, "pid": 99}
+    assert deploy_lock.gone_runs(json.dumps([gone])) == [
+        {k: gone[k] for k in deploy_lock._RUN_KEYS}]
+    # the same user@host in another container: its pid means nothing here
+    elsewhere = {**gone, "controller_pids": "another-boot pid:[1]"}
+    unsaid = {k: v for k, v in gone.items() if k != "controller_pids"}
+    # a live process has the pid now: started later than the run that took the lock
+    reused = {**gone, "controller_pid": 1, "controller_start": -1}
+    live = {**gone, "controller_pid": 1, "controller_start": deploy_lock._start(1)}
+    assert deploy_lock.gone_runs(json.dumps([reused])) == [
+        {k: reused[k] for k in deploy_lock._RUN_KEYS}]
+    for holders in ([elsewhere], [unsaid], [live], [gone, live], ["a string"], [1]):
+        assert deploy_lock.gone_runs(json.dumps(holders)) == []
+
+
+def test_the_host_that_cannot_hold_it_is_named_with_why(monkeypatch):
+    said = iter(["error [Errno 30] Read-only file system: '/run/gpuhost/deploy-lock.d'\n"])
+    monkeypatch.setattr(deploy_lock, "_command", lambda *a: "")
+    monkeypatch.setattr(deploy_lock, "_open", lambda target, command: deploy_lock._Held(
+        "", None, lambda: next(said), lambda: None))
+    why = deploy_lock._take(type("Target", (), {"print_prefix": "", "name": "gpu1"}),
+                            "exclusive", 0)
+    assert why == ("the host cannot hold the deploy lock: [Errno 30] Read-only file system: "
+                   "'/run/gpuhost/deploy-lock.d'")
