@@ -8,6 +8,8 @@ status; each fact's own ``process`` then reads its part, as ``_get_fact`` would 
 command's output (its lines with the newline taken off, ``connectors/util.py``,
 ``read_buffer``). A fact whose command failed, found its command missing or has a precondition
 is left out of the answer: the caller reads it alone, so pyinfra's own error handling applies.
+So is one whose command cannot be made from the arguments given (a path that is a number: a
+recorded reading of another version, ``operations/planned_facts.py``), and nobody reads it.
 """
 
 from __future__ import annotations
@@ -76,7 +78,12 @@ def read(state: State, host: Host, wanted: Sequence[Wanted],
         fact = cls()
         if fact.check_preconditions(state, host):
             continue
-        command = _command(fact, fact_kwargs)
+        try:
+            command = _command(fact, fact_kwargs)
+            if command is not None:
+                command.get_raw_value()
+        except Exception:  # noqa: BLE001 - arguments it cannot take (another version's record)
+            continue
         if command is not None:
             commands.append((index, fact, command))
     values: dict[int, Any] = {}

@@ -194,3 +194,23 @@ def test_one_read_with_other_connector_arguments_is_not_recorded(runs, tmp_path)
     plan(state, target, log)
     assert execute(state, target, log, {"_chdir": str(tmp_path)}) == "c-3"
     assert json.loads(planned_facts.record_path(target).read_text())["executing"] == []
+
+
+class FileLines(Command):
+    """A fact whose command takes a path, as operations.host.FileText's."""
+
+    def command(self, path):  # type: ignore[override]
+        return "cat " + path.replace("'", "")
+
+
+@pytest.mark.parametrize("path", [5, {"x": 1}, ["a"]])
+def test_a_recorded_argument_the_fact_cannot_take_is_not_read(runs, tmp_path, path):
+    log = tmp_path / "reads"
+    plan(*runs(), log)
+    record = planned_facts.record_path(runs()[1])
+    kept = json.loads(record.read_text())
+    kept["facts"].append({"fact": f"{FileLines.__module__}:FileLines", "arguments": {"path": path}})
+    record.write_text(json.dumps(kept))
+    assert plan(*runs(), log) == ["a-3", "b-4", "1 2"]  # the others read in one command still
+    assert len(runs.calls) == 1
+
