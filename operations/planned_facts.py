@@ -29,6 +29,7 @@ this run has imported. A record that is not such a list is ignored.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
@@ -62,17 +63,24 @@ _BASELINE = "_gpuhost_planned_connector_arguments"
 _ANNOUNCED = "_gpuhost_planned_announced"
 
 
-def record_dir() -> Path:
-    """Where the records live on the controller (XDG's cache folder, as pip's and others')."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(root) / "gpuhost" / "planned-facts"
+def record_dir() -> Path | None:
+    """Where the records live on the controller (XDG's cache folder, as pip's and others'); a
+    relative XDG_CACHE_HOME is ignored, as the XDG Base Directory Specification (0.8) says;
+    None where no home is known either (no record: the run reads each fact alone)."""
+    root = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(root):
+        root = os.path.expanduser("~/.cache")
+    return Path(root) / "gpuhost" / "planned-facts" if os.path.isabs(root) else None
 
 
-def record_path(host: Host) -> Path:
+def record_path(host: Host) -> Path | None:
     """One file per host name and address: two labs may name their hosts alike."""
+    folder = record_dir()
+    if folder is None:
+        return None
     address = str(host.data.get("ssh_hostname") or host.name)
     digest = hashlib.sha256(f"{host.name}\0{address}".encode()).hexdigest()[:12]
-    return record_dir() / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', host.name)}-{digest}.json"
+    return folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', host.name)}-{digest}.json"
 
 
 def _fact_class(name: Any) -> Any:
@@ -106,15 +114,17 @@ def _entries(record: Any, key: str) -> list[dict[str, Any]]:
 def load(host: Host) -> list[tuple[Any, dict[str, Any]]]:
     """The facts ``host``'s record names that this run can read (class, arguments): those its
     planning read, then those its operations read while executing."""
+    path = record_path(host)
     try:
-        record = json.loads(record_path(host).read_text())
-    except (OSError, ValueError):
+        record = json.loads(path.read_text()) if path else None
+        if not isinstance(record, dict) or record.get("format") != FORMAT:
+            return []
+        executing = _entries(record, "executing")
+        facts = _entries(record, "facts")
+    except (OSError, ValueError, RecursionError):  # nested deeper than Python's stack
         return []
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        return []
-    vars(host)[_PREVIOUS] = _entries(record, "executing")
-    return [(_fact_class(e["fact"]), _decode(e["arguments"]))
-            for e in _entries(record, "facts") + vars(host)[_PREVIOUS]]
+    vars(host)[_PREVIOUS] = executing
+    return [(_fact_class(e["fact"]), _decode(e["arguments"])) for e in facts + executing]
 
 
 def _encode(value: Any) -> Any:
@@ -189,6 +199,9 @@ def _note(host: Host, key: str, entry: dict[str, Any] | None) -> bool:
 def _write(host: Host) -> None:
     executing = vars(host).get(_EXECUTED) or vars(host).get(_PREVIOUS, [])
     path = record_path(host)
+    if path is None:
+        return
+    out = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False,
@@ -198,6 +211,9 @@ def _write(host: Host) -> None:
         os.replace(out.name, path)
     except OSError as error:  # only the next run's speed depends on it
         logger.debug(f"could not write {path}: {error}")
+        if out is not None:  # a full disk: no half record left beside it
+            with contextlib.suppress(OSError):
+                os.unlink(out.name)
 
 
 def save() -> None:

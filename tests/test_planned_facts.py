@@ -214,3 +214,42 @@ def test_a_recorded_argument_the_fact_cannot_take_is_not_read(runs, tmp_path, pa
     assert plan(*runs(), log) == ["a-3", "b-4", "1 2"]  # the others read in one command still
     assert len(runs.calls) == 1
 
+
+def test_a_record_nested_past_pythons_stack_is_ignored(runs, tmp_path):
+    log = tmp_path / "reads"
+    state, target = runs()
+    path = planned_facts.record_path(target)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"format": 1, "facts": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert plan(state, target, log) == ["a-1", "b-2", "1 2"]
+
+
+def test_a_relative_xdg_cache_home_is_ignored(runs, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", "cache")
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    plan(*runs(), tmp_path / "reads")
+    assert list((tmp_path / "cwd").iterdir()) == []
+    assert planned_facts.record_dir() == tmp_path / "home/.cache/gpuhost/planned-facts"
+    assert planned_facts.record_path(runs()[1]).is_file()
+
+
+def test_no_home_and_no_cache_folder_is_no_record(runs, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    monkeypatch.setattr(planned_facts.os.path, "expanduser", lambda path: path)
+    monkeypatch.chdir(tmp_path)
+    assert plan(*runs(), tmp_path / "reads") == ["a-1", "b-2", "1 2"]
+    assert planned_facts.record_path(runs()[1]) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reads"]
+
+
+def test_a_record_that_cannot_be_written_leaves_nothing_half_written(runs, tmp_path,
+                                                                     monkeypatch):
+    def full(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(planned_facts.os, "replace", full)
+    state, target = runs()
+    assert plan(state, target, tmp_path / "reads") == ["a-1", "b-2", "1 2"]
+    assert list(planned_facts.record_dir().iterdir()) == []
