@@ -220,3 +220,20 @@ def test_the_host_that_cannot_hold_it_is_named_with_why(monkeypatch):
                             "exclusive", 0)
     assert why == ("the host cannot hold the deploy lock: [Errno 30] Read-only file system: "
                    "'/run/gpuhost/deploy-lock.d'")
+
+
+def test_two_takeovers_at_once_leave_one_holder(run_dir):
+    stale = Holder(run_dir)
+    assert stale.line() == "held"
+    gone = [{"controller": "ops@laptop", "controller_pid": 4242}]
+    a, b = Holder(run_dir, pid=5151, evict=gone), Holder(run_dir, pid=6161, evict=gone)
+    said = {}
+    for run in (a, b):
+        line = run.line()
+        said[run] = run.line() if line.startswith("evicted ") else line
+    (winner,) = [run for run in (a, b) if said[run] == "held"]
+    (loser,) = [run for run in (a, b) if run is not winner]
+    (holder,) = json.loads(said[loser][len("busy "):])  # the winner, never evicted in turn
+    assert holder["pid"] == winner.proc.pid and winner.proc.poll() is None
+    assert loser.proc.wait(timeout=20) == 75
+    winner.end()

@@ -48,6 +48,8 @@ EX_TEMPFAIL = 75
 EX_CANTCREAT = 73
 #: Seconds evicted holders get to exit (an flock is let go when its process ends).
 EVICT_WAIT_S = 10
+#: Seconds a holder that took the lock has to write its record before it is said to be nobody.
+RECORD_WAIT_S = 2
 
 
 def lock_pids(lock_fd: int) -> set[int] | None:
@@ -130,6 +132,15 @@ def evict(folder: str, fd: int, gone: list[dict]) -> list[dict]:
     return current
 
 
+def _holding(folder: str, fd: int) -> list[dict]:
+    """Who holds the busy lock: a holder writes its record just after it took the lock, so
+    none yet (a takeover won a moment ago) is looked for again, for up to RECORD_WAIT_S."""
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while not (current := holders(folder, fd)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return current
+
+
 def take(fd: int, mode: str, wait: float, folder: str, gone: list[dict] | None = None) -> bool:
     flag = fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH
     deadline = time.monotonic() + wait
@@ -148,10 +159,10 @@ def take(fd: int, mode: str, wait: float, folder: str, gone: list[dict] | None =
                 deadline = max(deadline, time.monotonic() + EVICT_WAIT_S)
                 evicting = True
         if time.monotonic() >= deadline:
-            say("busy " + json.dumps(holders(folder, fd)))
+            say("busy " + json.dumps(_holding(folder, fd)))
             return False
         if not told and not evicting:
-            say("waiting " + json.dumps(holders(folder, fd)))
+            say("waiting " + json.dumps(_holding(folder, fd)))
             told = True
         time.sleep(0.2 if evicting else 1)
 
