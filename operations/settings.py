@@ -307,6 +307,18 @@ def _is_host(value: Any) -> bool:
     return True
 
 
+def _is_peer_address(value: Any) -> bool:
+    """An address another host can reach this one at: an IP address (no zone) that is not
+    loopback, unspecified (0.0.0.0, ::), multicast or IPv6 link-local (which needs a zone),
+    an IPv4-mapped IPv6 address judged as its IPv4 one (Python's ipaddress, ``ipv4_mapped``)."""
+    if not _is_host(value):
+        return False
+    address = ipaddress.ip_address(value)
+    address = getattr(address, "ipv4_mapped", None) or address
+    return not (address.is_loopback or address.is_unspecified or address.is_multicast
+                or (address.version == 6 and address.is_link_local))
+
+
 #: An absolute path whose every part is letters, digits and ``. _ + @ : -``, none of them
 #: "." or "..": it goes into shell commands, systemd units and pip's arguments unquoted by
 #: whoever reads them on the host.
@@ -524,9 +536,10 @@ RULES: Final[Mapping[str, _Rule]] = {
         and len(set(v)) == len(v),
         "a non-empty list of distinct concurrency levels, integers >= 1, such as [1, 16, 64]",
     ),
-    "fleet_address": _Rule(lambda v: v is None or _is_host(v),
-                           "an IP address such as 10.0.0.5 (where the router reaches this "
-                           "host's server), or None"),
+    "fleet_address": _Rule(lambda v: v is None or _is_peer_address(v),
+                           "this host's IP address on the network the fleet shares, such as "
+                           "10.0.0.5 (where the router and peers on other hosts reach it: not "
+                           "loopback, 0.0.0.0, ::, multicast or IPv6 link-local), or None"),
     "api_gate_trusted_peers": _Rule(
         lambda v: isinstance(v, (list, tuple)) and all(_is_host(a) for a in v),
         "a list of IP addresses (the router hosts' gpuhost_fleet_address)"),

@@ -289,3 +289,21 @@ def test_the_router_is_looked_at_again_after_the_runs_restarts(monkeypatch, look
     assert len(ran) == (1 if checked else 0), ran
     if checked:
         assert ran[0].function is router._workers_listed
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "::1", "::ffff:127.0.0.1", "0.0.0.0", "::",
+                                     "224.0.0.1", "ff02::1", "fe80::1"])
+def test_a_fleet_address_no_other_host_reaches_it_at_is_refused(address):
+    """A router on another host would route to itself (loopback, 0.0.0.0), and every worker's
+    gate would admit its own host's processes without the key (the router's address, trusted)."""
+    with pytest.raises(SettingsError) as err:
+        settings("gpu2", fleet_address=address)
+    assert str(err.value).startswith(f"host gpu2: gpuhost_fleet_address = {address!r} is not "
+                                     "allowed: this host's IP address on the network")
+    assert "not loopback, 0.0.0.0, ::, multicast or IPv6 link-local" in str(err.value)
+
+
+@pytest.mark.parametrize("address", ["10.0.0.2", "169.254.0.2", "fd00::2", "::ffff:10.0.0.2"])
+def test_a_fleet_address_of_the_fleet_network_is_taken(address):
+    assert settings("gpu2", fleet_address=address).fleet_address == address
+
