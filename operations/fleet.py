@@ -93,10 +93,22 @@ def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Sett
     """The fleet of an inventory: ``hosts`` as (name, its groups) in inventory order, every
     host's settings by name. Every host serves; the hosts of :data:`ROUTER_GROUP` also run the
     router. Raises :class:`FleetError` with every problem (a serving host the router cannot
-    reach, a router host without a fleet address where its workers' gates must admit it)."""
+    reach, a router host without a fleet address where its workers' gates must admit it, one
+    fleet address given to two hosts)."""
     listed = [(name, set(groups)) for name, groups in hosts]
     routers = tuple(name for name, groups in listed if ROUTER_GROUP in groups)
     problems: list[str] = []
+    owner: dict[str, str] = {}
+    for name, _ in listed:
+        address = settings[name].fleet_address
+        if address is None:
+            continue
+        # one address, two hosts: the router and the model copy would reach the first
+        key = ipaddress.ip_address(address).compressed
+        if key in owner:
+            problems.append(f"host {name}: {PREFIX}fleet_address = {address!r} is not allowed: "
+                            f"host {owner[key]} has it too; each host's own address")
+        owner.setdefault(key, name)
     workers: dict[str, tuple[Worker, ...]] = {}
     for router in routers:
         found = []

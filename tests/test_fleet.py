@@ -307,3 +307,12 @@ def test_a_fleet_address_no_other_host_reaches_it_at_is_refused(address):
 def test_a_fleet_address_of_the_fleet_network_is_taken(address):
     assert settings("gpu2", fleet_address=address).fleet_address == address
 
+
+@pytest.mark.parametrize("first, second", [("10.0.0.1", "10.0.0.1"), ("fd00::1", "fd00:0::1")])
+def test_one_fleet_address_for_two_hosts_is_refused(first, second):
+    s = {"gpu1": gated(first), "gpu2": gated(second), "gpu3": gated("10.0.0.3")}
+    hosts = [("gpu1", ["gpuhost_router"]), ("gpu2", []), ("gpu3", [])]
+    with pytest.raises(fleet.FleetError) as err:
+        fleet.plan(hosts, s)
+    assert err.value.problems == [f"host gpu2: gpuhost_fleet_address = {second!r} is not "
+                                  "allowed: host gpu1 has it too; each host's own address"]
