@@ -541,8 +541,10 @@ RULES: Final[Mapping[str, _Rule]] = {
                            "10.0.0.5 (where the router and peers on other hosts reach it: not "
                            "loopback, 0.0.0.0, ::, multicast or IPv6 link-local), or None"),
     "api_gate_trusted_peers": _Rule(
-        lambda v: isinstance(v, (list, tuple)) and all(_is_host(a) for a in v),
-        "a list of IP addresses (the router hosts' gpuhost_fleet_address)"),
+        lambda v: isinstance(v, (list, tuple)) and all(_is_peer_address(a) for a in v),
+        "a list of other hosts' IP addresses (the router hosts' gpuhost_fleet_address; not "
+        "loopback, 0.0.0.0, ::, multicast or IPv6 link-local: a loopback peer lets every "
+        "process of this host past the key)"),
     "router_host": _Rule(_is_host, "an IP address such as 127.0.0.1"),
     "router_port": _int_between(1, 65535),
     "router_backend_port": _int_between(1, 65535),

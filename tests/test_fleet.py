@@ -316,3 +316,11 @@ def test_one_fleet_address_for_two_hosts_is_refused(first, second):
         fleet.plan(hosts, s)
     assert err.value.problems == [f"host gpu2: gpuhost_fleet_address = {second!r} is not "
                                   "allowed: host gpu1 has it too; each host's own address"]
+
+
+@pytest.mark.parametrize("peers", [["127.0.0.1"], ["10.0.0.1", "::1"], ["0.0.0.0"]])
+def test_a_trusted_peer_that_is_this_host_or_nobody_is_refused(peers):
+    with pytest.raises(SettingsError) as err:
+        settings("gpu2", api_gate_trusted_peers=peers)
+    assert str(err.value).startswith(f"host gpu2: gpuhost_api_gate_trusted_peers = {peers!r} is "
+                                     "not allowed: a list of other hosts' IP addresses")
