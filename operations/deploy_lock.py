@@ -122,9 +122,12 @@ def _describe(holders_json: str) -> str:
         holders = json.loads(holders_json)
     except ValueError:
         holders = []
-    if not holders:
+    if not isinstance(holders, list) or not all(isinstance(h, dict) for h in holders) \
+            or not holders:
         return "another run"
     return "; ".join(
+        f"process {h.get('pid', '?')} on the host ({h['process']}), not a gpuhost run"
+        if "process" in h and "controller" not in h else
         f"{'a dry run' if h.get('mode') == 'shared' else 'a deploy'} by "
         f"{h.get('controller', '?')} (pyinfra pid {h.get('controller_pid', '?')}, logged in as "
         f"{h.get('login', '?')}, since {h.get('since', '?')})" for h in holders)

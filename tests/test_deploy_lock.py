@@ -237,3 +237,21 @@ def test_two_takeovers_at_once_leave_one_holder(run_dir):
     assert holder["pid"] == winner.proc.pid and winner.proc.poll() is None
     assert loser.proc.wait(timeout=20) == 75
     winner.end()
+
+
+def test_a_lock_held_by_a_process_of_no_run_names_that_process(run_dir):
+    run_dir.mkdir()
+    script = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+              "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)")
+    other = subprocess.Popen([sys.executable, "-c", script, str(run_dir / "deploy.lock")],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "locked\n"
+        said = Holder(run_dir).line()
+        (holder,) = json.loads(said[len("busy "):])
+        assert holder["pid"] == other.pid and holder["process"].startswith(sys.executable)
+        assert deploy_lock._describe(said[len("busy "):]) == (
+            f"process {other.pid} on the host ({holder['process']}), not a gpuhost run")
+    finally:
+        other.kill()
+        other.wait()

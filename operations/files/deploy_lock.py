@@ -15,7 +15,8 @@ and --wait allows waiting), ``evicted <holders JSON>`` (once, see below), then `
 EX_CANTCREAT) where the lock or a holder's record cannot be made (/run/gpuhost not a writable
 folder). A holder is a record whose process holds an flock on the lock, as /proc/locks says
 (proc(5)): a record a holder killed with SIGKILL left, whose pid another process has since,
-counts for nothing.
+counts for nothing. A lock held by no recorded holder (an operator's ``flock`` on it) is said
+as the processes holding it: ``[{"pid": ..., "process": "<its command line>"}]``.
 
 ``--evict <holders JSON>`` names holders whose run the controller knows is gone (its own
 pyinfra process ended: a link that dropped mid-run leaves the old holder waiting for a word that
@@ -138,7 +139,22 @@ def _holding(folder: str, fd: int) -> list[dict]:
     deadline = time.monotonic() + RECORD_WAIT_S
     while not (current := holders(folder, fd)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return current
+    return current or _processes(fd)
+
+
+def _processes(fd: int) -> list[dict]:
+    """The processes holding the lock without a record (not a gpuhost run: an operator's
+    ``flock /run/gpuhost/deploy.lock ...``), by pid and command line (/proc/PID/cmdline)."""
+    found = []
+    for pid in sorted(lock_pids(fd) or ()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            command = "?"
+        if pid > 0:
+            found.append({"pid": pid, "process": command[:200]})
+    return found
 
 
 def take(fd: int, mode: str, wait: float, folder: str, gone: list[dict] | None = None) -> bool:
