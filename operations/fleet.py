@@ -81,10 +81,16 @@ def worker_url(name: str, s: Settings, router: str) -> tuple[str | None, str | N
         return None, (f"host {name}: {PREFIX}fleet_address = None is not allowed: the address "
                       f"where the router on {router} reaches this host's server (the "
                       f"{ROUTER_GROUP} group routes to every serving host)")
-    if s.server_host != s.fleet_address and not _wildcard(s.server_host):
+    fleet = ipaddress.ip_address(s.fleet_address)
+    v6 = fleet.version == 6 and fleet.ipv4_mapped is None  # type: ignore[union-attr]
+    wildcard = "::" if v6 else "0.0.0.0"
+    # 0.0.0.0 listens on IPv4 only; :: on both (Linux's default, net.ipv6.bindv6only = 0: ipv6(7))
+    bound = s.server_host == s.fleet_address or (
+        _wildcard(s.server_host) and (":" in s.server_host or not v6))
+    if not bound:
         return None, (f"host {name}: {PREFIX}server_host = {s.server_host!r} is not allowed: "
                       f"the router on {router} reaches the server at {PREFIX}fleet_address "
-                      f"{s.fleet_address!r}: bind that address or 0.0.0.0 (with "
+                      f"{s.fleet_address!r}: bind that address or {wildcard} (with "
                       f"{PREFIX}api_key_file)")
     return _url(s.fleet_address, s.server_port), None
 

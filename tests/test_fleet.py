@@ -324,3 +324,17 @@ def test_a_trusted_peer_that_is_this_host_or_nobody_is_refused(peers):
         settings("gpu2", api_gate_trusted_peers=peers)
     assert str(err.value).startswith(f"host gpu2: gpuhost_api_gate_trusted_peers = {peers!r} is "
                                      "not allowed: a list of other hosts' IP addresses")
+
+
+def test_a_server_bound_to_ipv4_only_is_refused_for_an_ipv6_fleet_address():
+    v6 = settings("gpu2", fleet_address="fd00::2", server_host="0.0.0.0", api_key_file="/root/k")
+    hosts = [("gpu1", ["gpuhost_router"]), ("gpu2", [])]
+    with pytest.raises(fleet.FleetError) as err:
+        fleet.plan(hosts, {"gpu1": gated("fd00::1"), "gpu2": v6})
+    assert err.value.problems == [
+        "host gpu2: gpuhost_server_host = '0.0.0.0' is not allowed: the router on gpu1 reaches "
+        "the server at gpuhost_fleet_address 'fd00::2': bind that address or :: (with "
+        "gpuhost_api_key_file)"]
+    both = dataclasses.replace(v6, server_host="::")
+    assert [w.url for w in fleet.plan(hosts, {"gpu1": gated("fd00::1"), "gpu2": both})
+            .workers_of("gpu1")][1] == "http://[fd00::2]:8000"
