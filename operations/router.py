@@ -50,14 +50,14 @@ from operations.server import (
     GATE_TASKS_MAX,
     systemd_quote,
 )
-from operations.settings import Settings
+from operations.settings import ROUTER_METRICS_PORT, Settings
 
 UNIT: Final = "sglang-router.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
 GATE_UNIT: Final = "sglang-router-gate.service"
 GATE_UNIT_PATH: Final = f"/etc/systemd/system/{GATE_UNIT}"
 #: The router's Prometheus metrics, on the loopback (smg's default port, 29000).
-METRICS_PORT: Final = 29000
+METRICS_PORT: Final = ROUTER_METRICS_PORT
 CHECK_SCRIPT: Final = f"{LIB_DIR}/router_workers.py"
 
 

@@ -83,6 +83,9 @@ DIST_INIT_PORT: Final = 25000
 #: ``--help``, read off the wheel locks/router.txt pins); cache_aware is the issue's default.
 ROUTER_POLICIES: Final = ("cache_aware", "round_robin", "random", "power_of_two", "least_load",
                           "consistent_hashing", "prefix_hash", "passthrough", "manual")
+#: The router's Prometheus metrics port, on 127.0.0.1 (smg 1.13.0's default, ``--prometheus-port``;
+#: operations/router.py binds it there): no port of the router's may be it.
+ROUTER_METRICS_PORT: Final = 29000
 P2P_OVERRIDES: Final = ("on", "off")
 
 
@@ -825,6 +828,11 @@ def _check_router_exposure(host: str, s: Settings) -> None:
             f"a port other than {PREFIX}router_port ({s.router_port}): the API key gate listens "
             "there and the router behind it on 127.0.0.1",
         )
+    loopback = "router_backend_port" if s.router_is_public else "router_port"
+    if getattr(s, loopback) == ROUTER_METRICS_PORT:
+        raise _fail(host, loopback, ROUTER_METRICS_PORT,
+                    f"a port other than {ROUTER_METRICS_PORT}: the router's own metrics listen "
+                    f"on 127.0.0.1:{ROUTER_METRICS_PORT}, where the router would listen too")
     taken = {s.server_port: "server_port", s.server_backend_port: "server_backend_port"}
     for key in ("router_port", "router_backend_port"):
         port = getattr(s, key)

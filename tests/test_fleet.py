@@ -338,3 +338,22 @@ def test_a_server_bound_to_ipv4_only_is_refused_for_an_ipv6_fleet_address():
     both = dataclasses.replace(v6, server_host="::")
     assert [w.url for w in fleet.plan(hosts, {"gpu1": gated("fd00::1"), "gpu2": both})
             .workers_of("gpu1")][1] == "http://[fd00::2]:8000"
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"router_port": 29000}, "router_port"),
+    ({"router_host": "10.0.0.1", "router_api_key_file": "/root/r.key",
+      "router_backend_port": 29000}, "router_backend_port"),
+])
+def test_the_router_on_its_own_metrics_port_is_refused(data, key):
+    with pytest.raises(SettingsError) as err:
+        settings("gpu1", **data)
+    assert str(err.value).startswith(
+        f"host gpu1: gpuhost_{key} = 29000 is not allowed: a port other than 29000: the "
+        "router's own metrics listen on 127.0.0.1:29000")
+
+
+def test_a_public_router_may_listen_on_29000_of_its_own_address():
+    s = settings("gpu1", router_host="10.0.0.1", router_api_key_file="/root/r.key",
+                 router_port=29000)
+    assert router.unit_context(s, ())["bind_port"] == s.router_backend_port != 29000
