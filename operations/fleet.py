@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from operations.run_exit import end_run
-from operations.settings import PREFIX, Settings
+from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
 
 ROUTER_GROUP: Final = "gpuhost_router"
 
@@ -117,6 +117,12 @@ def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Sett
         owner.setdefault(key, name)
     workers: dict[str, tuple[Worker, ...]] = {}
     for router in routers:
+        own = settings[router]
+        for key in ("server_port", "server_backend_port")[:2 if own.server_is_public else 1]:
+            if getattr(own, key) == ROUTER_METRICS_PORT:
+                problems.append(f"host {router}: {PREFIX}{key} = {ROUTER_METRICS_PORT} is not "
+                                f"allowed: a port other than {ROUTER_METRICS_PORT}, where the "
+                                f"router on this host has its metrics (127.0.0.1)")
         found = []
         for name, _ in listed:
             if settings[name].nodes and name != settings[name].nodes[0]:

@@ -357,3 +357,14 @@ def test_a_public_router_may_listen_on_29000_of_its_own_address():
     s = settings("gpu1", router_host="10.0.0.1", router_api_key_file="/root/r.key",
                  router_port=29000)
     assert router.unit_context(s, ())["bind_port"] == s.router_backend_port != 29000
+
+
+def test_a_router_hosts_server_on_the_routers_metrics_port_is_refused():
+    s = {"gpu1": gated("10.0.0.1", server_backend_port=29000), "gpu2": gated("10.0.0.2")}
+    hosts = [("gpu1", ["gpuhost_router"]), ("gpu2", [])]
+    with pytest.raises(fleet.FleetError) as err:
+        fleet.plan(hosts, s)
+    assert err.value.problems == [
+        "host gpu1: gpuhost_server_backend_port = 29000 is not allowed: a port other than "
+        "29000, where the router on this host has its metrics (127.0.0.1)"]
+    assert fleet.plan([("gpu1", []), ("gpu2", ["gpuhost_router"])], s).routers == ("gpu2",)
