@@ -48,6 +48,8 @@ class _Held:
     readline: Any
     close: Any
     beats: Any = None
+    #: What the holder wrote on stderr, once it ended (sudo's or the shell's complaint).
+    errors: Any = None
 
 
 _held: dict[str, _Held] = {}
@@ -100,10 +102,11 @@ def _open(target, command: str) -> _Held | None:
         channel = client.get_transport().open_session()
         channel.exec_command(command)
         out = channel.makefile("r")
-        return _Held("", channel.sendall, out.readline, channel.close)
+        return _Held("", channel.sendall, out.readline, channel.close,
+                     errors=channel.makefile_stderr("r").read)
     if target.connector.__class__.__name__ == "LocalConnector":
         proc = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
         def write(data: bytes) -> None:
             proc.stdin.write(data.decode())
@@ -113,7 +116,7 @@ def _open(target, command: str) -> _Held | None:
             proc.stdin.close()
             proc.wait()
 
-        return _Held("", write, proc.stdout.readline, close)
+        return _Held("", write, proc.stdout.readline, close, errors=proc.stderr.read)
     return None
 
 
@@ -215,6 +218,7 @@ def _take(target, mode: str, wait: int, gone: list[dict] | None = None) -> str |
         held.beats = gevent.spawn(_beat, target, held)
         _held[target.name] = held
         return None
+    complaint = "" if line.startswith(("busy ", "error ")) else _complaint(held)
     held.close()
     if line.startswith("busy ") and gone is None and gone_runs(line[len("busy "):]):
         return _take(target, mode, wait, gone_runs(line[len("busy "):]))
@@ -224,7 +228,23 @@ def _take(target, mode: str, wait: int, gone: list[dict] | None = None) -> str |
                 f"{PREFIX}deploy_lock_wait=SECONDS")
     if line.startswith("error "):
         return f"the host cannot hold the deploy lock: {line[len('error '):]}"
-    return f"the deploy lock's holder on the host said {line or 'nothing'!r} (is python3 there?)"
+    return (f"the deploy lock's holder on the host said {line or 'nothing'!r}"
+            f"{complaint} (is python3 there?)")
+
+
+def _complaint(held: _Held) -> str:
+    """The last line the ended holder wrote on stderr ("sudo: a password is required"), if
+    it comes within a few seconds: "" where there is none."""
+    if held.errors is None:
+        return ""
+    try:
+        with gevent.Timeout(5):
+            text = held.errors()  # paramiko's file reads bytes, whatever its mode
+        text = text.decode(errors="replace") if isinstance(text, bytes) else str(text)
+        lines = [line for line in text.splitlines() if line.strip()]
+    except (gevent.Timeout, SSHException, OSError, EOFError, ValueError):
+        return ""
+    return f", and on stderr {lines[-1].strip()[:300]!r}" if lines else ""
 
 
 def held(settings: Settings) -> bool:

@@ -255,3 +255,20 @@ def test_a_lock_held_by_a_process_of_no_run_names_that_process(run_dir):
     finally:
         other.kill()
         other.wait()
+
+
+class LocalConnector:
+    """Named as pyinfra's: deploy_lock._open starts the holder as a local process for it."""
+
+
+def test_a_holder_that_never_ran_is_said_with_its_complaint(monkeypatch):
+    monkeypatch.setattr(deploy_lock, "_command", lambda *a: (
+        "echo 'sudo: a terminal is required to read the password' >&2; exit 1"))
+    target = type("Target", (), {"print_prefix": "", "name": "gpu1",
+                                 "connector": LocalConnector()})
+    assert deploy_lock._take(target, "exclusive", 0) == (
+        "the deploy lock's holder on the host said 'nothing', and on stderr 'sudo: a terminal "
+        "is required to read the password' (is python3 there?)")
+    over_ssh = deploy_lock._Held("", None, None, None,
+                                 errors=lambda: b"sh: 1: python3: not found\n")
+    assert deploy_lock._complaint(over_ssh) == ", and on stderr 'sh: 1: python3: not found'"
