@@ -116,7 +116,8 @@ def load(host: Host) -> list[tuple[Any, dict[str, Any]]]:
     planning read, then those its operations read while executing."""
     path = record_path(host)
     try:
-        record = json.loads(path.read_text()) if path else None
+        # a FIFO or a device there would block the run or never end: only a regular file
+        record = json.loads(path.read_text()) if path and path.is_file() else None
         if not isinstance(record, dict) or record.get("format") != FORMAT:
             return []
         executing = _entries(record, "executing")

@@ -7,6 +7,8 @@ the round trips."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -253,3 +255,21 @@ def test_a_record_that_cannot_be_written_leaves_nothing_half_written(runs, tmp_p
     state, target = runs()
     assert plan(state, target, tmp_path / "reads") == ["a-1", "b-2", "1 2"]
     assert list(planned_facts.record_dir().iterdir()) == []
+
+
+def test_a_record_that_is_a_fifo_is_ignored_without_waiting(runs, tmp_path):
+    state, target = runs()
+    path = planned_facts.record_path(target)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)  # nobody writes it: reading it would wait forever
+
+    def hung(*_):
+        raise TimeoutError("the record's reading waited for a writer")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        assert plan(state, target, tmp_path / "reads") == ["a-1", "b-2", "1 2"]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
