@@ -168,7 +168,7 @@ def _named(cls: Any, args: Any, kwargs: Any) -> dict[str, Any] | None:
     """The reading's fact arguments by name, if a record can hold them as they are."""
     try:
         named = inspect.getcallargs(cls().command, *(args or ()), **(kwargs or {}))
-    except TypeError:
+    except Exception:  # noqa: BLE001 - another version's record: no such command, no such call
         return None
     named.pop("self", None)
     try:

@@ -113,6 +113,9 @@ def test_a_command_run_while_planning_drops_the_batched_answers(runs, tmp_path):
     json.dumps({"format": 1, "facts": [{"fact": "no.such.module:Fact", "arguments": {}}]}),
     json.dumps({"format": 1, "facts": [{"fact": "pyinfra.facts.server:Command",
                                         "arguments": {"wrong": 1}}]}),
+    json.dumps({"format": 1, "facts": [{"fact": "pyinfra.api:FactBase", "arguments": {}}]}),
+    json.dumps({"format": 1, "facts": [], "executing": [{"fact": "pyinfra.api:FactBase",
+                                                         "arguments": {}}]}),
     json.dumps({"format": 2, "facts": []}),
     json.dumps([1, 2]),
 ])
