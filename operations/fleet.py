@@ -110,7 +110,8 @@ def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Sett
         if address is None:
             continue
         # one address, two hosts: the router and the model copy would reach the first
-        key = ipaddress.ip_address(address).compressed
+        ip = ipaddress.ip_address(address)
+        key = (getattr(ip, "ipv4_mapped", None) or ip).compressed  # ::ffff:10.0.0.1 is 10.0.0.1
         if key in owner:
             problems.append(f"host {name}: {PREFIX}fleet_address = {address!r} is not allowed: "
                             f"host {owner[key]} has it too; each host's own address")

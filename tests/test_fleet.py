@@ -308,7 +308,8 @@ def test_a_fleet_address_of_the_fleet_network_is_taken(address):
     assert settings("gpu2", fleet_address=address).fleet_address == address
 
 
-@pytest.mark.parametrize("first, second", [("10.0.0.1", "10.0.0.1"), ("fd00::1", "fd00:0::1")])
+@pytest.mark.parametrize("first, second", [("10.0.0.1", "10.0.0.1"), ("fd00::1", "fd00:0::1"),
+                                           ("10.0.0.1", "::ffff:10.0.0.1")])
 def test_one_fleet_address_for_two_hosts_is_refused(first, second):
     s = {"gpu1": gated(first), "gpu2": gated(second), "gpu3": gated("10.0.0.3")}
     hosts = [("gpu1", ["gpuhost_router"]), ("gpu2", []), ("gpu3", [])]
