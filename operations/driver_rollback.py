@@ -311,6 +311,12 @@ def _roll_back(host_, change: dict, failure: str, module_package: str, gpu_count
     logger.error(f"{host_.print_prefix}NVIDIA: {message}")
 
 
+def rolled_back(name: str) -> str | None:
+    """What this run's rollback of host ``name``'s driver said (it failed its upgrade and
+    went back), or None."""
+    return _rolled_back.get(name)
+
+
 def fail_if_rolled_back() -> None:
     """At the end of the deploy: fail the current host when this run rolled its driver back
     (:func:`reported`); nothing runs on the others."""

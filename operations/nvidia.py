@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
@@ -22,7 +23,7 @@ from pyinfra.operations.util import any_changed
 from typing_extensions import override
 
 from operations import REPO_ROOT
-from operations import driver_rollback, remote
+from operations import driver_rollback, remote, roll
 from operations.apt_simulation import DriverSimulation
 from operations.gpu import NvidiaDriver
 from operations.host import (
@@ -83,6 +84,8 @@ SERVER_UNIT: Final = "sglang.service"
 
 #: The server unit's drop-in this stage writes (templates/sglang-driver-gate.conf).
 DRIVER_GATE_DROPIN: Final = "10-gpuhost-driver-gate.conf"
+#: What a rolling host's driver change is called in the roll (operations/roll.py in_turn).
+DRIVER_CHANGE: Final = "the driver change"
 
 #: PCI vendor id of NVIDIA, and the PCI class of display controllers (0300 VGA, 0302 3D):
 #: the GPUs, as opposed to the HDMI audio functions of the same cards (pci.ids).
@@ -730,7 +733,8 @@ def nvidia(settings: Settings):
     (operations.secureboot.plan_signing); DKMS's signing configuration is written before the
     driver's packages install.
     The server unit is stopped before the driver packages change, the host is rebooted
-    before the server stage runs, and a drop-in (templates/sglang-driver-gate.conf) keeps the
+    before the server stage runs (on a rolling host whose server runs, all of it waits for the
+    host's turn in the roll instead: :func:`driver_change`, operations/roll.py), and a drop-in (templates/sglang-driver-gate.conf) keeps the
     unit from starting while nvidia-smi fails (no driver, or a driver/library version
     mismatch), so that no server runs across a driver change.
     """
@@ -863,13 +867,8 @@ def nvidia(settings: Settings):
     systemd.daemon_reload(name="Reload systemd units (driver gate)", _if=gate.did_change)
 
     dkms_signing(settings, signing)
+    running = bool(fact(SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT))
     if not plan.keep_present:
-        if plan.install and (fact(SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT)
-                             or fact(SystemdEnabled, services=SERVER_UNIT).get(SERVER_UNIT)):
-            # Disabled too: started at the reboot's boot, it would be stopped again by the P2P
-            # check; the server stage enables and starts it once, on the new driver.
-            systemd.service(name=f"Stop {SERVER_UNIT} before the driver changes",
-                            service=SERVER_UNIT, running=False, enabled=False)
         apt.packages(name=f"Kernel headers for {headers.kernel}",
                      packages=[f"linux-headers-{headers.kernel}"], no_recommends=True)
         if plan.install and plan.installed:
@@ -877,29 +876,60 @@ def nvidia(settings: Settings):
                 name="Keep the installed driver's packages for a rollback",
                 packages=list(packages), module_package=module_package,
                 version_glob=plan.target)
-        driver_packages(
-            name=f"NVIDIA driver ({settings.driver_flavour} kernel modules, {plan.target})",
-            packages=list(packages),
-            module_package=module_package,
-            version_glob=plan.target,
-            allow_change=settings.allow_driver_change,
-        )
+        name = host.name
+        if plan.install and plan.installed and roll.in_turn(
+                DRIVER_CHANGE, lambda when: driver_change(settings, plan, packages, module_package,
+                                                     running, when),
+                running=running, reboots=bool(plan.reboot_reasons),
+                stops=lambda: driver_rollback.rolled_back(name)):
+            logger.info(f"{host.print_prefix}NVIDIA: the driver changes in this host's turn "
+                        "of the roll, out of the router")
+        else:
+            driver_change(settings, plan, packages, module_package, running)
     apt.packages(name=f"CUDA toolkit {settings.cuda_toolkit}", packages=[toolkit],
                  no_recommends=True)
     holds = [toolkit] if plan.keep_present else [*packages, module_package, toolkit]
     held(name="Hold the driver and CUDA packages", packages=holds)
-
-    if plan.reboot_reasons:
-        rebooted = reboot(name="Reboot: " + "; ".join(plan.reboot_reasons))
-        driver_rollback.checked(
-            name="Check the loaded driver (rolled back to the kept one if it fails)",
-            packages=list(packages), module_package=module_package,
-            gpu_count=settings.gpu_count, failure_of=driver_failure, _if=rebooted.did_change)
-    elif not plan.keep_present and (pending or (plan.installed and last_good is None)):
+    if not plan.reboot_reasons and not plan.keep_present and (
+            pending or (plan.installed and last_good is None)):
         driver_rollback.checked(
             name="Check the loaded driver (and record it as verified)",
             packages=list(packages), module_package=module_package,
             gpu_count=settings.gpu_count, failure_of=driver_failure)
+
+
+def driver_change(settings: Settings, plan: DriverPlan, packages: list[str],
+                  module_package: str, running: bool,
+                  when: Callable[[], bool] | None = None) -> None:
+    """Plan the driver's change (see :func:`nvidia`): the server stopped, the packages, the
+    reboot and the loaded driver's check; ``when``: its host's turn in the roll (each operation
+    runs only then, and the server is enabled again after the check, restarted by the roll),
+    else None (in place; the server stage enables and starts the server)."""
+    only = [when] if when else []
+    if plan.install and (running or fact(SystemdEnabled, services=SERVER_UNIT).get(
+            SERVER_UNIT)):
+        # Disabled too: started at the reboot's boot, it would be stopped again by the P2P
+        # check; it starts once, on the new driver.
+        systemd.service(name=f"Stop {SERVER_UNIT} before the driver changes",
+                        service=SERVER_UNIT, running=False, enabled=False, _if=only)
+    driver_packages(
+        name=f"NVIDIA driver ({settings.driver_flavour} kernel modules, {plan.target})",
+        packages=list(packages),
+        module_package=module_package,
+        version_glob=plan.target,
+        allow_change=settings.allow_driver_change,
+        _if=only,
+    )
+    if plan.reboot_reasons:
+        rebooted = reboot(name="Reboot: " + "; ".join(plan.reboot_reasons), _if=only)
+        driver_rollback.checked(
+            name="Check the loaded driver (rolled back to the kept one if it fails)",
+            packages=list(packages), module_package=module_package,
+            gpu_count=settings.gpu_count, failure_of=driver_failure,
+            _if=[*only, rebooted.did_change])
+    if when:
+        systemd.service(name=f"Enable {SERVER_UNIT} again (the roll restarts it)",
+                        service=SERVER_UNIT, running=False, enabled=True, _if=only)
 
 
 def _templates() -> Path:

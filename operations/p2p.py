@@ -10,10 +10,11 @@ from typing import Final
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
+from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files
 
-from operations import REPO_ROOT
-from operations import p2p_policy, remote
+from operations import LIB_DIR, REPO_ROOT
+from operations import p2p_policy, remote, roll
 from operations.gpu import NvidiaDriver
 from operations.host import FileText
 from operations.plan import fact
@@ -21,7 +22,6 @@ from operations.settings import Settings
 from operations.virt import Platform, VirtInfo
 from operations.venvs import stack_venv
 
-LIB_DIR: Final = "/opt/gpuhost/lib"
 ENV_FILE: Final = "/etc/gpuhost/p2p.env"
 RECORD: Final = "/var/lib/gpuhost/p2p.json"
 SHIPPED: Final = ("nvsmi.py", "p2p_policy.py", "files/p2p_check.py")
@@ -198,17 +198,27 @@ def p2p(settings: Settings):
         files.put(name=f"Ship {name.split('/')[-1]}", src=str(REPO_ROOT / "operations" / name),
                   dest=f"{LIB_DIR}/{name.split('/')[-1]}", mode="644",
                   create_remote_dir=False)  # the folder is the operation above
-    check = measured(name="Measure P2P between GPUs", venv=stack_venv(settings.lock_path),
-                     override=settings.p2p_override, remeasure=settings.p2p_remeasure,
-                     timeout=settings.p2p_check_timeout,
-                     hints=tuple(platform_hints(platform, {"p2p": "off", "warnings": ["?"]})))
     needed, _, _ = plan(fact(NvidiaDriver), record_text, settings.p2p_override,
                         settings.p2p_remeasure)
+
+    def measure(when=None):
+        return measured(name="Measure P2P between GPUs", venv=stack_venv(settings.lock_path),
+                        override=settings.p2p_override, remeasure=settings.p2p_remeasure,
+                        timeout=settings.p2p_check_timeout, hints=tuple(platform_hints(
+                            platform, {"p2p": "off", "warnings": ["?"]})),
+                        _if=[when] if when else [])
+
+    # A measurement stops the server: on a rolling host it waits for the host's turn, and so
+    # does the check when the turn changes something first (the driver: the record then names
+    # the old one).
+    changes = [] if (needed or roll.has_turn()) and roll.in_turn(
+        "the P2P measurement", measure, running=bool(fact(
+            SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT))) else [measure()]
     env_text = None if needed else recorded_env(record_text)
     if env_text is None:
-        return [check]
+        return changes
     # The record is the source of truth: a hand-edited p2p.env is rewritten before the server
     # stage decides on a restart.
     env = files.put(name=f"{ENV_FILE} from the recorded measurement", src=StringIO(env_text),
                     dest=ENV_FILE, mode="644")
-    return [check, env]
+    return [*changes, env]

@@ -11,7 +11,12 @@ Per roll position k, in this order (operations at these lines, ``_if`` read when
    waited for until the router lists it no more: smg drains it (``"status": "draining"``, no
    new requests) until its in-flight requests are done, bounded by ``gpuhost_roll_drain_timeout``
    (operations/files/router_membership.py);
-3. ``restart``: the server of each host of position k restarts;
+3. what earlier stages left to the host's turn (:func:`in_turn`): on a host whose server
+   runs, a driver change (the server stopped, the packages, the reboot, the driver's check:
+   operations/nvidia.py) and a P2P measurement (it stops the server: operations/p2p.py) wait
+   for it, out of the router, instead of stopping every host's server at once where their
+   stages run;
+   ``restart``: the server of each host of position k restarts;
 4. ``gate``: the health gate (operations/server.py ``serving``) on it;
 5. ``join``: on each router host: ``POST /workers`` of each host of position k that passed,
    waited for until the router lists it healthy.
@@ -45,11 +50,22 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files
 
-from operations import REPO_ROOT, remote
+from operations import LIB_DIR, REPO_ROOT, remote
 from operations.fleet import Fleet
-from operations.p2p import LIB_DIR
 
 SCRIPT: Final = f"{LIB_DIR}/router_membership.py"
+
+
+@dataclass(frozen=True)
+class InTurn:
+    """What an earlier stage leaves to its host's turn: ``plan`` plans its operations, each
+    with the ``_if`` given (called once per position: the turn's, at most one, runs);
+    ``stops``, read at the next position, says why the roll must stop after it (a driver
+    upgrade rolled back), or None."""
+
+    label: str
+    plan: Callable[[Callable[[], bool]], object]
+    stops: Callable[[], str | None] | None = None
 
 
 @dataclass
@@ -64,6 +80,7 @@ class Roll:
     drain_timeout: int = 120
     join_timeout: int = 300
     restarts: dict[str, Callable[[], bool]] = field(default_factory=dict)
+    turns: dict[str, list[InTurn]] = field(default_factory=dict)
     expected: dict[str, bool] = field(default_factory=dict)
     positions: list[list[str]] | None = None
     entered: list[str] = field(default_factory=list)
@@ -129,12 +146,46 @@ def describe(positions: list[list[str]]) -> str:
             f"while it drains, restarts and passes the health gate, then back in: {steps}")
 
 
+def in_turn(label: str, plan: Callable[[Callable[[], bool]], object], running: bool,
+            stops: Callable[[], str | None] | None = None, reboots: bool = False) -> bool:
+    """Leave ``label`` (planned by ``plan``, see :class:`InTurn`) to this host's turn in the
+    roll, when the host rolls and its server runs (``running``): the host then restarts in
+    the roll. False: the caller plans it in place (no roll, or nothing serving to keep)."""
+    name = host.name
+    if not (rolls(name) and running):
+        return False
+    if reboots and name in ROLL.routers:
+        logger.warning(f"{host.print_prefix}Roll: {label} reboots this host in its turn, and "
+                       "the router runs here: requests through it fail until it is back (a "
+                       "router host that serves no model avoids it)")
+    ROLL.turns.setdefault(name, []).append(InTurn(label, plan, stops))
+    return True
+
+
+def has_turn() -> bool:
+    """Whether this host left something to its turn (:func:`in_turn`)."""
+    return bool(ROLL.turns.get(host.name))
+
+
+def _stopped(failed: set[str]) -> str | None:
+    """Why the roll stops before the next position: a host that had its turn failed, or what
+    it left to its turn says so."""
+    for name in ROLL.entered:
+        if name in failed:
+            return f"{name} failed its upgrade"
+        for t in ROLL.turns.get(name, ()):
+            why = t.stops() if t.stops else None
+            if why:
+                return f"{name}: {why}"
+    return None
+
+
 @remote.callback("the roll")
 def _turn(state, host, k: int) -> bool:
-    stopped = [n for n in ROLL.entered if n in {h.name for h in state.failed_hosts}]
+    stopped = _stopped({h.name for h in state.failed_hosts})
     away = [r for r in ROLL.routers if r not in _active()]
     if stopped or away:
-        why = (f"{', '.join(stopped)} failed its upgrade" if stopped else
+        why = (stopped if stopped else
                f"the router host {', '.join(away)} is out of this run")
         logger.error(f"{host.print_prefix}Roll: stopped ({why}): {host.name} not restarted, "
                      "its server left as it is, serving")
@@ -185,8 +236,10 @@ def rolled_restart(unit: str, must_restart: Callable[[], bool], expected: bool,
     """
 
     name = host.name
-    ROLL.restarts[name] = must_restart
-    ROLL.expected[name] = expected
+    turns = list(ROLL.turns.get(name, ()))
+    # what waits for the turn restarts the server: the host must have one
+    ROLL.restarts[name] = lambda: bool(turns) or must_restart()
+    ROLL.expected[name] = bool(turns) or expected
     router = ROLL.routers.get(name)
     if router:
         files.put(name="Ship router_membership.py",
@@ -204,6 +257,8 @@ def rolled_restart(unit: str, must_restart: Callable[[], bool], expected: bool,
         membership(name=f"Roll position {k + 1}: out of the router, drained",
                    action="leave", router=router or "", k=k, timeout=ROLL.drain_timeout,
                    _if=lambda k=k: bool(router and _urls_at(k)))
+        for t in turns:
+            t.plan(mine)
         restarts.append(restart(name=f"Roll position {k + 1}: restart {unit}", unit=unit,
                                 _if=mine))
         gate(_if=mine)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from types import SimpleNamespace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -143,3 +144,101 @@ def test_a_router_not_running_routes_nothing(capsys, monkeypatch):
                                      "--url", "http://10.0.0.2:8000", "--timeout", "1"])
     assert router_membership.main() == 0
     assert "not running" in capsys.readouterr().out
+
+
+# --- what earlier stages leave to a host's turn (roll.in_turn) -------------------------------
+
+def _on(name: str):
+    from pyinfra.context import ctx_host, ctx_state
+    from pyinfra_testing.util import FakeState, create_host
+    state = FakeState()
+    return ctx_state.use(state), ctx_host.use(create_host(state, name=name))
+
+
+def test_a_change_waits_for_the_turn_only_on_a_rolling_host_whose_server_runs(monkeypatch):
+    configured(monkeypatch, set())
+    state_ctx, host_ctx = _on("gpu2")
+    with state_ctx, host_ctx:
+        assert not roll.in_turn("the driver change", lambda when: None, running=False)
+        assert not roll.has_turn()
+        assert roll.in_turn("the driver change", lambda when: None, running=True)
+        assert roll.has_turn()
+    s = {"gpu1": gated("10.0.0.1"), "gpu2": gated("10.0.0.2")}
+    roll.configure(fleet.plan([("gpu1", []), ("gpu2", [])], s), {}, s)  # no router
+    state_ctx, host_ctx = _on("gpu2")
+    with state_ctx, host_ctx:
+        assert not roll.in_turn("the driver change", lambda when: None, running=True)
+
+
+def test_a_reboot_in_the_router_hosts_turn_is_warned_of(monkeypatch, caplog):
+    configured(monkeypatch, set())
+    state_ctx, host_ctx = _on("gpu1")
+    with state_ctx, host_ctx:
+        assert roll.in_turn("the driver change", lambda when: None, running=True, reboots=True)
+    assert "the router runs here: requests through it fail until it is back" in caplog.text
+
+
+def _planned_roll(monkeypatch, name: str, must_restart: bool, turns: list):
+    """rolled_restart on host ``name`` with the operations recorded, not planned: returns the
+    names planned, in order, and the ``_if`` each turn's plan got."""
+    planned, whens = [], []
+
+    def record(**kw):
+        planned.append(kw["name"])
+        return SimpleOp()
+
+    monkeypatch.setattr(roll, "turn", record)
+    monkeypatch.setattr(roll, "membership", record)
+    monkeypatch.setattr(roll.files, "put", record)
+    state_ctx, host_ctx = _on(name)
+    with state_ctx, host_ctx:
+        for label in turns:
+            roll.in_turn(label, lambda when, label=label: (whens.append(when),
+                                                           planned.append(label)),
+                         running=True)
+        roll.rolled_restart("sglang.service", lambda: must_restart, must_restart,
+                            gate=lambda **kw: record(name="gate", **kw), restart=record)
+    return planned, whens
+
+
+class SimpleOp:
+    def did_change(self):
+        return False
+
+
+def test_a_host_with_a_change_in_its_turn_restarts_in_the_roll_and_plans_it_each_position(
+        monkeypatch):
+    configured(monkeypatch, set())
+    planned, whens = _planned_roll(monkeypatch, "gpu2", False, ["the driver change"])
+    assert roll.ROLL.restarts["gpu2"]() is True and roll.ROLL.expected["gpu2"] is True
+    # one position per rolling host; the change after leaving the router, before the restart
+    assert planned.count("the driver change") == 4 and len(whens) == 4
+    first = planned.index("the driver change")
+    assert planned[first - 1] == "Roll position 1: out of the router, drained"
+    assert planned[first + 1] == "Roll position 1: restart sglang.service"
+    # each position's _if: only the position gpu2 is in
+    monkeypatch.setattr(roll, "_positions", lambda: [["gpu2"]])
+    assert [w() for w in whens] == [True, False, False, False]
+
+
+def test_without_a_change_in_its_turn_the_restart_decides(monkeypatch):
+    configured(monkeypatch, set())
+    _planned_roll(monkeypatch, "gpu3", False, [])
+    assert roll.ROLL.restarts["gpu3"]() is False and roll.ROLL.expected["gpu3"] is False
+
+
+def test_a_rolled_back_driver_stops_the_roll_after_its_host(monkeypatch, caplog):
+    configured(monkeypatch, {"gpu2", "gpu3"})
+    said = {}
+    state_ctx, host_ctx = _on("gpu2")
+    with state_ctx, host_ctx:
+        roll.in_turn("the driver change", lambda when: None, running=True,
+                     stops=lambda: said.get("gpu2"))
+    fake_state = SimpleNamespace(failed_hosts=set())
+    assert roll._turn.__wrapped__(fake_state, SimpleNamespace(name="gpu2", print_prefix=""),
+                                  0) is True
+    said["gpu2"] = "driver 580.105.08 failed its checks after the reboot; rolled back"
+    assert roll._turn.__wrapped__(fake_state, SimpleNamespace(name="gpu3", print_prefix=""),
+                                  1) is False
+    assert ("Roll: stopped (gpu2: driver 580.105.08 failed its checks after the reboot; "
+            "rolled back): gpu3 not restarted") in caplog.text
