@@ -201,17 +201,17 @@ def workers_registered(router: str, workers: tuple[tuple[str, str], ...], timeou
     yield command
 
 
-def router(settings: Settings, workers: tuple[Worker, ...]):
+def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
     """Converge the router on this host (one of the ``gpuhost_router`` group): its venv from
     ``gpuhost_router_lock``, its unit routing to ``workers``, the API key gate in front for a
-    wider bind; restarted when the unit or the venv changed; then its own worker list checked
-    (:func:`workers_registered`). Raises LockError for a lock that does not parse. Refuses the
-    stage (nothing of it planned) where the router's key file is not a root-only file of one
-    line (operations/secret_files.py), as the server's."""
+    wider bind; restarted when the unit or the venv changed. Returns whether it starts or
+    restarts in this run, for :func:`router_check` (None where refused). Raises LockError for a
+    lock that does not parse. Refuses the stage (nothing of it planned) where the router's key
+    file is not a root-only file of one line (operations/secret_files.py), as the server's."""
     lock = read_lock(settings.router_lock_path)
     if settings.router_is_public and not check_secret_file(
             "Router", "router_api_key_file", settings.router_api_key_file or "", "key file"):
-        return
+        return None
     venv = settings.router_venv_path
     files.directory(name="Lock folder", path=LOCK_DIR, mode="755")
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
@@ -242,9 +242,21 @@ def router(settings: Settings, workers: tuple[Worker, ...]):
         systemd.service(name=f"Start {GATE_UNIT}", service=GATE_UNIT, running=True,
                         enabled=True, restarted=restart and running,
                         daemon_reload=changed[2].will_change)
+    return restart or not running
+
+
+def router_check(settings: Settings, workers: tuple[Worker, ...], restarted: bool) -> None:
+    """The router's own worker list checked (:func:`workers_registered`), planned after every
+    host's server stage (deploy.py), so that it runs after the run's restarts and reboots of
+    the workers: on a router host that serves no model too, whose own operations pyinfra would
+    otherwise run as early as its short sequence allows (pyinfra 3.x ``State.get_op_order``
+    orders by each host's own sequence).
+
+    + restarted: what :func:`router` returned: the router starts or restarts in this run
+    """
     workers_registered(name=f"The router lists its {len(workers)} worker(s), healthy",
                        router=own_url(settings), workers=tuple((w.name, w.url) for w in workers),
-                       timeout=settings.router_wait_timeout, restarted=restart or not running)
+                       timeout=settings.router_wait_timeout, restarted=restarted)
 
 
 def fact_running() -> bool:
