@@ -104,9 +104,9 @@ def part(the_fleet: Fleet, settings: Mapping[str, Settings], name: str,
     if settings[name].bench_target == "router":
         return "refused", (
             f"{PREFIX}bench_target = 'router': no router host of this run benches the fleet "
-            f"(router hosts: {', '.join(the_fleet.routers)}; not in this run (--limit), or "
-            f"{PREFIX}bench_target = 'host' there): bench with the router host in the run "
-            f"and {PREFIX}bench_target = 'router' on it")
+            f"(router hosts: {', '.join(the_fleet.routers)}; not in this run (--limit), "
+            f"{PREFIX}bench_target = 'host' there, or serving no model): bench with a router "
+            f"host that serves in the run and {PREFIX}bench_target = 'router' on it")
     return None
 
 
