@@ -34,10 +34,12 @@ from typing import Final
 
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
-from pyinfra.operations import files, systemd
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import apt, files, systemd
 from typing_extensions import override
 
 from operations import REPO_ROOT, remote
+from operations.disk import NO_SPACE
 from operations.fleet import Worker
 from operations.lock import read_lock
 from operations.mlenv import LOCK_DIR, locked_packages, venv_that_runs
@@ -220,6 +222,16 @@ def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
     shipped = [files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),
                          dest=f"{LIB_DIR}/{script}", mode="644", create_remote_dir=False)
                for script in ("router_workers.py", "api_gate.py", "secret_file.py")]
+    # venv_that_runs and locked_packages run through no_space.py, and python3 -m venv needs
+    # Debian's and Ubuntu's python3-venv (ensurepip): on a serving host the ML venv stage ships
+    # and installs them, a router host that serves no model has no such stage. apt's lists
+    # are refreshed only where python3-venv is missing, as for rsync (operations/model_copy.py).
+    files.put(name="Ship no_space.py for the router venv",
+              src=str(REPO_ROOT / "operations/files/no_space.py"),
+              dest=NO_SPACE, mode="644", create_remote_dir=False)
+    installed = host.get_fact(DebPackages) or {}
+    apt.packages(name="Python venv for the router", packages=["python3-venv"],
+                 no_recommends=True, update="python3-venv" not in installed)
     venv_that_runs(name=f"Router venv {venv}", path=venv, python="python3")
     packages = locked_packages(
         name="Locked router", venv=venv, requirements=f"{LOCK_DIR}/router.txt",

@@ -82,8 +82,17 @@ def fleet(tmp_path_factory):
     lab.sandbox("down", check=False)
 
 
+def router_api(fleet: Fleet, path: str, method: str = "GET", check: bool = True) -> str:
+    """The router's own API on the router host's loopback, with its python3 (a CPU-only VM
+    left as the deploy leaves it has no curl)."""
+    script = ("import sys, urllib.request as u; r = u.Request(sys.argv[1], method=sys.argv[2]); "
+              "print(u.urlopen(r, timeout=10).read().decode())")
+    return fleet.hosts[3].ssh(f"python3 -c {json.dumps(script)} {ROUTER_OWN}{path} {method}",
+                              check=check)
+
+
 def router_workers(fleet: Fleet) -> dict[str, bool]:
-    body = json.loads(fleet.hosts[3].ssh(f"curl -s -m 10 {ROUTER_OWN}/workers"))
+    body = json.loads(router_api(fleet, "/workers"))
     return {w["url"]: w["is_healthy"] for w in body["workers"]}
 
 
@@ -213,14 +222,13 @@ def reboot(h) -> None:
 def take_out(fleet: Fleet, url: str) -> None:
     """Take ``url`` out through the router's own API once the router lists it (what smg does
     not undo by itself), and wait until it lists it no more."""
-    router_host = fleet.hosts[3]
     deadline, taken = time.monotonic() + 120, False
     while time.monotonic() < deadline:
-        answer = router_host.ssh(f"curl -s -m 10 {ROUTER_OWN}/workers", check=False)
+        answer = router_api(fleet, "/workers", check=False)
         listed = {w["url"]: w["id"] for w in json.loads(answer or '{"workers": []}')["workers"]}
         if url in listed:
-            taken = router_host.ssh(f"curl -s -m 10 -X DELETE {ROUTER_OWN}/workers/"
-                                    f"{listed[url]}", check=False) != "" or taken
+            taken = router_api(fleet, f"/workers/{listed[url]}", "DELETE",
+                               check=False) != "" or taken
         elif taken:
             break
         time.sleep(1)
