@@ -280,10 +280,35 @@ def backend(h) -> str | None:
         else None
 
 
+class NotTakenOut(AssertionError):
+    """The router host did not take a host of the roll out (and back in)."""
+
+
+#: The router host, serving no model, plans none of the roll's leave and join: they are planned
+#: per position in the server stage (operations/roll.py rolled_restart, called by server.py),
+#: which a CPU-only host does not run, and pyinfra orders an operation of its own by its own
+#: short sequence (State.get_op_order), not between a position's restart and gate.
+NO_LEAVE_JOIN = pytest.mark.xfail(
+    strict=True, raises=NotTakenOut,
+    reason="a CPU-only router host takes no host out of the router during the roll yet")
+
+
+def took_out_and_back(run: lab.Run, positions: int) -> None:
+    """Each position's leave and join ran on the router host (pyinfra's lines under those
+    operations); NotTakenOut where one did not."""
+    for k in range(1, positions + 1):
+        for step in ("out of the router, drained", "back in the router, healthy"):
+            section = run.output.partition(f"Roll position {k}: {step}")[2].partition(
+                "--> Starting operation")[0]
+            if f"[{ROUTER_HOST}] Success" not in section:
+                raise NotTakenOut(f"position {k}: {step}: not run on {ROUTER_HOST}")
+
+
 def server_pids(fleet: Fleet) -> dict[str, int]:
     return {h.name: h.main_pid("sglang.service") for h in fleet.hosts[:3]}
 
 
+@NO_LEAVE_JOIN
 def test_a_flag_change_rolls_one_host_at_a_time_without_a_failed_request(fleet, tmp_path):
     fleet.extra = {"gpuhost_moe_runner_backend": "flashinfer_cutedsl",
                    "gpuhost_router_wait_timeout": 30}
@@ -310,8 +335,10 @@ def test_a_flag_change_rolls_one_host_at_a_time_without_a_failed_request(fleet, 
                                                                        "flashinfer_cutedsl")
     assert router_workers(fleet) == every_worker(fleet)
     fleet.inventory = inventory
+    took_out_and_back(run, 3)
 
 
+@NO_LEAVE_JOIN
 def test_a_lock_upgrade_rolls_one_host_at_a_time_without_a_failed_request(fleet, tmp_path):
     # another lock digest, the same distributions (tests/e2e/test_rollback.py's relocked): each
     # host builds the new venv beside the serving one, then restarts on it in the roll
@@ -335,8 +362,10 @@ def test_a_lock_upgrade_rolls_one_host_at_a_time_without_a_failed_request(fleet,
     assert started == sorted(started) and len(set(started)) == 3, started
     assert router_workers(fleet) == every_worker(fleet)
     fleet.inventory = inventory
+    took_out_and_back(run, 3)
 
 
+@NO_LEAVE_JOIN
 def test_a_failed_upgrade_stops_the_roll_and_the_rest_keeps_serving(fleet, tmp_path):
     # gpu2's stand-in dies at start with the cutlass MoE runner backend (sandbox scenario)
     fleet.hosts[1].ssh("python3 - <<'EOF'\nimport json\np = '/etc/gpuhost-sandbox/hardware.json'\n"
@@ -362,4 +391,6 @@ def test_a_failed_upgrade_stops_the_roll_and_the_rest_keeps_serving(fleet, tmp_p
         run.output[-8000:]
     assert backend(fleet.hosts[1]) == "flashinfer_cutedsl"
     workers = router_workers(fleet)
+    if workers == every_worker(fleet):  # gpu2 never taken out
+        raise NotTakenOut(f"gpu2 failed its gate and is still listed: {workers}")
     assert workers == every_worker(fleet, ("gpu1", "gpu3")), workers
