@@ -16,7 +16,7 @@ server does not pass the deploy's health gate. Results: bench-results/<host>/<UT
 from pyinfra import host, inventory
 
 from operations import bench_fleet, deploy_lock
-from operations.bench import RESULTS_ROOT, bench_run, prepare
+from operations.bench import RESULTS_ROOT, bench_run, prepare, say
 from operations.plan import stop_if_refused
 from operations.remote import use_run_env
 from operations.settings import for_run
@@ -36,6 +36,8 @@ if part is not None:
                  + ", ".join(str(n) for n in settings.bench_levels),
             settings=settings, workers=tuple((w.name, w.url) for w in workers),
             dest_root=str(RESULTS_ROOT))
+elif not settings.serving:
+    say("Bench: serves no model (gpuhost_serving = False): nothing to bench here")
 elif deploy_lock.held(settings) and prepare(settings):
     leftover_restored(name="Restore the server if an interrupted sweep left it changed",
                       settings=settings)

@@ -4,8 +4,10 @@
     pyinfra inventory/lab.py deploy.py --dry    # show, per host, what would change
 
 Every host's data is validated before any host is touched. The hosts of the gpuhost_router
-group also run the router in front of every serving host (operations/fleet.py); servers that
-restart then roll, out of the router one position at a time (operations/roll.py). Each host is
+group also run the router in front of every serving host (operations/fleet.py); a router host
+with gpuhost_serving=False (a CPU-only VM) runs only the router, after a preflight of its own.
+Servers that restart then roll, out of the router one position at a time (operations/roll.py).
+The router's worker list is checked last, after every host's server stage. Each host is
 deployed by one run at a time (its deploy lock). A stage that must not run on a host is refused
 while planning: --dry shows why; a real run takes that host out before any change; both exit
 non-zero. With gpuhost_rollback=true a host is only rolled back to its last known good; a
@@ -25,7 +27,7 @@ from operations.p2p import p2p
 from operations.plan import stop_if_refused
 from operations.preflight import preflight
 from operations.remote import use_run_env
-from operations.router import own_url, router
+from operations.router import own_url, router, router_check
 from operations.server import sglang_server
 from operations.settings import for_run
 from operations.stack_check import known_behaviour
@@ -41,20 +43,25 @@ shipped_files.install()
 planned_facts.install()
 
 if deploy_lock.held(settings):
-    interrupted = rollback.unfinished()
-    if settings.rollback or interrupted:
+    interrupted = rollback.unfinished() if settings.serving else None
+    if settings.rollback and settings.serving or interrupted:
         rollback.rollback(settings, interrupted)
     else:
         preflight(settings)
-        known_behaviour(settings)
-        nvidia(settings)
-        venv_changes = mlenv(settings)
-        p2p_changes = p2p(settings)
-        role = node_role(settings)
-        sglang_server(settings, inputs=[*venv_changes, *p2p_changes, *nodes_env(role, settings)],
-                      role=role, peers=fleet_settings)
-        if host.name in the_fleet.routers:
-            router(settings, the_fleet.workers_of(host.name))
+        if settings.serving:  # else a router host with no GPU, driver, ML venv nor server
+            known_behaviour(settings)
+            nvidia(settings)
+            venv_changes = mlenv(settings)
+            p2p_changes = p2p(settings)
+            role = node_role(settings)
+            sglang_server(settings, inputs=[*venv_changes, *p2p_changes,
+                                            *nodes_env(role, settings)],
+                          role=role, peers=fleet_settings)
+        workers = the_fleet.workers_of(host.name)
+        started = router(settings, workers) if host.name in the_fleet.routers else None
+        # every host plans it at this line: one operation, after each host's stages above
         fail_if_rolled_back()
+        if started is not None:
+            router_check(settings, workers, started)
 stop_if_refused()
 planned_facts.save()

@@ -42,3 +42,8 @@ sandbox = [
     )
     for h in _hosts
 ]
+
+# a host without GPUs (sandbox up --host-scenario gpuN=cpu-only) serves no model: a router host
+_routers = [h["name"] for h in _hosts if h.get("host_data", {}).get("gpuhost_serving") is False]
+if _routers:
+    gpuhost_router = _routers

@@ -86,19 +86,27 @@ def part(the_fleet: Fleet, settings: Mapping[str, Settings], name: str,
     router (it sends no load of its own); ("refused", why) on a host asking for the router's
     endpoint where no router host of the run benches the fleet (``--limit``, or
     ``gpuhost_bench_target = "host"`` on the router host); None where the host benches its own
-    server as usual."""
-    routers = benching_routers(the_fleet, settings, active)
+    server as usual. A router host that serves no model (``gpuhost_serving = False``) is
+    refused: the load comes from the router host's ML venv and model folder, which it has
+    not."""
+    routers = [r for r in benching_routers(the_fleet, settings, active) if settings[r].serving]
     if name in routers:
         return "router", ""
     through = [r for r in routers if name in (w.name for w in the_fleet.workers_of(r))]
     if through:
         return "worker", through[0]
+    if settings[name].bench_target == "router" and not settings[name].serving:
+        return "refused", (
+            f"{PREFIX}bench_target = 'router' on {name}, which serves no model "
+            f"({PREFIX}serving = False): the fleet's load comes from a router host's ML venv "
+            "(bench_serving) and model folder (the tokenizer); bench the fleet from a router "
+            "host that serves, or each worker with 'host'")
     if settings[name].bench_target == "router":
         return "refused", (
             f"{PREFIX}bench_target = 'router': no router host of this run benches the fleet "
-            f"(router hosts: {', '.join(the_fleet.routers)}; not in this run (--limit), or "
-            f"{PREFIX}bench_target = 'host' there): bench with the router host in the run "
-            f"and {PREFIX}bench_target = 'router' on it")
+            f"(router hosts: {', '.join(the_fleet.routers)}; not in this run (--limit), "
+            f"{PREFIX}bench_target = 'host' there, or serving no model): bench with a router "
+            f"host that serves in the run and {PREFIX}bench_target = 'router' on it")
     return None
 
 

@@ -1,7 +1,9 @@
 """The fleet: which hosts serve, which run the router (the ``gpuhost_router`` group), and the
 URL the router reaches each serving host's server at (its own host's server on the loopback).
-A node group (``gpuhost_nodes``) is one worker, its rank 0. Pure planning over every host's
-validated settings; nothing here touches a host.
+A node group (``gpuhost_nodes``) is one worker, its rank 0. A host with ``gpuhost_serving =
+False`` serves no model (a CPU-only router VM, as issue 18 allows): it is no worker, and it must
+be a router host. Pure planning over every host's validated settings; nothing here touches a
+host.
 
 A serving host is reached at ``http://<gpuhost_fleet_address>:<gpuhost_server_port>``, the
 address on the network the router shares with it. The router on the same host may reach a
@@ -97,13 +99,20 @@ def worker_url(name: str, s: Settings, router: str) -> tuple[str | None, str | N
 
 def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Settings]) -> Fleet:
     """The fleet of an inventory: ``hosts`` as (name, its groups) in inventory order, every
-    host's settings by name. Every host serves; the hosts of :data:`ROUTER_GROUP` also run the
-    router. Raises :class:`FleetError` with every problem (a serving host the router cannot
-    reach, a router host without a fleet address where its workers' gates must admit it, one
-    fleet address given to two hosts)."""
+    host's settings by name. Every host serves but those with ``gpuhost_serving = False``; the
+    hosts of :data:`ROUTER_GROUP` also run the router, in front of every serving host. Raises
+    :class:`FleetError` with every problem (a serving host the router cannot reach, a router
+    host without a fleet address where its workers' gates must admit it, one fleet address
+    given to two hosts, a host that serves no model outside :data:`ROUTER_GROUP`, a router
+    without any serving host)."""
     listed = [(name, set(groups)) for name, groups in hosts]
     routers = tuple(name for name, groups in listed if ROUTER_GROUP in groups)
-    problems: list[str] = []
+    problems = [f"host {name}: {PREFIX}serving = False is not allowed outside the "
+                f"{ROUTER_GROUP} group: True, or put {name} in {ROUTER_GROUP} (a host that "
+                "serves no model runs the fleet's router)"
+                for name, groups in listed
+                if not settings[name].serving and ROUTER_GROUP not in groups]
+    serving = [name for name, _ in listed if settings[name].serving]
     owner: dict[str, str] = {}
     for name, _ in listed:
         address = settings[name].fleet_address
@@ -119,13 +128,14 @@ def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Sett
     workers: dict[str, tuple[Worker, ...]] = {}
     for router in routers:
         own = settings[router]
-        for key in ("server_port", "server_backend_port")[:2 if own.server_is_public else 1]:
+        keys = ("server_port", "server_backend_port")[:2 if own.server_is_public else 1]
+        for key in keys if own.serving else ():
             if getattr(own, key) == ROUTER_METRICS_PORT:
                 problems.append(f"host {router}: {PREFIX}{key} = {ROUTER_METRICS_PORT} is not "
                                 f"allowed: a port other than {ROUTER_METRICS_PORT}, where the "
                                 f"router on this host has its metrics (127.0.0.1)")
         found = []
-        for name, _ in listed:
+        for name in serving:
             if settings[name].nodes and name != settings[name].nodes[0]:
                 continue  # a rank >= 1 of a node group serves no model (operations/nodes.py)
             url, problem = worker_url(name, settings[name], router)
@@ -133,8 +143,12 @@ def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Sett
                 problems.append(problem)
             else:
                 found.append(Worker(name, url or ""))
+        if not serving:
+            problems.append(f"host {router}: the router has no worker: every host of the "
+                            f"inventory has {PREFIX}serving = False; serving hosts are those "
+                            f"with {PREFIX}serving = True (the default)")
         workers[router] = tuple(found)
-        remote_gated = [n for n, _ in listed if n != router and settings[n].server_is_public]
+        remote_gated = [n for n in serving if n != router and settings[n].server_is_public]
         if remote_gated and settings[router].fleet_address is None:
             problems.append(f"host {router}: {PREFIX}fleet_address = None is not allowed: the "
                             f"API key gates of {', '.join(remote_gated)} admit the router by "
@@ -150,7 +164,8 @@ def with_router_peers(fleet: Fleet, settings: Mapping[str, Settings]) -> dict[st
     out = dict(settings)
     for name, s in settings.items():
         peers = [settings[r].fleet_address for r in fleet.routers
-                 if r != name and settings[r].fleet_address and s.server_is_public]
+                 if r != name and settings[r].fleet_address and s.server_is_public
+                 and s.serving]
         extra = [p for p in peers if p not in s.api_gate_trusted_peers]
         if extra:
             out[name] = dataclasses.replace(

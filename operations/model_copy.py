@@ -134,7 +134,7 @@ class Peer:
 
 def peers(me: str, settings: Mapping[str, Settings], data: Mapping[str, Mapping[str, Any]]
           ) -> list[Peer]:
-    """The hosts other than ``me`` whose host data serves the same repository at the same
+    """The serving hosts other than ``me`` whose host data serves the same repository at the same
     revision (a copy there is used only when its stamp says it is complete), in inventory
     order.
 
@@ -146,7 +146,7 @@ def peers(me: str, settings: Mapping[str, Settings], data: Mapping[str, Mapping[
     mine = settings[me]
     found = []
     for name, other in settings.items():
-        if name == me or other.model_is_local or other.model != mine.model \
+        if name == me or not other.serving or other.model_is_local or other.model != mine.model \
                 or other.model_revision != mine.model_revision:
             continue
         d = data.get(name, {})

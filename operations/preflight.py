@@ -49,9 +49,13 @@ def preflight(settings: Settings) -> None:
     """Facts only: OS and architecture supported by NVIDIA's repository, the GPUs (when the
     driver already answers) matching host data, the Secure Boot state (which the NVIDIA stage
     weighs against a DKMS build: operations.secureboot). Refuses (operations.plan), with what
-    to do, before any change to the host."""
+    to do, before any change to the host. On a host that serves no model (``gpuhost_serving =
+    False``): :func:`router_host_preflight` instead."""
     meta = fact(LinuxDistribution).get("release_meta", {})
     os_id, version_id = meta.get("ID", "").lower(), meta.get("VERSION_ID", "")
+    if not settings.serving:
+        router_host_preflight(os_id, version_id)
+        return
     try:
         folder = repo_folder(os_id, version_id, fact(Arch))
     except PlanError as exc:
@@ -80,4 +84,20 @@ def preflight(settings: Settings) -> None:
         f"virtualisation {virt}, {secure_boot.summary()}, PID 1 {fact(InitSystem)}, "
         f"{resources.cores} cores, "
         f"{resources.mem_available_gib:.1f} GiB available; {gpus}"
+    )
+
+
+def router_host_preflight(os_id: str, version_id: str) -> None:
+    """A router host that serves no model (a CPU-only VM): no NVIDIA repository, GPU or Secure
+    Boot fact (they are the driver's), and no GPU asked of it; refused where PID 1 is not
+    systemd (the router runs as a systemd unit). Says what the host is."""
+    init = fact(InitSystem)
+    if init != "systemd":
+        refuse("Preflight", f"PID 1 is {init!r}, not systemd: the router runs as a systemd unit")
+    resources = fact(HostResources)
+    logger.info(
+        f"{host.print_prefix}{os_id} {version_id} ({fact(Arch)}), kernel {fact(OsVersion)}, "
+        f"virtualisation {fact(Virtualization)}, PID 1 {init}, {resources.cores} cores, "
+        f"{resources.mem_available_gib:.1f} GiB available; serves no model "
+        "(gpuhost_serving = False): the router only"
     )

@@ -91,13 +91,15 @@ ROLL = Roll()
 
 def configure(fleet: Fleet, router_urls: dict[str, str], settings) -> None:
     """Set the roll up from the fleet (every host's plan calls it: the same fleet keeps what
-    the hosts planned so far). No router, or a router host in a node group: no roll (restarts
-    as without a router)."""
+    the hosts planned so far). No router, or a serving router host in a node group: no roll
+    (restarts as without a router). A router host that serves no model (``gpuhost_serving =
+    False``, a CPU-only VM) is in no position: only its workers restart; like every router
+    host, it must be in the run (``turn``)."""
     global ROLL
     first = fleet.routers[0] if fleet.routers else None
     hosts = tuple(w.name for w in fleet.workers_of(first) if not settings[w.name].nodes) \
         if first else ()
-    if any(r not in hosts for r in fleet.routers):
+    if any(r not in hosts for r in fleet.routers if settings[r].serving):
         hosts = ()
     if hosts == ROLL.hosts and router_urls == ROLL.routers:
         return

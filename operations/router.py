@@ -34,10 +34,12 @@ from typing import Final
 
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
-from pyinfra.operations import files, systemd
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import apt, files, systemd
 from typing_extensions import override
 
 from operations import REPO_ROOT, remote
+from operations.disk import NO_SPACE
 from operations.fleet import Worker
 from operations.lock import read_lock
 from operations.mlenv import LOCK_DIR, locked_packages, venv_that_runs
@@ -201,17 +203,17 @@ def workers_registered(router: str, workers: tuple[tuple[str, str], ...], timeou
     yield command
 
 
-def router(settings: Settings, workers: tuple[Worker, ...]):
+def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
     """Converge the router on this host (one of the ``gpuhost_router`` group): its venv from
     ``gpuhost_router_lock``, its unit routing to ``workers``, the API key gate in front for a
-    wider bind; restarted when the unit or the venv changed; then its own worker list checked
-    (:func:`workers_registered`). Raises LockError for a lock that does not parse. Refuses the
-    stage (nothing of it planned) where the router's key file is not a root-only file of one
-    line (operations/secret_files.py), as the server's."""
+    wider bind; restarted when the unit or the venv changed. Returns whether it starts or
+    restarts in this run, for :func:`router_check` (None where refused). Raises LockError for a
+    lock that does not parse. Refuses the stage (nothing of it planned) where the router's key
+    file is not a root-only file of one line (operations/secret_files.py), as the server's."""
     lock = read_lock(settings.router_lock_path)
     if settings.router_is_public and not check_secret_file(
             "Router", "router_api_key_file", settings.router_api_key_file or "", "key file"):
-        return
+        return None
     venv = settings.router_venv_path
     files.directory(name="Lock folder", path=LOCK_DIR, mode="755")
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
@@ -220,6 +222,16 @@ def router(settings: Settings, workers: tuple[Worker, ...]):
     shipped = [files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),
                          dest=f"{LIB_DIR}/{script}", mode="644", create_remote_dir=False)
                for script in ("router_workers.py", "api_gate.py", "secret_file.py")]
+    # venv_that_runs and locked_packages run through no_space.py, and python3 -m venv needs
+    # Debian's and Ubuntu's python3-venv (ensurepip): on a serving host the ML venv stage ships
+    # and installs them, a router host that serves no model has no such stage. apt's lists
+    # are refreshed only where python3-venv is missing, as for rsync (operations/model_copy.py).
+    files.put(name="Ship no_space.py for the router venv",
+              src=str(REPO_ROOT / "operations/files/no_space.py"),
+              dest=NO_SPACE, mode="644", create_remote_dir=False)
+    installed = host.get_fact(DebPackages) or {}
+    apt.packages(name="Python venv for the router", packages=["python3-venv"],
+                 no_recommends=True, update="python3-venv" not in installed)
     venv_that_runs(name=f"Router venv {venv}", path=venv, python="python3")
     packages = locked_packages(
         name="Locked router", venv=venv, requirements=f"{LOCK_DIR}/router.txt",
@@ -242,9 +254,21 @@ def router(settings: Settings, workers: tuple[Worker, ...]):
         systemd.service(name=f"Start {GATE_UNIT}", service=GATE_UNIT, running=True,
                         enabled=True, restarted=restart and running,
                         daemon_reload=changed[2].will_change)
+    return restart or not running
+
+
+def router_check(settings: Settings, workers: tuple[Worker, ...], restarted: bool) -> None:
+    """The router's own worker list checked (:func:`workers_registered`), planned after every
+    host's server stage (deploy.py), so that it runs after the run's restarts and reboots of
+    the workers: on a router host that serves no model too, whose own operations pyinfra would
+    otherwise run as early as its short sequence allows (pyinfra 3.x ``State.get_op_order``
+    orders by each host's own sequence).
+
+    + restarted: what :func:`router` returned: the router starts or restarts in this run
+    """
     workers_registered(name=f"The router lists its {len(workers)} worker(s), healthy",
                        router=own_url(settings), workers=tuple((w.name, w.url) for w in workers),
-                       timeout=settings.router_wait_timeout, restarted=restart or not running)
+                       timeout=settings.router_wait_timeout, restarted=restarted)
 
 
 def fact_running() -> bool:

@@ -188,6 +188,8 @@ class Settings:
     #: "host": each host's own server; "router": the fleet endpoint (operations/bench_fleet.py)
     bench_target: str = "host"
     # The fleet (operations/router.py): the SGLang model gateway on the gpuhost_router group
+    #: False: the host serves no model (a CPU-only router VM of the gpuhost_router group)
+    serving: bool = True
     fleet_address: str | None = None
     api_gate_trusted_peers: tuple[str, ...] = ()
     router_host: str = "127.0.0.1"
@@ -539,6 +541,7 @@ RULES: Final[Mapping[str, _Rule]] = {
         and len(set(v)) == len(v),
         "a non-empty list of distinct concurrency levels, integers >= 1, such as [1, 16, 64]",
     ),
+    "serving": _BOOL,
     "fleet_address": _Rule(lambda v: v is None or _is_peer_address(v),
                            "this host's IP address on the network the fleet shares, such as "
                            "10.0.0.5 (where the router and peers on other hosts reach it: not "
@@ -635,6 +638,8 @@ def from_host_data(host: str, data: Mapping[str, Any],
             "max_running_requests", Settings.max_running_requests))
     settings = Settings(**values)
     for check in _TOGETHER:
+        if not settings.serving and check in _SERVING_ONLY:
+            continue
         try:
             check(host, settings)
         except SettingsError as exc:
@@ -833,7 +838,8 @@ def _check_router_exposure(host: str, s: Settings) -> None:
         raise _fail(host, loopback, ROUTER_METRICS_PORT,
                     f"a port other than {ROUTER_METRICS_PORT}: the router's own metrics listen "
                     f"on 127.0.0.1:{ROUTER_METRICS_PORT}, where the router would listen too")
-    taken = {s.server_port: "server_port", s.server_backend_port: "server_backend_port"}
+    taken = {s.server_port: "server_port", s.server_backend_port: "server_backend_port"} \
+        if s.serving else {}
     for key in ("router_port", "router_backend_port"):
         port = getattr(s, key)
         if port in taken:
@@ -1031,11 +1037,28 @@ def _check_venv_path(host: str, s: Settings) -> None:
                     f"it); the default is {Settings.venv_path}")
 
 
+def _check_serving(host: str, s: Settings) -> None:
+    """A host that serves no model is no node of a server across nodes (operations/fleet.py
+    refuses one outside the gpuhost_router group: it knows the groups)."""
+    if s.serving:
+        return
+    if s.nodes:
+        raise _fail(host, "serving", s.serving,
+                    f"True on a host of a node group ({PREFIX}nodes = {list(s.nodes)}): each "
+                    "node serves its ranks of the group's model")
+
+
 #: The checks of settings against each other: each runs, so that every problem is reported.
 _TOGETHER: Final = (_check_bench, _check_tensor_parallel, _check_flavour, _check_driver,
                     _check_mok, _check_server_exposure, _check_router_exposure,
                     _check_dist_init_port, _check_venv_path, _check_lock,
-                    _check_sweep)
+                    _check_sweep, _check_serving)
+#: The checks of the host's GPUs, driver, ML venv and server: a host that serves no model
+#: (``gpuhost_serving = False``) skips them, and those keys have no effect there (group data
+#: such as group_data/all.py may set them for every host of the inventory).
+_SERVING_ONLY: Final = (_check_tensor_parallel, _check_flavour, _check_driver, _check_mok,
+                        _check_server_exposure, _check_dist_init_port, _check_venv_path,
+                        _check_lock, _check_sweep)
 
 
 def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]],

@@ -1,4 +1,5 @@
-"""python -m sandbox up [--hosts N] [--scenario NAME] [--from-image PATH] | status [--json] | ask
+"""python -m sandbox up [--hosts N] [--scenario NAME] [--host-scenario HOST=NAME ...]
+[--from-image PATH] | status [--json] | ask
 | link NAME up|down [--switch] | image NAME PATH | down"""
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def _host_count(text: str) -> int:
     return n
 
 
+def _host_scenario(text: str) -> tuple[str, str]:
+    name, sep, scenario = text.partition("=")
+    if not sep or not name or not scenario:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be HOST=SCENARIO, e.g. gpu4=cpu-only")
+    return name, scenario
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sandbox", description="The sandbox lab: sandbox/README.md."
@@ -41,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="fresh hosts gpu1..gpuN, booted (takes down any previous lab)")
     p_up.add_argument("--hosts", type=_host_count, default=1, metavar="N")
     p_up.add_argument("--scenario", default=DEFAULT_SCENARIO, metavar="NAME")
+    p_up.add_argument("--host-scenario", type=_host_scenario, action="append", default=[],
+                      metavar="HOST=NAME",
+                      help="a scenario of its own for one host, e.g. gpu4=cpu-only (repeatable)")
     p_up.add_argument("--boot-timeout", type=float, default=BOOT_TIMEOUT_S, metavar="SECONDS")
     p_up.add_argument("--from-image", type=Path, metavar="PATH",
                       help="the hosts' trees from this image (python -m sandbox image)")
@@ -60,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
-            _print_status(up(args.hosts, args.scenario, args.boot_timeout, args.from_image))
+            _print_status(up(args.hosts, args.scenario, args.boot_timeout, args.from_image,
+                             dict(args.host_scenario)))
         elif args.command == "image":
             save_image(args.name, args.path)
         elif args.command == "down":

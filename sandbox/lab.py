@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -228,19 +228,28 @@ def _sshd_answers(spec: HostSpec, timeout: float = 0.5) -> bool:
 
 def up(
     hosts: int = 1, scenario: str = DEFAULT_SCENARIO, boot_timeout: float = BOOT_TIMEOUT_S,
-    from_image: Path | None = None,
+    from_image: Path | None = None, host_scenarios: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Fresh hosts gpu1..gpuN, booted and answering ssh; returns `status()`. With `from_image`
     (sandbox/image.py), each host's tree comes from that image instead of the bare root
-    filesystem.
+    filesystem. `host_scenarios` gives some hosts a scenario of their own (by host name: a
+    CPU-only router VM, ``{"gpu4": "cpu-only"}``, beside GPU hosts of `scenario`).
 
-    Raises LabError (root needed, unknown scenario, an image of another scenario, a host that
-    does not boot: the message carries the console log's tail), ValueError for a host count
-    outside 1..254.
+    Raises LabError (root needed, unknown scenario, an image of another scenario, a host
+    scenario for a host this lab does not have or with an image, a host that does not boot:
+    the message carries the console log's tail), ValueError for a host count outside 1..254.
     """
     require_root("up")
     specs = host_specs(hosts)
-    hardware = _hardware_json(scenario)
+    own = dict(host_scenarios or {})
+    unknown = sorted(set(own) - {s.name for s in specs})
+    if unknown:
+        raise LabError(f"--host-scenario names {', '.join(unknown)}, not a host of this lab "
+                       f"(gpu1..gpu{hosts})")
+    if own and from_image is not None:
+        raise LabError("--host-scenario with --from-image: every host's tree would come from "
+                       "the image, made under one scenario")
+    hardware = {s.name: _hardware_json(own.get(s.name, scenario)) for s in specs}
     tar = ROOTFS_TAR
     if from_image is not None:
         tar = from_image
@@ -260,6 +269,7 @@ def up(
         state: dict[str, Any] = {
             "version": STATE_VERSION,
             "scenario": scenario,
+            "host_scenarios": own,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "cuda_keyring_sha256": None,
             "httpd": None,
@@ -287,7 +297,7 @@ def up(
 
 
 def _prepare(
-    specs: list[HostSpec], state: dict[str, Any], authorized_key: str, hardware: str,
+    specs: list[HostSpec], state: dict[str, Any], authorized_key: str, hardware: dict[str, str],
     tar: Path = ROOTFS_TAR,
 ) -> None:
     """Host trees and links in parallel, the HTTP root alongside; writes known_hosts."""
@@ -295,7 +305,8 @@ def _prepare(
     workers = max(2, min(len(specs), 2 * (os.cpu_count() or 1)))
     with ThreadPoolExecutor(max_workers=workers + 1) as pool:
         www = pool.submit(build_www, os.uname().release)
-        prepared = [pool.submit(_prepare_host, s, authorized_key, hardware, tar) for s in specs]
+        prepared = [pool.submit(_prepare_host, s, authorized_key, hardware[s.name], tar)
+                    for s in specs]
         host_keys = [f.result() for f in prepared]
         state["cuda_keyring_sha256"] = www.result()
     _save_state(state)
@@ -352,8 +363,7 @@ def save_image(name: str, tar: Path) -> None:
         procs.stop([procs.Proc.from_json(entry.get("supervisor"))], POWEROFF_TIMEOUT_S)
         began = time.monotonic()
         try:
-            image.save(host_from_name(name).root, tar,
-                       state.get("scenario", DEFAULT_SCENARIO), name)
+            image.save(host_from_name(name).root, tar, scenario_of(state, name), name)
         except image.ImageError as exc:
             raise LabError(str(exc)) from exc
         _say(f"{name} powered off, image {tar} written in {time.monotonic() - began:.1f}s")
@@ -381,10 +391,13 @@ def status() -> list[dict[str, Any]]:
     state = load_state()
     if state is None:
         return []
-    host_data = _scenario_host_data(state.get("scenario", DEFAULT_SCENARIO))
     out = []
     for entry in state["hosts"]:
         spec = host_from_name(entry["name"])
+        scenario = scenario_of(state, spec.name)
+        host_data = _scenario_host_data(scenario)
+        if host_data.get("gpuhost_serving", True):
+            host_data.update(_hub_host_data(spec))
         out.append(
             {
                 "name": spec.name,
@@ -399,7 +412,8 @@ def status() -> list[dict[str, Any]]:
                 "pip_index_url": spec.pip_index_url,
                 "lock": str(LOCK_FILE),
                 "known_hosts": str(KNOWN_HOSTS),
-                "host_data": {**host_data, **_hub_host_data(spec)},
+                "scenario": scenario,
+                "host_data": host_data,
             }
         )
     return out
@@ -414,10 +428,19 @@ def _hub_host_data(spec: HostSpec) -> dict[str, Any]:
     }
 
 
+def scenario_of(state: Mapping[str, Any], name: str) -> str:
+    """Host `name`'s scenario: its own (``up --host-scenario``), else the lab's."""
+    return (state.get("host_scenarios") or {}).get(name) or state.get("scenario",
+                                                                      DEFAULT_SCENARIO)
+
+
 def _scenario_host_data(scenario: str) -> dict[str, Any]:
     """What an inventory says of the scenario's hardware: its GPU count and compute capability,
-    and a tensor parallel size that uses every GPU."""
+    and a tensor parallel size that uses every GPU; on a host without GPUs, that it serves no
+    model (a router host: README, "A fleet")."""
     gpus = json.loads(scenarios.hardware_json(scenario))["gpus"]
+    if not gpus:
+        return {"gpuhost_serving": False}
     return {
         "gpuhost_gpu_count": len(gpus),
         "gpuhost_compute_capability": gpus[0]["compute_cap"],

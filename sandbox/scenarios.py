@@ -17,6 +17,7 @@ stand-ins read (nvidia-smi, the torch stand-in, the flash-attn stand-in's build)
                "secure_boot": false,                            # what mokutil --sb-state says
                "enrolled_mok": ["<sha256 of a DER cert>"]},     # MOKs the firmware holds ([])
       "gpus": [{"index": 0, "name": "...", "uuid": "GPU-...", "pci_bus_id": "00000000:01:00.0",
+                # [] for a host without GPUs (cpu-only: topology and p2p then default to [])
                 "compute_cap": "12.0", "memory_total_mib": 97887, "power_limit_w": 600.0,
                 "power_max_limit_w": 600.0, "clocks_sm_mhz": 180, "clocks_max_sm_mhz": 2430,
                 "persistence_mode": "Enabled", "cpu_affinity": "0-127", "numa_affinity": "0",
@@ -223,8 +224,8 @@ def _expand(name: str, raw: dict[str, Any]) -> dict[str, Any]:
 
     defaults = raw.get("gpu_defaults") or {}
     gpus_raw = raw.get("gpus")
-    if not isinstance(gpus_raw, list) or not gpus_raw:
-        raise fail("gpus must be a non-empty list")
+    if not isinstance(gpus_raw, list):
+        raise fail("gpus must be a list ([]: a host without GPUs, such as a CPU-only router VM)")
     gpus = []
     for pos, entry in enumerate(gpus_raw):
         gpu = {**copy.deepcopy(GPU_DEFAULTS), **defaults, **entry}
@@ -244,7 +245,7 @@ def _expand(name: str, raw: dict[str, Any]) -> dict[str, Any]:
             raise fail(f"two GPUs share a {key}")
 
     n = len(gpus)
-    topology = raw.get("topology")
+    topology = raw.get("topology", [] if not n else None)
     _check_matrix(
         fail, "topology", topology, n, lambda v: v in LINK_VALUES or bool(_NVLINK.match(v))
     )
@@ -256,6 +257,8 @@ def _expand(name: str, raw: dict[str, Any]) -> dict[str, Any]:
     for kind in P2P_KINDS:
         if kind in p2p_raw:
             p2p[kind] = p2p_raw[kind]
+        elif not n:
+            p2p[kind] = []
         elif kind in ("r", "w"):
             raise fail(
                 f"p2p.{kind} (the P2P {'read' if kind == 'r' else 'write'} status) is required"

@@ -117,3 +117,17 @@ def test_the_report_says_it_measured_the_fleet_endpoint_and_its_workers(tmp_path
     assert "Fleet endpoint" not in own
     assert json.loads((tmp_path / "results.json").read_text())["endpoint"] == {
         "kind": "host", "host": "h200"}
+
+
+def test_a_router_host_that_serves_no_model_cannot_load_the_fleet():
+    """The load comes from the router host's ML venv and model folder: a CPU-only router host
+    asking for the fleet bench is refused, and its workers bench as usual."""
+    s, rows = hosts({})
+    s["router"] = from_host_data("router", {
+        "gpuhost_serving": False, "gpuhost_fleet_address": "10.0.0.9",
+        "gpuhost_bench_target": "router"})
+    rows = [(n, ["lab"]) for n, _ in rows] + [("router", ["lab", fleet.ROUTER_GROUP])]
+    the_fleet = fleet.plan(rows, s)
+    what, why = bench_fleet.part(the_fleet, s, "router", set(s))
+    assert what == "refused" and "which serves no model (gpuhost_serving = False)" in why
+    assert [bench_fleet.part(the_fleet, s, n, set(s)) for n in ("gpu1", "gpu2")] == [None, None]

@@ -66,6 +66,68 @@ def test_no_router_group_is_no_fleet_and_changes_no_settings():
     assert planned.routers == () and fleet.with_router_peers(planned, s) == s
 
 
+def cpu_router(address: str, **extra):
+    """A router host that serves no model: the router behind its gate, no GPU keys of its own."""
+    return settings("router", serving=False, fleet_address=address, router_host=address,
+                    router_api_key_file="/root/router.key", **extra)
+
+
+def test_a_cpu_only_router_host_is_no_worker_and_routes_to_every_serving_host():
+    s = {"gpu1": gated("10.0.0.1"), "gpu2": gated("10.0.0.2"), "gpu3": gated("10.0.0.3"),
+         "router": cpu_router("10.0.0.9")}
+    hosts = [("gpu1", ["lab"]), ("gpu2", ["lab"]), ("gpu3", ["lab"]),
+             ("router", ["lab", "gpuhost_router"])]
+    planned = fleet.plan(hosts, s)
+    assert planned.routers == ("router",)
+    assert [(w.name, w.url) for w in planned.workers_of("router")] == [
+        ("gpu1", "http://10.0.0.1:8000"), ("gpu2", "http://10.0.0.2:8000"),
+        ("gpu3", "http://10.0.0.3:8000")]
+    peered = fleet.with_router_peers(planned, s)
+    assert {n: p.api_gate_trusted_peers for n, p in peered.items()} == {
+        "gpu1": ("10.0.0.9",), "gpu2": ("10.0.0.9",), "gpu3": ("10.0.0.9",), "router": ()}
+
+
+def test_a_host_that_serves_no_model_outside_the_router_group_is_refused():
+    s = {"gpu1": gated("10.0.0.1"), "cpu": cpu_router("10.0.0.9")}
+    with pytest.raises(fleet.FleetError) as caught:
+        fleet.plan([("gpu1", ["lab"]), ("cpu", ["lab"])], s)
+    assert caught.value.problems == [
+        "host cpu: gpuhost_serving = False is not allowed outside the gpuhost_router group: "
+        "True, or put cpu in gpuhost_router (a host that serves no model runs the fleet's "
+        "router)"]
+
+
+def test_a_router_with_no_serving_host_is_refused():
+    s = {"cpu": cpu_router("10.0.0.9")}
+    with pytest.raises(fleet.FleetError, match="host cpu: the router has no worker"):
+        fleet.plan([("cpu", ["gpuhost_router"])], s)
+
+
+def test_a_host_that_serves_no_model_skips_the_gpu_and_server_checks():
+    """GPU, driver, server and ML venv keys have no effect there (group data may set them for
+    every host): values a serving host is refused for are let through."""
+    s = cpu_router("10.0.0.9", gpu_count=8, tensor_parallel_size=3, driver_flavour="proprietary",
+                   server_host="10.0.0.9", router_port=8000)
+    assert not s.serving and s.tensor_parallel_size == 3
+    with pytest.raises(SettingsError, match="tensor_parallel_size = 3"):
+        settings("gpu1", tensor_parallel_size=3)
+    # the router's own rules still hold
+    with pytest.raises(SettingsError, match="gpuhost_router_host = '10.0.0.9' is not allowed"):
+        settings("cpu", serving=False, router_host="10.0.0.9")
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"serving": "no"}, "host cpu: gpuhost_serving = 'no' is not allowed: True or False."),
+    ({"serving": False, "nodes": ["cpu", "gpu2"]},
+     "host cpu: gpuhost_serving = False is not allowed: True on a host of a node group "
+     "(gpuhost_nodes = ['cpu', 'gpu2']): each node serves its ranks of the group's model."),
+])
+def test_bad_serving_data_is_refused_naming_key_and_value(data, message):
+    with pytest.raises(SettingsError) as caught:
+        settings("cpu", **data)
+    assert message in caught.value.problems
+
+
 def test_the_router_host_may_reach_its_own_loopback_server():
     s = {"gpu1": settings("gpu1")}
     planned = fleet.plan([("gpu1", ["gpuhost_router"])], s)

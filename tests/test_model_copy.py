@@ -128,6 +128,7 @@ def test_peers_are_the_other_hosts_serving_the_same_model_and_revision():
         "gpu4": {"ssh_hostname": "10.0.0.4", "gpuhost_model": "other/model"},
         "gpu5": {"ssh_hostname": "10.0.0.5", "ssh_port": 2222,
                  "gpuhost_model_dir": "/srv/models"},
+        "router": {"ssh_hostname": "10.0.0.9", "gpuhost_serving": False},  # a CPU-only VM
     }
     settings = for_inventory(data.items())
     found = model_copy.peers("gpu2", settings, data)

@@ -4,6 +4,7 @@ the real router gave them: operations/files/router_membership.py's docstring).""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from types import SimpleNamespace
@@ -60,6 +61,51 @@ def test_no_router_no_roll():
     s = {"gpu1": gated("10.0.0.1"), "gpu2": gated("10.0.0.2")}
     roll.configure(fleet.plan([("gpu1", []), ("gpu2", [])], s), {}, s)
     assert not roll.rolls("gpu1") and not roll.rolls("gpu2")
+
+
+def test_a_cpu_only_router_host_is_in_no_position_and_its_workers_roll(monkeypatch):
+    s = {"gpu1": gated("10.0.0.1"), "gpu2": gated("10.0.0.2"),
+         "router": settings("router", serving=False, fleet_address="10.0.0.9")}
+    planned = fleet.plan([("gpu1", []), ("gpu2", []), ("router", ["gpuhost_router"])], s)
+    roll.configure(fleet.Fleet((), {}), {}, s)
+    roll.configure(planned, {"router": "http://127.0.0.1:8100"}, s)
+    assert roll.ROLL.hosts == ("gpu1", "gpu2") and not roll.rolls("router")
+    assert roll.ROLL.routers == {"router": "http://127.0.0.1:8100"}
+    assert roll.ROLL.urls == {"router": {"gpu1": "http://10.0.0.1:8000",
+                                         "gpu2": "http://10.0.0.2:8000"}}
+    assert roll.ROLL.size == 1  # the router host's roll keys, as on a serving router
+
+
+def test_a_router_host_out_of_the_run_stops_the_roll_when_it_serves_no_model(monkeypatch):
+    s = {"gpu1": gated("10.0.0.1"), "gpu2": gated("10.0.0.2"),
+         "router": settings("router", serving=False, fleet_address="10.0.0.9")}
+    planned = fleet.plan([("gpu1", []), ("gpu2", []), ("router", ["gpuhost_router"])], s)
+    roll.configure(fleet.Fleet((), {}), {}, s)
+    roll.configure(planned, {"router": "http://127.0.0.1:8100"}, s)
+    monkeypatch.setattr(roll, "_active", lambda: {"gpu1", "gpu2"})  # --limit gpu1,gpu2
+    roll.ROLL.restarts.update(gpu1=lambda: True, gpu2=lambda: True)
+    errors = []
+    monkeypatch.setattr(roll.logger, "error", errors.append)
+
+    class Host:
+        name, print_prefix = "gpu1", "[gpu1] "
+
+    class State:
+        failed_hosts: set = set()
+
+    assert roll._turn(State(), Host(), 0) is False
+    assert errors == ["[gpu1] Roll: stopped (the router host router is out of this run): gpu1 "
+                      "not restarted, its server left as it is, serving"]
+
+
+def test_a_serving_router_host_in_a_node_group_still_means_no_roll():
+    group = ("gpu1", "gpu2")
+    s = {n: dataclasses.replace(gated(f"10.0.0.{i}"), nodes=group)
+         for i, n in enumerate(group, 1)}
+    s["gpu3"] = gated("10.0.0.3")
+    planned = fleet.plan([("gpu1", ["gpuhost_router"]), ("gpu2", []), ("gpu3", [])], s)
+    roll.configure(planned, {"gpu1": "http://127.0.0.1:8100"}, s)
+    assert roll.ROLL.hosts == () and not roll.rolls("gpu3")
 
 
 def test_roll_keys_are_checked():

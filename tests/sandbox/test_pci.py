@@ -60,3 +60,18 @@ def test_install_enables_the_nouveau_stand_in(tmp_path):
     assert (tmp_path / "usr/local/sbin/lspci").stat().st_mode & 0o111
     assert '"nouveau": true' in scenarios.hardware_json("nouveau-bound")
     assert (tmp_path / "etc/gpuhost-sandbox/pci-devices").read_text().startswith("0000:00:06.0\t")
+
+
+def test_a_cpu_only_host_lists_no_nvidia_device(tmp_path):
+    """scenario cpu-only: no GPU, so the lspci stand-in prints nothing for -d 10de: (as a
+    CPU-only VM's lspci lists no NVIDIA device) and the product's parser finds none."""
+    hardware = json.loads(scenarios.hardware_json("cpu-only"))
+    assert hardware["gpus"] == [] and pci.device_lines(hardware) == ""
+    devices = tmp_path / "pci-devices"
+    devices.write_text(pci.device_lines(hardware))
+    script = (pci.STANDINS / "lspci").read_text().replace("/etc/gpuhost-sandbox/pci-devices",
+                                                          str(devices))
+    (tmp_path / "lspci").write_text(script)
+    out = subprocess.run(["sh", str(tmp_path / "lspci"), "-Dnnk", "-d", "10de:"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == "" and parse_lspci(["rc=0"]) == ()
