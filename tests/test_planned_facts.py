@@ -184,6 +184,7 @@ def test_a_fact_an_operation_read_while_executing_is_read_with_the_planning_fact
     state, target = runs()
     plan(state, target, log)
     assert execute(state, target, log) == "c-1"
+    target.disconnect()  # the end of the run (pyinfra_cli's disconnect_all)
 
     state, target = runs()
     assert plan(state, target, log) == ["a-2", "b-2", "1 2"]
@@ -199,3 +200,24 @@ def test_one_read_with_other_connector_arguments_is_not_recorded(runs, tmp_path)
     plan(state, target, log)
     assert execute(state, target, log, {"_chdir": str(tmp_path)}) == "c-1"
     assert json.loads(planned_facts.record_path(target).read_text())["executing"] == []
+
+
+def test_executing_readings_are_written_once_when_the_host_disconnects(runs, tmp_path,
+                                                                       monkeypatch):
+    log = tmp_path / "reads"
+    state, target = runs()
+    plan(state, target, log)
+    writes = []
+    write = planned_facts._write
+    monkeypatch.setattr(planned_facts, "_write", lambda host: (writes.append(host), write(host)))
+    execute(state, target, log)
+    execute(state, target, log, {"_chdir": str(tmp_path)})
+    assert writes == []
+    assert json.loads(planned_facts.record_path(target).read_text())["executing"] == []
+    target.disconnect()
+    assert writes == [target]
+    assert [e["arguments"] for e in json.loads(
+        planned_facts.record_path(target).read_text())["executing"]] == [
+        {"command": reading(log, "c")}]
+    target.disconnect()
+    assert writes == [target]  # nothing new to write
