@@ -7,10 +7,12 @@ one shell command, each in a subshell of its own, framed by marker lines that ca
 status; each fact's own ``process`` then reads its part, as ``_get_fact`` would have read that
 command's output (its lines with the newline taken off, ``connectors/util.py``,
 ``read_buffer``). The facts run at once, each in the background into a file of its own under a
-``mktemp -d`` folder (in /dev/shm where it can be), printed in order once all ended: facts only read, and one after the other
-the host's answer took the sum of their times (3.2 s of a converged sandbox host's no-op run,
-most of it ``pip list`` and the stand-ins' Python start-ups; README's *Tests and benchmarks*). A fact whose command failed, found its command missing or has a precondition
-is left out of the answer: the caller reads it alone, so pyinfra's own error handling applies.
+``mktemp -d`` folder (in /dev/shm where it can be), printed in order once all ended: facts only
+read, and one after the other the host's answer took the sum of their times (3.2 s of a
+converged sandbox host's no-op run, most of it Python starting: ``pip list``, ``pip
+--version``, the stand-ins; README's *Tests and benchmarks*). A fact whose command failed,
+found its command missing or has a precondition is left out of the answer: the caller reads it
+alone, so pyinfra's own error handling applies.
 """
 
 from __future__ import annotations
