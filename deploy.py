@@ -17,8 +17,8 @@ fails saying so; the next run applies host data).
 
 from pyinfra import host, inventory, state
 
-from operations import (deploy_lock, fact_cache, fleet, link, planned_facts, roll, rollback,
-                        shipped_files)
+from operations import (call_order, deploy_lock, fact_cache, fleet, global_arguments, link,
+                        planned_facts, roll, rollback, shipped_files)
 from operations.driver_rollback import fail_if_rolled_back
 from operations.mlenv import mlenv
 from operations.nodes import node_role, nodes_env
@@ -38,6 +38,8 @@ roll.configure(the_fleet, {r: own_url(fleet_settings[r]) for r in the_fleet.rout
                fleet_settings)
 use_run_env()
 link.watch(state, host)
+call_order.install()
+global_arguments.install()
 fact_cache.install()
 shipped_files.install()
 planned_facts.install()

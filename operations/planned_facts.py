@@ -16,7 +16,8 @@ while executing each alone (a run that changes the host would otherwise read eve
 fact again after each change).
 
 The facts operations read while executing (pyinfra's own, as ``apt-mark showhold`` or the
-keyring's sha256) are recorded too, and read in the same command: on a host that changes
+keyring's sha256) are recorded too (written once, when pyinfra disconnects from the host at
+the run's end, not at each such reading), and read in the same command: on a host that changes
 nothing no command runs between planning and them, so they are answered from it. Recorded
 are readings by gpuhost's planning code (outside an operation's body: pyinfra's
 ``Host.in_op``, ``api/operation.py``; pyinfra 3.10) and readings in an operation's body while
@@ -44,7 +45,7 @@ from pyinfra import logger
 from pyinfra.api import FactBase, ShortFactBase
 from pyinfra.api import host as host_module
 from pyinfra.api.host import Host
-from pyinfra.api.state import StateStage
+from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.context import ctx_host
 
 from operations import fact_batch, fact_cache
@@ -61,6 +62,8 @@ _PREVIOUS = "_gpuhost_planned_previous"
 _BASELINE = "_gpuhost_planned_connector_arguments"
 #: Whether the host's record was announced in this run.
 _ANNOUNCED = "_gpuhost_planned_announced"
+#: Whether the host's operations read a fact while executing that its record does not hold yet.
+_UNSAVED = "_gpuhost_planned_unsaved"
 
 
 def record_dir() -> Path | None:
@@ -198,6 +201,7 @@ def _note(host: Host, key: str, entry: dict[str, Any] | None) -> bool:
 
 
 def _write(host: Host) -> None:
+    vars(host).pop(_UNSAVED, None)
     executing = vars(host).get(_EXECUTED) or vars(host).get(_PREVIOUS, [])
     path = record_path(host)
     if path is None:
@@ -217,10 +221,26 @@ def _write(host: Host) -> None:
                 os.unlink(out.name)
 
 
+class _SaveAtDisconnect(BaseStateCallback):
+    """Writes a host's record once more when pyinfra disconnects from it (at the end of the
+    run, ``pyinfra_cli/cli.py`` ``disconnect_all`` in its ``finally``; before a reboot), if its
+    operations read facts the record lacks: once, not at each of those readings."""
+
+    @staticmethod
+    def host_disconnect(state, host):
+        if vars(host).get(_UNSAVED):
+            _write(host)
+
+
 def save() -> None:
     """Write the current host's record: the facts its planning read in this run (and those
-    the last run's operations read while executing, until this run's read theirs)."""
-    _write(ctx_host.get())
+    the last run's operations read while executing, until this run's read theirs); the facts
+    its operations read while executing are written when the host is disconnected."""
+    target = ctx_host.get()
+    _write(target)
+    handlers = target.state.callback_handlers
+    if not any(isinstance(h, _SaveAtDisconnect) for h in handlers):
+        target.state.add_callback_handler(_SaveAtDisconnect())
 
 
 def install() -> None:
@@ -246,7 +266,7 @@ def install() -> None:
         elif executing and _BASELINE in vars(host) and vars(host)[_BASELINE] == \
                 fact_batch.connector_arguments(state, host, cls, args, kwargs):
             if _note(host, _EXECUTED, _entry(cls, args, kwargs)):
-                _write(host)
+                vars(host)[_UNSAVED] = True
         return read(state, host, cls, args=args, kwargs=kwargs, **rest)
 
     host_module.get_fact = get_fact

@@ -78,6 +78,18 @@ def test_a_fact_whose_command_fails_is_left_to_its_own_reading(local, tmp_path):
     assert values == {0: "no newline", 2: None, 3: "a\n"}
 
 
+def test_the_facts_of_a_batch_run_at_once(local, tmp_path):
+    flag = tmp_path / "flag"
+    # The first waits (at most 10 s) for a file the second makes: read one after the other,
+    # the first would find none and be left to its own reading.
+    wait = (f"i=0; while [ ! -e {flag} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; "
+            f"[ -e {flag} ] && echo seen")
+    values = fact_batch.read(local.state, local, [
+        (Command, {"command": wait}), (Command, {"command": f"touch {flag} && echo made"})], {})
+    assert values == {0: "seen", 1: "made"}
+    assert len(local.commands) == 1
+
+
 def test_the_first_announced_fact_read_reads_them_all_once_until_a_command_runs(local, tree):
     paths = [str(tree / "a.txt"), str(tree / "b.txt"), str(tree / "sub")]
     for path in paths:

@@ -65,7 +65,9 @@ def runs(monkeypatch, tmp_path):
 
 
 def reading(log: Path, what: str) -> str:
-    return f"echo r >> {log}; echo {what}-$(wc -l < {log})"
+    """A fact answering how often it was read (its own count: a batch reads its facts at once,
+    in no set order); every reading also counts in ``log``."""
+    return f"echo r >> {log}; echo r >> {log}.{what}; echo {what}-$(wc -l < {log}.{what})"
 
 
 def plan(state: State, target: Host, log: Path) -> list:
@@ -80,11 +82,12 @@ def plan(state: State, target: Host, log: Path) -> list:
 
 def test_the_next_run_reads_last_runs_planning_facts_in_one_command(runs, tmp_path):
     log = tmp_path / "reads"
-    assert plan(*runs(), log) == ["a-1", "b-2", "1 2"]
+    assert plan(*runs(), log) == ["a-1", "b-1", "1 2"]
     assert len(runs.calls) == 3
 
-    assert plan(*runs(), log) == ["a-3", "b-4", "1 2"]
+    assert plan(*runs(), log) == ["a-2", "b-2", "1 2"]
     assert len(runs.calls) == 1
+    assert len(log.read_text().splitlines()) == 4
 
 
 def test_the_record_names_facts_never_their_answers(runs, tmp_path):
@@ -102,9 +105,10 @@ def test_a_command_run_while_planning_drops_the_batched_answers(runs, tmp_path):
     plan(*runs(), log)
     state, target = runs()
     with ctx_state.use(state), ctx_host.use(target):
-        assert target.get_fact(Command, reading(log, "a")) == "a-3"
+        assert target.get_fact(Command, reading(log, "a")) == "a-2"
         assert target.run_shell_command(f"touch {tmp_path}/changed")[0]
-        assert target.get_fact(Command, command=reading(log, "b")) == "b-6"
+        assert target.get_fact(Command, command=reading(log, "b")) == "b-3"
+    assert len(log.read_text().splitlines()) == 6  # both read again, together
 
 
 @pytest.mark.parametrize("record", [
@@ -125,7 +129,7 @@ def test_a_record_that_is_not_a_list_of_facts_is_ignored(runs, tmp_path, record)
     path = planned_facts.record_path(target)
     path.parent.mkdir(parents=True)
     path.write_text(record)
-    assert plan(state, target, log) == ["a-1", "b-2", "1 2"]
+    assert plan(state, target, log) == ["a-1", "b-1", "1 2"]
     assert len(runs.calls) == 3
 
 
@@ -147,7 +151,7 @@ def test_executing_reads_nothing_from_the_record(runs, tmp_path):
     state, target = runs()
     state.current_stage = StateStage.Execute
     with ctx_state.use(state), ctx_host.use(target):
-        assert target.get_fact(Command, reading(log, "b")) == "b-3"
+        assert target.get_fact(Command, reading(log, "b")) == "b-2"
     assert len(runs.calls) == 1
     assert len(log.read_text().splitlines()) == 3
 
@@ -157,12 +161,12 @@ def test_after_a_change_while_executing_a_recorded_fact_is_read_alone(runs, tmp_
     plan(*runs(), log)
     state, target = runs()
     with ctx_state.use(state), ctx_host.use(target):
-        assert target.get_fact(Command, reading(log, "a")) == "a-3"
+        assert target.get_fact(Command, reading(log, "a")) == "a-2"
         state.current_stage = StateStage.Execute
-        assert target.get_fact(Command, command=reading(log, "b")) == "b-4"
+        assert target.get_fact(Command, command=reading(log, "b")) == "b-2"
         assert target.run_shell_command(f"touch {tmp_path}/changed")[0]
         runs.calls.clear()
-        assert target.get_fact(Command, reading(log, "a")) == "a-5"
+        assert target.get_fact(Command, reading(log, "a")) == "a-3"
     assert len(runs.calls) == 1
     assert len(log.read_text().splitlines()) == 5
 
@@ -184,20 +188,22 @@ def test_a_fact_an_operation_read_while_executing_is_read_with_the_planning_fact
     log = tmp_path / "reads"
     state, target = runs()
     plan(state, target, log)
-    assert execute(state, target, log) == "c-3"
+    assert execute(state, target, log) == "c-1"
+    target.disconnect()  # the end of the run (pyinfra_cli's disconnect_all)
 
     state, target = runs()
-    assert plan(state, target, log) == ["a-4", "b-5", "1 2"]
+    assert plan(state, target, log) == ["a-2", "b-2", "1 2"]
     assert len(runs.calls) == 1
-    assert execute(state, target, log) == "c-6"
+    assert execute(state, target, log) == "c-2"
     assert len(runs.calls) == 1
+    assert len(log.read_text().splitlines()) == 6
 
 
 def test_one_read_with_other_connector_arguments_is_not_recorded(runs, tmp_path):
     log = tmp_path / "reads"
     state, target = runs()
     plan(state, target, log)
-    assert execute(state, target, log, {"_chdir": str(tmp_path)}) == "c-3"
+    assert execute(state, target, log, {"_chdir": str(tmp_path)}) == "c-1"
     assert json.loads(planned_facts.record_path(target).read_text())["executing"] == []
 
 
@@ -216,7 +222,7 @@ def test_a_recorded_argument_the_fact_cannot_take_is_not_read(runs, tmp_path, pa
     kept = json.loads(record.read_text())
     kept["facts"].append({"fact": f"{FileLines.__module__}:FileLines", "arguments": {"path": path}})
     record.write_text(json.dumps(kept))
-    assert plan(*runs(), log) == ["a-3", "b-4", "1 2"]  # the others read in one command still
+    assert plan(*runs(), log) == ["a-2", "b-2", "1 2"]  # the others read in one command still
     assert len(runs.calls) == 1
 
 
@@ -226,7 +232,7 @@ def test_a_record_nested_past_pythons_stack_is_ignored(runs, tmp_path):
     path = planned_facts.record_path(target)
     path.parent.mkdir(parents=True)
     path.write_text('{"format": 1, "facts": ' + "[" * 100_000 + "]" * 100_000 + "}")
-    assert plan(state, target, log) == ["a-1", "b-2", "1 2"]
+    assert plan(state, target, log) == ["a-1", "b-1", "1 2"]
 
 
 def test_a_relative_xdg_cache_home_is_ignored(runs, tmp_path, monkeypatch):
@@ -244,9 +250,9 @@ def test_no_home_and_no_cache_folder_is_no_record(runs, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", "")
     monkeypatch.setattr(planned_facts.os.path, "expanduser", lambda path: path)
     monkeypatch.chdir(tmp_path)
-    assert plan(*runs(), tmp_path / "reads") == ["a-1", "b-2", "1 2"]
+    assert plan(*runs(), tmp_path / "reads") == ["a-1", "b-1", "1 2"]
     assert planned_facts.record_path(runs()[1]) is None
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["reads"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reads", "reads.a", "reads.b"]
 
 
 def test_a_record_that_cannot_be_written_leaves_nothing_half_written(runs, tmp_path,
@@ -256,7 +262,7 @@ def test_a_record_that_cannot_be_written_leaves_nothing_half_written(runs, tmp_p
 
     monkeypatch.setattr(planned_facts.os, "replace", full)
     state, target = runs()
-    assert plan(state, target, tmp_path / "reads") == ["a-1", "b-2", "1 2"]
+    assert plan(state, target, tmp_path / "reads") == ["a-1", "b-1", "1 2"]
     assert list(planned_facts.record_dir().iterdir()) == []
 
 
@@ -275,7 +281,28 @@ def test_a_record_that_is_a_fifo_is_ignored_without_waiting(runs, tmp_path):
     previous = signal.signal(signal.SIGALRM, hung)
     signal.alarm(10)
     try:
-        assert plan(state, target, tmp_path / "reads") == ["a-1", "b-2", "1 2"]
+        assert plan(state, target, tmp_path / "reads") == ["a-1", "b-1", "1 2"]
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_executing_readings_are_written_once_when_the_host_disconnects(runs, tmp_path,
+                                                                       monkeypatch):
+    log = tmp_path / "reads"
+    state, target = runs()
+    plan(state, target, log)
+    writes = []
+    write = planned_facts._write
+    monkeypatch.setattr(planned_facts, "_write", lambda host: (writes.append(host), write(host)))
+    execute(state, target, log)
+    execute(state, target, log, {"_chdir": str(tmp_path)})
+    assert writes == []
+    assert json.loads(planned_facts.record_path(target).read_text())["executing"] == []
+    target.disconnect()
+    assert writes == [target]
+    assert [e["arguments"] for e in json.loads(
+        planned_facts.record_path(target).read_text())["executing"]] == [
+        {"command": reading(log, "c")}]
+    target.disconnect()
+    assert writes == [target]  # nothing new to write
