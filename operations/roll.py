@@ -7,10 +7,12 @@ Per roll position k, in this order (operations at these lines, ``_if`` read when
 1. ``turn``: on each host of position k: the roll stopped (a host of an earlier position
    failed) or a router host is out of the run: this host fails, its server untouched and
    serving (a restart now could drop requests or leave the fleet short);
-2. ``leave``: on each router host: ``DELETE /workers/{id}`` of each host of position k, then
-   waited for until the router lists it no more: smg drains it (``"status": "draining"``, no
-   new requests) until its in-flight requests are done, bounded by ``gpuhost_roll_drain_timeout``
-   (operations/files/router_membership.py);
+2. ``leave``: on each host of position k, for each router: ``DELETE /workers/{id}`` of this
+   host, then waited for until the router lists it no more: smg drains it (``"status":
+   "draining"``, no new requests) until its in-flight requests are done, bounded by
+   ``gpuhost_roll_drain_timeout`` (operations/files/router_membership.py, run on the router
+   host over that host's own connection, :func:`_membership`: a router host that serves no
+   model plans no position, and one that serves is itself a host of some position);
 3. what earlier stages left to the host's turn (:func:`in_turn`): on a host whose server
    runs, a driver change (the server stopped, the packages, the reboot, the driver's check:
    operations/nvidia.py) and a P2P measurement (it stops the server: operations/p2p.py) wait
@@ -18,8 +20,9 @@ Per roll position k, in this order (operations at these lines, ``_if`` read when
    stages run;
    ``restart``: the server of each host of position k restarts;
 4. ``gate``: the health gate (operations/server.py ``serving``) on it;
-5. ``join``: on each router host: ``POST /workers`` of each host of position k that passed,
-   waited for until the router lists it healthy.
+5. ``join``: on each host of position k that passed, for each router: ``POST /workers`` of
+   this host, waited for until the router lists it healthy (as ``leave``; a host that failed
+   its gate runs nothing more, and stays out).
 
 Why the positions run one after the other: pyinfra plans the deploy file host by host, then
 executes operation by operation, each on every host that has it, and orders operations by a DAG
@@ -47,8 +50,8 @@ from typing import Final
 
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import OperationMeta
-from pyinfra.operations import files
 
 from operations import LIB_DIR, REPO_ROOT, remote
 from operations.fleet import Fleet
@@ -205,22 +208,40 @@ def turn(k: int):
 
 
 @operation(is_idempotent=False)
-def membership(action: str, router: str, k: int, timeout: int):
-    """``leave`` or ``join`` the router, on a router host, for each host of position ``k``
-    (router_membership.py; ``join`` for those that passed). Read when it runs: while planning
-    the positions are not known yet."""
-    if not state.is_executing:
-        return
-    for url in _urls_at(k):
-        yield StringCommand("python3", SCRIPT, action, "--router", router, "--url", url,
-                            "--timeout", str(timeout))
+def membership(action: str, timeout: int):
+    """``leave`` or ``join`` every router, for this host (:func:`_membership`)."""
+    yield FunctionCommand(_membership, (action, timeout), {})
 
 
-def _urls_at(k: int) -> tuple[str, ...]:
-    failed = {h.name for h in state.failed_hosts}
-    urls = ROLL.urls.get(host.name, {})
-    # a host that failed its turn never left; one that failed its gate stays out
-    return tuple(urls[n] for n in _at(k) if n in urls and n not in failed)
+@remote.callback("the roll's router membership")
+def _membership(state, host, action: str, timeout: int) -> bool:
+    """router_membership.py ``action`` for this host's URL, on each router host over that
+    host's own connection (sent there first: a router host that serves no model plans no
+    position, so the script goes with the call). A router host whose link drops fails this
+    host, not the router host's own connection handling (remote.callback would close this
+    host's)."""
+    script = str(REPO_ROOT / "operations/files/router_membership.py")
+    for router, own_url in ROLL.routers.items():
+        url = ROLL.urls.get(router, {}).get(host.name)
+        if not url:
+            continue
+        target = state.inventory.get_host(router)
+        command = StringCommand("python3", SCRIPT, action, "--router", own_url, "--url", url,
+                                "--timeout", str(timeout))
+        try:
+            remote.put(target, script, SCRIPT)
+            ok, out = remote.shell(target, command, timeout=timeout + remote.POLL_TIMEOUT_S)
+        except remote.ConnectionLost as exc:
+            raise OperationError(f"connection to the router host {router} lost ({exc})") \
+                from None
+        for line in out.stdout_lines:
+            logger.info(f"{host.print_prefix}Roll: on {router}: {line}")
+        for line in out.stderr_lines if ok else ():
+            logger.warning(f"{host.print_prefix}Roll: on {router}: {line}")
+        if not ok:
+            said = (out.stderr_lines or out.stdout_lines or ["said nothing"])[-1]
+            raise OperationError(f"the router on {router}: {action} of {url} failed: {said}")
+    return True
 
 
 def rolled_restart(unit: str, must_restart: Callable[[], bool], expected: bool,
@@ -242,11 +263,6 @@ def rolled_restart(unit: str, must_restart: Callable[[], bool], expected: bool,
     # what waits for the turn restarts the server: the host must have one
     ROLL.restarts[name] = lambda: bool(turns) or must_restart()
     ROLL.expected[name] = bool(turns) or expected
-    router = ROLL.routers.get(name)
-    if router:
-        files.put(name="Ship router_membership.py",
-                  src=str(REPO_ROOT / "operations/files/router_membership.py"),
-                  dest=SCRIPT, mode="644", create_remote_dir=False)
     if set(ROLL.expected) >= set(ROLL.hosts) & _active():
         going = [n for n in ROLL.hosts if ROLL.expected.get(n)]
         if going:
@@ -257,14 +273,12 @@ def rolled_restart(unit: str, must_restart: Callable[[], bool], expected: bool,
         mine = lambda k=k: name in _at(k)  # noqa: E731
         turn(name=f"Roll position {k + 1}: this host's turn", k=k, _if=mine)
         membership(name=f"Roll position {k + 1}: out of the router, drained",
-                   action="leave", router=router or "", k=k, timeout=ROLL.drain_timeout,
-                   _if=lambda k=k: bool(router and _urls_at(k)))
+                   action="leave", timeout=ROLL.drain_timeout, _if=mine)
         for t in turns:
             t.plan(mine)
         restarts.append(restart(name=f"Roll position {k + 1}: restart {unit}", unit=unit,
                                 _if=mine))
         gate(_if=mine)
         membership(name=f"Roll position {k + 1}: back in the router, healthy",
-                   action="join", router=router or "", k=k, timeout=ROLL.join_timeout,
-                   _if=lambda k=k: bool(router and _urls_at(k)))
+                   action="join", timeout=ROLL.join_timeout, _if=mine)
     return restarts

@@ -235,7 +235,6 @@ def _planned_roll(monkeypatch, name: str, must_restart: bool, turns: list):
 
     monkeypatch.setattr(roll, "turn", record)
     monkeypatch.setattr(roll, "membership", record)
-    monkeypatch.setattr(roll.files, "put", record)
     state_ctx, host_ctx = _on(name)
     with state_ctx, host_ctx:
         for label in turns:
@@ -288,3 +287,56 @@ def test_a_rolled_back_driver_stops_the_roll_after_its_host(monkeypatch, caplog)
                                   1) is False
     assert ("Roll: stopped (gpu2: driver 580.105.08 failed its checks after the reboot; "
             "rolled back): gpu3 not restarted") in caplog.text
+
+
+class Out:
+    def __init__(self, stdout=(), stderr=()):
+        self.stdout_lines, self.stderr_lines = list(stdout), list(stderr)
+
+
+def _membership_on(monkeypatch, answer):
+    """_membership for gpu3 with the router host's connection faked: what was sent there."""
+    configured(monkeypatch, set())
+    sent = []
+    router_host = SimpleNamespace(name="gpu1")
+    monkeypatch.setattr(roll.remote, "put", lambda h, src, dest: sent.append(("put", h, dest)))
+
+    def shell(h, command, timeout):
+        sent.append(("shell", h, str(command)))
+        return answer()
+
+    monkeypatch.setattr(roll.remote, "shell", shell)
+    state = SimpleNamespace(inventory=SimpleNamespace(get_host=lambda n: router_host))
+    me = SimpleNamespace(name="gpu3", print_prefix="[gpu3] ")
+    return roll._membership.__wrapped__, state, me, sent, router_host
+
+
+def test_leave_runs_on_the_router_host_over_its_own_connection(monkeypatch, caplog):
+    caplog.set_level("INFO")
+    run, state, me, sent, router_host = _membership_on(
+        monkeypatch, lambda: (True, Out(["router: http://10.0.0.3:8000 drained and out"])))
+    assert run(state, me, "leave", 30) is True
+    assert sent[0] == ("put", router_host, roll.SCRIPT)
+    assert sent[1] == ("shell", router_host, "python3 /opt/gpuhost/lib/router_membership.py "
+                       "leave --router http://127.0.0.1:30100 --url http://10.0.0.3:8000 "
+                       "--timeout 30")
+    assert "[gpu3] Roll: on gpu1: router: http://10.0.0.3:8000 drained and out" in caplog.text
+
+
+def test_a_failed_leave_fails_this_host_saying_the_routers_words(monkeypatch):
+    run, state, me, _, _ = _membership_on(
+        monkeypatch, lambda: (False, Out([], ["router answered 503"])))
+    with pytest.raises(roll.OperationError, match="the router on gpu1: join of "
+                       "http://10.0.0.3:8000 failed: router answered 503"):
+        run(state, me, "join", 30)
+
+
+def test_the_router_hosts_lost_link_fails_this_host_not_its_connection(monkeypatch):
+    def lost():
+        raise roll.remote.ConnectionLost("no answer for 90 s")
+
+    run, state, me, _, _ = _membership_on(monkeypatch, lost)
+    with pytest.raises(roll.OperationError, match="connection to the router host gpu1 lost") \
+            as caught:
+        run(state, me, "leave", 30)
+    assert not isinstance(caught.value, roll.remote.ConnectionLost)

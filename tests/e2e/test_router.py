@@ -253,14 +253,16 @@ def test_a_run_registers_again_workers_the_router_lost_after_their_hosts_reboote
     assert router_workers(fleet) == every_worker(fleet)
 
 
-def rolling_deploy(fleet: Fleet, inventory: str) -> tuple[lab.Run, dict]:
-    """A deploy while a client on gpu3 sends requests through the router (lab addresses only,
-    bounded: 20000 requests, 480 s), stopped when the deploy ends; its counts."""
-    client = fleet.hosts[2]
+def rolling_deploy(fleet: Fleet, inventory: str, client=None,
+                   seconds: int = 480) -> tuple[lab.Run, dict]:
+    """A deploy while a client (on gpu3 unless ``client`` says which host) sends requests
+    through the router (lab addresses only, bounded: 20000 requests, ``seconds``), stopped
+    when the deploy ends; its counts."""
+    client = client or fleet.hosts[2]
     url = f"http://{fleet.switch[ROUTER_HOST]}:{ROUTER_PORT}"
     client.ssh(f"rm -f /tmp/client.stop /tmp/roll-client.out; cat > /tmp/client.py "
                f"<<'EOF'\n{CLIENT}\nEOF")
-    client.ssh(f"nohup python3 /tmp/client.py {url} {fleet.router_key} 20000 480 0.05 "
+    client.ssh(f"nohup python3 /tmp/client.py {url} {fleet.router_key} 20000 {seconds} 0.05 "
                "> /tmp/roll-client.out 2>&1 < /dev/null &")
     time.sleep(2)
     run = lab.deploy(inventory=inventory)
@@ -280,35 +282,22 @@ def backend(h) -> str | None:
         else None
 
 
-class NotTakenOut(AssertionError):
-    """The router host did not take a host of the roll out (and back in)."""
-
-
-#: The router host, serving no model, plans none of the roll's leave and join: they are planned
-#: per position in the server stage (operations/roll.py rolled_restart, called by server.py),
-#: which a CPU-only host does not run, and pyinfra orders an operation of its own by its own
-#: short sequence (State.get_op_order), not between a position's restart and gate.
-NO_LEAVE_JOIN = pytest.mark.xfail(
-    strict=True, raises=NotTakenOut,
-    reason="a CPU-only router host takes no host out of the router during the roll yet")
-
-
 def took_out_and_back(run: lab.Run, positions: int) -> None:
-    """Each position's leave and join ran on the router host (pyinfra's lines under those
-    operations); NotTakenOut where one did not."""
+    """Each position's host (gpu1, gpu2, gpu3 in that order) was taken out of the router on
+    gpu4 and put back in: the router's own words, through each host's leave and join."""
     for k in range(1, positions + 1):
-        for step in ("out of the router, drained", "back in the router, healthy"):
+        for step, said in (("out of the router, drained", "drained and out"),
+                           ("back in the router, healthy", "back in, healthy")):
             section = run.output.partition(f"Roll position {k}: {step}")[2].partition(
                 "--> Starting operation")[0]
-            if f"[{ROUTER_HOST}] Success" not in section:
-                raise NotTakenOut(f"position {k}: {step}: not run on {ROUTER_HOST}")
+            assert f"[gpu{k}] Roll: on {ROUTER_HOST}: router: " in section and said in \
+                section, (k, step, section[-2000:])
 
 
 def server_pids(fleet: Fleet) -> dict[str, int]:
     return {h.name: h.main_pid("sglang.service") for h in fleet.hosts[:3]}
 
 
-@NO_LEAVE_JOIN
 def test_a_flag_change_rolls_one_host_at_a_time_without_a_failed_request(fleet, tmp_path):
     fleet.extra = {"gpuhost_moe_runner_backend": "flashinfer_cutedsl",
                    "gpuhost_router_wait_timeout": 30}
@@ -338,7 +327,6 @@ def test_a_flag_change_rolls_one_host_at_a_time_without_a_failed_request(fleet, 
     took_out_and_back(run, 3)
 
 
-@NO_LEAVE_JOIN
 def test_a_lock_upgrade_rolls_one_host_at_a_time_without_a_failed_request(fleet, tmp_path):
     # another lock digest, the same distributions (tests/e2e/test_rollback.py's relocked): each
     # host builds the new venv beside the serving one, then restarts on it in the roll
@@ -365,7 +353,49 @@ def test_a_lock_upgrade_rolls_one_host_at_a_time_without_a_failed_request(fleet,
     took_out_and_back(run, 3)
 
 
-@NO_LEAVE_JOIN
+def driver(h) -> str:
+    """The loaded driver's version, as nvidia-smi says it (one line per GPU, all alike)."""
+    return set(h.ssh("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+               .split()).pop()
+
+
+def test_a_driver_upgrade_rolls_one_host_at_a_time_without_a_failed_request(fleet, tmp_path):
+    """A driver change (the sandbox repository's other 580 driver; the fleet has the newest)
+    reboots each serving host in its turn, out of the router: a client on the router host,
+    which serves no model and does not reboot, sees no failed request; after the reboots the
+    router lists all three again, from its own list."""
+    fleet.extra = {**fleet.extra, "gpuhost_driver_version": "580.95.05",
+                   "gpuhost_allow_driver_change": True}
+    inventory = write_inventory(tmp_path / "inventory.py", KEY_FILE, ROUTER_KEY_FILE,
+                                fleet.extra)
+    boots = {h.name: h.ssh("cat /proc/sys/kernel/random/boot_id") for h in fleet.hosts}
+    dry = lab.deploy("--dry", inventory=inventory)
+    assert dry.returncode == 0, dry.output[-6000:]
+    for name in SERVING:
+        assert f"[{name}] NVIDIA: the driver changes in this host's turn of the roll" in \
+            dry.output, dry.output[-6000:]
+    assert "Roll (planned): servers restart 1 at a time" in dry.output and \
+        "1. gpu1; 2. gpu2; 3. gpu3" in dry.output, dry.output[-6000:]
+    assert "the router runs here" not in dry.output  # gpu4 serves nothing: no reboot there
+    run, client = rolling_deploy(fleet, inventory, client=fleet.hosts[3], seconds=1200)
+    assert run.returncode == 0, run.output[-8000:]
+    assert client["failed"] == 0 and client["ok"] > 20, client
+    took_out_and_back(run, 3)
+    after = {h.name: h.ssh("cat /proc/sys/kernel/random/boot_id") for h in fleet.hosts}
+    assert [n for n in after if after[n] != boots[n]] == list(SERVING), (boots, after)
+    assert {h.name: driver(h) for h in fleet.hosts[:3]} == dict.fromkeys(SERVING, "580.95.05")
+    # one host at a time: each server started on its new driver after the one before
+    started = [int(h.ssh("date -d \"$(systemctl show -p ExecMainStartTimestamp --value "
+                         "sglang.service)\" +%s")) for h in fleet.hosts[:3]]
+    assert started == sorted(started) and len(set(started)) == 3, started
+    assert router_workers(fleet) == every_worker(fleet)
+    fleet.inventory = inventory
+    pids = server_pids(fleet)
+    again = lab.deploy(inventory=inventory)
+    assert again.returncode == 0 and server_pids(fleet) == pids, again.output[-6000:]
+    assert "Roll:" not in again.output, again.output[-6000:]
+
+
 def test_a_failed_upgrade_stops_the_roll_and_the_rest_keeps_serving(fleet, tmp_path):
     # gpu2's stand-in dies at start with the cutlass MoE runner backend (sandbox scenario)
     fleet.hosts[1].ssh("python3 - <<'EOF'\nimport json\np = '/etc/gpuhost-sandbox/hardware.json'\n"
@@ -391,6 +421,4 @@ def test_a_failed_upgrade_stops_the_roll_and_the_rest_keeps_serving(fleet, tmp_p
         run.output[-8000:]
     assert backend(fleet.hosts[1]) == "flashinfer_cutedsl"
     workers = router_workers(fleet)
-    if workers == every_worker(fleet):  # gpu2 never taken out
-        raise NotTakenOut(f"gpu2 failed its gate and is still listed: {workers}")
     assert workers == every_worker(fleet, ("gpu1", "gpu3")), workers
