@@ -928,6 +928,10 @@ def driver_change(settings: Settings, plan: DriverPlan, packages: list[str],
             gpu_count=settings.gpu_count, failure_of=driver_failure,
             _if=[*only, rebooted.did_change])
     if when:
+        # apt-get's --allow-change-held-packages leaves the new packages unheld: the stage's
+        # hold ran before them (seen on the sandbox: the next run held them again)
+        held(name="Hold the changed driver packages", packages=[*packages, module_package],
+             _if=only)
         systemd.service(name=f"Enable {SERVER_UNIT} again (the roll restarts it)",
                         service=SERVER_UNIT, running=False, enabled=True, _if=only)
 
