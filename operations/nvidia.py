@@ -734,9 +734,10 @@ def nvidia(settings: Settings):
     driver's packages install.
     The server unit is stopped before the driver packages change, the host is rebooted
     before the server stage runs (on a rolling host whose server runs, all of it waits for the
-    host's turn in the roll instead: :func:`driver_change`, operations/roll.py), and a drop-in (templates/sglang-driver-gate.conf) keeps the
-    unit from starting while nvidia-smi fails (no driver, or a driver/library version
-    mismatch), so that no server runs across a driver change.
+    host's turn in the roll instead: :func:`driver_change`, operations/roll.py), and a drop-in
+    (templates/sglang-driver-gate.conf) keeps the unit from starting while nvidia-smi fails (no
+    driver, or a driver/library version mismatch), so that no server runs across a driver
+    change.
     """
     meta = fact(LinuxDistribution).get("release_meta", {})
     try:

@@ -186,8 +186,8 @@ def p2p(settings: Settings):
     platform = fact(Platform)
     logger.info(f"{prefix}P2P platform: {platform.describe()}")
     record_text = fact(FileText, path=RECORD)
-    _, line, warnings = plan(fact(NvidiaDriver), record_text, settings.p2p_override,
-                             settings.p2p_remeasure)
+    needed, line, warnings = plan(fact(NvidiaDriver), record_text, settings.p2p_override,
+                                  settings.p2p_remeasure)
     logger.info(f"{prefix}{line}")
     record = _load(record_text) or {}
     if warnings:
@@ -198,8 +198,6 @@ def p2p(settings: Settings):
         files.put(name=f"Ship {name.split('/')[-1]}", src=str(REPO_ROOT / "operations" / name),
                   dest=f"{LIB_DIR}/{name.split('/')[-1]}", mode="644",
                   create_remote_dir=False)  # the folder is the operation above
-    needed, _, _ = plan(fact(NvidiaDriver), record_text, settings.p2p_override,
-                        settings.p2p_remeasure)
 
     def measure(when=None):
         return measured(name="Measure P2P between GPUs", venv=stack_venv(settings.lock_path),

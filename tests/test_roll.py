@@ -63,12 +63,17 @@ def test_no_router_no_roll():
     assert not roll.rolls("gpu1") and not roll.rolls("gpu2")
 
 
-def test_a_cpu_only_router_host_is_in_no_position_and_its_workers_roll(monkeypatch):
+def cpu_only_router() -> None:
+    """A fresh roll of gpu1 and gpu2 behind a router host that serves no model."""
     s = {"gpu1": gated("10.0.0.1"), "gpu2": gated("10.0.0.2"),
          "router": settings("router", serving=False, fleet_address="10.0.0.9")}
     planned = fleet.plan([("gpu1", []), ("gpu2", []), ("router", ["gpuhost_router"])], s)
     roll.configure(fleet.Fleet((), {}), {}, s)
     roll.configure(planned, {"router": "http://127.0.0.1:8100"}, s)
+
+
+def test_a_cpu_only_router_host_is_in_no_position_and_its_workers_roll(monkeypatch):
+    cpu_only_router()
     assert roll.ROLL.hosts == ("gpu1", "gpu2") and not roll.rolls("router")
     assert roll.ROLL.routers == {"router": "http://127.0.0.1:8100"}
     assert roll.ROLL.urls == {"router": {"gpu1": "http://10.0.0.1:8000",
@@ -77,11 +82,7 @@ def test_a_cpu_only_router_host_is_in_no_position_and_its_workers_roll(monkeypat
 
 
 def test_a_router_host_out_of_the_run_stops_the_roll_when_it_serves_no_model(monkeypatch):
-    s = {"gpu1": gated("10.0.0.1"), "gpu2": gated("10.0.0.2"),
-         "router": settings("router", serving=False, fleet_address="10.0.0.9")}
-    planned = fleet.plan([("gpu1", []), ("gpu2", []), ("router", ["gpuhost_router"])], s)
-    roll.configure(fleet.Fleet((), {}), {}, s)
-    roll.configure(planned, {"router": "http://127.0.0.1:8100"}, s)
+    cpu_only_router()
     monkeypatch.setattr(roll, "_active", lambda: {"gpu1", "gpu2"})  # --limit gpu1,gpu2
     roll.ROLL.restarts.update(gpu1=lambda: True, gpu2=lambda: True)
     errors = []
