@@ -98,6 +98,33 @@ def build_parallelism(
 #: script, with exit status 0 and no output (a shell runs a file execve(2) refuses with ENOEXEC
 #: as a script of its own: POSIX, XCU 2.9.1.1 "Command Search and Execution").
 _PYTHON_OK: Final = "gpuhost-venv-python-ok"
+#: Run by the venv's python: "pip intact" where every file pip's RECORD lists with a hash is
+#: there with that sha256 (the wheel format, PEP 376/PEP 627: ``path,sha256=<urlsafe base64,
+#: no padding>,size``; bytecode under ``__pycache__`` aside, python rewrites it). A disk that
+#: filled while pip was written leaves a file short or missing; where all are whole, ``pip
+#: --version`` would run (starting it took 0.55 s of a sandbox host's CPU at each no-op run,
+#: README's *Tests and benchmarks*), and where any is not, ``pip --version`` is run to say why.
+_PIP_INTACT: Final = (
+    "import base64, hashlib, importlib.metadata as m\n"
+    "try:\n"
+    "    files = m.distribution('pip').files\n"
+    "except m.PackageNotFoundError:\n"
+    "    files = None\n"
+    "whole = bool(files)\n"
+    "for f in files or ():\n"
+    "    if f.hash is None or '__pycache__' in f.parts:\n"
+    "        continue\n"
+    "    try:\n"
+    "        data = f.locate().read_bytes()\n"
+    "    except OSError:\n"
+    "        whole = False\n"
+    "        break\n"
+    "    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()\n"
+    "    if f.hash.mode != 'sha256' or digest != f.hash.value:\n"
+    "        whole = False\n"
+    "        break\n"
+    "print('pip intact' if whole else 'pip not whole')\n"
+)
 
 
 class VenvRuns(FactBase[VenvHealth]):
@@ -116,6 +143,10 @@ class VenvRuns(FactBase[VenvHealth]):
 
     @override
     def command(self, venv: str) -> str:
+        return self._shell(venv, runs=True)
+
+    @staticmethod
+    def _shell(venv: str, runs: bool) -> str:
         q = shlex.quote(venv)
         last = "printf '%s\\n' \"$out\" | tail -n 1 | cut -c1-300"
         kind = ("k() { if [ -d \"$1\" ]; then echo folder; elif [ -f \"$1\" ]; then echo file; "
@@ -132,6 +163,7 @@ class VenvRuns(FactBase[VenvHealth]):
             "echo \"entries $(LC_ALL=C ls -1Aq \"$v\" | wc -l)\"; "
             f"LC_ALL=C ls -1Aq \"$v\" | head -n {MAX_ENTRIES} | sed 's/^/entry /'; "
             "if [ -f \"$v/pyvenv.cfg\" ]; then echo venv yes; else echo venv no; fi; "
+            + ("" if runs else "echo state unchecked; exit 0; ") +
             "if [ ! -e \"$p\" ] && [ ! -L \"$p\" ]; then "
             "if [ -f \"$v/pyvenv.cfg\" ]; then echo state broken; echo 'why it has no bin/python'; "
             "else echo state absent; fi; exit 0; fi; "
@@ -139,6 +171,8 @@ class VenvRuns(FactBase[VenvHealth]):
             f"if [ \"$out\" != {_PYTHON_OK} ]; then echo state broken; "
             "if [ -z \"$out\" ]; then echo \"why bin/python printed nothing (exit $rc)\"; "
             f"else echo \"why bin/python exited $rc: $({last})\"; fi; exit 0; fi; "
+            f"out=$(\"$p\" -I -c {shlex.quote(_PIP_INTACT)} 2>&1 </dev/null); "
+            "if [ \"$out\" = 'pip intact' ]; then echo state ok; exit 0; fi; "
             "out=$(\"$p\" -m pip --version --disable-pip-version-check 2>&1 </dev/null); rc=$?; "
             "if [ $rc -eq 0 ] && printf '%s\\n' \"$out\" | grep -q '^pip '; then echo state ok; "
             f"else echo state broken; echo \"why pip exited $rc: $({last})\"; fi"
@@ -162,7 +196,7 @@ class VenvRuns(FactBase[VenvHealth]):
             elif key in keys:
                 text[keys[key]] = value if key == "target" else value.strip()
         if (text["found"] not in ("missing", "folder", "file", "link", "other")
-                or text["state"] not in ("absent", "ok", "broken")):
+                or text["state"] not in ("absent", "ok", "broken", "unchecked")):
             raise FactProcessError(f"venv check: cannot read {output[:3]!r}")
         return VenvHealth(found=text["found"], target=text["target"],
                           target_found=text["target_found"], above=text["above"],
@@ -170,15 +204,44 @@ class VenvRuns(FactBase[VenvHealth]):
                           is_venv=is_venv, state=text["state"], why=text["why"])
 
 
+#: Run by the venv's python (``-I``: its own site-packages alone, neither PYTHONPATH nor a user
+#: site): what ``pip list --format=json`` prints, without starting pip. pip 26.3's importlib
+#: backend (``pip/_internal/metadata/importlib/_envs.py``, ``_DistributionFinder``) walks
+#: sys.path in order, skips a location that is a wheel file and a distribution without a name
+#: (BadMetadata), keeps the first of each canonical name; ``pip list`` then leaves out
+#: ``stdlib_pkgs`` (``metadata/base.py``: python, wsgiref, argparse). Legacy ``.egg-link``
+#: editables (setuptools' ``develop``) are not followed: gpuhost installs none.
+_LIST_DISTRIBUTIONS: Final = (
+    "import importlib.metadata as m, json, os, re, sys\n"
+    "seen, out = set(), []\n"
+    "for location in sys.path:\n"
+    "    if location.endswith('.whl') and os.path.isfile(location):\n"
+    "        continue\n"
+    "    for d in m.distributions(path=[location]):\n"
+    "        name = d.metadata['Name']\n"
+    "        key = re.sub(r'[-_.]+', '-', name).lower() if isinstance(name, str) else ''\n"
+    "        if not key or key in seen:\n"
+    "            continue\n"
+    "        seen.add(key)\n"
+    "        if key not in ('python', 'wsgiref', 'argparse'):\n"
+    "            out.append({'name': name, 'version': d.metadata['Version'] or ''})\n"
+    "print(json.dumps(out))\n"
+)
+
+
 class VenvPackages(FactBase[dict[str, str]]):
-    """Distributions installed in a venv, by canonical name (``pip list --format=json``).
+    """Distributions installed in a venv, by canonical name, as ``pip list --format=json``
+    gives them (read by the venv's own python from the distributions' metadata: starting pip
+    took 0.67 s of a sandbox host's CPU at each no-op run, README's *Tests and benchmarks*).
 
     .. code:: python
 
         {"torch": "2.9.1+cu128", "sglang": "0.5.9"}
 
     pyinfra's PipPackages drops versions with a local part such as ``+cu128``; this does not.
-    Empty where the venv does not exist yet. Read only where VenvRuns says its pip runs.
+    A version is normalised as pip prints it (``str(Version(...))``, the raw string where it
+    does not parse: pip's ``format_for_json``). Empty where the venv does not exist yet. Read
+    only where VenvRuns says its pip runs.
     """
 
     default = dict
@@ -189,18 +252,36 @@ class VenvPackages(FactBase[dict[str, str]]):
 
     @override
     def command(self, venv: str) -> str:
-        return (f"{shlex.quote(venv)}/bin/python -m pip list --format=json "
-                "--disable-pip-version-check --no-python-version-warning 2>/dev/null")
+        return (f"{shlex.quote(venv)}/bin/python -I -c {shlex.quote(_LIST_DISTRIBUTIONS)} "
+                "2>/dev/null")
 
     @override
     def process(self, output: list[str]) -> dict[str, str]:
         from packaging.utils import canonicalize_name
+        from packaging.version import InvalidVersion
+
+        def printed(version: str) -> str:
+            try:
+                return str(Version(version))
+            except InvalidVersion:
+                return version
 
         try:
             listed = json.loads("\n".join(output))
-            return {canonicalize_name(d["name"]): d["version"] for d in listed}
+            return {canonicalize_name(d["name"]): printed(d["version"]) for d in listed}
         except (ValueError, KeyError, TypeError) as exc:
-            raise FactProcessError(f"pip list: cannot read {output[:3]!r}") from exc
+            raise FactProcessError(f"venv distributions: cannot read {output[:3]!r}") from exc
+
+
+class VenvAt(VenvRuns):
+    """What is at a venv's path, as :class:`VenvRuns` reads it, its python and pip not started
+    (state "unchecked" where a folder is there): for the link at gpuhost_venv_path, which points
+    at a venv whose own reading starts them (pip alone took 0.55 s of a sandbox host's CPU at
+    each no-op run, README's *Tests and benchmarks*)."""
+
+    @override
+    def command(self, venv: str) -> str:
+        return self._shell(venv, runs=False)
 
 
 def drift(installed: dict[str, str], wanted: dict[str, str]) -> dict[str, tuple[str | None, str]]:
@@ -341,6 +422,10 @@ class VenvPython(FactBase[str | None]):
 
     @override
     def command(self, venv: str) -> str:
+        return self._shell(venv, runs=True)
+
+    @staticmethod
+    def _shell(venv: str, runs: bool) -> str:
         q = shlex.quote(venv)
         version = "import sys; print('%d.%d' % sys.version_info[:2])"
         # a venv's python that does not run (see VenvRuns) is recreated from python3
@@ -364,6 +449,10 @@ class VenvTorchCuda(FactBase[str | None]):
 
     @override
     def command(self, venv: str) -> str:
+        return self._shell(venv, runs=True)
+
+    @staticmethod
+    def _shell(venv: str, runs: bool) -> str:
         q = shlex.quote(venv)
         return (f"if [ -x {q}/bin/python ]; then {q}/bin/python -c "
                 "\"import torch; print(torch.version.cuda)\" 2>/dev/null || true; fi")
@@ -473,7 +562,8 @@ def mlenv(settings: Settings):
     venv = stack_venv(settings.lock_path)
     health = fact(VenvRuns, venv=venv)
     problem = (venv_path_problem(venv, health)
-               or link_problem(settings.venv_path, fact(VenvRuns, venv=settings.venv_path)))
+               or link_problem(settings.venv_path,
+                               fact(VenvAt, venv=settings.venv_path)))
     if problem:
         # nothing of the stage is planned: its operations would make or fill that venv
         refuse("ML venv", problem)

@@ -32,8 +32,9 @@ class VenvHealth(TypedDict):
     + entries, entry_count: a folder's entries (``ls -A``, sorted, nongraphic characters as
       ``?``; at most :data:`MAX_ENTRIES`) and how many it has in all
     + is_venv: whether pyvenv.cfg is there (only a venv is ever cleared)
-    + state: "absent" (no bin/python and no pyvenv.cfg), "ok" (its python and its pip both
-      answer) or "broken"; ``why`` says what failed
+    + state: "absent" (no bin/python and no pyvenv.cfg), "ok" (its python answers, and its
+      pip's files are whole or ``pip --version`` answers), "broken" (``why`` says what
+      failed), or "unchecked" where they were not started (``VenvAt``)
     """
 
     found: str

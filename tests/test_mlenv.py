@@ -1,12 +1,15 @@
 """Build parallelism for flash-attn, drift between a venv and its lock, the venv's Python
 against the one the lock was resolved for."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from operations.lock import read_lock
-from operations.mlenv import BuildError, build_parallelism, drift, pip_index_args, python_problem
+from operations.mlenv import (BuildError, VenvPackages, build_parallelism, drift, pip_index_args,
+                              python_problem)
 
 
 @pytest.mark.parametrize(
@@ -92,3 +95,24 @@ def test_python_problem_names_both_versions_and_what_to_do():
     assert "'#: python-version = 3.11', then python tools/lock.py <stack>" in fresh
     made = python_problem(lock, "locks/cuda12.8.txt", "3.10", "/opt/gpuhost/venv", True)
     assert "the venv /opt/gpuhost/venv was made with Python 3.10: remove it" in made
+
+
+def test_venv_packages_read_as_pip_list_reads_them(tmp_path):
+    """The fact's script and pip 26's own ``pip list --format=json``, both on a real venv made
+    here (pip and a distribution with a local version and one with an unnormalised version)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    for name, version in (("Torch_Stand-In", "2.9.1+cu128"), ("Old.Style", "3.05.1-rc1")):
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    fact = VenvPackages()
+    script = subprocess.run(fact.command(str(venv)), shell=True, check=True, text=True,
+                            capture_output=True).stdout.splitlines()
+    pip = subprocess.run([f"{venv}/bin/python", "-m", "pip", "list", "--format=json",
+                          "--disable-pip-version-check"], check=True, text=True,
+                         capture_output=True).stdout.splitlines()
+    assert fact.process(script) == fact.process(pip)
+    assert fact.process(script)["old-style"] == "3.5.1rc1"
+    assert fact.process(script)["torch-stand-in"] == "2.9.1+cu128" and "pip" in fact.process(pip)

@@ -5,6 +5,8 @@ commands run through (operations/files/no_space.py), and the model download runn
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import subprocess
 import sys
 import textwrap
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from operations.files import no_space
-from operations.mlenv import VenvPython, VenvRuns
+from operations.mlenv import VenvAt, VenvPython, VenvRuns
 
 FILES = Path(__file__).resolve().parents[1] / "operations" / "files"
 PIP_ERROR = ("ERROR: Could not install packages due to an OSError: [Errno 28] No space left on "
@@ -34,8 +36,8 @@ def _venv(root: Path, name: str, pip: bool = True) -> Path:
     return path
 
 
-def _check(path: Path) -> dict:
-    fact = VenvRuns()
+def _check(path: Path, fact_class: type = VenvRuns) -> dict:
+    fact = fact_class()
     out = subprocess.run(["sh", "-c", fact.command(str(path))], capture_output=True, text=True,
                          check=True)
     return fact.process(out.stdout.splitlines())
@@ -44,6 +46,54 @@ def _check(path: Path) -> dict:
 def test_a_venv_whose_python_and_pip_run_is_ok(tmp_path):
     health = _check(_venv(tmp_path, "ok"))
     assert (health["state"], health["why"], health["is_venv"]) == ("ok", "", True)
+
+
+def test_what_is_at_a_link_is_read_without_starting_its_python(tmp_path):
+    """VenvAt, for the link at gpuhost_venv_path: the same answer as VenvRuns but the state,
+    and the venv's python is not started (a python that would leave a mark leaves none)."""
+    venv = _venv(tmp_path, "target")
+    link = tmp_path / "link"
+    link.symlink_to(venv)
+    mark = tmp_path / "started"
+    python = venv / "bin" / "python"
+    python.unlink()
+    python.write_text(f"#!/bin/sh\ntouch {mark}\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    at = _check(link, VenvAt)
+    assert not mark.exists() and at["state"] == "unchecked"
+    runs = _check(link)
+    assert mark.exists() and runs["state"] == "ok"
+    assert {**at, "state": "", "why": ""} == {**runs, "state": "", "why": ""}
+    assert (at["found"], at["target"], at["target_found"]) == ("link", str(venv), "folder")
+
+
+def test_a_whole_pip_is_not_started_and_a_cut_one_says_why(tmp_path):
+    """A venv with ensurepip's real pip: where its files match its RECORD, pip is not started
+    (a ``__main__`` that fails, recorded with its own sha256, is never run: ok); where one
+    does not, or is cut short as a full disk leaves it, ``pip --version`` says what fails."""
+    venv = tmp_path / "real"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    (site,) = venv.glob("lib/python3*/site-packages")
+    assert _check(venv)["state"] == "ok"
+    main = site / "pip" / "__main__.py"
+    (record,) = site.glob("pip-*.dist-info/RECORD")
+    kept_main, kept_record = main.read_bytes(), record.read_text()
+    failing = b"raise SystemExit('pip was started')\n"
+    main.write_bytes(failing)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(failing).digest()).rstrip(b"=").decode()
+    record.write_text("".join(
+        f"pip/__main__.py,sha256={digest},{len(failing)}\n" if line.startswith("pip/__main__.py,")
+        else line for line in kept_record.splitlines(keepends=True)))
+    assert _check(venv)["state"] == "ok"
+    record.write_text(kept_record)
+    health = _check(venv)
+    assert health["state"] == "broken" and "pip was started" in health["why"]
+    main.write_bytes(kept_main)
+    assert _check(venv)["state"] == "ok"
+    cli = site / "pip" / "_internal" / "cli" / "main.py"
+    cli.write_bytes(cli.read_bytes()[:200])
+    health = _check(venv)
+    assert health["state"] == "broken" and health["why"].startswith("pip exited 1: ")
 
 
 def test_no_venv_is_absent(tmp_path):

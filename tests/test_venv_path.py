@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from operations import mlenv
-from operations.mlenv import VenvRuns
+from operations.mlenv import VenvAt, VenvRuns
 from operations.settings import GPUHOST_DIRS, SettingsError, from_host_data
 from operations.venv_path import venv_path_problem
 from operations.venvs import link_problem
@@ -213,7 +213,7 @@ def test_the_stage_refuses_and_plans_nothing_for_a_path_it_may_not_use(tmp_path,
         cores, mem_available_gib = 2, 22.5
 
     def fact(cls, **kwargs):
-        if cls is VenvRuns:  # the lock's venv is not there yet; the link's path holds files
+        if cls in (VenvRuns, VenvAt):  # no lock venv yet; the link's path holds files
             return health if kwargs["venv"] == str(tmp_path) else _health(tmp_path / "none")
         if cls.__name__ == "HostResources":
             return Resources()
