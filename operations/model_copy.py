@@ -39,12 +39,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from pyinfra import host, logger
-from pyinfra.api import StringCommand, deploy
+from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, server
 
 from operations import model_copy_direct, remote
+from operations.host import PasswdEntry
 from operations.settings import PREFIX, Settings
 
 #: The peer-side user the copy key logs in as (no password, no login shell of its own).
@@ -98,10 +99,25 @@ def copy_access(settings: Settings):
     installed = host.get_fact(DebPackages) or {}
     apt.packages(name="rsync and ssh (the model copy)", packages=["rsync", "openssh-client"],
                  update=not {"rsync", "openssh-client"} <= set(installed))
-    server.user(name=f"User {COPY_USER} (reads the model folder for peers)", user=COPY_USER,
-                home=COPY_HOME, shell="/bin/sh", system=True, create_home=True)
+    copy_user(name=f"User {COPY_USER} (reads the model folder for peers)")
     files.directory(name=f"{COPY_USER}'s .ssh", path=f"{COPY_HOME}/.ssh", user=COPY_USER,
                     group=COPY_USER, mode="700")
+
+
+@operation()
+def copy_user():
+    """The copy user as pyinfra's ``server.user`` makes it: a system user, home COPY_HOME
+    (created), shell /bin/sh. Where ``getent`` shows the account with that home and shell,
+    only what ``server.user`` then does runs (pyinfra 3.10, ``operations/server.py``: no
+    usermod, and its ``ensure_home``, ``files.directory`` of the home owned by the user), without
+    reading pyinfra's ``Users`` of every account (:class:`operations.host.PasswdEntry`)."""
+    entry = host.get_fact(PasswdEntry, user=COPY_USER)
+    if entry and (entry["home"], entry["shell"]) == (COPY_HOME, "/bin/sh"):
+        yield from files.directory._inner(path=COPY_HOME, user=COPY_USER, group=COPY_USER,
+                                          _no_fail_on_link=True)
+        return
+    yield from server.user._inner(user=COPY_USER, home=COPY_HOME, shell="/bin/sh", system=True,
+                                  create_home=True)
 
 
 def copy_key(settings: Settings):

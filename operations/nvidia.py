@@ -139,8 +139,10 @@ def upstream(version: str) -> str:
 @dataclass(frozen=True)
 class Headers:
     """The running kernel (``uname -r``), whether its build tree
-    (/lib/modules/<kernel>/build, what DKMS compiles against) exists, and apt's candidate for
-    ``linux-headers-<kernel>`` (None: apt knows no installable version)."""
+    (/lib/modules/<kernel>/build, what DKMS compiles against) exists, and, where it does not,
+    apt's candidate for ``linux-headers-<kernel>`` (None: apt knows no installable version, or
+    not asked: ``apt-cache policy`` loads apt's whole cache, 0.41 s of a sandbox host's CPU at
+    each no-op run, README's *Tests and benchmarks*)."""
 
     kernel: str
     build_tree: bool
@@ -159,10 +161,10 @@ class KernelHeaders(FactBase[Headers]):
     def command(self) -> str:
         return (
             'k=$(uname -r); echo "kernel=$k"; '
-            'if [ -e "/lib/modules/$k/build" ]; then echo build=yes; else echo build=no; fi; '
+            'if [ -e "/lib/modules/$k/build" ]; then echo build=yes; else echo build=no; '
             "if command -v apt-cache >/dev/null 2>&1; then "
             'apt-cache policy "linux-headers-$k" 2>/dev/null '
-            "| sed -n 's/^ *Candidate: */candidate=/p'; fi"
+            "| sed -n 's/^ *Candidate: */candidate=/p'; fi; fi"
         )
 
     @override

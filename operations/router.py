@@ -275,4 +275,4 @@ def fact_running() -> bool:
     """Whether the router's unit runs now (systemd's ActiveState)."""
     from pyinfra.facts.systemd import SystemdStatus
 
-    return bool(fact(SystemdStatus).get(UNIT))
+    return bool(fact(SystemdStatus, services=UNIT).get(UNIT))
