@@ -29,7 +29,7 @@ from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
 from operations.p2p import RECORD as P2P_RECORD
 from operations.host import FileText
-from operations.mlenv import VenvRuns
+from operations.mlenv import VenvAt
 from operations.kernel_cache import (KernelCacheFolders, cache_env, cache_key, kernel_cache,
                                      remove_superseded)
 from operations.plan import fact, refuse
@@ -305,7 +305,9 @@ class UnitState:
 
 class ServiceState(FactBase[UnitState]):
     """:class:`UnitState` of ``unit`` (``systemctl show``, the digest under /run/``runtime_dir``
-    and ``unit_inputs.py`` run on ``inputs``: unit_inputs.py's arguments)."""
+    and ``unit_inputs.py`` run on ``inputs``: unit_inputs.py's arguments). Which inputs changed
+    is asked only where the digests differ (where they are equal, so are the inputs' parts:
+    each python3 start took 0.08 s of a sandbox host's CPU at each no-op run)."""
 
     @override
     def command(self, unit: str, runtime_dir: str, inputs: list[str]) -> str:
@@ -313,10 +315,11 @@ class ServiceState(FactBase[UnitState]):
         argv = " ".join(shlex.quote(a) for a in inputs)
         return (f"systemctl show -p ActiveState -p InvocationID -p NeedDaemonReload -p Result "
                 f"{shlex.quote(unit)} 2>/dev/null; "
-                f"echo \"started_with=$(cat /run/{runtime_dir}/inputs 2>/dev/null)\"; "
-                f"if [ -f {script} ]; then echo \"now=$(python3 {script} {argv} 2>/dev/null)\"; "
+                f"w=$(cat /run/{runtime_dir}/inputs 2>/dev/null); echo \"started_with=$w\"; "
+                f"if [ -f {script} ]; then n=$(python3 {script} {argv} 2>/dev/null); "
+                "echo \"now=$n\"; if [ \"$n\" != \"$w\" ]; then "
                 f"echo \"changed=$(python3 {script} --changed /run/{runtime_dir}/inputs {argv} "
-                "2>/dev/null)\"; else echo now=; fi")
+                "2>/dev/null)\"; fi; else echo now=; fi")
 
     @override
     def default(self) -> UnitState:
@@ -423,7 +426,8 @@ def _check_ports(settings: Settings) -> None:
 def unit_enabled(unit: str):
     """Enable ``unit`` (started at boot). Apart from :func:`unit_started`, so that a change of
     that one means the unit was started."""
-    if host.get_fact(SystemdEnabled).get(unit):
+    # of this unit alone: every unit's (``systemctl show '*'``) took 0.24 s of a sandbox host
+    if host.get_fact(SystemdEnabled, services=unit).get(unit):
         host.noop(f"{unit} is enabled")
         return
     yield f"systemctl enable {unit}"
@@ -436,7 +440,7 @@ def unit_started(unit: str):
     start timeout; the health gate shows the progress meanwhile). Read when it runs: a unit an
     earlier stage stopped (the P2P check, a driver change) is started here, with the files as
     they are now."""
-    if host.get_fact(SystemdStatus).get(unit):
+    if host.get_fact(SystemdStatus, services=unit).get(unit):
         host.noop(f"{unit} is running")
         return
     yield f"systemctl reset-failed {unit} 2>/dev/null || true"
@@ -779,4 +783,4 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
     # past the health gate (a failed one ends the host's run before this)
     venv = stack_venv(settings.lock_path)
     venv_link(name=f"{settings.venv_path}: the venv that serves", path=settings.venv_path,
-              target=venv, health=fact(VenvRuns, venv=settings.venv_path))
+              target=venv, health=fact(VenvAt, venv=settings.venv_path))
