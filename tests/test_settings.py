@@ -182,3 +182,37 @@ def test_readme_has_a_row_for_every_key():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     missing = [key for key in RULES if f"| `gpuhost_{key}` |" not in readme]
     assert missing == []
+
+
+def test_every_host_is_validated_once_a_run(monkeypatch):
+    """pyinfra executes deploy.py once per host: the inventory's settings are validated at the
+    first host's, reused by the others, and validated again for another inventory."""
+    import types
+
+    import pyinfra
+
+    from operations import settings as module
+
+    validated = []
+
+    def for_inventory(pairs, sources):
+        names = [name for name, _ in pairs]
+        validated.append(names)
+        return {name: object() for name in names}
+
+    class Host:
+        def __init__(self, name):
+            self.name, self.data = name, types.SimpleNamespace(dict=dict)
+
+    inventory = [Host("gpu1"), Host("gpu2")]
+    state = types.SimpleNamespace(cwd=".")
+    monkeypatch.setattr(module, "for_inventory", for_inventory)
+    monkeypatch.setattr(module, "data_sources", lambda *args: {})
+    monkeypatch.setattr(module, "notes", lambda settings: [])
+    monkeypatch.setattr(pyinfra, "state", state)
+    for current in inventory:
+        monkeypatch.setattr(pyinfra, "host", current)
+        assert set(module.for_run(inventory)) == {"gpu1", "gpu2"}
+    assert validated == [["gpu1", "gpu2"]]
+    module.for_run([Host("gpu3")])
+    assert validated == [["gpu1", "gpu2"], ["gpu3"]]
