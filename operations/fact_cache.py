@@ -20,7 +20,6 @@ changed nothing answers them all at once, and one that changed answers them agai
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Hashable
 from typing import Any
 
@@ -58,10 +57,9 @@ def _arguments(cls: Any, args: Any, kwargs: Any) -> Hashable:
     given = dict(kwargs or {})
     own = {k: given.pop(k) for k in list(given) if k.startswith("_")}
     try:
-        named = inspect.getcallargs(cls().command, *(args or ()), **given)
+        named = fact_batch.named_arguments(cls, args or (), given)
     except TypeError:
         named = {"args": args, **given}
-    named.pop("self", None)
     return _key(named), _key(own)
 
 

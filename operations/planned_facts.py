@@ -31,9 +31,7 @@ this run has imported. A record that is not such a list is ignored.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
-import inspect
 import json
 import os
 import re
@@ -165,29 +163,12 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-@functools.cache
-def _command_signature(cls: Any) -> inspect.Signature | None:
-    """The signature of the class's ``command`` (self first), once a run: ``inspect`` builds it
-    anew at each call (3 % of the controller's CPU of a 4-host no-op, sampled with py-spy)."""
-    try:
-        return inspect.signature(cls.command)
-    except (AttributeError, TypeError, ValueError):  # FactBase itself has no command
-        return None
-
-
 def _named(cls: Any, args: Any, kwargs: Any) -> dict[str, Any] | None:
-    """The reading's fact arguments by name (defaults filled in, as ``inspect.getcallargs``
-    names them), if a record can hold them as they are."""
-    signature = _command_signature(cls)
-    if signature is None or not signature.parameters:
-        return None
+    """The reading's fact arguments by name, if a record can hold them as they are."""
     try:
-        bound = signature.bind(None, *(args or ()), **(kwargs or {}))
-    except TypeError:  # another version's record: no such call
+        named = fact_batch.named_arguments(cls, args or (), kwargs or {})
+    except TypeError:  # another version's record: no such command, no such call
         return None
-    bound.apply_defaults()
-    named = dict(bound.arguments)
-    named.pop(next(iter(signature.parameters)))
     try:
         if not _same(_decode(json.loads(json.dumps(_encode(named)))), named):
             return None

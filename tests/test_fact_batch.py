@@ -4,6 +4,7 @@ alone. pyinfra's own State, Host and @local connector; each command is counted."
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import pytest
@@ -14,7 +15,9 @@ from pyinfra.api.operation import add_op
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts import files as pyinfra_files
 from pyinfra.facts.server import Command
+from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files
 
 from operations import fact_batch, fact_cache, shipped_files
@@ -115,3 +118,23 @@ def test_files_put_announces_what_it_reads(local, tree):
                  in vars(local)[fact_cache._EXPECTED].values()}
     assert announced == {(File, dest), (Directory, dest), (Sha1File, dest),
                          (Directory, str(tree / "sub")), (Directory, str(tree / "other"))}
+
+
+@pytest.mark.parametrize(("cls", "args", "kwargs"), [
+    (pyinfra_files.File, (), {"path": "/etc/hosts"}),
+    (pyinfra_files.File, ("/etc/hosts",), {}),
+    (SystemdStatus, (), {"services": "sglang.service"}),
+    (SystemdStatus, (), {}),
+    (pyinfra_files.Sha256File, (), {"path": "/x"}),
+])
+def test_named_arguments_are_pyinfra_s_getcallargs(cls, args, kwargs):
+    """The signature kept once a run names a reading's arguments as pyinfra's own
+    ``getcallargs(cls().command, ...)`` does, defaults filled in; a call that does not fit the
+    command is a TypeError, as there."""
+    expected = inspect.getcallargs(cls().command, *args, **kwargs)
+    expected.pop("self")
+    assert fact_batch.named_arguments(cls, args, kwargs) == expected
+    with pytest.raises(TypeError):
+        inspect.getcallargs(cls().command, *args, nonsense=1, **kwargs)
+    with pytest.raises(TypeError):
+        fact_batch.named_arguments(cls, args, {**kwargs, "nonsense": 1})
