@@ -142,7 +142,7 @@ class Headers:
     (/lib/modules/<kernel>/build, what DKMS compiles against) exists, and, where it does not,
     apt's candidate for ``linux-headers-<kernel>`` (None: apt knows no installable version, or
     not asked: ``apt-cache policy`` loads apt's whole cache, 0.41 s of a sandbox host's CPU at
-    each no-op run, README's *Tests and benchmarks*)."""
+    each no-op run, docs/development.md)."""
 
     kernel: str
     build_tree: bool
