@@ -630,17 +630,11 @@ HELP: Final[Mapping[str, str]] = {
     "venv_path": (
         "the link to the ML venv the server was last verified with; the venvs themselves live in "
         "`/opt/gpuhost/venvs/<lock digest>`, one per lock, and the unit names the lock's venv "
-        "itself (see \"Upgrades and rollback\"). The path: at least two levels deep, without `:`; "
-        "not a home folder (`/home/<user>`), a shared folder of `/var` (`/var/lib`, `/var/cache`, "
-        "`/var/log`, ...) or inside a system folder (`/usr`, `/etc`, `/run`, ...), and neither "
-        "on, inside nor around a folder gpuhost manages "
-        "(`/opt/gpuhost/{lib,lock,build,wheels,venvs}`, `/var/cache/gpuhost`, `/var/lib/gpuhost`, "
-        "`/etc/gpuhost`, `/run/gpuhost`, `gpuhost_model_dir`, a local `gpuhost_model`) or a file "
-        "another key names. On the host (refused while planning otherwise) it must be missing, a "
-        "symlink (replaced), an empty folder, or a venv of an earlier gpuhost holding nothing but "
-        "what a venv has (`bin`, `include`, `lib`, `lib64`, `share`, `pyvenv.cfg`, `.gitignore`, "
-        "gpuhost's `gpuhost-*.json` stamps), which is removed once the lock's venv passed the "
-        "health gate; a file or a folder holding anything else is named and left alone"),
+        "itself (docs/upgrades.md). Neither on, inside nor around a folder gpuhost manages or a "
+        "file another key names. On the host (refused while planning otherwise) it must be "
+        "missing, a symlink (replaced), an empty folder, or a venv of an earlier gpuhost holding "
+        "nothing but what a venv has, which is removed once the lock's venv passed the health "
+        "gate; a file or a folder holding anything else is named and left alone"),
     "lock": "the ML stack lock (relative to the repository, or absolute)",
     "pip_index_url": "the package index the lock installs from",
     "max_jobs": "lower flash-attn's MAX_JOBS below the computed bound (never above it)",
@@ -699,7 +693,7 @@ HELP: Final[Mapping[str, str]] = {
     "nsa_prefill_backend": "`--nsa-prefill-backend`",
     "moe_runner_backend": (
         "`--moe-runner-backend`, the MoE runner backend: the reference lab's measured baseline "
-        "(see below)"),
+        "(docs/index.md)"),
     "reasoning_parser": "`--reasoning-parser`",
     "tool_call_parser": "`--tool-call-parser`",
     "trust_remote_code": "`--trust-remote-code`",
@@ -721,7 +715,7 @@ HELP: Final[Mapping[str, str]] = {
         "gpuhost's and stay (e.g. `[\"50-local.conf\"]`); any other `*.conf` there that gpuhost "
         "does not write is reported and removed"),
     "api_key_file": (
-        "secret file (see below) on the host holding the API key; needed to bind wider than "
+        "secret file (docs/security.md) on the host holding the API key; needed to bind wider than "
         "127.0.0.1; read by the gate only, never by sglang"),
     "model_dir": (
         "where the weights are downloaded: `<dir>/<repository id>` (when `gpuhost_model` is an "
@@ -732,11 +726,11 @@ HELP: Final[Mapping[str, str]] = {
         "deliberately)"),
     "hf_endpoint": "the Hub's URL (huggingface_hub's `HF_ENDPOINT`: a mirror's, or the sandbox's)",
     "hf_token_file": (
-        "secret file (see below) on the host holding the Hub token for gated repositories; its "
-        "path is all the deploy handles"),
+        "secret file (docs/security.md) on the host holding the Hub token for gated "
+        "repositories; its path is all the deploy handles"),
     "model_copy_from_peers": (
         "copy the weights from another inventory host serving the same repository and revision, "
-        "whose copy is complete, before the Hub (see *Rebuilding a host*); every file is verified "
+        "whose copy is complete, before the Hub (docs/rebuild.md); every file is verified "
         "against the Hub's metadata, a wrong one downloaded from the Hub"),
     "model_copy_bwlimit": (
         "KiB/s the copy from a peer may use (rsync's `--bwlimit`), None for no limit"),
@@ -756,20 +750,20 @@ HELP: Final[Mapping[str, str]] = {
     "bench_prompts": "bench.py: prompts per level (`--num-prompts`), at least the highest level",
     "bench_target": (
         "bench.py: `\"host\"` loads each host's own server; `\"router\"` loads the fleet through "
-        "the router's endpoint, from a router host (a bench of the fleet); not with a sweep"),
+        "the router's endpoint, from a router host (docs/bench.md); not with a sweep"),
     "bench_sweep": (
         "bench.py: one server setting and the values to try, e.g. `{\"moe_runner_backend\": "
-        "[\"flashinfer_cutlass\", \"cutlass\"]}` (sweep)"),
+        "[\"flashinfer_cutlass\", \"cutlass\"]}` (docs/bench.md)"),
     "serving": (
         "`False`: the host serves no model, a CPU-only router VM of the `gpuhost_router` group "
         "(refused elsewhere and in a node group): only the deploy lock, a preflight of its own "
         "and the router run there, and the GPU, driver, ML venv, model and server keys have no "
-        "effect (a fleet)"),
+        "effect (docs/fleet.md)"),
     "fleet_address": (
         "the host's address on the network it shares with the router: the router reaches its "
-        "server at `http://<this>:<gpuhost_server_port>` (a fleet); one per host, never loopback, "
-        "`0.0.0.0`, `::`, multicast or IPv6 link-local (a router elsewhere would reach itself, "
-        "and workers' gates would trust their own host)"),
+        "server at `http://<this>:<gpuhost_server_port>` (docs/fleet.md); one per host, never "
+        "loopback, `0.0.0.0`, `::`, multicast or IPv6 link-local (a router elsewhere would "
+        "reach itself, and workers' gates would trust their own host)"),
     "api_gate_trusted_peers": (
         "client addresses the server's API key gate admits without the key; a fleet's deploy adds "
         "the router hosts' `gpuhost_fleet_address` (the router sends its workers no key); other "

@@ -197,12 +197,17 @@ def reference_page() -> str:
                             "when it is lower")
             out.append(
                 f"\n### `gpuhost_{name}`\n\n"
-                f"{settings_module.HELP[name]}\n\n"
+                f"{_linked(settings_module.HELP[name])}\n\n"
                 f"- type: `{field.type}`\n"
                 f"- default: `{default}`\n"
                 f"- allowed: {settings_module.RULES[name].allowed}\n"
                 f"- read by: {read_by or 'the settings checks only'}\n")
     return "".join(out)
+
+
+def _linked(text: str) -> str:
+    """A HELP text with each docs/<page>.md it names linked to that page of the manual."""
+    return re.sub(r"docs/([a-z0-9-]+\.md)", r"[\1](\1)", text)
 
 
 def _stage_rank(stage: str) -> int:
