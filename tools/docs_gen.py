@@ -1,6 +1,7 @@
 """Generate the manual's pages that the code defines, and find the refusals the code prints.
 
-    .venv/bin/python tools/docs_gen.py          # write docs/reference.md and troubleshooting's table
+    .venv/bin/python tools/docs_gen.py              # docs/reference.md, troubleshooting's table
+    .venv/bin/python tools/docs_gen.py --refusals   # list every refusal found in the code
 
 docs/reference.md comes from operations/settings.py alone: each key's name, type and default
 (the Settings dataclass), what is allowed (RULES), what it does (HELP) and which stage reads it
@@ -162,9 +163,9 @@ overrides both, and `--data gpuhost_<key>=<value>` overrides everything for one 
 A wrong key or value stops the run before any host is touched, naming the host, the key, the
 value, what is allowed and where the value was set (`--data`, the inventory's host entry or
 group, `group_data/<group>.py`); every problem of every host is listed at once
-([troubleshooting](troubleshooting.md#gpuhost-host-data-refused-no-host-was-touched)). Values are written into unit files,
-environment files and commands: no control characters anywhere; paths of letters, digits and
-`. _ + @ : -` without `.` or `..` parts.
+([troubleshooting](troubleshooting.md#gpuhost-host-data-refused-no-host-was-touched)).
+Values are written into unit files, environment files and commands: no control characters
+anywhere; paths of letters, digits and `. _ + @ : -` without `.` or `..` parts.
 
 An optional key is left unset with `None` in a Python inventory and `null` in `--data`
 (`--data gpuhost_moe_runner_backend=None` is the text 'None', refused so). In `--data`, a list
