@@ -150,3 +150,21 @@ def test_manual_builds_strict(tmp_path):
                             env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "reference" / "index.html").is_file()
+
+
+def test_the_newcomers_questions_are_answered_one_click_from_readme():
+    """Issue #33's questions: each answered on a page README links to, with a command to copy."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    answers = {
+        "first-deploy.md": ["## As a sudo user", "## Secure Boot", "## Supported systems"],
+        "dry-run.md": ["## What the table's columns mean", "Conditional Change",
+                       "    .venv/bin/pyinfra inventory/lab.py deploy.py --dry --data "
+                       "gpuhost_driver_branch=590 --data gpuhost_allow_driver_change=true"],
+        "upgrades.md": ["## Rollback by hand", "--data gpuhost_rollback=true",
+                        "last_known_good.py restore"],
+        "reference.md": [f"### `gpuhost_{name}`" for name in settings_module.RULES],
+    }
+    for page, needles in answers.items():
+        assert f"](docs/{page})" in readme, page
+        text = (DOCS / page).read_text(encoding="utf-8")
+        assert [n for n in needles if n not in text] == [], page
