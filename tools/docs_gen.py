@@ -306,7 +306,8 @@ def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
 
 def refusals() -> list[Refusal]:
     """Every refusal the product can print, found in its code: each ``refuse(stage, reason)``
-    and ``end_run(message)`` call of operations/ and bench.py. A reason given as a value is
+    and ``end_run(message)`` call of operations/ and bench.py, and each error raised with a
+    message that starts "refused: " (while executing). A reason given as a value is
     followed one step: to the strings returned by the functions it was assigned from (a
     ``("refused", reason)`` pair's reason too), raised by the functions called in the ``try``
     its exception came from, or appended to a ``refusals`` list; a refusal row of
@@ -416,6 +417,14 @@ def refusals() -> list[Refusal]:
                 leads.append("")
             for text in leads:
                 found.append(Refusal(stage, _first_words(text or ""), where))
+        # refused while executing: an OperationError whose message starts "refused: "
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
+                lead = _lead(node.exc.args[0], local) or ""
+                if lead.startswith("refused: "):
+                    stage = STAGES.get(path.stem, (path.stem, ""))[0]
+                    found.append(Refusal(stage, _first_words(lead[len("refused: "):]),
+                                         f"{path.relative_to(ROOT)}:{node.lineno}"))
     return sorted(set(found))
 
 
