@@ -55,21 +55,37 @@ KEYRING: Final = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 PREREQUISITES: Final = ("ca-certificates", "curl", "pciutils")
 
 #: The packages of each driver flavour in NVIDIA's repository, per distribution family, and
-#: the one that carries the kernel module (its version is the installed driver's; {branch} is
-#: the driver branch). Debian's follow NVIDIA's debian12 repository (nvidia-kernel-open-dkms
-#: 580.95.05-1); Ubuntu's follow Ubuntu's naming, which NVIDIA's ubuntu2404/ubuntu2204
-#: repositories share (nvidia-dkms-580-open 580.95.05-0ubuntu1, packages.ubuntu.com).
+#: the one that carries the kernel module (its version is the installed driver's). Debian's
+#: follow Debian's packaging, which NVIDIA's debian12 repository ships (nvidia-kernel-open-dkms
+#: 580.95.05-1; sandbox/data/nvidia-graphics-drivers.json): its nvidia-driver only recommends
+#: nvidia-smi, and the install leaves recommends out, so the compute packages are named.
+#: Ubuntu's follow Ubuntu's naming, which NVIDIA's ubuntu2404 and ubuntu2204 repositories share
+#: (nvidia-dkms-580-open 580.95.05-0ubuntu1, packages.ubuntu.com; nvidia-smi is in
+#: nvidia-utils-580); from branch 590 NVIDIA drops the branch from those names (nvidia-dkms-open,
+#: libnvidia-compute: NVIDIA's driver installation guide, "Ubuntu 590 and later packages"):
+#: "{-branch}" is "-580" up to branch 580 and nothing from 590 (:func:`driver_package_names`).
 DRIVER_PACKAGES: Final = {
-    ("debian", "open"): (("nvidia-open",), "nvidia-kernel-open-dkms"),
-    ("debian", "proprietary"): (("nvidia-driver", "nvidia-kernel-dkms"), "nvidia-kernel-dkms"),
-    ("ubuntu", "open"): (("nvidia-open",), "nvidia-dkms-{branch}-open"),
-    ("ubuntu", "proprietary"): (("nvidia-driver-{branch}",), "nvidia-dkms-{branch}"),
+    ("debian", "open"): (("nvidia-open", "nvidia-smi", "libcuda1"), "nvidia-kernel-open-dkms"),
+    ("debian", "proprietary"): (("nvidia-driver", "nvidia-smi", "libcuda1"),
+                                "nvidia-kernel-dkms"),
+    ("ubuntu", "open"): (("nvidia-open", "nvidia-utils{-branch}", "libnvidia-compute{-branch}"),
+                         "nvidia-dkms{-branch}-open"),
+    ("ubuntu", "proprietary"): (("cuda-drivers", "nvidia-utils{-branch}",
+                                 "libnvidia-compute{-branch}"), "nvidia-dkms{-branch}"),
 }
+#: The first branch whose Ubuntu packages carry no branch in their names (see above).
+UNBRANCHED_NAMES_FROM: Final = 590
 #: Any installed kernel-module package of a flavour, whatever its branch.
 MODULE_PACKAGE_NAMES: Final = {
-    "open": re.compile(r"nvidia-kernel-open-dkms|nvidia-dkms-\d+-open"),
-    "proprietary": re.compile(r"nvidia-kernel-dkms|nvidia-dkms-\d+"),
+    "open": re.compile(r"nvidia-kernel-open-dkms|nvidia-dkms(-\d+)?-open"),
+    "proprietary": re.compile(r"nvidia-kernel-dkms|nvidia-dkms(-\d+)?"),
 }
+#: NVIDIA's package that locks apt onto a driver branch or version, in the repositories that
+#: have one ("APT driver pinning file for driver branch 580" / "... for driver version
+#: 580.105.08", apt-cache search; NVIDIA's driver installation guide: install it before the
+#: driver).
+PINNING_PACKAGE: Final = "nvidia-driver-pinning-{}"
+PINNING_PACKAGES: Final = re.compile(r"nvidia-driver-pinning-[0-9][0-9.]*")
 
 
 def driver_package_names(folder: str, flavour: str, branch: str) -> tuple[list[str], str]:
@@ -77,7 +93,15 @@ def driver_package_names(folder: str, flavour: str, branch: str) -> tuple[list[s
     ("ubuntu2404/x86_64"), a flavour ("open") and a branch ("580")."""
     family = "ubuntu" if folder.startswith("ubuntu") else "debian"
     packages, module = DRIVER_PACKAGES[(family, flavour)]
-    return [p.format(branch=branch) for p in packages], module.format(branch=branch)
+    suffix = "" if int(branch) >= UNBRANCHED_NAMES_FROM else f"-{branch}"
+    return ([p.replace("{-branch}", suffix) for p in packages],
+            module.replace("{-branch}", suffix))
+
+
+def pinning_package(settings: Settings) -> str:
+    """NVIDIA's pinning package for host data's driver: per version where one is asked for
+    ("nvidia-driver-pinning-580.95.05"), else per branch ("nvidia-driver-pinning-580")."""
+    return PINNING_PACKAGE.format(settings.driver_version or settings.driver_branch)
 
 #: The server unit (operations/server.py) that must never run across a driver change.
 SERVER_UNIT: Final = "sglang.service"

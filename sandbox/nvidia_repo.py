@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandbox import debian_control
 from sandbox.layout import APT_ARCHIVES, CUDA_REPO_DIR, HTTP_PORT, STATE_DIR
 
 GNUPG_HOME = STATE_DIR / "gnupg"
@@ -36,9 +37,11 @@ STAMP = Path(".stamps") / "nvidia-repo.json"  # under www: what the repository w
 MAINTAINER = "gpuhost sandbox lab <sandbox@gpuhost.invalid>"
 EPOCH = 1735689600  # 2025-01-01T00:00:00Z: the mtime of every file in a .deb (reproducible builds)
 
-# Driver branches in the repository: two branches, and two releases of one, so that an upgrade
-# (and the reboot it needs) can be tested. Debian revision "-1" as in NVIDIA's debian12 repository.
-DRIVER_VERSIONS = ("570.172.08", "580.95.05", "580.105.08", "590.44.01")
+# Driver branches in the repository: several side by side, as NVIDIA's debian12 repository has
+# them (a pin that misses a package fails only where a newer branch sits beside the pinned one),
+# and two releases of one, so that an upgrade (and the reboot it needs) can be tested. Debian
+# revision "-1" as in NVIDIA's debian12 repository.
+DRIVER_VERSIONS = ("570.172.08", "575.64.05", "580.95.05", "580.105.08", "590.44.01")
 #: Releases whose kernel module installs and "builds" but never loads at boot (its boot-time
 #: loader is standins/nvidia/load-module-unknown-symbol): nvidia-smi then finds no driver, for
 #: the driver rollback's tests. In branch 590, which no host data asks for by default, so that
@@ -107,7 +110,10 @@ class Deb:
     version: str
     description: str
     arch: str = "amd64"
+    source: str = ""
+    pre_depends: list[str] = field(default_factory=list)
     depends: list[str] = field(default_factory=list)
+    breaks: list[str] = field(default_factory=list)
     provides: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     replaces: list[str] = field(default_factory=list)
@@ -124,11 +130,14 @@ class Deb:
         size = max(1, sum(len(c) for c, _ in self.files.values()) // 1024)
         fields = [
             ("Package", self.name),
+            ("Source", self.source),
             ("Version", self.version),
             ("Architecture", self.arch),
             ("Maintainer", MAINTAINER),
             ("Installed-Size", str(size)),
+            ("Pre-Depends", ", ".join(self.pre_depends)),
             ("Depends", ", ".join(self.depends)),
+            ("Breaks", ", ".join(self.breaks)),
             ("Provides", ", ".join(self.provides)),
             ("Conflicts", ", ".join(self.conflicts)),
             ("Replaces", ", ".join(self.replaces)),
@@ -211,6 +220,8 @@ def packages(kernel_release: str, keyring: bytes) -> list[Deb]:
     debs = [_cuda_keyring(keyring), _linux_headers(kernel_release)]
     for version in DRIVER_VERSIONS:
         debs.extend(_driver(version))
+    for branch in sorted({v.split(".")[0] for v in DRIVER_VERSIONS}):
+        debs.append(_pinning(branch, f"driver branch {branch}", f"{branch}.*"))
     for cuda in CUDA_RELEASES:
         debs.extend(_toolkit(cuda))
     return debs
@@ -270,52 +281,46 @@ def _linux_headers(kernel_release: str) -> Deb:
 
 
 def _driver(version: str) -> list[Deb]:
+    """One driver release's packages: Debian's tree of the driver's source package at this
+    version (sandbox/data/nvidia-graphics-drivers.json, sandbox/debian_control.py) with its
+    exact-version dependencies and virtual packages, NVIDIA's additions (the open kernel module
+    package and the nvidia-open metapackage), and the stand-in files in the packages that carry
+    them in the real tree (nvidia-smi, libnvidia-ml1, libcuda1, the kernel modules)."""
     v = f"{version}-1"
     exact = f"(= {v})"
+    tree = debian_control.load()
     smi = render("nvidia-smi", VERSION=version).encode()
     lib_dir = "/usr/lib/x86_64-linux-gnu/nvidia-sandbox"
     loader = "load-module-unknown-symbol" if version in MODULE_FAILS_TO_LOAD else "load-module"
-    debs = [
-        Deb(
-            "libnvidia-ml1",
-            v,
-            "NVIDIA Management Library (NVML) runtime library",
-            files={f"{lib_dir}/libnvidia-ml1.version": (f"{version}\n".encode(), 0o644)},
-        ),
-        Deb(
-            "libcuda1",
-            v,
-            "NVIDIA CUDA Driver Library",
-            files={f"{lib_dir}/libcuda1.version": (f"{version}\n".encode(), 0o644)},
-        ),
-        Deb(
-            "nvidia-smi",
-            v,
-            "NVIDIA System Management Interface",
-            depends=[f"libnvidia-ml1 {exact}", "python3"],
-            files={"/usr/bin/nvidia-smi": (smi, 0o755)},
-        ),
-        Deb(
-            "nvidia-driver",
-            v,
-            "NVIDIA metapackage",
-            depends=[
-                f"nvidia-smi {exact}",
-                f"libnvidia-ml1 {exact}",
-                f"libcuda1 {exact}",
-                f"nvidia-kernel-open-dkms {exact} | nvidia-kernel-dkms {exact}",
-            ],
-        ),
-        Deb(
-            "nvidia-open",
-            v,
-            "NVIDIA driver with the open kernel modules (metapackage)",
-            depends=[f"nvidia-driver {exact}", f"nvidia-kernel-open-dkms {exact}"],
-        ),
-    ]
-    for name, flavour, other, what in (
-        ("nvidia-kernel-open-dkms", "open", "nvidia-kernel-dkms", "NVIDIA open kernel module"),
-        ("nvidia-kernel-dkms", "proprietary", "nvidia-kernel-open-dkms", "NVIDIA kernel module"),
+    payloads: dict[str, dict[str, tuple[bytes, int]]] = {
+        "nvidia-smi": {"/usr/bin/nvidia-smi": (smi, 0o755)},
+        "libnvidia-ml1": {f"{lib_dir}/libnvidia-ml1.version": (f"{version}\n".encode(), 0o644)},
+        "libcuda1": {f"{lib_dir}/libcuda1.version": (f"{version}\n".encode(), 0o644)},
+    }
+    debs = []
+    for name, fields in tree["packages"].items():
+        if name == "nvidia-kernel-dkms":
+            continue  # below, with the module stand-in
+        rel = {k: debian_control.instantiate(t, v) for k, t in fields.items()}
+        debs.append(Deb(
+            name, v, f"{name} of NVIDIA driver {version}", source=tree["source"],
+            pre_depends=_split(rel.get("Pre-Depends")),
+            # the nvidia-smi stand-in is a Python program
+            depends=_split(rel.get("Depends")) + (["python3"] if name == "nvidia-smi" else []),
+            provides=_split(rel.get("Provides")), conflicts=_split(rel.get("Conflicts")),
+            breaks=_split(rel.get("Breaks")), replaces=_split(rel.get("Replaces")),
+            files=payloads.get(name, {}),
+        ))
+    module = {k: debian_control.instantiate(t, v)
+              for k, t in tree["packages"]["nvidia-kernel-dkms"].items()}
+    upstream = version
+    for name, source, flavour, other, what, extra in (
+        ("nvidia-kernel-dkms", tree["source"], "proprietary", "nvidia-kernel-open-dkms",
+         "NVIDIA kernel module", []),
+        # NVIDIA's name for the open module package (Debian's: nvidia-open-kernel-dkms, from
+        # the source nvidia-open-gpu-kernel-modules), providing what Debian's provides
+        ("nvidia-kernel-open-dkms", "nvidia-open-gpu-kernel-modules", "open",
+         "nvidia-kernel-dkms", "NVIDIA open kernel module", [f"nvidia-open-kernel-{upstream}"]),
     ):
         values = {"PACKAGE": name, "VERSION": v, "DRIVER": version, "FLAVOUR": flavour}
         dkms_conf = (
@@ -327,7 +332,9 @@ def _driver(version: str) -> list[Deb]:
                 name,
                 v,
                 f"{what} (DKMS source)",
-                provides=[f"nvidia-kernel-dkms-any {exact}"],
+                source=source,
+                depends=_split(module.get("Depends")),
+                provides=_split(module.get("Provides")) + extra,
                 conflicts=[other],
                 replaces=[other],
                 files={
@@ -344,7 +351,33 @@ def _driver(version: str) -> list[Deb]:
                 },
             )
         )
+    debs.append(Deb(
+        "nvidia-open", v, "NVIDIA driver with the open kernel modules (metapackage)",
+        source="nvidia-open",
+        depends=[f"nvidia-driver {exact}", f"nvidia-kernel-open-dkms {exact}"],
+    ))
+    debs.append(_pinning(version, f"driver version {version}", f"{version}-*"))
     return debs
+
+
+def _pinning(name: str, what: str, pattern: str) -> Deb:
+    """NVIDIA's pinning package for a branch or a version ("nvidia-driver-pinning-580",
+    "APT driver pinning file for driver branch 580"; apt-cache search on NVIDIA's repository).
+    The preferences file it installs is this stand-in's own: the product does not read it."""
+    text = (
+        f"# sandbox stand-in of NVIDIA's nvidia-driver-pinning-{name}\n"
+        "Package: src:nvidia-graphics-drivers src:nvidia-open-gpu-kernel-modules nvidia-open\n"
+        f"Pin: version {pattern}\nPin-Priority: 1000\n"
+    )
+    return Deb(
+        f"nvidia-driver-pinning-{name}", f"{name}-1", f"APT driver pinning file for {what}",
+        arch="all", source="nvidia-driver-pinning",
+        files={f"/etc/apt/preferences.d/nvidia-driver-pinning-{name}": (text.encode(), 0o644)},
+    )
+
+
+def _split(relation: str | None) -> list[str]:
+    return [r.strip() for r in (relation or "").split(",") if r.strip()]
 
 
 def _toolkit(cuda: CudaRelease) -> list[Deb]:
@@ -595,6 +628,7 @@ def _signing_key(home: Path) -> str:
 def _inputs_digest(kernel_release: str, keyring: bytes) -> str:
     h = hashlib.sha256()
     h.update(Path(__file__).read_bytes())
+    h.update(Path(debian_control.__file__).read_bytes() + debian_control.DATA.read_bytes())
     for path in sorted(p for p in STANDINS.iterdir() if p.is_file()):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update(kernel_release.encode() + b"\0" + keyring)
