@@ -23,7 +23,7 @@ from pyinfra.operations.util import any_changed
 from typing_extensions import override
 
 from operations import REPO_ROOT
-from operations import driver_rollback, remote, roll
+from operations import driver_lock, driver_rollback, remote, roll
 from operations.apt_simulation import DriverSimulation
 from operations.gpu import NvidiaDriver
 from operations.host import (
@@ -70,7 +70,7 @@ DRIVER_PACKAGES: Final = {
                                 "nvidia-kernel-dkms"),
     ("ubuntu", "open"): (("nvidia-open", "nvidia-utils{-branch}", "libnvidia-compute{-branch}"),
                          "nvidia-dkms{-branch}-open"),
-    ("ubuntu", "proprietary"): (("cuda-drivers", "nvidia-utils{-branch}",
+    ("ubuntu", "proprietary"): (("nvidia-driver{-branch}", "nvidia-utils{-branch}",
                                  "libnvidia-compute{-branch}"), "nvidia-dkms{-branch}"),
 }
 #: The first branch whose Ubuntu packages carry no branch in their names (see above).
@@ -80,14 +80,6 @@ MODULE_PACKAGE_NAMES: Final = {
     "open": re.compile(r"nvidia-kernel-open-dkms|nvidia-dkms(-\d+)?-open"),
     "proprietary": re.compile(r"nvidia-kernel-dkms|nvidia-dkms(-\d+)?"),
 }
-#: NVIDIA's package that locks apt onto a driver branch or version, in the repositories that
-#: have one ("APT driver pinning file for driver branch 580" / "... for driver version
-#: 580.105.08", apt-cache search; NVIDIA's driver installation guide: install it before the
-#: driver).
-PINNING_PACKAGE: Final = "nvidia-driver-pinning-{}"
-PINNING_PACKAGES: Final = re.compile(r"nvidia-driver-pinning-[0-9][0-9.]*")
-
-
 def driver_package_names(folder: str, flavour: str, branch: str) -> tuple[list[str], str]:
     """The driver packages to install and the kernel-module package, for a repository folder
     ("ubuntu2404/x86_64"), a flavour ("open") and a branch ("580")."""
@@ -97,11 +89,6 @@ def driver_package_names(folder: str, flavour: str, branch: str) -> tuple[list[s
     return ([p.replace("{-branch}", suffix) for p in packages],
             module.replace("{-branch}", suffix))
 
-
-def pinning_package(settings: Settings) -> str:
-    """NVIDIA's pinning package for host data's driver: per version where one is asked for
-    ("nvidia-driver-pinning-580.95.05"), else per branch ("nvidia-driver-pinning-580")."""
-    return PINNING_PACKAGE.format(settings.driver_version or settings.driver_branch)
 
 #: The server unit (operations/server.py) that must never run across a driver change.
 SERVER_UNIT: Final = "sglang.service"
@@ -521,7 +508,10 @@ def plan_driver(
             f"for {target} (gpuhost_driver_branch, gpuhost_driver_version). A driver change "
             "reboots the host and restarts the server: set gpuhost_allow_driver_change = True "
             "for this run to allow it")
-    install = not keep and (change or any(p not in debs for p in (*packages, module_package)))
+    # The metapackage and the module decide whether the driver is installed (and a reboot
+    # follows); a compute package missing beside them (nvidia-smi, which hosts converged before
+    # it was named may lack) installs at the pinned version without one.
+    install = not keep and (change or any(p not in debs for p in (packages[0], module_package)))
 
     configured = lists_present and any(s.file == source_path for s in sources)
     if install and configured and available is not None and not any(
@@ -862,6 +852,7 @@ def nvidia(settings: Settings):
     )
     missing = [p for p in (toolkit,) if p not in debs]
     stale_lists = plan.install or bool(missing) or not lists_present
+    configured_lists = lists_present and any(s.file == source_path for s in fact(AptSources))
     lists_updated(name="Update apt lists",
                   _if=lambda: stale_lists or any_changed(keyring, source, pin)())
     if plan.headers_unknown:
@@ -904,15 +895,19 @@ def nvidia(settings: Settings):
                 packages=list(packages), module_package=module_package,
                 version_glob=plan.target)
         name = host.name
+        pinning = driver_lock.pinning_package(settings.driver_branch, settings.driver_version)
+        offered = (bool(fact(AptVersions, package=pinning))
+                   if configured_lists and not stale_lists else None)
         if plan.install and plan.installed and roll.in_turn(
                 DRIVER_CHANGE, lambda when: driver_change(settings, plan, packages, module_package,
-                                                     running, when),
+                                                     running, when, (pinning, offered)),
                 running=running, reboots=bool(plan.reboot_reasons),
                 stops=lambda: driver_rollback.rolled_back(name)):
             logger.info(f"{host.print_prefix}NVIDIA: the driver changes in this host's turn "
                         "of the roll, out of the router")
         else:
-            driver_change(settings, plan, packages, module_package, running)
+            driver_change(settings, plan, packages, module_package, running,
+                          lock=(pinning, offered))
     apt.packages(name=f"CUDA toolkit {settings.cuda_toolkit}", packages=[toolkit],
                  no_recommends=True)
     holds = [toolkit] if plan.keep_present else [*packages, module_package, toolkit]
@@ -927,11 +922,13 @@ def nvidia(settings: Settings):
 
 def driver_change(settings: Settings, plan: DriverPlan, packages: list[str],
                   module_package: str, running: bool,
-                  when: Callable[[], bool] | None = None) -> None:
-    """Plan the driver's change (see :func:`nvidia`): the server stopped, the packages, the
-    reboot and the loaded driver's check; ``when``: its host's turn in the roll (each operation
-    runs only then, and the server is enabled again after the check, restarted by the roll),
-    else None (in place; the server stage enables and starts the server)."""
+                  when: Callable[[], bool] | None = None,
+                  lock: tuple[str, bool | None] | None = None) -> None:
+    """Plan the driver's change (see :func:`nvidia`): the server stopped, NVIDIA's pinning
+    package (``lock``: its name and whether the lists offer it, operations.driver_lock), the
+    packages, the reboot and the loaded driver's check; ``when``: its host's turn in the roll
+    (each operation runs only then, and the server is enabled again after the check, restarted
+    by the roll), else None (in place; the server stage enables and starts the server)."""
     only = [when] if when else []
     if plan.install and (running or fact(SystemdEnabled, services=SERVER_UNIT).get(
             SERVER_UNIT)):
@@ -939,6 +936,10 @@ def driver_change(settings: Settings, plan: DriverPlan, packages: list[str],
         # check; it starts once, on the new driver.
         systemd.service(name=f"Stop {SERVER_UNIT} before the driver changes",
                         service=SERVER_UNIT, running=False, enabled=False, _if=only)
+    if lock:
+        driver_lock.nvidia_pinning(
+            name=f"NVIDIA's {lock[0]}, where the repository has it (apt's lock)",
+            package=lock[0], offered=lock[1], _if=only)
     driver_packages(
         name=f"NVIDIA driver ({settings.driver_flavour} kernel modules, {plan.target})",
         packages=list(packages),
