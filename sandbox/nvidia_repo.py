@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox import debian_control
-from sandbox.layout import APT_ARCHIVES, CUDA_REPO_DIR, HTTP_PORT, STATE_DIR
+from sandbox import ubuntu_driver
+from sandbox.layout import APT_ARCHIVES, CUDA_REPO_DIR, CUDA_REPO_PATH, HTTP_PORT, STATE_DIR
 
 GNUPG_HOME = STATE_DIR / "gnupg"
 KEY_UID = "gpuhost sandbox CUDA repository (stand-in) <sandbox@gpuhost.invalid>"
@@ -92,6 +93,9 @@ CUDA_RELEASES = (
         "cuda_13.0.r13.0/compiler.36424714_0",
     ),
 )
+
+#: The repository's folders (NVIDIA's layout: <distro>/<arch>), each signed with the same key.
+FOLDERS = ("debian12/x86_64", "ubuntu2404/x86_64")
 
 KEYRING_DEB_VERSION = "1.1-1"
 KEYRING_PATH = "/usr/share/keyrings/cuda-archive-keyring.gpg"
@@ -177,7 +181,7 @@ def build(
         if shutil.which(tool) is None:
             raise RepoError(f"{tool} is not installed (Debian packages: dpkg, apt-utils, gnupg)")
     www = Path(www)
-    repo = www / CUDA_REPO_DIR.strip("/")
+    repos = {folder: www / CUDA_REPO_PATH.strip("/") / folder for folder in FOLDERS}
     try:
         fingerprint = _signing_key(Path(gnupg_home))
         keyring = _run(
@@ -185,24 +189,26 @@ def build(
         ).stdout
         stamp = {"inputs": _inputs_digest(kernel_release, keyring)}
         stamp_path = www / STAMP
-        if (repo / "InRelease").exists() and _read_json(stamp_path) == stamp:
-            return {"keyring_sha256": _sha256(repo / "cuda-archive-keyring.gpg")}
-        repo.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=repo.parent, prefix=".build-") as tmp:
-            new = Path(tmp) / "x86_64"
-            new.mkdir()
-            (new / "cuda-archive-keyring.gpg").write_bytes(keyring)
-            with tempfile.TemporaryDirectory(prefix="gpuhost-debs-") as work:
-                for deb in packages(kernel_release, keyring):
-                    _build_deb(deb, Path(work), new)
-            _index(new)
-            _sign(new, Path(gnupg_home), fingerprint)
-            old = Path(tmp) / "old"
-            if repo.exists():
-                repo.rename(old)
-            new.rename(repo)
-        if apt_archives is not None:
-            _drop_stale(Path(apt_archives), repo)
+        if all((r / "InRelease").exists() for r in repos.values()) and (
+                _read_json(stamp_path) == stamp):
+            return {"keyring_sha256": hashlib.sha256(keyring).hexdigest()}
+        for folder, repo in repos.items():
+            repo.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=repo.parent, prefix=".build-") as tmp:
+                new = Path(tmp) / repo.name
+                new.mkdir()
+                (new / "cuda-archive-keyring.gpg").write_bytes(keyring)
+                with tempfile.TemporaryDirectory(prefix="gpuhost-debs-") as work:
+                    for deb in packages(kernel_release, keyring, folder):
+                        _build_deb(deb, Path(work), new)
+                _index(new)
+                _sign(new, Path(gnupg_home), fingerprint)
+                old = Path(tmp) / "old"
+                if repo.exists():
+                    repo.rename(old)
+                new.rename(repo)
+            if apt_archives is not None:
+                _drop_stale(Path(apt_archives), repo)
         stamp_path.parent.mkdir(parents=True, exist_ok=True)
         stamp_path.write_text(json.dumps(stamp) + "\n")
     finally:
@@ -215,13 +221,23 @@ def build(
     return {"keyring_sha256": hashlib.sha256(keyring).hexdigest()}
 
 
-def packages(kernel_release: str, keyring: bytes) -> list[Deb]:
-    """Every stand-in package of the repository (names and versions: NVIDIA's debian12 repo)."""
-    debs = [_cuda_keyring(keyring), _linux_headers(kernel_release)]
-    for version in DRIVER_VERSIONS:
-        debs.extend(_driver(version))
-    for branch in sorted({v.split(".")[0] for v in DRIVER_VERSIONS}):
-        debs.append(_pinning(branch, f"driver branch {branch}", f"{branch}.*"))
+def packages(kernel_release: str, keyring: bytes, folder: str = "debian12/x86_64") -> list[Deb]:
+    """Every stand-in package of the repository folder (names and versions: NVIDIA's debian12
+    repository, or its ubuntu2404 one: sandbox/ubuntu_driver.py)."""
+    debs = [_linux_headers(kernel_release)]
+    if folder.startswith("ubuntu"):
+        branches = sorted({v.split(".")[0] for v in DRIVER_VERSIONS})
+        for version in DRIVER_VERSIONS:
+            debs.extend(_ubuntu_driver(version, branches))
+        for branch in branches:
+            debs.append(_pinning(branch, f"driver branch {branch}", f"{branch}.*",
+                                 revision="1ubuntu1"))
+    else:
+        debs.append(_cuda_keyring(keyring))
+        for version in DRIVER_VERSIONS:
+            debs.extend(_driver(version))
+        for branch in sorted({v.split(".")[0] for v in DRIVER_VERSIONS}):
+            debs.append(_pinning(branch, f"driver branch {branch}", f"{branch}.*"))
     for cuda in CUDA_RELEASES:
         debs.extend(_toolkit(cuda))
     return debs
@@ -360,17 +376,62 @@ def _driver(version: str) -> list[Deb]:
     return debs
 
 
-def _pinning(name: str, what: str, pattern: str) -> Deb:
+def _ubuntu_driver(version: str, branches: list[str]) -> list[Deb]:
+    """One driver release's packages in NVIDIA's ubuntu2404 repository (sandbox/ubuntu_driver.py
+    says what is real in it), with the stand-in files where Ubuntu's packages carry them:
+    nvidia-smi in nvidia-utils, the libraries' versions in libnvidia-compute, the module in
+    nvidia-dkms-open."""
+    v = ubuntu_driver.revision(version)
+    n = ubuntu_driver.names(version)
+    rel = ubuntu_driver.relations(version, branches)
+    source = ubuntu_driver.source(version)
+    lib_dir = "/usr/lib/x86_64-linux-gnu/nvidia-sandbox"
+    loader = "load-module-unknown-symbol" if version in MODULE_FAILS_TO_LOAD else "load-module"
+    module = n["nvidia-dkms{b}-open"]
+    payloads: dict[str, dict[str, tuple[bytes, int]]] = {
+        n["nvidia-utils{b}"]: {"/usr/bin/nvidia-smi": (render("nvidia-smi", VERSION=version)
+                                                       .encode(), 0o755)},
+        n["libnvidia-compute{b}"]: {
+            f"{lib_dir}/{lib}.version": (f"{version}\n".encode(), 0o644)
+            for lib in ("libnvidia-ml1", "libcuda1")},
+        module: {
+            f"/usr/src/nvidia-{version}/dkms.conf": (
+                f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{version}"\n'.encode(), 0o644),
+            "/usr/lib/nvidia-sandbox/load-module": (render(loader).encode(), 0o755),
+            "/lib/systemd/system/nvidia-sandbox-module.service": (
+                render("nvidia-sandbox-module.service").encode(), 0o644),
+        },
+    }
+    values = {"PACKAGE": module, "VERSION": v, "DRIVER": version, "FLAVOUR": "open"}
+    debs = [Deb(name, v, f"{name} of NVIDIA driver {version}", source=source,
+                depends=r["Depends"], conflicts=r["Conflicts"], replaces=r["Replaces"],
+                files=payloads.get(name, {}),
+                scripts={s: render(f"kernel-module.{s}", **values)
+                         for s in ("postinst", "prerm", "postrm")} if name == module else {})
+            for name, r in rel.items()]
+    debs.append(Deb(
+        "nvidia-open", v, "NVIDIA driver with the open kernel modules (metapackage)",
+        source="nvidia-open",
+        depends=[f"{n[b]} (= {v})" for b in ("nvidia-dkms{b}-open", "nvidia-utils{b}",
+                                             "libnvidia-compute{b}")],
+    ))
+    debs.append(_pinning(version, f"driver version {version}", f"{version}-*",
+                         revision=v.rsplit("-", 1)[1]))
+    return debs
+
+
+def _pinning(name: str, what: str, pattern: str, revision: str = "1") -> Deb:
     """NVIDIA's pinning package for a branch or a version ("nvidia-driver-pinning-580",
     "APT driver pinning file for driver branch 580"; apt-cache search on NVIDIA's repository).
     The preferences file it installs is this stand-in's own: the product does not read it."""
     text = (
         f"# sandbox stand-in of NVIDIA's nvidia-driver-pinning-{name}\n"
-        "Package: src:nvidia-graphics-drivers src:nvidia-open-gpu-kernel-modules nvidia-open\n"
+        "Package: src:nvidia-graphics-drivers* src:nvidia-open-gpu-kernel-modules nvidia-open\n"
         f"Pin: version {pattern}\nPin-Priority: 1000\n"
     )
     return Deb(
-        f"nvidia-driver-pinning-{name}", f"{name}-1", f"APT driver pinning file for {what}",
+        f"nvidia-driver-pinning-{name}", f"{name}-{revision}",
+        f"APT driver pinning file for {what}",
         arch="all", source="nvidia-driver-pinning",
         files={f"/etc/apt/preferences.d/nvidia-driver-pinning-{name}": (text.encode(), 0o644)},
     )
@@ -629,6 +690,7 @@ def _inputs_digest(kernel_release: str, keyring: bytes) -> str:
     h = hashlib.sha256()
     h.update(Path(__file__).read_bytes())
     h.update(Path(debian_control.__file__).read_bytes() + debian_control.DATA.read_bytes())
+    h.update(Path(ubuntu_driver.__file__).read_bytes())
     for path in sorted(p for p in STANDINS.iterdir() if p.is_file()):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update(kernel_release.encode() + b"\0" + keyring)

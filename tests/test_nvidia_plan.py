@@ -203,7 +203,8 @@ def test_pin_and_unattended_exclusions_cover_the_same_packages():
     from operations import REPO_ROOT
     pin = jinja2.Template((REPO_ROOT / "templates/apt-nvidia-pin.j2").read_text()).render(
         version_glob="580.95.05-*")
-    stanza = [line for line in pin.splitlines() if line and not line.startswith("#")]
+    stanza = [line for line in pin.split("\n\n")[-1].splitlines()
+              if line and not line.startswith("#")]
     assert stanza[0].startswith("Package: ") and stanza[1:] == [
         "Pin: version 580.95.05-*", "Pin-Priority: 1000"]
     pinned = [g for g in stanza[0].split()[1:] if not g.startswith("src:")]
