@@ -386,7 +386,7 @@ def _ubuntu_driver(version: str, branches: list[str]) -> list[Deb]:
     rel = ubuntu_driver.relations(version, branches)
     source = ubuntu_driver.source(version)
     lib_dir = "/usr/lib/x86_64-linux-gnu/nvidia-sandbox"
-    loader = "load-module-unknown-symbol" if version in MODULE_FAILS_TO_LOAD else "load-module"
+    loader = "load-module"  # every release loads here: the rollback is tested on debian12
     module = n["nvidia-dkms{b}-open"]
     payloads: dict[str, dict[str, tuple[bytes, int]]] = {
         n["nvidia-utils{b}"]: {"/usr/bin/nvidia-smi": (render("nvidia-smi", VERSION=version)
