@@ -139,6 +139,22 @@ def toolkit_package(cuda: str) -> str:
     return "cuda-toolkit-" + cuda.replace(".", "-")
 
 
+def renamed_packages(folder: str, flavour: str, installed: tuple[str, ...],
+                     debs: dict[str, list[str]], wanted: list[str]) -> list[str]:
+    """The installed driver packages that a change to ``wanted`` replaces under other names:
+    those of the installed branch (read from the kernel-module package's ``installed``
+    versions) that ``wanted`` does not name, on Ubuntu across 590's rename ("nvidia-utils-580"
+    when "nvidia-utils" comes); none where the names stay."""
+    gone: list[str] = []
+    for version in installed:
+        branch = upstream(version).split(".")[0]
+        if not branch.isdigit():
+            continue
+        old, old_module = driver_package_names(folder, flavour, branch)
+        gone += [n for n in (*old, old_module) if n in debs and n not in wanted and n not in gone]
+    return gone
+
+
 def upstream(version: str) -> str:
     """A Debian package version without epoch and revision: "580.95.05-1" gives "580.95.05"."""
     return version.split(":", 1)[-1].rsplit("-", 1)[0]
@@ -589,7 +605,7 @@ def held(packages: list[str]):
 
 @operation()
 def driver_packages(packages: list[str], module_package: str, version_glob: str,
-                    allow_change: bool = False):
+                    allow_change: bool = False, removals: list[str] | None = None):
     """Install NVIDIA's driver packages at the version apt's pin selects (templates/
     apt-nvidia-pin.j2), or change an installed driver to it.
 
@@ -598,14 +614,20 @@ def driver_packages(packages: list[str], module_package: str, version_glob: str,
     + version_glob: the wanted version as an apt pattern ("580.*", "580.95.05-*")
     + allow_change: allow changing an installed driver of another version (held packages are
       changed too); without it such a change raises OperationError
+    + removals: installed packages the change replaces under other names (Ubuntu's
+      nvidia-dkms-580-open when nvidia-dkms-open 590 comes, :func:`renamed_packages`), removed
+      in the same transaction: apt's resolver does not remove a held package for a Conflicts
+      of its own accord ("pkgProblemResolver::Resolve generated breaks, this may be caused by
+      held packages", seen on the sandbox's Ubuntu host)
 
     pyinfra's apt.packages leaves held packages alone, which a driver change must not. apt
     ignores a pin that matches no version and installs the newest instead, so the install is
     refused when apt's lists (``apt-cache madison``) have no version matching ``version_glob``,
     and the host fails unless the installed ``module_package`` then matches it.
     """
-    if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", module_package):
-        raise OperationValueError(f"package name {module_package!r}")
+    for name in (module_package, *(removals or ())):
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", name):
+            raise OperationValueError(f"package name {name!r}")
     if not re.fullmatch(r"[0-9][0-9.]*(-\*|\.\*)", version_glob):
         raise OperationValueError(f"driver version pattern {version_glob!r}")
     debs = host.get_fact(DebPackages)
@@ -633,10 +655,11 @@ def driver_packages(packages: list[str], module_package: str, version_glob: str,
         f"{version_glob} (it has:${{have:- none}}): set gpuhost_driver_version to one it has\" "
         ">&2; exit 1; fi"
     )
+    gone = [f"{r}-" for r in removals or () if r in debs]
     yield StringCommand(
         "DEBIAN_FRONTEND=noninteractive", "apt-get", "-y",
         "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold",
-        "install", *args, *wanted,
+        "install", *args, *wanted, *gone,
     )
     yield StringCommand(
         f"p=$(dpkg-query -W -f='${{Version}}' {module_package}); case \"$p\" in "
@@ -784,13 +807,16 @@ def nvidia(settings: Settings):
     )
     packages, module_package = driver_package_names(folder, settings.driver_flavour,
                                                     settings.driver_branch)
+    removals = renamed_packages(folder, settings.driver_flavour, plan.installed, debs,
+                                [*packages, module_package])
     pending = driver_rollback.pending_change(fact(FileText, path=driver_rollback.CHANGE))
     last_good = driver_rollback.load(fact(FileText, path=driver_rollback.LAST_GOOD))
     simulation = None
     if plan.install and not plan.keep_present and lists_present and any(
             s.file == source_path for s in fact(AptSources)):
         simulation = fact(DriverSimulation,
-                          packages=[*packages, module_package], version_glob=plan.target)
+                          packages=[*packages, module_package, *(f"{r}-" for r in removals)],
+                          version_glob=plan.target)
     resolved = simulation.version_of(module_package) if simulation else None
     logger.info(f"{host.print_prefix}NVIDIA: {plan.summary(resolved)}")
     for warning in plan.warnings:
@@ -892,7 +918,8 @@ def nvidia(settings: Settings):
         if plan.install and plan.installed:
             driver_rollback.kept(
                 name="Keep the installed driver's packages for a rollback",
-                packages=list(packages), module_package=module_package,
+                packages=[*packages, *(f"{r}-" for r in removals)],
+                module_package=module_package,
                 version_glob=plan.target)
         name = host.name
         pinning = driver_lock.pinning_package(settings.driver_branch, settings.driver_version)
@@ -900,14 +927,15 @@ def nvidia(settings: Settings):
                    if configured_lists and not stale_lists else None)
         if plan.install and plan.installed and roll.in_turn(
                 DRIVER_CHANGE, lambda when: driver_change(settings, plan, packages, module_package,
-                                                     running, when, (pinning, offered)),
+                                                     running, when, (pinning, offered),
+                                                     removals),
                 running=running, reboots=bool(plan.reboot_reasons),
                 stops=lambda: driver_rollback.rolled_back(name)):
             logger.info(f"{host.print_prefix}NVIDIA: the driver changes in this host's turn "
                         "of the roll, out of the router")
         else:
             driver_change(settings, plan, packages, module_package, running,
-                          lock=(pinning, offered))
+                          lock=(pinning, offered), removals=removals)
     apt.packages(name=f"CUDA toolkit {settings.cuda_toolkit}", packages=[toolkit],
                  no_recommends=True)
     holds = [toolkit] if plan.keep_present else [*packages, module_package, toolkit]
@@ -923,7 +951,8 @@ def nvidia(settings: Settings):
 def driver_change(settings: Settings, plan: DriverPlan, packages: list[str],
                   module_package: str, running: bool,
                   when: Callable[[], bool] | None = None,
-                  lock: tuple[str, bool | None] | None = None) -> None:
+                  lock: tuple[str, bool | None] | None = None,
+                  removals: list[str] | None = None) -> None:
     """Plan the driver's change (see :func:`nvidia`): the server stopped, NVIDIA's pinning
     package (``lock``: its name and whether the lists offer it, operations.driver_lock), the
     packages, the reboot and the loaded driver's check; ``when``: its host's turn in the roll
@@ -946,6 +975,7 @@ def driver_change(settings: Settings, plan: DriverPlan, packages: list[str],
         module_package=module_package,
         version_glob=plan.target,
         allow_change=settings.allow_driver_change,
+        removals=list(removals or ()),
         _if=only,
     )
     if plan.reboot_reasons:

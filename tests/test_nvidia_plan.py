@@ -317,3 +317,18 @@ def test_debian_names_the_compute_packages_and_ubuntu_drops_the_branch_from_590(
     for name in ("nvidia-dkms-open", "nvidia-dkms-580-open", "nvidia-kernel-open-dkms"):
         assert MODULE_PACKAGE_NAMES["open"].fullmatch(name)
         assert not MODULE_PACKAGE_NAMES["proprietary"].fullmatch(name)
+
+
+def test_ubuntus_rename_removes_the_branch_named_packages_in_the_same_transaction():
+    from operations.nvidia import renamed_packages
+
+    debs = {"nvidia-open": ["580.95.05-0ubuntu1"], "nvidia-utils-580": ["580.95.05-0ubuntu1"],
+            "libnvidia-compute-580": ["580.95.05-0ubuntu1"],
+            "nvidia-dkms-580-open": ["580.95.05-0ubuntu1"]}
+    wanted = ["nvidia-open", "nvidia-utils", "libnvidia-compute", "nvidia-dkms-open"]
+    assert renamed_packages("ubuntu2404/x86_64", "open", ("580.95.05-0ubuntu1",), debs,
+                            wanted) == ["nvidia-utils-580", "libnvidia-compute-580",
+                                        "nvidia-dkms-580-open"]
+    same = ["nvidia-open", "nvidia-smi", "libcuda1", "nvidia-kernel-open-dkms"]
+    assert renamed_packages("debian12/x86_64", "open", ("580.95.05-1",),
+                            {n: ["580.95.05-1"] for n in same}, same) == []
