@@ -6,8 +6,9 @@ and its target is not made. Checked over plain ssh, as root or as ``nobody``."""
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
-import time
+import subprocess
 
 import pytest
 
@@ -22,14 +23,6 @@ ENV_FILE = "/etc/gpuhost/server.env"
 @pytest.fixture(scope="module")
 def host(converged_host):
     return converged_host
-
-
-@pytest.fixture
-def deploy(tmp_path):
-    def run(*extra: str, **overrides) -> lab.Run:
-        inventory = write_inventory(tmp_path / f"inv{time.monotonic_ns()}.py", **overrides)
-        return lab.deploy(*extra, inventory=inventory)
-    return run
 
 
 def test_a_deploy_lock_path_that_is_a_symlink_is_refused_and_not_followed(host):
@@ -63,11 +56,19 @@ def test_no_file_another_user_reads_holds_a_hash_of_server_env(host):
         "600 root"
 
 
-def test_dry_diff_shows_the_keys_of_server_env_never_its_values(host, deploy):
+def test_dry_diff_shows_the_keys_of_server_env_never_its_values(host, tmp_path):
     old = lab.GUARD.register("wandb-" + secrets.token_hex(20), "W&B API key")
     new = lab.GUARD.register("wandb-" + secrets.token_hex(20), "W&B API key")
     host.ssh(f"umask 077; printf 'WANDB_API_KEY=%s\\n' {old} >> {ENV_FILE}")
-    run = deploy("--dry", "--diff", gpuhost_server_env={"WANDB_API_KEY": new})
+    # as an operator reads a plan: without -y, so that pyinfra's change detection runs the
+    # operations (and prints their --diff) before it stops (--dry)
+    inventory = write_inventory(tmp_path / "inventory.py",
+                                gpuhost_server_env={"WANDB_API_KEY": new})
+    done = subprocess.run([str(lab.PYINFRA), "--dry", "--diff", inventory, "deploy.py"],
+                          cwd=lab.ROOT, text=True, capture_output=True, check=False,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    run = lab.Run(done.returncode, done.stdout + done.stderr, None)
+    lab.GUARD.observe("pyinfra --dry --diff", run.output)
     assert run.returncode == 0, run.output[-6000:]
     assert old not in run.output and new not in run.output
     assert f"Will modify {ENV_FILE} (values hidden: it holds secrets)" in run.output, \
