@@ -40,11 +40,11 @@ import ctypes
 import json
 import os
 import re
-import signal
-import sys
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -475,7 +475,8 @@ def check_peer(peer: Peer, repo: str, files: dict[str, list], prefix: str) -> li
         logger.info(f"{prefix}model copy: {peer.name}'s copy of {repo} could not be checked "
                     f"by its hashes ({err}): not copied from there")
         return []
-    good = [n for n in files if n in set(verdict["good"]) and "\n" not in n]
+    verified = set(verdict["good"])
+    good = [n for n in files if n in verified and "\n" not in n]
     said = [f"{len(verdict[k])} {label} ({_names(verdict[k])})" for k, label in (
         ("wrong", "file(s) whose hash is not the Hub's"), ("links", "symbolic link(s)"),
         ("extra", "file(s) the revision does not list")) if verdict.get(k)]

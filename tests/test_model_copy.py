@@ -321,3 +321,36 @@ def test_the_peer_check_says_which_files_hash_as_the_hub_says(tmp_path):
     assert json.loads(done.stdout) == {
         "good": ["config.json", "model-1.safetensors"], "wrong": ["model-2.safetensors"],
         "links": ["tokenizer.json"], "extra": ["modeling_evil.py"], "missing": []}
+
+
+def test_a_model_folder_holding_what_the_revision_does_not_list_is_not_complete(tmp_path):
+    """ModelSnapshot: a file planted beside the revision's, or a link (even one named as a file
+    of the revision), makes the copy incomplete, so the next converge cleans it up; the Hub
+    client's .cache folder and the stamp do not count."""
+    from operations.model import _SNAPSHOT_SCRIPT
+
+    def snapshot() -> dict:
+        return json.loads(subprocess.run([sys.executable, "-c", _SNAPSHOT_SCRIPT, str(dest)],
+                                         capture_output=True, text=True, check=True).stdout)
+
+    dest = tmp_path / "m"
+    (dest / ".cache" / "huggingface").mkdir(parents=True)
+    (dest / ".cache" / "huggingface" / "x.metadata").write_text("hub client's\n")
+    (dest / "sub").mkdir()
+    (dest / "config.json").write_bytes(CONFIG)
+    (dest / "sub" / "model.safetensors").write_bytes(GOOD)
+    (dest / ".gpuhost-model.json").write_text(json.dumps({
+        "repo": "org/m", "revision": "main", "sha": "b" * 40,
+        "files": {"config.json": len(CONFIG), "sub/model.safetensors": len(GOOD)}}))
+    assert snapshot()["complete"] is True and snapshot()["extra"] == []
+    (dest / "modeling_evil.py").write_text("x\n")
+    (dest / "sub" / "link").symlink_to("/etc")
+    found = snapshot()
+    assert found["complete"] is False and found["extra"] == ["modeling_evil.py", "sub/link"]
+    (dest / "modeling_evil.py").unlink()
+    (dest / "sub" / "link").unlink()
+    (dest / "config.json").unlink()
+    (dest / "config.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_bytes(CONFIG)
+    found = snapshot()
+    assert found["complete"] is False and found["wrong"] == ["config.json"]
