@@ -1,7 +1,8 @@
 """Last known good: what a host served with when its health gate last passed, and the rollback
 to it when a change fails the gate.
 
-The record is /var/lib/gpuhost/last-known-good.json (beside p2p.json and sglang.verified), one
+The record is /var/lib/gpuhost/last-known-good.json (beside p2p.json and sglang.verified; mode
+0600: it holds server.env's SHA-256, against which a guessed secret could be checked), one
 JSON object with a ``format`` number and one entry per concern; the shipped script
 operations/files/last_known_good.py writes only the ``"server"`` entry and keeps the others as
 they are, so another concern adds its own entry beside it (a ``"driver"`` entry: the driver

@@ -24,9 +24,19 @@ try:
 except Exception:
     print("{}"); sys.exit(0)
 files = s.pop("files", {})
-bad = sorted(n for n, z in files.items() if not os.path.isfile(os.path.join(d, n))
-             or os.path.getsize(os.path.join(d, n)) != z)
-s["complete"], s["wrong"], s["file_count"] = not bad, bad, len(files)
+bad = sorted(n for n, z in files.items() if os.path.islink(os.path.join(d, n))
+             or not os.path.isfile(os.path.join(d, n)) or os.path.getsize(os.path.join(d, n)) != z)
+extra = []
+for top, dirs, names in os.walk(d):
+    rel = os.path.relpath(top, d)
+    if rel == ".":
+        dirs[:] = [x for x in dirs if x != ".cache" or os.path.islink(os.path.join(d, x))]
+    for n in names + [x for x in dirs if os.path.islink(os.path.join(top, x))]:
+        p = n if rel == "." else rel + "/" + n
+        if (p not in files or os.path.islink(os.path.join(top, n))) and not p.startswith("STAMP_NAME"):
+            extra.append(p)
+s["complete"], s["wrong"], s["file_count"] = not bad and not extra, bad, len(files)
+s["extra"] = sorted(extra)[:20]
 print(json.dumps(s))
 """.replace("STAMP_NAME", STAMP)
 
@@ -37,17 +47,20 @@ class Snapshot(TypedDict, total=False):
     sha: str
     complete: bool
     wrong: list[str]
+    extra: list[str]
     file_count: int
 
 
 class ModelSnapshot(FactBase[Snapshot]):
     """The local copy of a model repository, from its stamp (written after a complete
-    download) and the files' sizes now:
+    download), the files' sizes now, and what else is in the folder: ``extra``, the first 20
+    symbolic links and files the revision does not list (the Hub client's ``.cache`` folder
+    and the stamp aside), which make a copy incomplete (model_fetch.py removes them):
 
     .. code:: python
 
         {"repo": "lukealonso/GLM-5-NVFP4", "revision": "main",
-         "sha": "4f3c...", "complete": True, "wrong": [], "file_count": 93}
+         "sha": "4f3c...", "complete": True, "wrong": [], "extra": [], "file_count": 93}
 
     ``{}`` when there is no stamp (nothing downloaded, or a download that did not finish).
     """
@@ -116,6 +129,10 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
     if is_current(snapshot, repo, revision):
         host.noop(f"{repo}@{snapshot.get('sha', '')[:12]} is complete in {dest}")
         return
+    if snapshot.get("extra"):
+        logger.warning(f"{host.print_prefix}model: {dest} holds what {repo}'s revision does not "
+                       f"list ({', '.join(snapshot['extra'])}): removed, and the weights "
+                       "verified again")
     args = ["--repo", repo, "--revision", revision, "--dest", dest, "--endpoint", endpoint,
             "--headroom-gib", str(headroom_gib)]
     if token_file:

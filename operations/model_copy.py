@@ -18,18 +18,33 @@ rsync from the peer into a staging folder on the controller with that key, then 
 into the host's model folder over the deploy's own SSH login. Every leg keeps partly copied
 files (``--partial-dir``), so an interrupted copy resumes; the staging folder is removed once
 the host has every file.
-model_fetch.py then verifies each file against the Hub's metadata and downloads from the Hub
+Only the revision's files are copied, each verified by its hash, from the same metadata the
+download reads (huggingface_hub's ``model_info`` with ``files_metadata``: the Hub's sha256 of an
+LFS file, the git blob id of any other; the disk preflight prints it). Before a peer serves as a
+source, its own copy is checked there, over the deploy's own login to the peer (sudo), by
+:data:`PEER_CHECK`: a file whose hash is not the Hub's, a symbolic link, and a file the revision
+does not list are said and not copied (rsync ``--files-from`` the verified files alone, never
+following a link: ``--no-links``); what is not copied comes from the Hub. That check is the
+peer's word: model_fetch.py then verifies each file on the host itself against the Hub's
+metadata, removes every file and link the revision does not list, and downloads from the Hub
 only what is missing or wrong. No token is used by the copy or travels with it.
+
+A copy dies with the run that started it: rsync and ssh here get SIGTERM when the controller's
+process ends, however it ends (prctl(2) PR_SET_PDEATHSIG), and the host's side of a direct copy
+stops its rsync when the deploy's SSH session ends (model_copy_direct.py).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -67,6 +82,59 @@ RSYNC_FLAGS: Final = ("-a", "--partial", "--partial-dir=.rsync-partial", "--excl
 STAMP: Final = ".gpuhost-model.json"
 #: Seconds to wait for a peer's sshd to answer.
 CONNECT_TIMEOUT_S: Final = 10
+
+#: What a copy never brings (rsync(1)): symbolic links (``-a`` implies ``--links``), devices
+#: and special files; with ``--files-from``, only the files the peer check verified.
+RSYNC_ONLY_FILES: Final = ("--no-links", "--no-devices", "--no-specials")
+#: How model_fetch.py --check-room's line of the revision's files starts (MANIFEST there).
+MANIFEST: Final = "manifest "
+
+#: Run on a peer by the deploy's login (as root): its model folder (argv[1]) against the
+#: revision's files on stdin (``{"files": {path: [size, hash, is LFS]}}``, the disk preflight's
+#: manifest); prints ``{"good", "wrong", "links", "extra", "missing"}``. Nothing is followed
+#: (lstat, O_NOFOLLOW); the Hub client's top-level ``.cache`` and the stamp are not the
+#: revision's and not said. Hashes as model_fetch.py: sha256 of an LFS file, the git blob id
+#: (sha1 of ``blob <size>\0`` and the content) of another; in parallel (hashlib lets go of the
+#: GIL on large updates).
+PEER_CHECK: Final = r"""
+import hashlib, json, os, stat, sys
+from concurrent.futures import ThreadPoolExecutor
+root = sys.argv[1]
+files = json.load(sys.stdin)["files"]
+out = {"good": [], "wrong": [], "links": [], "extra": [], "missing": []}
+def check(name):
+    size, want, lfs = files[name]
+    path = os.path.join(root, name)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return "missing"
+    if stat.S_ISLNK(st.st_mode):
+        return "links"
+    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+        return "wrong"
+    h = hashlib.sha256() if lfs else hashlib.sha1(b"blob %d\0" % size)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        while True:
+            chunk = fh.read(1 << 24)
+            if not chunk:
+                break
+            h.update(chunk)
+    return "good" if h.hexdigest() == want else "wrong"
+with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+    for name, verdict in zip(files, pool.map(check, files)):
+        out[verdict].append(name)
+for top, dirs, names in os.walk(root):
+    rel = os.path.relpath(top, root)
+    if rel == ".":
+        dirs[:] = [d for d in dirs if d != ".cache" or os.path.islink(os.path.join(top, d))]
+    for n in names + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+        p = n if rel == "." else rel + "/" + n
+        if p not in files and not p.startswith(".gpuhost-model.json"):
+            out["links" if os.path.islink(os.path.join(top, n)) else "extra"].append(p)
+print(json.dumps({k: sorted(v) for k, v in out.items()}))
+"""
 
 #: One ``--info=progress2`` update (rsync(1), --info=progress2): bytes so far, percent, rate.
 _PROGRESS = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+/s)")
@@ -146,6 +214,10 @@ class Peer:
     strict_host_key_checking: str
     model_dir: str
     fleet_address: str | None = None
+    #: The deploy's own login to the peer (:func:`login_rsh`): ssh command, ``user@address``,
+    #: whether commands go through sudo; None where not known (its check is then not run and
+    #: the peer not copied from).
+    login: tuple[str, str, bool] | None = None
 
 
 def peers(me: str, settings: Mapping[str, Settings], data: Mapping[str, Mapping[str, Any]]
@@ -166,10 +238,12 @@ def peers(me: str, settings: Mapping[str, Settings], data: Mapping[str, Mapping[
                 or other.model_revision != mine.model_revision:
             continue
         d = data.get(name, {})
+        rsh, target, remote_rsync = login_rsh(name, d)
         found.append(Peer(name, str(d.get("ssh_hostname") or name), int(d.get("ssh_port") or 22),
                           d.get("ssh_known_hosts_file"),
                           str(d.get("ssh_strict_host_key_checking") or "accept-new"),
-                          other.model_dir, other.fleet_address))
+                          other.model_dir, other.fleet_address,
+                          (rsh, target, remote_rsync.startswith("sudo"))))
     return found
 
 
@@ -203,6 +277,17 @@ def login_rsh(name: str, data: Mapping[str, Any]) -> tuple[str, str, str]:
         "sudo rsync" if data.get("_sudo") else "rsync")
 
 
+def _parent_death_signal():
+    """A ``preexec_fn`` giving the child SIGTERM when this process ends, a ``kill -9``
+    included (prctl(2), PR_SET_PDEATHSIG; Linux): a copy does not outlive its run. None
+    elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
+    pr_set_pdeathsig = 1  # linux/prctl.h
+    return lambda: prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+
+
 def rsync(argv: list[str], prefix: str, what: str) -> tuple[bool, str]:
     """Run rsync, printing ``what``'s bytes, share and rate every PROGRESS_EVERY seconds from
     its --info=progress2 updates; (whether it exited 0, its stderr's last line)."""
@@ -210,14 +295,26 @@ def rsync(argv: list[str], prefix: str, what: str) -> tuple[bool, str]:
     return code == 0, err
 
 
-def run_rsync(argv: list[str], prefix: str, what: str, stdin: Path | None = None
+def run_rsync(argv: list[str], prefix: str, what: str, send: bytes | None = None
               ) -> tuple[int, str]:
-    """:func:`rsync`, returning its exit status; ``stdin``: a file it reads (the copy key sent
-    to the host, model_copy_direct.py)."""
-    with open(stdin or os.devnull, "rb") as source:
-        proc = subprocess.Popen(argv, stdin=source, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+    """:func:`rsync`, returning its exit status; ``send``: what it reads on stdin (the copy key
+    sent to the host, model_copy_direct.py), which then stays open until it ends: the host's
+    side stops when it closes (this process gone)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE if send else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_parent_death_signal())
+    try:
+        if send:
+            assert proc.stdin is not None
+            proc.stdin.write(send)
+            proc.stdin.flush()
         return _follow(proc, prefix, what)
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
 
 
 def _follow(proc: subprocess.Popen, prefix: str, what: str) -> tuple[int, str]:
@@ -298,6 +395,11 @@ def copy(state, host, peer_list: list[Peer], repo: str, revision: str, dest: str
     ok, output = remote.shell(host, StringCommand(room_check))
     if not ok:
         raise OperationError((output.stderr_lines or ["the disk preflight failed"])[-1])
+    manifest = _manifest(output.stdout_lines)
+    if manifest is None:
+        logger.warning(f"{prefix}model copy: the disk preflight gave no list of the revision's "
+                       "files: the weights come from the Hub")
+        return True
     limit = [f"--bwlimit={bwlimit_kib}"] if bwlimit_kib else []
     for peer in peer_list:
         stamp = _peer_stamp(peer, repo, prefix)
@@ -305,23 +407,91 @@ def copy(state, host, peer_list: list[Peer], repo: str, revision: str, dest: str
                                                                       stamp.get("sha")):
             continue
         sha = str(stamp.get("sha"))
+        if sha != manifest["sha"]:
+            logger.info(f"{prefix}model copy: {peer.name} holds {repo}@{sha[:12]}, not the "
+                        f"revision's commit {manifest['sha'][:12]}: not copied from there")
+            continue
+        good = check_peer(peer, repo, manifest["files"], prefix)
+        if not good:
+            continue
         what = f"{repo}@{sha[:12]} from peer {peer.name}"
         why = (f"{PREFIX}fleet_address is not set for {peer.name}" if not peer.fleet_address
                else "")
         if peer.fleet_address:
-            done, why = _direct(host, peer, repo, dest, limit, what)
+            done, why = _direct(host, peer, repo, dest, limit, what, good)
             if done:
                 logger.info(f"{prefix}model copy: {repo}@{sha[:12]} copied from {peer.name} "
                             "directly over the fleet network; verifying every file against the "
                             "Hub's metadata")
                 return True
-        if relay(host, peer, repo, sha, dest, limit, what, why):
+        if relay(host, peer, repo, sha, dest, limit, what, why, good):
             return True
     return True
 
 
-def _direct(host, peer: Peer, repo: str, dest: str, limit: list[str], what: str
-            ) -> tuple[bool, str]:
+def _manifest(lines: list[str]) -> dict | None:
+    """The revision's files from model_fetch.py --check-room's last line: ``{"sha": ...,
+    "files": {path: [size, hash, is LFS]}}``; None where it is not there."""
+    for line in reversed(lines):
+        if line.startswith(MANIFEST):
+            try:
+                found = json.loads(line[len(MANIFEST):])
+            except ValueError:
+                return None
+            ok = isinstance(found, dict) and isinstance(found.get("files"), dict)
+            return found if ok and isinstance(found.get("sha"), str) else None
+    return None
+
+
+def _names(names: list[str], most: int = 5) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def check_peer(peer: Peer, repo: str, files: dict[str, list], prefix: str) -> list[str]:
+    """The files of ``peer``'s copy of ``repo`` whose hash is the Hub's (:data:`PEER_CHECK`
+    run there over the deploy's own login), in the revision's order; [] where none, or where
+    the check could not run (said: the peer is not a source then). A file that differs, a
+    symbolic link and a file the revision does not list are said, and left to the Hub."""
+    if peer.login is None:
+        logger.info(f"{prefix}model copy: {peer.name}'s copy cannot be checked (no login to it "
+                    "in the inventory): not copied from there")
+        return []
+    rsh, target, sudo = peer.login
+    folder = f"{peer.model_dir.rstrip('/')}/{repo}"
+    command = shlex.join([*(["sudo", "-n"] if sudo else []), "python3", "-c", PEER_CHECK,
+                          folder])
+    began = time.monotonic()
+    try:
+        done = subprocess.run([*shlex.split(rsh), "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+                               target, command], input=json.dumps({"files": files}),
+                              capture_output=True, text=True, check=False,
+                              preexec_fn=_parent_death_signal())
+        verdict = json.loads(done.stdout) if done.returncode == 0 else None
+    except ValueError:
+        verdict = None
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("good"), list):
+        err = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        logger.info(f"{prefix}model copy: {peer.name}'s copy of {repo} could not be checked "
+                    f"by its hashes ({err}): not copied from there")
+        return []
+    verified = set(verdict["good"])
+    good = [n for n in files if n in verified and "\n" not in n]
+    said = [f"{len(verdict[k])} {label} ({_names(verdict[k])})" for k, label in (
+        ("wrong", "file(s) whose hash is not the Hub's"), ("links", "symbolic link(s)"),
+        ("extra", "file(s) the revision does not list")) if verdict.get(k)]
+    if said:
+        logger.warning(f"{prefix}model copy: {peer.name}'s own copy of {repo} holds "
+                       f"{'; '.join(said)}: not copied; only its {len(good)} file(s) verified "
+                       f"there are (the rest from the Hub). {peer.name}'s model folder is not "
+                       "what the Hub serves: look at that host")
+    logger.info(f"{prefix}model copy: {peer.name}'s copy checked by hash in "
+                f"{time.monotonic() - began:.0f} s: {len(good)} of {len(files)} files verified")
+    return good
+
+
+def _direct(host, peer: Peer, repo: str, dest: str, limit: list[str], what: str,
+            good: list[str]) -> tuple[bool, str]:
     """Pull from ``peer``'s fleet address on the host: (whether it copied, why not: the host
     does not reach the peer there, or rsync's error; the copy through the controller is next)."""
     prefix = host.print_prefix
@@ -334,9 +504,10 @@ def _direct(host, peer: Peer, repo: str, dest: str, limit: list[str], what: str
                 f"({peer.fleet_address})")
     line = model_copy_direct.command(
         "sudo -n" if remote_rsync.startswith("sudo") else "", peer.fleet_address, peer.port,
-        repo, dest, peer.strict_host_key_checking, known, [*RSYNC_FLAGS, *limit])
+        repo, dest, peer.strict_host_key_checking, known,
+        [*RSYNC_FLAGS, *RSYNC_ONLY_FILES, *limit], good)
     code, err = run_rsync([*shlex.split(rsh), target, line], prefix,
-                          f"model copy from {peer.name}", stdin=KEY_PATH)
+                          f"model copy from {peer.name}", send=KEY_PATH.read_bytes())
     if code == model_copy_direct.UNREACHABLE:
         return False, err
     if code != 0:
@@ -349,18 +520,21 @@ def _direct(host, peer: Peer, repo: str, dest: str, limit: list[str], what: str
 
 
 def relay(host, peer: Peer, repo: str, sha: str, dest: str, limit: list[str], what: str,
-          why: str) -> bool:
-    """Copy ``repo`` from ``peer`` into ``dest`` on ``host`` through the controller (``why``:
-    why not directly); whether the host has it all now."""
+          why: str, good: list[str]) -> bool:
+    """Copy the files ``good`` of ``repo`` from ``peer`` into ``dest`` on ``host`` through the
+    controller (``why``: why not directly); whether the host has them all now."""
     prefix = host.print_prefix
     staging = STAGING / f"{repo.replace('/', '--')}@{sha}"
     staging.mkdir(parents=True, exist_ok=True)
+    listed = STAGING / f"{staging.name}.files"
+    listed.write_text("".join(f"{name}\n" for name in good))
+    only = [*RSYNC_ONLY_FILES, f"--files-from={listed}"]
     staged = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
     logger.info(f"{prefix}model copy: {what} through the controller"
                 + (f" ({why})" if why else "")
                 + (f", resuming: {staged} bytes already staged there by an earlier copy"
                    if staged else ""))
-    ok, err = rsync(["rsync", *RSYNC_FLAGS, *limit, "-e", _peer_rsh(peer),
+    ok, err = rsync(["rsync", *RSYNC_FLAGS, *only, *limit, "-e", _peer_rsh(peer),
                      f"{COPY_USER}@{peer.address}:{repo}/", f"{staging}/"],
                     prefix, f"model copy from {peer.name}")
     if not ok:
@@ -368,13 +542,15 @@ def relay(host, peer: Peer, repo: str, sha: str, dest: str, limit: list[str], wh
                        "copied is kept for the next run")
         return False
     rsh, target, remote_rsync = login_rsh(host.name, host.data.dict())
-    ok, err = rsync(["rsync", *RSYNC_FLAGS, *limit, "-e", rsh, "--rsync-path", remote_rsync,
-                     f"{staging}/", f"{target}:{dest}/"], prefix, "model copy to the host")
+    ok, err = rsync(["rsync", *RSYNC_FLAGS, *only, *limit, "-e", rsh, "--rsync-path",
+                     remote_rsync, f"{staging}/", f"{target}:{dest}/"], prefix,
+                    "model copy to the host")
     if not ok:
         logger.warning(f"{prefix}model copy into {dest} failed ({err}): what was copied is "
                        "kept for the next run")
         return True
     shutil.rmtree(staging, ignore_errors=True)
+    listed.unlink(missing_ok=True)
     logger.info(f"{prefix}model copy: {repo}@{sha[:12]} copied from {peer.name} through the "
                 "controller; verifying every file against the Hub's metadata")
     return True

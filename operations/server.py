@@ -35,6 +35,7 @@ from operations.kernel_cache import (KernelCacheFolders, cache_env, cache_key, k
 from operations.plan import fact, refuse
 from operations.preflight import InitSystem
 from operations.secret_files import check_secret_file
+from operations.secret_template import secret_template
 from operations.settings import PREFIX, Settings
 from operations.sglang import server_args
 from operations.venvs import VENVS_DIR, stack_venv, venv_link
@@ -654,13 +655,19 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
     kernels = cache_key(settings)
     kernel_folders = fact(KernelCacheFolders)
     kernel_cache(kernels)
-    env = files.template(
+    env = secret_template(
         name="Server environment",
         src=str(REPO_ROOT / "templates" / "server.env.j2"),
         dest=SERVER_ENV_FILE,
         mode="600",
         **env_context(settings),
     )
+    record = fact(File, path=last_known_good.RECORD)
+    if record and record.get("mode") != 600:
+        # left 0644 by an earlier gpuhost: it holds server.env's sha256, against which a guess
+        # at a secret there could be checked offline (last_known_good.py writes it 0600)
+        files.file(name="Last known good record: root's alone", path=last_known_good.RECORD,
+                   mode="600")
     unit = files.template(
         name=f"Unit {UNIT}",
         src=str(REPO_ROOT / "templates" / "sglang.service.j2"),

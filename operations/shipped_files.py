@@ -77,6 +77,12 @@ def _announcing(operation: Any, reads: Callable[[dict[str, Any]], Reads]) -> Any
     return call
 
 
+def announced(operation: Any, like: str = "put") -> Any:
+    """``operation`` (one of gpuhost's own that runs pyinfra's ``files.<like>`` inside, as
+    operations/secret_template.py does) announcing the reads of ``files.<like>``."""
+    return _announcing(operation, READS[like])
+
+
 def install() -> None:
     """Announce the reads of ``files.put``, ``template``, ``file`` and ``directory`` for this
     run (idempotent); the fact cache (``fact_cache.install``) reads them together."""

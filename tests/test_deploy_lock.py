@@ -186,7 +186,7 @@ def test_a_lock_folder_it_cannot_make_is_said_in_one_line(tmp_path):
     (tmp_path / "run").write_text("a file where the folder should be")
     holder = Holder(tmp_path / "run")
     said = holder.line()
-    assert said.startswith("error ") and "deploy-lock.d" in said
+    assert said.startswith(f"error {tmp_path / 'run'} is a plain file, not a folder: "), said
     assert holder.proc.wait(timeout=10) == 73
     assert holder.proc.stdout.read() == ""
 
@@ -272,3 +272,65 @@ def test_a_holder_that_never_ran_is_said_with_its_complaint(monkeypatch):
     over_ssh = deploy_lock._Held("", None, None, None,
                                  errors=lambda: b"sh: 1: python3: not found\n")
     assert deploy_lock._complaint(over_ssh) == ", and on stderr 'sh: 1: python3: not found'"
+
+
+def test_a_lock_path_that_is_a_symlink_is_refused_and_its_target_not_made(tmp_path):
+    """/run/gpuhost/deploy.lock -> /etc/x must not make root create /etc/x (issue 29, 6)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    target = tmp_path / "etc-x"
+    (run / "deploy.lock").symlink_to(target)
+    holder = Holder(run)
+    said = holder.line()
+    assert said == (f"error {run}/deploy.lock is a symbolic link (to {target}), not a plain file:"
+                    " the deploy lock does not follow or use it (remove it: sudo rm "
+                    f"{run}/deploy.lock; gpuhost makes it again)")
+    assert holder.proc.wait(timeout=10) == 73
+    assert not target.exists() and not target.is_symlink()
+
+
+def test_a_dangling_link_to_an_existing_file_is_not_locked_through(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    target = tmp_path / "passwd"
+    target.write_text("root:x:0:0\n")
+    (run / "deploy.lock").symlink_to(target)
+    holder = Holder(run)
+    assert holder.line().startswith(f"error {run}/deploy.lock is a symbolic link (to {target})")
+    assert holder.proc.wait(timeout=10) == 73
+    assert target.read_text() == "root:x:0:0\n"
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_lock_path_that_is_not_a_plain_file_is_refused(tmp_path, kind):
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = run / "deploy.lock"
+    lock.mkdir() if kind == "folder" else os.mkfifo(lock)
+    holder = Holder(run)
+    said = holder.line()
+    word = {"folder": "a folder", "fifo": "a FIFO"}[kind]
+    assert said.startswith(f"error {lock} is {word}, not a plain file: "), said
+    assert holder.proc.wait(timeout=10) == 73
+
+
+def test_a_record_folder_that_is_a_link_is_refused(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (run / "deploy-lock.d").symlink_to(elsewhere)
+    holder = Holder(run)
+    assert holder.line().startswith(f"error {run}/deploy-lock.d is a symbolic link "
+                                    f"(to {elsewhere}), not a folder: ")
+    assert holder.proc.wait(timeout=10) == 73
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_plain_lock_file_left_by_an_earlier_run_is_used(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "deploy.lock").write_text("")
+    holder = Holder(run)
+    assert holder.line() == "held"
+    assert holder.end() == 0

@@ -61,6 +61,8 @@ def test_a_failed_change_is_put_back_as_recorded(lkg, tmp_path, capsys):
     assert record["server"]["venv"] == str(tmp_path / "venvs" / "aaaa")
     assert record["server"]["absent"] == [str(gate)]
     assert "s3cret" not in Path(lkg.RECORD).read_text()
+    # it holds server.env's sha256: a guess at the secret checks against it, so root's alone
+    assert oct(Path(lkg.RECORD).stat().st_mode & 0o777) == "0o600"
 
     unit.write_text("ExecStart=/opt/gpuhost/venvs/bbbb/bin/python\n")
     env.write_text("HF_TOKEN=s3cret\nSANDBOX_SGLANG_MODE=crash-on-start\n")
@@ -217,3 +219,12 @@ def test_a_rollback_left_unfinished_that_cannot_go_on_is_given_up(lkg, tmp_path,
     out = capsys.readouterr().out
     assert not Path(lkg.MARKER).exists()
     assert "the next deploy applies host data" in out, out
+
+
+def test_a_record_left_readable_by_an_earlier_gpuhost_is_made_roots_alone(lkg, tmp_path):
+    unit, env, gate, dropins = _files(tmp_path)
+    Path(lkg.ROOT).mkdir(parents=True)
+    Path(lkg.RECORD).write_text(json.dumps({"format": 1}))
+    Path(lkg.RECORD).chmod(0o644)
+    assert _record(lkg, unit, env, gate, dropins) == 0
+    assert oct(Path(lkg.RECORD).stat().st_mode & 0o777) == "0o600"

@@ -231,7 +231,9 @@ def test_the_copy_is_left_to_a_mirror_that_holds_the_revision(monkeypatch):
     def shell(host, command, **kw):
         import types
         if str(command) == "room check":
-            return True, types.SimpleNamespace(stdout_lines=[], stderr_lines=[])
+            manifest = {"sha": "b" * 40, "files": {}}
+            return True, types.SimpleNamespace(
+                stdout_lines=[model_copy.MANIFEST + json.dumps(manifest)], stderr_lines=[])
         path = str(command).split()[-1]
         text = json.dumps(stamps[path]) if path in stamps else ""
         return bool(text), types.SimpleNamespace(stdout_lines=[text] if text else [],
@@ -263,3 +265,92 @@ def test_a_failed_rsync_names_its_cause_not_only_its_exit(tmp_path):
     assert not ok
     assert err == ("gpuhost-models@10.0.0.1: Permission denied (publickey). (rsync error: "
                    "unexplained error (code 255) at io.c(232) [Receiver=3.2.7])")
+
+
+def test_files_the_revision_does_not_list_and_links_are_removed_before_the_copy_is_verified(
+        tmp_path):
+    """What a compromised peer planted (issue 29, 4): a ``modeling_*.py`` sglang would run with
+    --trust-remote-code, a chat template it would load, links out of the folder, one named as
+    a file of the revision. Only the revision's files stay; the linked one comes from the Hub."""
+    files = {"config.json": CONFIG, "model.safetensors": GOOD}
+    env = _fake_hub(tmp_path, files, lfs={"model.safetensors"})
+    dest = tmp_path / "m"
+    (dest / "sub").mkdir(parents=True)
+    (dest / "model.safetensors").write_bytes(GOOD)
+    secret = tmp_path / "shadow"
+    secret.write_bytes(CONFIG)  # a link to a file that has the right content, even
+    (dest / "config.json").symlink_to(secret)
+    (dest / "modeling_evil.py").write_text("import os; os.system('id')\n")
+    (dest / "chat_template.jinja").write_text("{{ evil }}\n")
+    (dest / "sub" / "tokenizer.model").symlink_to("/etc/passwd")
+    (dest / "linked-folder").symlink_to(tmp_path)
+    (dest / ".cache" / "huggingface").mkdir(parents=True)
+    (dest / ".cache" / "huggingface" / ".gitignore").write_text("*\n")
+    result = _fetch(tmp_path, env, dest, "--copied-from", "peer gpu1")
+    assert result.returncode == 0, result.stderr
+    kept = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*"))
+    assert kept == [".cache", ".cache/huggingface", ".cache/huggingface/.gitignore",
+                    ".gpuhost-model.json", "config.json", "model.safetensors"]
+    assert not (dest / "config.json").is_symlink() and (dest / "config.json").read_bytes() \
+        == CONFIG
+    assert (tmp_path / "downloads.log").read_text().split() == ["config.json"]
+    for said in ("modeling_evil.py", "chat_template.jinja", "sub/tokenizer.model (a symbolic "
+                 "link)", "linked-folder (a symbolic link)", "config.json (a symbolic link)"):
+        assert f"{said} in {dest} is not a file of the revision: removed" in result.stdout
+    assert secret.read_bytes() == CONFIG and Path("/etc/passwd").exists()
+
+
+def test_the_peer_check_says_which_files_hash_as_the_hub_says(tmp_path):
+    """PEER_CHECK, run on the peer: good, wrong (same size, one byte), links, extras, missing."""
+    root = tmp_path / "org" / "m"
+    (root / ".cache").mkdir(parents=True)
+    (root / "model-1.safetensors").write_bytes(GOOD)
+    (root / "model-2.safetensors").write_bytes(GOOD[:-1] + b"\x01")
+    (root / "tokenizer.json").symlink_to(tmp_path / "elsewhere")
+    (root / "modeling_evil.py").write_text("x\n")
+    (root / ".gpuhost-model.json").write_text("{}")
+    (root / ".cache" / "x").write_text("hub client's\n")
+    manifest = {"files": {
+        "config.json": [len(CONFIG), _blob_id(CONFIG), False],
+        "model-1.safetensors": [len(GOOD), hashlib.sha256(GOOD).hexdigest(), True],
+        "model-2.safetensors": [len(GOOD), hashlib.sha256(GOOD).hexdigest(), True],
+        "tokenizer.json": [2, _blob_id(b"{}"), False]}}
+    (root / "config.json").write_bytes(CONFIG)
+    done = subprocess.run([sys.executable, "-c", model_copy.PEER_CHECK, str(root)],
+                          input=json.dumps(manifest), capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == {
+        "good": ["config.json", "model-1.safetensors"], "wrong": ["model-2.safetensors"],
+        "links": ["tokenizer.json"], "extra": ["modeling_evil.py"], "missing": []}
+
+
+def test_a_model_folder_holding_what_the_revision_does_not_list_is_not_complete(tmp_path):
+    """ModelSnapshot: a file planted beside the revision's, or a link (even one named as a file
+    of the revision), makes the copy incomplete, so the next converge cleans it up; the Hub
+    client's .cache folder and the stamp do not count."""
+    from operations.model import _SNAPSHOT_SCRIPT
+
+    def snapshot() -> dict:
+        return json.loads(subprocess.run([sys.executable, "-c", _SNAPSHOT_SCRIPT, str(dest)],
+                                         capture_output=True, text=True, check=True).stdout)
+
+    dest = tmp_path / "m"
+    (dest / ".cache" / "huggingface").mkdir(parents=True)
+    (dest / ".cache" / "huggingface" / "x.metadata").write_text("hub client's\n")
+    (dest / "sub").mkdir()
+    (dest / "config.json").write_bytes(CONFIG)
+    (dest / "sub" / "model.safetensors").write_bytes(GOOD)
+    (dest / ".gpuhost-model.json").write_text(json.dumps({
+        "repo": "org/m", "revision": "main", "sha": "b" * 40,
+        "files": {"config.json": len(CONFIG), "sub/model.safetensors": len(GOOD)}}))
+    assert snapshot()["complete"] is True and snapshot()["extra"] == []
+    (dest / "modeling_evil.py").write_text("x\n")
+    (dest / "sub" / "link").symlink_to("/etc")
+    found = snapshot()
+    assert found["complete"] is False and found["extra"] == ["modeling_evil.py", "sub/link"]
+    (dest / "modeling_evil.py").unlink()
+    (dest / "sub" / "link").unlink()
+    (dest / "config.json").unlink()
+    (dest / "config.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_bytes(CONFIG)
+    found = snapshot()
+    assert found["complete"] is False and found["wrong"] == ["config.json"]

@@ -13,7 +13,11 @@ Protocol on stdout, one line each: ``waiting <holders JSON>`` (once, when anothe
 and --wait allows waiting), ``evicted <holders JSON>`` (once, see below), then ``held`` or
 ``busy <holders JSON>`` (exit 75, EX_TEMPFAIL of sysexits.h), or ``error <why>`` (exit 73,
 EX_CANTCREAT) where the lock or a holder's record cannot be made (/run/gpuhost not a writable
-folder). A holder is a record whose process holds an flock on the lock, as /proc/locks says
+folder), or where the lock path is not a plain file: the lock is opened without following a
+symbolic link (open(2) O_NOFOLLOW; a link there, ``deploy.lock -> /etc/x``, would otherwise make
+root create or lock its target), and a folder, FIFO, socket or device there is refused before it
+is opened (lstat(2)), and again after (fstat(2) of what was opened), as is a run folder or record
+folder that is not a folder of its own (a symbolic link to one). A holder is a record whose process holds an flock on the lock, as /proc/locks says
 (proc(5)): a record a holder killed with SIGKILL left, whose pid another process has since,
 counts for nothing. A lock held by no recorded holder (an operator's ``flock`` on it) is said
 as the processes holding it: ``[{"pid": ..., "process": "<its command line>"}]``.
@@ -39,6 +43,7 @@ import json
 import os
 import select
 import signal
+import stat
 import sys
 import time
 
@@ -107,6 +112,71 @@ def holders(folder: str, lock_fd: int | None = None, sweep: bool = False) -> lis
             continue
         found.append(entry)
     return found
+
+
+class NotPlain(OSError):
+    """A lock path (or its folder) that is not what it must be: said as is, in one line."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"),
+                       (stat.S_ISREG, "a plain file"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def _refusal(path: str, mode: int, wanted: str) -> NotPlain:
+    kind = _kind(mode)
+    if stat.S_ISLNK(mode):
+        try:
+            kind += f" (to {os.readlink(path)})"
+        except OSError:
+            pass
+    return NotPlain(f"{path} is {kind}, not {wanted}: the deploy lock does not follow or use it "
+                    f"(remove it: sudo rm {'-r ' if stat.S_ISDIR(mode) else ''}{path}; "
+                    "gpuhost makes it again)")
+
+
+def own_folder(path: str) -> None:
+    """Make ``path`` (mode 0755) unless it is there; raise NotPlain where it is there as anything
+    but a folder (a symbolic link to one included: lstat(2))."""
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        pass
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISDIR(mode):
+        raise _refusal(path, mode, "a folder")
+
+
+def open_lock(path: str) -> int:
+    """The lock file's descriptor, opened read-write (created 0644 where absent) without
+    following a link (O_NOFOLLOW: ELOOP on a symbolic link) and without blocking (O_NONBLOCK: a
+    FIFO put there). Raises NotPlain where ``path`` is not a plain file, checked on the path
+    before opening (a device is never opened) and on what was opened."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode):
+        raise _refusal(path, mode, "a plain file")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644)
+    except OSError as error:  # replaced since the lstat: ELOOP for a link, EISDIR, ENXIO
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            raise error from None
+        raise _refusal(path, mode, "a plain file") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _refusal(path, mode, "a plain file")
+    return fd
 
 
 def say(line: str) -> None:
@@ -215,8 +285,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # evicted: our record goes too
     folder = os.path.join(args.run_dir, "deploy-lock.d")
     try:
-        os.makedirs(folder, mode=0o755, exist_ok=True)
-        fd = os.open(os.path.join(args.run_dir, "deploy.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        os.makedirs(os.path.dirname(os.path.abspath(args.run_dir)), mode=0o755, exist_ok=True)
+        own_folder(args.run_dir)
+        own_folder(folder)
+        fd = open_lock(os.path.join(args.run_dir, "deploy.lock"))
     except OSError as error:
         say(f"error {error}")
         return EX_CANTCREAT
@@ -228,7 +300,12 @@ def main() -> int:
              "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     mine = os.path.join(folder, f"{os.getpid()}.json")
     try:
-        with open(f"{mine}.tmp", "w") as fh:  # whole or absent: a reader never sees half
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{mine}.tmp")
+        # whole or absent: a reader never sees half; a link put there is not followed
+        fh = os.fdopen(os.open(f"{mine}.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                               | os.O_NOFOLLOW, 0o644), "w")
+        with fh:
             json.dump(entry, fh)
         os.replace(f"{mine}.tmp", mine)
     except OSError as error:

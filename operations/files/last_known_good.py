@@ -98,8 +98,12 @@ def _well_formed(server) -> bool:
 
 
 def _save(record: dict) -> None:
+    """Write the record whole, root's alone (0600): it holds the SHA-256 of server.env, which
+    may hold a secret (an API key): one readable by any local user lets a guess at the secret
+    be checked offline against it. A record an earlier gpuhost left 0644 is replaced by one of
+    mode 0600 at its next write."""
     os.makedirs(ROOT, exist_ok=True)
-    _write(RECORD, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+    _write(RECORD, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o600)
 
 
 def _expand(folders: list[str]) -> list[str]:

@@ -11,7 +11,12 @@ Runs on the GPU host with the ML venv's python (huggingface_hub comes with the l
    written, the space free there, what the snapshot needs; no_space.py, shipped beside). With
    --check-room the script stops here (exit 0 when it fits): the deploy runs it before a copy
    from a peer (operations/model_copy.py), so a disk too small is refused before any byte moves;
-3. snapshot_download of that commit into --dest (resumes what is partly there). With
+   its last line (``manifest {"sha": ..., "files": {path: [size, hash, is LFS]}}``) tells the
+   copy which files to take from the peer and what each must hash to;
+3. every symbolic link in --dest and every file the revision does not list is removed (a peer's,
+   a mirror's or a hand's: with --trust-remote-code sglang would run a ``modeling_*.py`` it
+   finds; the Hub client's ``.cache`` folder and the stamp stay); then
+   snapshot_download of that commit into --dest (resumes what is partly there). With
    --copied-from (the deploy copied the folder from a peer first: operations/model_copy.py),
    every file already there is verified first against the metadata's hash, the sha256 of an
    LFS file or the git blob id of another (huggingface_hub 0.36.2, hf_api.py RepoSibling:
@@ -54,6 +59,8 @@ from secret_file import SecretFileError, describe, read_secret
 
 STAMP = ".gpuhost-model.json"
 GIB = 1024**3
+#: How --check-room's last line starts: the revision's files, each [size, hash, is LFS].
+MANIFEST = "manifest "
 
 
 def _free_bytes(path: Path) -> int:
@@ -100,6 +107,50 @@ def verify_copy(dest: Path, files: dict[str, int], hashes: dict[str, tuple[str, 
     for name in bad:
         (dest / name).unlink()
     return good, bad
+
+
+def revision_files(siblings) -> dict[str, tuple[int, str, bool]]:
+    """Each file of the revision from model_info's siblings (huggingface_hub 0.36.2, hf_api.py
+    ``RepoSibling``: ``rfilename``, ``size``, ``blob_id``, ``lfs`` a ``BlobLfsInfo`` with
+    ``sha256``; the Hub's ``/api/models/<repo>?blobs=True`` JSON): (size, the hash its content
+    must have, whether that is the LFS sha256 rather than the git blob id)."""
+    return {s.rfilename: (s.size, s.lfs["sha256"], True) if s.lfs else (s.size, s.blob_id or "",
+                                                                        False)
+            for s in siblings or []}
+
+
+def tidy(dest: Path, files) -> list[str]:
+    """Remove from ``dest`` every symbolic link (never followed: a link named as a revision
+    file is removed too, and fetched again) and every file that is not one of ``files`` (the
+    revision's, by path), keeping the Hub client's ``.cache`` folder and the stamp; folders left
+    empty go too. Returns what was removed, each as ``path`` or ``path (a symbolic link)``, and
+    prints it: a peer, a mirror or a hand put them there, and sglang (with
+    --trust-remote-code) would load a ``modeling_*.py`` or a ``chat_template.jinja`` it finds."""
+    removed = []
+    if not dest.is_dir() or dest.is_symlink():
+        return removed
+    for top, folders, names in os.walk(dest, topdown=True, followlinks=False):
+        here = Path(top)
+        if here == dest:
+            folders[:] = [f for f in folders if f != ".cache" or (here / f).is_symlink()]
+        for name in [*names, *folders]:
+            path = here / name
+            rel = path.relative_to(dest).as_posix()
+            if path.is_symlink():
+                path.unlink()
+                removed.append(f"{rel} (a symbolic link)")
+                if name in folders:
+                    folders.remove(name)
+            elif name in names and rel not in files and not (here == dest and name.startswith(
+                    STAMP)):
+                path.unlink()
+                removed.append(rel)
+    for top, _, _ in sorted(os.walk(dest), key=lambda w: -len(w[0])):
+        if Path(top) != dest and not any(Path(top).iterdir()):
+            Path(top).rmdir()
+    for entry in removed:
+        print(f"{entry} in {dest} is not a file of the revision: removed", flush=True)
+    return removed
 
 
 def copy_from_mirror(folder: Path, dest: Path, sha: str) -> bool:
@@ -229,13 +280,17 @@ def _main() -> int:
         print(f"{args.repo}@{sha}: {len(files)} files, {sum(files.values()) / GIB:.2f} GiB, "
               f"{sum(missing_bytes().values()) / GIB:.2f} GiB still to fetch, "
               f"{_free_bytes(args.dest) / GIB:.1f} GiB free in {args.dest}", flush=True)
+        # what a copy from a peer may bring, each file with its hash (operations/model_copy.py)
+        print(MANIFEST + json.dumps({"sha": sha, "files": revision_files(info.siblings)},
+                                    separators=(",", ":")), flush=True)
         return 0
     if args.mirror is not None and copy_from_mirror(args.mirror / args.repo, args.dest, sha):
         args.copied_from = f"the mirror {args.mirror}"
     copied: list[str] = []
+    tidy(args.dest, files)
     if args.copied_from and args.dest.is_dir():
-        hashes = {s.rfilename: ((s.lfs["sha256"], True) if s.lfs else (s.blob_id or "", False))
-                  for s in info.siblings or []}
+        hashes = {name: (want, lfs) for name, (_, want, lfs) in
+                  revision_files(info.siblings).items()}
         copied, bad = verify_copy(args.dest, files, hashes)
         for name in bad:
             print(f"{name} from {args.copied_from} does not match the Hub's metadata "

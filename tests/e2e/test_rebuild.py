@@ -203,3 +203,85 @@ def _interrupted_and_resumed(gpu1: lab.Host, gpu2: lab.Host, tmp_path) -> None:
     finally:
         restore(gpu1, gpu2, shard)
     assert hashes(gpu1)[shard] == good
+
+
+def converged(gpu2: lab.Host) -> None:
+    """gpu2 converged (as the tests above leave it), so that a deploy of it only copies the
+    weights: no driver install and reboot in the middle of a test run alone (``-k``)."""
+    if gpu2.ssh("systemctl is-active sglang.service", check=False).strip() != "active":
+        run = deploy_gpu2()
+        assert run.returncode == 0, run.output[-6000:]
+
+
+def test_a_copy_dies_with_the_run_that_started_it(hosts, tmp_path):
+    """``kill -9`` of the controller in the middle of a direct copy: rsync on gpu2 stops within
+    seconds (its SSH session's stdin closes), and the copy key goes with it."""
+    gpu1, gpu2, _, _ = hosts
+    converged(gpu2)
+    gpu2.ssh(f"rm -rf {MODEL_DIR}")
+    log = tmp_path / "killed.log"
+    # 16 KiB/s: the 1.5 MiB take minutes, the copy is caught running
+    proc = subprocess.Popen(
+        [str(lab.PYINFRA), "-y", "--limit", "gpu2", "--data", "gpuhost_model_copy_bwlimit=16",
+         "inventory/sandbox.py", "deploy.py"], cwd=lab.ROOT, stdout=log.open("w"),
+        stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 600
+        while not gpu2.ssh("pgrep -x rsync || true", check=False).strip():
+            assert proc.poll() is None, log.read_text()[-6000:]
+            assert time.monotonic() < deadline, "no copy started:\n" + log.read_text()[-6000:]
+            time.sleep(1)
+        os.kill(proc.pid, signal.SIGKILL)  # the controller alone, as the OOM killer would
+        proc.wait(timeout=30)
+        stopped = time.monotonic() + 30
+        while running := gpu2.ssh("pgrep -ax rsync || true", check=False).strip():
+            assert time.monotonic() < stopped, f"rsync outlived its run on gpu2: {running}"
+            time.sleep(1)
+        assert gpu2.ssh("test -e /run/gpuhost-model-copy && echo present || echo absent"
+                        ).strip() == "absent"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        lab.GUARD.observe("killed deploy", log.read_text())
+
+
+def test_a_peer_copy_brings_exactly_the_revisions_files_each_verified(hosts):
+    """Planted on the source (issue 29, 4): code sglang runs with --trust-remote-code, a chat
+    template, a link out of the folder, and a shard of the right size with one byte changed.
+    gpu1's copy is checked by hash before it serves; gpu2 gets the revision's files alone, the
+    corrupted shard from the hub; its served folder holds nothing else."""
+    gpu1, gpu2, _, _ = hosts
+    converged(gpu2)
+    shard = SHARDS[0]
+    good = hashes(gpu1)[shard]
+    gpu1.ssh(f"cd {MODEL_DIR} && printf 'import os\\n' > modeling_evil.py "
+             "&& printf '{{ messages }}\\n' > chat_template.jinja "
+             "&& ln -s /etc/shadow tokenizer.model "
+             f"&& printf 'X' | dd of={shard} bs=1 seek=4096 conv=notrunc status=none")
+    gpu2.ssh(f"rm -rf {MODEL_DIR}")
+    try:
+        before = hub_bytes()
+        run = deploy_gpu2()
+        assert run.returncode == 0, run.output[-6000:]
+        listing = gpu2.ssh(f"cd {MODEL_DIR} && find . -path ./.cache -prune -o \\( -type f "
+                           "-o -type l \\) -print | sort").split()
+        assert listing == sorted([f"./{p}" for p in SIZES] + ["./.gpuhost-model.json"])
+        assert gpu2.ssh(f"find {MODEL_DIR} -type l").strip() == ""
+        assert (f"[gpu2] model copy: gpu1's own copy of {hub.REPO_ID} holds 1 file(s) whose "
+                f"hash is not the Hub's ({shard}); 1 symbolic link(s) (tokenizer.model); 2 "
+                "file(s) the revision does not list (chat_template.jinja, modeling_evil.py): "
+                "not copied") in run.output, run.output[-6000:]
+        assert (f"[gpu2] weights source: {len(SIZES) - 1} files ({TOTAL - SIZES[shard]} "
+                "bytes) from peer gpu1, verified against the Hub's metadata; 1 files "
+                f"({SIZES[shard]} bytes) from the Hub") in run.output, run.output[-6000:]
+        assert weight_bytes(before, hub_bytes(), gpu2) == {
+            s: SIZES[s] if s == shard else 0 for s in SHARDS}
+        assert hashes(gpu2) == {f.path: f.sha256 for f in hub.repository()}
+        assert gpu2.ssh("systemctl is-active sglang.service").strip() == "active"
+    finally:
+        gpu1.ssh(f"cd {MODEL_DIR} && rm -f modeling_evil.py chat_template.jinja tokenizer.model")
+        restore(gpu1, gpu2, shard)
+    assert hashes(gpu1)[shard] == good
