@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -51,6 +51,21 @@ def _stamp(text: str) -> datetime:
     return datetime.strptime(text, "%Y/%m/%d %H:%M:%S.%f")
 
 
+def measured_window(level: dict[str, Any], bench: dict[str, Any] | None
+                    ) -> tuple[datetime, datetime]:
+    """The level's measured run in the host's clock: it ends at bench_serving's result header
+    (meta.json's ``end``) and lasts bench_serving's own ``duration`` (seconds from its main
+    run's first request to its last answer: sglang 0.5.9's benchmark() times it with
+    perf_counter after the warm-up and the cache flush); without one, from the "Warmup
+    completed" line (``start``). Never before ``start``: a slow client start-up (the tokenizer,
+    torch) then falls outside the window."""
+    start, end = _stamp(level["start"]), _stamp(level["end"])
+    duration = (bench or {}).get("duration")
+    if isinstance(duration, (int, float)) and 0 < duration:
+        start = max(start, end - timedelta(seconds=duration))
+    return start, end
+
+
 def build(raw: Path, host: str, label: str | None = None,
           endpoint: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every figure of one run, as results.json holds it: per level bench_serving's figures,
@@ -72,8 +87,9 @@ def build(raw: Path, host: str, label: str | None = None,
             result = json.loads(lines[-1])
             entry["bench"] = {k: result.get(k) for k in BENCH_FIELDS}
             server_info = result.get("server_info") or server_info
-        gpus = telemetry.figures(samples, dmon, links, _stamp(level["start"]),
-                                 _stamp(level["end"]))
+        start, end = measured_window(level, entry.get("bench"))
+        entry["start"] = start.strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+        gpus = telemetry.figures(samples, dmon, links, start, end)
         combined = diagnosis.level_figures(gpus)
         verdict = diagnosis.diagnose(combined)
         entry["gpus"] = [asdict(g) for g in gpus]
