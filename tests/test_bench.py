@@ -218,3 +218,100 @@ def test_report_on_the_host_script_run_on_a_real_h200(tmp_path):
     assert gpu["pcie_peak_pct"] is not None
     assert results["versions"]["driver"] == "580.159.04"
     assert len(results["series"]) > 60
+
+
+FAKE_BENCH_SERVING = r"""#!/bin/bash
+# bench_serving as bench_run.py sees it: warm-up lines, tqdm's redraws on stderr, the result
+if [ "$1" = "-c" ]; then exec python3 "$@"; fi
+out=""; n=0
+while [ $# -gt 0 ]; do case "$1" in --output-file) out=$2; shift;; --num-prompts) n=$2; shift;; esac; shift; done
+echo "Starting warmup with 1 sequences..."
+echo "Warmup completed with 1 sequences. Starting main benchmark run..."
+for i in $(seq 0 $n); do printf '\r%3d%%|          | %d/%d [00:00<?, ?it/s]' $((100*i/n)) $i $n >&2; done
+echo >&2
+echo "============ Serving Benchmark Result ============"
+echo '{"completed": '$n', "duration": 0.5}' >> "$out"
+"""
+
+
+def test_host_script_says_prompts_done_of_total(tmp_path):
+    """bench_run.py reads bench_serving's tqdm bar (its carriage-return redraws) and says the
+    prompts done of the level's total; the bar's redraws stay out of the level's log."""
+    import os
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "fake-python").write_text(FAKE_BENCH_SERVING)
+    for script in bin_dir.iterdir():
+        script.chmod(0o755)
+    out = subprocess.run(
+        [sys.executable, bench_run.__file__, "--python", str(bin_dir / "fake-python"),
+         "--url", "http://127.0.0.1:1", "--model", "m", "--tokenizer", str(tmp_path),
+         "--levels", "1,4", "--input-len", "8", "--output-len", "8", "--prompts", "6",
+         "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "level 1: 0 of 6 prompts done; level 4 after it" in lines
+    assert "level 1: 6 of 6 prompts done; level 4 after it" in lines
+    assert "level 4: 6 of 6 prompts done" in lines
+    log = (tmp_path / "run" / "level-1.log").read_text().splitlines()
+    assert log.count("100%|          | 6/6 [00:00<?, ?it/s]") == 1
+    assert not any("| 3/6 [" in line for line in log)
+
+
+def test_progress_line_estimates_the_time_left():
+    assert bench_run.progress_line(1, 4, 16, 20.0, [4, 16]) == \
+        "level 1: 4 of 16 prompts done, about 60 s left in this level; levels 4, 16 after it"
+    assert bench_run.progress_line(16, 0, 16, 3.0, []) == "level 16: 0 of 16 prompts done"
+
+
+def test_standin_draws_tqdms_bar():
+    """The sglang stand-in's bar is tqdm 4.67.1's format_meter, character for character (the
+    expected strings are that wheel's output)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sandbox/standins/sglang"))
+    try:
+        from sglang.bench_serving import tqdm_bar
+    finally:
+        sys.path.pop(0)
+    assert tqdm_bar(32, 128, 10.0) == " 25%|██▌       | 32/128 [00:10<00:30,  3.20it/s]"
+    assert tqdm_bar(0, 128, 0.0) == "  0%|          | 0/128 [00:00<?, ?it/s]"
+    assert tqdm_bar(128, 128, 40.0) == "100%|██████████| 128/128 [00:40<00:00,  3.20it/s]"
+    assert tqdm_bar(5, 16, 12.3) == " 31%|███▏      | 5/16 [00:12<00:27,  2.46s/it]"
+
+
+def sandbox_inventory(monkeypatch) -> dict:
+    """inventory/sandbox.py's module, run on a made-up `sandbox status --json` of one host."""
+    import runpy
+    import subprocess
+
+    host = {"name": "gpu1", "address": "10.213.1.2", "ssh_user": "root", "ssh_key": "k",
+            "known_hosts": "kh", "cuda_repo_url": "http://10.213.1.1:8080/cuda",
+            "cuda_keyring_sha256": "0" * 64, "pip_index_url": "http://10.213.1.1:8081/simple",
+            "lock": "cu128", "switch_address": "10.214.0.2"}
+    done = subprocess.CompletedProcess([], 0, json.dumps([host]), "")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: done)
+    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "inventory/sandbox.py"))
+
+
+def test_sandbox_bench_ends_within_minutes(monkeypatch):
+    """README's `pyinfra -y inventory/sandbox.py bench.py` must end in at most 3 minutes on this
+    machine: at the stand-in server's pace (the reference lab scenario's rates, log-linear
+    between levels, as the stand-in paces them), the sandbox's levels take well under two."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sandbox/standins/sglang"))
+    try:
+        from sglang._standin.server import rate_at
+    finally:
+        sys.path.pop(0)
+    from sandbox.scenarios import SERVING_DEFAULT
+
+    ((name, data),) = sandbox_inventory(monkeypatch)["sandbox"]
+    s = from_host_data(name, {k: v for k, v in data.items() if k.startswith("gpuhost_bench")})
+    table = SERVING_DEFAULT["output_tokens_per_s"]["default"]
+    seconds = sum((s.bench_prompts * s.bench_output_len + min(n, 4) * 16) / rate_at(table, n)
+                  for n in s.bench_levels)
+    assert seconds < 90, seconds
+    assert from_host_data("gpu1", {}).bench_prompts == 128  # a real lab's defaults stay
