@@ -51,6 +51,50 @@ def _stamp(text: str) -> datetime:
     return datetime.strptime(text, "%Y/%m/%d %H:%M:%S.%f")
 
 
+def requests(prompts: int, rc: int, bench: dict[str, Any] | None) -> dict[str, Any]:
+    """A level's requests: ``prompts`` sent, ``completed`` (bench_serving's own count: the
+    requests that answered without error) and ``failed`` (the rest); both None when
+    bench_serving wrote no result (it exited ``rc``)."""
+    completed = (bench or {}).get("completed")
+    if rc != 0 or not isinstance(completed, int):
+        return {"prompts": prompts, "completed": None, "failed": None}
+    return {"prompts": prompts, "completed": completed, "failed": max(prompts - completed, 0)}
+
+
+#: What a stand-in's package metadata says of it (the sandbox's stand-ins end their Summary
+#: with "(gpuhost sandbox stand-in)": sandbox/pypi_index.py).
+STAND_IN_WORDS: Final = "stand-in"
+
+
+def stand_ins(summaries: dict[str, str]) -> list[str]:
+    """The distributions whose own metadata Summary says they are stand-ins."""
+    return sorted(name for name, text in summaries.items() if STAND_IN_WORDS in text.lower())
+
+
+def stand_in_line(results: dict[str, Any]) -> str | None:
+    """The warning that the figures are a stand-in's (None for real packages)."""
+    names = results.get("stand_ins") or []
+    if not names:
+        return None
+    says = ("says in its package metadata that it is a stand-in" if len(names) == 1 else
+            "say in their package metadata that they are stand-ins")
+    return (f"Figures from stand-ins, not a measurement: {', '.join(names)} {says} (the "
+            "sandbox's); the server's pace and "
+            "the GPUs' figures are the scenario's, so no figure here says anything about real "
+            "hardware, and a difference between values is not a finding.")
+
+
+def failed_words(level: dict[str, Any]) -> str | None:
+    """"37 of 128 requests failed" (or bench_serving's exit), None for a level that completed
+    every request."""
+    r = level.get("requests") or {}
+    if level.get("rc", 0) != 0:
+        return f"bench_serving exited {level['rc']}: no result"
+    if r.get("failed"):
+        return f"{r['failed']} of {r['prompts']} requests failed"
+    return None
+
+
 def measured_window(level: dict[str, Any], bench: dict[str, Any] | None
                     ) -> tuple[datetime, datetime]:
     """The level's measured run in the host's clock: it ends at bench_serving's result header
@@ -87,6 +131,8 @@ def build(raw: Path, host: str, label: str | None = None,
             result = json.loads(lines[-1])
             entry["bench"] = {k: result.get(k) for k in BENCH_FIELDS}
             server_info = result.get("server_info") or server_info
+        entry["requests"] = requests(meta["prompts"], level["rc"], entry.get("bench"))
+        entry["complete"] = entry["requests"]["failed"] == 0
         start, end = measured_window(level, entry.get("bench"))
         entry["start"] = start.strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
         gpus = telemetry.figures(samples, dmon, links, start, end)
@@ -102,6 +148,7 @@ def build(raw: Path, host: str, label: str | None = None,
         "input_len": meta["input_len"], "output_len": meta["output_len"],
         "prompts": meta["prompts"],
         "server": {k: server_info.get(k) for k in SERVER_FLAGS if k in server_info},
+        "stand_ins": stand_ins(meta.get("summaries") or {}),
         "levels": levels,
         "endpoint": endpoint or {"kind": "host", "host": host},
     }
@@ -126,17 +173,20 @@ def summary(results: dict[str, Any]) -> str:
     """summary.md: one table per host, as the operator's notes (throughput and latency per
     level), then each level's GPU figures and verdict."""
     server, versions = results["server"], results["versions"]
+    warning = stand_in_line(results)
     lines = [f"# Bench of {results['host']} ({results['started']} host time)", "",
+             *([f"**{warning}**", ""] if warning else []),
              f"sglang {versions.get('sglang', '?')}, driver {versions.get('driver', '?')}, "
              f"{versions.get('gpu_count', '?')} x {versions.get('gpu', '?')}; MoE runner backend "
              f"{server.get('moe_runner_backend')}, TP {server.get('tp_size')}; "
              f"{results['input_len']} input / {results['output_len']} output tokens, "
              f"{results['prompts']} prompts per level", "",
              *_endpoint_lines(results),
-             "| concurrency | output tok/s | total tok/s | req/s | TTFT median / p99 ms | "
-             "TPOT median / p99 ms | ITL median / p99 ms | power % of limit (mean / peak) | "
-             "SM clock % of max | GPU util % | PCIe % of capacity (peak) | throttle reasons |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| concurrency | requests completed | output tok/s | total tok/s | req/s | "
+             "TTFT median / p99 ms | TPOT median / p99 ms | ITL median / p99 ms | "
+             "power % of limit (mean / peak) | SM clock % of max | GPU util % | "
+             "memory-copy util % | PCIe % of capacity (peak) | throttle reasons |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for level in results["levels"]:
         b = level.get("bench") or {}
         gpus = level["gpus"]
@@ -144,17 +194,24 @@ def summary(results: dict[str, Any]) -> str:
                    default=None)
         f = level["figures"]
         reasons = ", ".join(f"{n} {s:.0f} %" for n, s in sorted(f["reasons"].items())) or "none"
+        r = level.get("requests") or {}
+        done = "-" if r.get("completed") is None else f"{r['completed']} of {r['prompts']}"
+        if failed_words(level):
+            done = f"**{done} (FAILED: {failed_words(level)})**"
         lines.append(
-            f"| {level['concurrency']} | {_fmt(b.get('output_throughput'))} | "
+            f"| {level['concurrency']} | {done} | {_fmt(b.get('output_throughput'))} | "
             f"{_fmt(b.get('total_throughput'))} | {_fmt(b.get('request_throughput'), 2)} | "
             f"{_fmt(b.get('median_ttft_ms'))} / {_fmt(b.get('p99_ttft_ms'))} | "
             f"{_fmt(b.get('median_tpot_ms'))} / {_fmt(b.get('p99_tpot_ms'))} | "
             f"{_fmt(b.get('median_itl_ms'))} / {_fmt(b.get('p99_itl_ms'))} | "
             f"{_fmt(f['power_pct'], 0)} / {_fmt(peak, 0)} | {_fmt(f['sm_clock_pct'], 0)} | "
-            f"{_fmt(f['util_pct'], 0)} | {_fmt(f['pcie_peak_pct'], 2)} | {reasons} |")
+            f"{_fmt(f['util_pct'], 0)} | {_fmt(f.get('util_mem_pct'), 0)} | "
+            f"{_fmt(f['pcie_peak_pct'], 2)} | {reasons} |")
     lines.append("")
     for level in results["levels"]:
-        failed = "" if level["rc"] == 0 else f" (bench_serving exited {level['rc']})"
+        failed = failed_words(level)
+        failed = f" ({failed}: its figures are of the requests that completed)" if failed \
+            and level.get("rc", 0) == 0 else f" ({failed})" if failed else ""
         lines.append(f"- concurrency {level['concurrency']}{failed}: "
                      f"{level['verdict']['text']}")
     return "\n".join(lines) + "\n"
@@ -253,47 +310,136 @@ def write(raw: Path, dest: Path, host: str, label: str | None = None,
     return results, text
 
 
+def _output_tok_s(results: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+    """Each level of a run: concurrency -> the level (only levels bench_serving reported)."""
+    return {lv["concurrency"]: lv for lv in (results or {}).get("levels", []) if lv.get("bench")}
+
+
+def spread(outcomes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run-to-run spread the sweep measured: the value whose levels ran twice back to back
+    on the same server (``repeat`` in its outcome), and per level the difference of the two
+    runs' output tok/s as % of their mean; None when no value was repeated."""
+    for o in outcomes:
+        if not o.get("repeat"):
+            continue
+        first, second = _output_tok_s(o["results"]), _output_tok_s(o["repeat"])
+        pct = {}
+        for n in sorted(set(first) & set(second)):
+            a = first[n]["bench"]["output_throughput"]
+            b = second[n]["bench"]["output_throughput"]
+            if a is not None and b is not None and a + b > 0:
+                pct[n] = 100 * abs(a - b) / ((a + b) / 2)
+        return {"value": o["value"], "pct": pct}
+    return None
+
+
+def sweep_verdict(key: str, configured: Any, outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per level: the values ranked (those whose level completed every request, by output
+    tok/s), those left out and why, the best, what it is compared with (the configured value,
+    else the runner-up), its gain in %, the run-to-run spread, and the winner: the best only
+    where its gain exceeds the spread (else None: "within noise"). ``overall``: the value that
+    wins most levels, None when no level has a winner."""
+    noise = spread(outcomes)
+    levels = sorted({n for o in outcomes for n in _output_tok_s(o.get("results"))})
+    rows = []
+    for n in levels:
+        ranked, left_out = {}, {}
+        for o in outcomes:
+            level = _output_tok_s(o.get("results")).get(n)
+            if o["status"] != "ok" and level is None:
+                left_out[o["value"]] = f"failed: {o.get('reason') or 'no result'}"
+            elif level is None:
+                left_out[o["value"]] = "no result at this level"
+            elif not level.get("complete", True) or failed_words(level):
+                left_out[o["value"]] = failed_words(level) or "failed"
+            else:
+                ranked[o["value"]] = level["bench"]["output_throughput"]
+        row: dict[str, Any] = {"concurrency": n, "ranked": ranked, "left_out": left_out,
+                               "best": None, "against": None, "gain_pct": None,
+                               "spread_pct": (noise or {}).get("pct", {}).get(n),
+                               "winner": None}
+        if ranked:
+            best = max(ranked, key=ranked.get)
+            others = {v: t for v, t in ranked.items() if v != best}
+            against = configured if configured in others else (
+                max(others, key=others.get) if others else None)
+            gain = (100 * (ranked[best] / others[against] - 1)
+                    if against is not None and others[against] else None)
+            row.update(best=best, against=against, gain_pct=gain)
+            if gain is not None and row["spread_pct"] is not None and gain > row["spread_pct"]:
+                row["winner"] = best
+        rows.append(row)
+    wins = [r["winner"] for r in rows if r["winner"] is not None]
+    overall = max(set(wins), key=wins.count) if wins else None
+    return {"key": key, "configured": configured, "spread": noise, "levels": rows,
+            "overall": overall}
+
+
 def sweep_summary(host: str, key: str, configured: Any, outcomes: list[dict[str, Any]]) -> str:
-    """The sweep's verdict: per level the value with the highest output throughput, by how
-    much it beats the configured value (or the runner-up), the host data line to set it; each
-    failed value with why."""
+    """The sweep's verdict (:func:`sweep_verdict`): a table of output tok/s per value and level
+    (a level that failed requests marked), per level the winner and by how much, or "within
+    noise", with the spread measured; the host data line to set a winner; each failed value
+    with why."""
+    verdict = sweep_verdict(key, configured, outcomes)
+    warning = next((stand_in_line(o["results"]) for o in outcomes
+                    if o.get("results") and stand_in_line(o["results"])), None)
     lines = [f"# Sweep of {key} on {host} (configured: {configured})", "",
+             *([f"**{warning}**", ""] if warning else []),
              "| concurrency | " + " | ".join(
                  f"{o['value']}{' (configured)' if o['value'] == configured else ''} output tok/s"
                  for o in outcomes)
-             + " | best |", "|---|" + "---|" * (len(outcomes) + 1)]
-    ran = [o for o in outcomes if o["status"] == "ok"]
-    levels = sorted({lv["concurrency"] for o in ran for lv in o["results"]["levels"]})
-    winners = []
-    for n in levels:
-        tok = {}
-        for o in ran:
-            for lv in o["results"]["levels"]:
-                if lv["concurrency"] == n and lv.get("bench"):
-                    tok[o["value"]] = lv["bench"]["output_throughput"]
-        cells = [_fmt(tok.get(o["value"])) if o["status"] == "ok" else "failed"
-                 for o in outcomes]
-        best = max(tok, key=tok.get) if tok else None
-        if best is not None:
-            others = {v: t for v, t in tok.items() if v != best}
-            against = configured if configured in others else (
-                max(others, key=others.get) if others else None)
-            gain = (100 * (tok[best] / others[against] - 1)
-                    if against is not None and others[against] else None)
-            winners.append((n, best, against, gain))
-        lines.append(f"| {n} | " + " | ".join(cells) + f" | {best if best is not None else '-'} |")
+             + " | best | run-to-run spread |", "|---|" + "---|" * (len(outcomes) + 2)]
+    for row in verdict["levels"]:
+        n = row["concurrency"]
+        cells = []
+        for o in outcomes:
+            level = _output_tok_s(o.get("results")).get(n)
+            if level is None:
+                cells.append("failed")
+            elif o["value"] in row["left_out"]:
+                cells.append(f"{_fmt(level['bench']['output_throughput'])} "
+                             f"(FAILED: {row['left_out'][o['value']]})")
+            else:
+                cells.append(_fmt(level["bench"]["output_throughput"]))
+        best = row["winner"] or ("within noise" if row["best"] is not None else "-")
+        noise = "not measured" if row["spread_pct"] is None else f"{row['spread_pct']:.1f} %"
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {best} | {noise} |")
     lines.append("")
-    for n, best, against, gain in winners:
-        by = f", {gain:+.0f} % output tok/s over {against}" if gain is not None else ""
-        lines.append(f"- concurrency {n}: {best} wins{by}")
-    overall = max({w[1] for w in winners}, key=lambda v: sum(1 for w in winners if w[1] == v)) \
-        if winners else None
+    noise = verdict["spread"]
+    if noise is None:
+        lines.append("No value was run twice: the run-to-run spread is not measured, so no "
+                     "difference is called a win.")
+    else:
+        lines.append(f"Run-to-run spread: {noise['value']} ran its levels twice back to back; "
+                     "a value wins a level only by more than the two runs differ there.")
+    for row in verdict["levels"]:
+        n = row["concurrency"]
+        left = "".join(f"; {v} not ranked ({why})" for v, why in row["left_out"].items())
+        if row["best"] is None:
+            lines.append(f"- concurrency {n}: no value completed every request{left}")
+            continue
+        by = (f", {row['gain_pct']:+.1f} % output tok/s over {row['against']}"
+              if row["gain_pct"] is not None else "")
+        noise_pct = ("spread not measured" if row["spread_pct"] is None
+                     else f"run-to-run spread {row['spread_pct']:.1f} %")
+        if row["winner"] is not None:
+            lines.append(f"- concurrency {n}: {row['winner']} wins{by} ({noise_pct}){left}")
+        elif row["against"] is None:
+            lines.append(f"- concurrency {n}: only {row['best']} completed every request: "
+                         f"nothing to compare{left}")
+        else:
+            lines.append(f"- concurrency {n}: within noise: {row['best']}{by}, not more than "
+                         f"the {noise_pct}: no winner{left}")
+    overall = verdict["overall"]
     if overall is not None and overall == configured:
         lines += ["", f"The configured {key} ({configured}) wins: keep it."]
     elif overall is not None:
         lines += ["", f"To serve with {overall}: `--data {PREFIX_KEY}{key}={overall}` or, in the "
                   f"inventory, `\"{PREFIX_KEY}{key}\": {json.dumps(overall)}` "
                   "(the sweep never edits the inventory)."]
+    else:
+        lines += ["", f"No value of {key} wins beyond the run-to-run spread among those that "
+                  f"completed every request: nothing to change ({configured} stays)."]
     for o in outcomes:
         if o["status"] != "ok":
             lines += ["", f"- {o['value']}: failed: {o['reason']}"]
@@ -303,16 +449,18 @@ def sweep_summary(host: str, key: str, configured: Any, outcomes: list[dict[str,
 
 def write_sweep(dest: Path, host: str, key: str, configured: Any,
                 outcomes: list[dict[str, Any]]) -> str:
-    """results.json (the sweep's outcome with every value's results), summary.md and bench.png
-    (a line per value) in ``dest``; returns the summary's text."""
+    """results.json (the sweep's outcome with every value's results and the verdict: each
+    level's ranking, spread and winner), summary.md and bench.png (a line per value) in
+    ``dest``; returns the summary's text."""
     text = sweep_summary(host, key, configured, outcomes)
-    runs = [o["results"] for o in outcomes if o["status"] == "ok"]
+    runs = [o["results"] for o in outcomes if o.get("results")]
     for o in outcomes:
-        if o["status"] == "ok":
+        if o.get("results"):
             text += "\n" + summary(o["results"])
     (dest / "results.json").write_text(json.dumps(
-        {"host": host, "sweep": {"key": key, "configured": configured, "outcomes": outcomes}},
-        indent=1) + "\n")
+        {"host": host, "sweep": {"key": key, "configured": configured, "outcomes": outcomes,
+                                 "verdict": sweep_verdict(key, configured, outcomes)}},
+        indent=1, default=str) + "\n")
     (dest / "summary.md").write_text(text)
     if runs:
         plot(runs, dest / "bench.png")

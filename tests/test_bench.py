@@ -131,7 +131,10 @@ def test_report_from_real_telemetry(tmp_path):
     assert by_level[64]["gpus"][0]["power_mean_pct"] > 90
     assert results["server"] == {"moe_runner_backend": "flashinfer_cutlass", "tp_size": 1}
     assert json.loads((tmp_path / "results.json").read_text())["host"] == "h200"
-    assert "| 64 | 306.4 |" in text and "power-capped: SW power cap active" in text
+    assert "| 64 | 128 of 128 | 306.4 |" in text and "power-capped: SW power cap active" in text
+    assert by_level[64]["requests"] == {"prompts": 128, "completed": 128, "failed": 0}
+    assert by_level[64]["complete"] is True and results["stand_ins"] == []
+    assert "stand-in" not in text
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -157,26 +160,100 @@ def test_sweep_dropin_changes_one_flag_only():
                             f"--moe-runner-backend {s.moe_runner_backend}").count(configured) == 1
 
 
+def _scaled(results: dict, factor: float, completed: int | None = None) -> dict:
+    out = json.loads(json.dumps(results))
+    for level in out["levels"]:
+        level["bench"]["output_throughput"] *= factor
+        if completed is not None:
+            level["bench"]["completed"] = completed
+            level["requests"] = bench_report.requests(128, 0, level["bench"])
+            level["complete"] = level["requests"]["failed"] == 0
+    return out
+
+
 def test_sweep_summary_ranks_and_records_failures(tmp_path):
     raw = raw_run(tmp_path)
     fast = bench_report.build(raw, "h200", "flashinfer_cutlass")
-    slow = json.loads(json.dumps(fast))
-    for level in slow["levels"]:
-        level["bench"]["output_throughput"] /= 2
     outcomes = [
-        {"value": "flashinfer_cutlass", "status": "ok", "results": fast},
+        {"value": "flashinfer_cutlass", "status": "ok", "results": fast,
+         "repeat": _scaled(fast, 0.98)},
         {"value": "cutlass", "status": "failed", "reason": "the server failed the health gate",
          "journal": ["RuntimeError: CUDA error: an illegal memory access was encountered"]},
-        {"value": "flashinfer_trtllm", "status": "ok", "results": slow},
+        {"value": "flashinfer_trtllm", "status": "ok", "results": _scaled(fast, 0.5)},
     ]
     text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_trtllm",
                                       outcomes)
-    assert "- concurrency 64: flashinfer_cutlass wins, +100 % output tok/s over " \
-           "flashinfer_trtllm" in text
+    assert "- concurrency 64: flashinfer_cutlass wins, +100.0 % output tok/s over " \
+           "flashinfer_trtllm (run-to-run spread 2.0 %)" in text
     assert "--data gpuhost_moe_runner_backend=flashinfer_cutlass" in text
     assert "- cutlass: failed: the server failed the health gate" in text
     assert "illegal memory access" in text
-    assert "| 64 | 306.4 | failed | 153.2 | flashinfer_cutlass |" in text
+    assert "| 64 | 306.4 | failed | 153.2 | flashinfer_cutlass | 2.0 % |" in text
+
+
+def test_sweep_ranks_only_values_that_completed(tmp_path):
+    """The issue's sweep: 58, 22 and 53 of 64 requests completed; the one with 22 looked
+    slowest and the configured one was declared the winner. Now none is ranked, none wins."""
+    fast = bench_report.build(raw_run(tmp_path), "h200", "x")
+    outcomes = [{"value": v, "status": "ok", "results": _scaled(fast, f, completed=c)}
+                for v, f, c in (("flashinfer_cutlass", 1.0, 58), ("cutlass", 0.6, 22),
+                                ("triton", 0.99, 53))]
+    verdict = bench_report.sweep_verdict("moe_runner_backend", "flashinfer_cutlass", outcomes)
+    assert verdict["overall"] is None
+    assert all(row["winner"] is None and row["ranked"] == {} for row in verdict["levels"])
+    assert verdict["levels"][0]["left_out"]["cutlass"] == "106 of 128 requests failed"
+    text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_cutlass",
+                                      outcomes)
+    assert "wins" not in text.replace("wins beyond", "")
+    assert "no value completed every request; flashinfer_cutlass not ranked (70 of 128 " \
+           "requests failed)" in text
+    assert "(FAILED: 106 of 128 requests failed)" in text
+
+
+def test_sweep_within_noise_names_no_winner(tmp_path):
+    fast = bench_report.build(raw_run(tmp_path), "h200", "x")
+    outcomes = [{"value": "flashinfer_cutlass", "status": "ok", "results": fast,
+                 "repeat": _scaled(fast, 0.97)},
+                {"value": "cutlass", "status": "ok", "results": _scaled(fast, 1.01)}]
+    text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_cutlass",
+                                      outcomes)
+    assert "- concurrency 64: within noise: cutlass, +1.0 % output tok/s over " \
+           "flashinfer_cutlass, not more than the run-to-run spread 3.0 %: no winner" in text
+    assert "No value of moe_runner_backend wins beyond the run-to-run spread" in text
+    assert "--data" not in text
+    # without a repeat, no spread was measured: no difference is a win
+    del outcomes[0]["repeat"]
+    text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_cutlass",
+                                      [{**o, "results": _scaled(o["results"], 2.0)}
+                                       if o["value"] == "cutlass" else o for o in outcomes])
+    assert "spread is not measured" in text and "--data" not in text
+
+
+def test_level_with_failed_requests_is_marked(tmp_path):
+    raw = raw_run(tmp_path)
+    result = json.loads((raw / "level-64.json").read_text())
+    (raw / "level-64.json").write_text(json.dumps({**result, "completed": 91}) + "\n")
+    results, text = bench_report.write(raw, tmp_path, "h200")
+    level = {lv["concurrency"]: lv for lv in results["levels"]}[64]
+    assert level["requests"] == {"prompts": 128, "completed": 91, "failed": 37}
+    assert level["complete"] is False
+    assert json.loads((tmp_path / "results.json").read_text())["levels"][1]["complete"] is False
+    assert "| 64 | **91 of 128 (FAILED: 37 of 128 requests failed)** |" in text
+    assert "- concurrency 64 (37 of 128 requests failed: its figures are of the requests " \
+           "that completed)" in text
+
+
+def test_stand_ins_said_in_the_summary(tmp_path):
+    raw = raw_run(tmp_path)
+    meta = json.loads((raw / "meta.json").read_text())
+    meta["summaries"] = {"sglang": "SGLang (gpuhost sandbox stand-in)",
+                         "torch": "Tensors and Dynamic neural networks in Python with strong "
+                                  "GPU acceleration"}
+    (raw / "meta.json").write_text(json.dumps(meta))
+    results, text = bench_report.write(raw, tmp_path, "h200")
+    assert results["stand_ins"] == ["sglang"]
+    assert "**Figures from stand-ins, not a measurement: sglang says in its package metadata " \
+        "that it is a stand-in (the sandbox's)" in text
 
 
 def test_model_context_length_fact():

@@ -15,7 +15,8 @@ Writes into --out: ``links.csv`` (each GPU's PCIe generation and width), ``telem
 ``level-<N>.json`` per level (bench_serving's ``--output-file``; its log, tqdm's redraws
 but the last left out, in ``level-<N>.log``), ``meta.json`` (each level's
 measured run's start and end in nvidia-smi's clock (from bench_serving's "Warmup
-completed" line to its result's first line), the command lines, exit statuses, versions), and
+completed" line to its result's first line), the command lines, exit statuses, versions, the
+packages' metadata summaries), and
 ``done`` last. Formats: tests/fixtures/h200-device/telemetry/. bench_serving's arguments are
 sglang 0.5.9's (its wheel's bench_serving.py): ``--dataset-name random-ids`` needs no download
 (``random`` fetches ShareGPT from the Hub), ``--random-range-ratio 1.0`` fixes the lengths. With
@@ -55,22 +56,34 @@ def _now() -> str:
     return datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
 
 
-def _versions(python: str) -> dict:
+def _distributions(python: str) -> tuple[dict, dict]:
+    """Each of VERSIONS installed in ``python``'s environment: its version, and its metadata's
+    Summary (a stand-in says so there: the sandbox's packages end theirs with "(gpuhost sandbox
+    stand-in)")."""
     script = ("import importlib.metadata as m, json\nout = {}\n"
-              f"for name in {VERSIONS!r}:\n    try: out[name] = m.version(name)\n"
-              "    except m.PackageNotFoundError: pass\nprint(json.dumps(out))")
+              f"for name in {VERSIONS!r}:\n    try: d = m.distribution(name)\n"
+              "    except m.PackageNotFoundError: continue\n"
+              "    out[name] = [d.version, d.metadata.get('Summary') or '']\n"
+              "print(json.dumps(out))")
     result = subprocess.run([python, "-c", script], capture_output=True, text=True)
     try:
-        versions = json.loads(result.stdout)
+        found = json.loads(result.stdout)
     except ValueError:
-        versions = {}
+        found = {}
+    return ({name: v[0] for name, v in found.items()},
+            {name: v[1] for name, v in found.items()})
+
+
+def _versions(python: str) -> tuple[dict, dict]:
+    """(versions of VERSIONS, the driver and the GPUs; the packages' summaries)."""
+    versions, summaries = _distributions(python)
     driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name",
                              "--format=csv,noheader"], capture_output=True, text=True)
     rows = [line.split(", ") for line in driver.stdout.splitlines() if ", " in line]
     if rows:
         versions["driver"], versions["gpu"] = rows[0][0], rows[0][1]
         versions["gpu_count"] = str(len(rows))
-    return versions
+    return versions, summaries
 
 
 def bench_command(args: argparse.Namespace, level: int, output: str) -> list[str]:
@@ -138,8 +151,9 @@ def main() -> int:
                           "--format", "csv"],
                          stdout=open(out("dmon.csv"), "w"), stderr=subprocess.STDOUT),
     ]
+    versions, summaries = _versions(args.python)
     meta = {"utc_offset_s": time.localtime().tm_gmtoff, "started": _now(),
-            "versions": _versions(args.python), "levels": [],
+            "versions": versions, "summaries": summaries, "levels": [],
             "input_len": args.input_len, "output_len": args.output_len,
             "prompts": args.prompts, "backend": args.backend}
     failed = False
