@@ -217,75 +217,171 @@ def summary(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The time panels' lines: (series key, label, line style); every GPU's mean.
+TIME_LINES: Final = (
+    ("power_pct", "power % of limit", "-"),
+    ("sm_clock_pct", "SM clock % of max", ":"),
+    ("util_gpu_pct", "GPU util % (a kernel running)", "--"),
+    ("util_mem_pct", "memory-copy util % (utilization.memory)", "-."),
+)
+#: Seconds shown before and after each level's measured window in its time panel.
+TIME_MARGIN_S: Final = 3.0
+
+
+def _run_label(results: dict[str, Any]) -> str:
+    return results.get("label") or results["server"].get("moe_runner_backend") or "served"
+
+
+def _concurrency_axis(ax, levels: list[int]) -> None:
+    """Concurrency on a log2 scale, ticked and labelled with the levels themselves."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(levels))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(n) for n in levels])
+    if len(levels) == 1:
+        ax.set_xlim(levels[0] / 2, levels[0] * 2)
+    ax.set_xlabel("concurrent requests")
+
+
+def _per_level(ax, runs, y_of, name: str, second_of=None, labels=("", ""),
+               legend: bool = True) -> None:
+    """One line per run against concurrency (``y_of(level)``; ``second_of``: a second figure,
+    dashed in the same colour; ``labels``: the two lines' legend names for a single run); a
+    level that failed requests gets a red cross (in the legend once, only when drawn)."""
+    crossed = False
+    for results in runs:
+        done = [lv for lv in results["levels"] if lv.get("bench") and y_of(lv) is not None]
+        if not done:
+            continue
+        xs = [lv["concurrency"] for lv in done]
+        label = _run_label(results) if len(runs) > 1 else labels[0] or None
+        line, = ax.plot(xs, [y_of(lv) for lv in done], marker="o", label=label)
+        if second_of is not None:
+            ax.plot(xs, [second_of(lv) for lv in done], marker="^", linestyle="--",
+                    color=line.get_color(), label=labels[1] if len(runs) == 1 else None)
+        for lv in done:
+            if failed_words(lv):
+                ax.plot([lv["concurrency"]], [y_of(lv)], marker="X", markersize=12,
+                        color="red", linestyle="none",
+                        label=None if crossed else "level with failed requests")
+                crossed = True
+    ax.set_title(name, fontsize=10)
+    ax.margins(x=0.1, y=0.1)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    if legend and ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def _time_cell(ax, samples: list[dict[str, Any]], level: dict[str, Any]) -> list:
+    """One level's telemetry: seconds since its measured window began (shaded), the mean of
+    the GPUs for each of TIME_LINES; returns the artists drawn, for the legend."""
+    start, end = _stamp(level["start"]), _stamp(level["end"])
+    length = (end - start).total_seconds()
+    by_time: dict[float, list[dict[str, Any]]] = {}
+    for sample in samples:
+        x = (_stamp(sample["time"]) - start).total_seconds()
+        if -TIME_MARGIN_S <= x <= length + TIME_MARGIN_S:
+            by_time.setdefault(round(x, 1), []).append(sample)
+    drawn = [ax.axvspan(0, length, color="0.85", zorder=0, label="measured window")]
+    t = sorted(by_time)
+    for (key, name, style), colour in zip(TIME_LINES, ("C3", "C1", "C0", "C2")):
+        kept = [(x, v) for x, v in ((x, [s.get(key) for s in by_time[x]
+                                         if s.get(key) is not None]) for x in t) if v]
+        if kept:
+            line, = ax.plot([x for x, _ in kept], [sum(v) / len(v) for _, v in kept],
+                            linestyle=style, label=name, color=colour)
+            drawn.append(line)
+    ax.set_xlim(-TIME_MARGIN_S, length + TIME_MARGIN_S)
+    ax.set_ylim(0, 105)
+    ax.grid(True, alpha=0.3)
+    verdict = level["verdict"]["name"]
+    failed = failed_words(level)
+    r = level.get("requests") or {}
+    done = "" if r.get("completed") is None else f"{r['completed']} of {r['prompts']} done"
+    ax.set_title(f"c={level['concurrency']}: {verdict}\n"
+                 + (f"FAILED: {failed}" if failed else done),
+                 fontsize=9, color="red" if failed else "black")
+    return drawn
+
+
 def plot(runs: list[dict[str, Any]], dest: Path) -> None:
-    """bench.png: output throughput against concurrency (one line per run: a sweep's values),
-    and the GPUs' power as % of the limit and SM clock as % of maximum over time (their mean, a
-    band from the lowest to the highest GPU), each run's levels shaded and named."""
+    """bench.png: :func:`figure`, saved."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(runs)
+    fig.savefig(dest, dpi=100)
+    plt.close(fig)
+
+
+def figure(runs: list[dict[str, Any]]):
+    """bench.png's figure. Above, against concurrency (the levels as ticks, one line per run: a sweep's
+    values): output throughput, TTFT and ITL (median, and p99 dashed); a level that failed
+    requests has a red cross and its count. Below, one panel per level (a row per run), each on
+    its own time axis so a short level reads as well as a long one: power as % of the limit,
+    SM clock as % of maximum, GPU utilisation and memory-copy utilisation (each the mean of
+    the GPUs), the measured window shaded, the verdict and the requests done in its title.
+    Figures from stand-ins say so in the title."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8), constrained_layout=True)
-    for results in runs:
-        done = [lv for lv in results["levels"] if lv.get("bench")]
-        label = results.get("label") or results["server"].get("moe_runner_backend") or "served"
-        top.plot([lv["concurrency"] for lv in done],
-                 [lv["bench"]["output_throughput"] for lv in done], marker="o",
-                 label=f"{label}: output")
-        if len(runs) == 1:
-            top.plot([lv["concurrency"] for lv in done],
-                     [lv["bench"]["total_throughput"] for lv in done], marker="s",
-                     linestyle="--", label=f"{label}: total")
-    top.set_xscale("log", base=2)
-    top.set_xlabel("concurrent requests")
-    top.set_ylabel("tokens/s")
-    top.set_title(f"{runs[0]['host']}: throughput against concurrency")
-    top.legend()
-    top.grid(True, alpha=0.3)
+    columns = max(len(r["levels"]) for r in runs)
+    fig = plt.figure(figsize=(max(12, 4 * columns), 4.2 + 2.8 * len(runs)),
+                     layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[4.2, 2.8 * len(runs)])
+    warning = next((stand_in_line(r) for r in runs if stand_in_line(r)), None)
+    first = runs[0]
+    title = (f"{first['host']}: bench, {first['prompts']} prompts per level, "
+             f"{first['input_len']} input / {first['output_len']} output tokens each"
+             if len(runs) == 1 else
+             f"{first['host']}: sweep of {', '.join(_run_label(r) for r in runs)}")
+    if warning:
+        title += "\nFIGURES FROM STAND-INS (the sandbox's), NOT A MEASUREMENT"
+    top.suptitle(title, color="red" if warning else "black", fontsize=11)
+    tput, ttft, itl = top.subplots(1, 3)
+    levels = sorted({lv["concurrency"] for r in runs for lv in r["levels"]})
 
-    start = min(_stamp(r["started"]) for r in runs)
-    by_time: dict[float, list[dict[str, Any]]] = {}
-    for results in runs:
-        for s in results.get("series") or []:
-            by_time.setdefault(round((_stamp(s["time"]) - start).total_seconds(), 1),
-                               []).append(s)
-    t = sorted(by_time)
-    gpus = len({s["index"] for x in t for s in by_time[x]})
-    for key, name, style in (("power_pct", "power % of limit", "-"),
-                             ("sm_clock_pct", "SM clock % of max", ":")):
-        kept = [(x, r) for x, r in ((x, [s[key] for s in by_time[x] if s[key] is not None])
-                                    for x in t) if r]
-        if not kept:
-            continue
-        xs = [x for x, _ in kept]
-        line, = bottom.plot(xs, [sum(r) / len(r) for _, r in kept], linestyle=style,
-                            label=f"{name} (mean of {gpus} GPUs, band: min to max)")
-        bottom.fill_between(xs, [min(r) for _, r in kept], [max(r) for _, r in kept],
-                            color=line.get_color(), alpha=0.2)
-    i = 0
-    for results in runs:
-        prefix = f"{results['label']} " if len(runs) > 1 and results.get("label") else ""
-        for level in results["levels"]:
-            a = (_stamp(level["start"]) - start).total_seconds()
-            b = (_stamp(level["end"]) - start).total_seconds()
-            bottom.axvspan(a, b, alpha=0.12, color=f"C{i % 10}")
-            bottom.text((a + b) / 2, 102, f"{prefix}c={level['concurrency']}", ha="center",
-                        fontsize=7)
-            i += 1
-    bottom.set_ylim(0, 110)
-    bottom.set_xlabel("seconds since the bench started")
-    bottom.set_ylabel("%")
-    bottom.set_title("power and SM clock over time, concurrency levels shaded")
-    if by_time:
-        bottom.legend(fontsize=8, loc="lower right")
-    fig.savefig(dest, dpi=100)
-    plt.close(fig)
+    def bench(name):
+        return lambda lv: (lv.get("bench") or {}).get(name)
+
+    single = len(runs) == 1
+    _per_level(tput, runs, bench("output_throughput"), "tokens/s" if single else
+               "output tokens/s", second_of=bench("total_throughput") if single else None,
+               labels=("output", "input + output"))
+    _per_level(ttft, runs, bench("median_ttft_ms"), "TTFT ms: median (o), p99 (^, dashed)",
+               second_of=bench("p99_ttft_ms"), labels=("median", "p99"), legend=single)
+    _per_level(itl, runs, bench("median_itl_ms"), "ITL ms: median (o), p99 (^, dashed)",
+               second_of=bench("p99_itl_ms"), labels=("median", "p99"), legend=single)
+    for ax in (tput, ttft, itl):
+        _concurrency_axis(ax, levels)
+
+    cells = bottom.subplots(len(runs), columns, squeeze=False, sharey=True)
+    drawn: list = []
+    for row, results in zip(cells, runs):
+        for col, ax in enumerate(row):
+            if col >= len(results["levels"]):
+                ax.set_visible(False)
+                continue
+            drawn = _time_cell(ax, results.get("series") or [], results["levels"][col]) or drawn
+            if results is runs[-1]:
+                ax.set_xlabel("s since the level's measured run began", fontsize=8)
+        row[0].set_ylabel(f"{_run_label(results)}\n%" if len(runs) > 1 else "%")
+    handles = [h for h in drawn if h.get_label() and not h.get_label().startswith("_")]
+    gpus = len({s["index"] for r in runs for s in r.get("series") or []})
+    bottom.suptitle(f"per level: mean of {gpus} GPU{'s' if gpus != 1 else ''}", fontsize=10)
+    if handles:
+        bottom.legend(handles, [h.get_label() for h in handles], loc="outside lower center",
+                      ncols=len(handles), fontsize=8)
+    return fig
 
 
 def series(raw: Path) -> list[dict[str, Any]]:
-    """Each sample's power and SM clock as percentages, for the plot (results.json keeps
-    them)."""
+    """Each sample's power and SM clock as percentages and its utilisations, for the plot
+    (results.json keeps them)."""
     out = []
     for s in telemetry.parse_query(_read(raw, "telemetry.csv")):
         power = None if s.power_w is None or not s.power_limit_w else \
@@ -293,7 +389,8 @@ def series(raw: Path) -> list[dict[str, Any]]:
         clock = None if s.sm_clock_mhz is None or not s.max_sm_clock_mhz else \
             100 * s.sm_clock_mhz / s.max_sm_clock_mhz
         out.append({"time": s.time.strftime("%Y/%m/%d %H:%M:%S.%f")[:-3], "index": s.index,
-                    "power_pct": power, "sm_clock_pct": clock})
+                    "power_pct": power, "sm_clock_pct": clock, "util_gpu_pct": s.util_gpu_pct,
+                    "util_mem_pct": s.util_mem_pct})
     return out
 
 

@@ -392,3 +392,90 @@ def test_sandbox_bench_ends_within_minutes(monkeypatch):
                   for n in s.bench_levels)
     assert seconds < 90, seconds
     assert from_host_data("gpu1", {}).bench_prompts == 128  # a real lab's defaults stay
+
+
+def _texts(fig):
+    """Every text a drawn figure shows, with its box on the canvas: the titles, axis labels,
+    the tick labels within each axis's view, the legends' texts."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    shown = []
+    for sub in (fig, *fig.subfigs):
+        shown += [t for t in (getattr(sub, "_suptitle", None),) if t is not None]
+        shown += [t for legend in sub.legends for t in legend.get_texts()]
+    for ax in fig.get_axes():
+        if not ax.get_visible():
+            continue
+        shown += [ax.title, ax.xaxis.label, ax.yaxis.label]
+        if ax.get_legend():
+            shown += ax.get_legend().get_texts()
+        for axis, (low, high) in ((ax.xaxis, sorted(ax.get_xlim())),
+                                  (ax.yaxis, sorted(ax.get_ylim()))):
+            for tick in axis.get_major_ticks():
+                if low <= tick.get_loc() <= high and tick.label1.get_visible():
+                    shown.append(tick.label1)
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in shown
+            if t.get_visible() and t.get_text().strip()]
+
+
+def _sweep_runs(tmp_path) -> list[dict]:
+    raw = Path(__file__).resolve().parent / "fixtures" / "h200-bench-run-loads"
+    base = bench_report.build(raw, "h200")
+    base["series"] = bench_report.series(raw)
+    runs = []
+    for label, completed in (("flashinfer_cutlass c=16", 64), ("flashinfer_cutlass c=64", 22),
+                             ("cutlass", 64)):
+        run = json.loads(json.dumps(base))
+        run["label"] = label
+        for level in run["levels"]:
+            level["bench"]["completed"] = completed
+            level["requests"] = bench_report.requests(64, 0, level["bench"])
+        runs.append(run)
+    return runs
+
+
+@pytest.mark.parametrize("runs", ["one", "sweep"])
+def test_plot_reads_whatever_the_run(tmp_path, runs):
+    """The fixture's three loads, alone and as a sweep of three values: the concurrency axes
+    are labelled with the levels; each level has a time panel of its own (its own length) with
+    utilisation and memory-copy utilisation beside power and clock; no two labels overlap; the
+    legends name only what is drawn; failed levels are crossed out in red."""
+    import matplotlib.pyplot as plt
+
+    if runs == "one":
+        raw = Path(__file__).resolve().parent / "fixtures" / "h200-bench-run-loads"
+        one = bench_report.build(raw, "h200")
+        one["series"] = bench_report.series(raw)
+        runs = [one]
+    else:
+        runs = _sweep_runs(tmp_path)
+    fig = bench_report.figure(runs)
+    try:
+        texts = _texts(fig)
+        for i, (a, box_a) in enumerate(texts):
+            for b, box_b in texts[i + 1:]:
+                assert not box_a.overlaps(box_b) or box_a.width * box_b.width == 0, (a, b)
+        axes = [ax for ax in fig.get_axes() if ax.get_visible()]
+        top = [ax for ax in axes if ax.get_xlabel() == "concurrent requests"]
+        assert len(top) == 3
+        for ax in top:
+            assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "16", "64"]
+        cells = [ax for ax in axes if ax not in top]
+        assert len(cells) == 3 * len(runs)
+        for ax in cells:
+            labels = {line.get_label() for line in ax.get_lines()}
+            assert {"power % of limit", "SM clock % of max", "GPU util % (a kernel running)",
+                    "memory-copy util % (utilization.memory)"} <= labels
+            assert ax.get_xlim()[1] - ax.get_xlim()[0] < 20  # its own level, 12 s long
+        for legend in [ax.get_legend() for ax in axes if ax.get_legend()] + fig.legends + [
+                leg for sub in fig.subfigs for leg in sub.legends]:
+            for handle, text in zip(legend.legend_handles, legend.get_texts()):
+                assert text.get_text() in {a.get_label() for ax in axes
+                                           for a in (*ax.get_lines(), *ax.patches)
+                                           if a.get_visible()}, text.get_text()
+        failed = [line for ax in top for line in ax.get_lines() if line.get_marker() == "X"]
+        assert failed and all(line.get_color() == "red" for line in failed)
+        if len(runs) > 1:
+            assert sum(1 for ax in cells if ax.title.get_color() == "red") == 3
+    finally:
+        plt.close(fig)
