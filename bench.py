@@ -1,11 +1,11 @@
 """Measure the served model: sglang's bench_serving at each concurrency level, GPU telemetry,
 a diagnosis per level, results on the controller; or a sweep of one server setting.
 
-    pyinfra inventory/lab.py bench.py                 # every host
-    pyinfra inventory/lab.py bench.py --limit gpu1    # one host
-    pyinfra inventory/lab.py bench.py --data gpuhost_bench_sweep='{"moe_runner_backend":
+    pyinfra -y inventory/lab.py bench.py              # every host
+    pyinfra -y inventory/lab.py bench.py --limit gpu1 # one host
+    pyinfra -y inventory/lab.py bench.py --data gpuhost_bench_sweep='{"moe_runner_backend":
         ["flashinfer_cutlass", "cutlass"]}'           # each value served, benched, compared
-    pyinfra inventory/lab.py bench.py --data gpuhost_bench_target=router   # the fleet, through
+    pyinfra -y inventory/lab.py bench.py --data gpuhost_bench_target=router  # the fleet, through
                                                       # the router (operations/bench_fleet.py)
 
 Host data is validated as for deploy.py (gpuhost_bench_* keys included) before any host is
