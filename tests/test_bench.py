@@ -482,18 +482,18 @@ def test_plot_reads_whatever_the_run(tmp_path, runs):
 
 
 def test_bench_commands_in_the_docs_copy_paste_complete():
-    """Every bench.py command README, docs/bench.md and bench.py show has -y (without it
+    """Every bench.py command README, the manual (docs/) and bench.py show has -y (without it
     pyinfra waits for Enter, and dies on EOF without a terminal); results are said to go where
     the sweep writes them; nothing calls the sweep unbuilt."""
     import re
 
     root = Path(__file__).resolve().parents[1]
-    texts = {name: (root / name).read_text() for name in ("README.md", "docs/bench.md",
-                                                          "bench.py")}
-    commands = [line for text in texts.values() for line in text.splitlines()
+    paths = [root / "README.md", root / "bench.py", *sorted((root / "docs").glob("*.md"))]
+    text = "\n".join(path.read_text() for path in paths)
+    commands = [line for line in text.splitlines()
                 if re.search(r"pyinfra .*bench\.py", line) and line.startswith("    ")]
     assert len(commands) >= 8
     assert all(" -y " in line for line in commands), [c for c in commands if " -y " not in c]
-    assert "moe_runner_backend=cutlass/" in texts["README.md"]
-    assert "`<value>/`" not in texts["README.md"]
-    assert "not built yet" not in texts["README.md"]
+    assert "moe_runner_backend=cutlass/" in text
+    assert "`<value>/`" not in text
+    assert "not built yet" not in text
