@@ -307,23 +307,23 @@ def _time_cell(ax, samples: list[dict[str, Any]], level: dict[str, Any]) -> list
     return drawn
 
 
-def plot(runs: list[dict[str, Any]], dest: Path) -> None:
+def plot(runs: list[dict[str, Any]], dest: Path, note: str | None = None) -> None:
     """bench.png: :func:`figure`, saved."""
     import matplotlib.pyplot as plt
 
-    fig = figure(runs)
+    fig = figure(runs, note)
     fig.savefig(dest, dpi=100)
     plt.close(fig)
 
 
-def figure(runs: list[dict[str, Any]]):
+def figure(runs: list[dict[str, Any]], note: str | None = None):
     """bench.png's figure. Above, against concurrency (the levels as ticks, one line per run: a sweep's
     values): output throughput, TTFT and ITL (median, and p99 dashed); a level that failed
     requests has a red cross and its count. Below, one panel per level (a row per run), each on
     its own time axis so a short level reads as well as a long one: power as % of the limit,
     SM clock as % of maximum, GPU utilisation and memory-copy utilisation (each the mean of
     the GPUs), the measured window shaded, the verdict and the requests done in its title.
-    Figures from stand-ins say so in the title."""
+    Figures from stand-ins say so in the title, as does ``note`` (a sweep's values not drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -339,6 +339,8 @@ def figure(runs: list[dict[str, Any]]):
              f"{first['input_len']} input / {first['output_len']} output tokens each"
              if len(runs) == 1 else
              f"{first['host']}: sweep of {', '.join(_run_label(r) for r in runs)}")
+    if note:
+        title += f"\n{note}"
     if warning:
         title += "\nFIGURES FROM STAND-INS (the sandbox's), NOT A MEASUREMENT"
     top.suptitle(title, color="red" if warning else "black", fontsize=11)
@@ -444,7 +446,7 @@ def sweep_verdict(key: str, configured: Any, outcomes: list[dict[str, Any]]) -> 
         for o in outcomes:
             level = _output_tok_s(o.get("results")).get(n)
             if o["status"] != "ok" and level is None:
-                left_out[o["value"]] = f"failed: {o.get('reason') or 'no result'}"
+                left_out[o["value"]] = "failed (below)"
             elif level is None:
                 left_out[o["value"]] = "no result at this level"
             elif not level.get("complete", True) or failed_words(level):
@@ -559,6 +561,8 @@ def write_sweep(dest: Path, host: str, key: str, configured: Any,
                                  "verdict": sweep_verdict(key, configured, outcomes)}},
         indent=1, default=str) + "\n")
     (dest / "summary.md").write_text(text)
+    failed = [str(o["value"]) for o in outcomes if not o.get("results")]
     if runs:
-        plot(runs, dest / "bench.png")
+        plot(runs, dest / "bench.png", f"not drawn, their servers failed (summary.md says why): "
+             f"{', '.join(failed)}" if failed else None)
     return text
