@@ -1,11 +1,11 @@
 """Measure the served model: sglang's bench_serving at each concurrency level, GPU telemetry,
 a diagnosis per level, results on the controller; or a sweep of one server setting.
 
-    pyinfra inventory/lab.py bench.py                 # every host
-    pyinfra inventory/lab.py bench.py --limit gpu1    # one host
-    pyinfra inventory/lab.py bench.py --data gpuhost_bench_sweep='{"moe_runner_backend":
+    pyinfra -y inventory/lab.py bench.py              # every host
+    pyinfra -y inventory/lab.py bench.py --limit gpu1 # one host
+    pyinfra -y inventory/lab.py bench.py --data gpuhost_bench_sweep='{"moe_runner_backend":
         ["flashinfer_cutlass", "cutlass"]}'           # each value served, benched, compared
-    pyinfra inventory/lab.py bench.py --data gpuhost_bench_target=router   # the fleet, through
+    pyinfra -y inventory/lab.py bench.py --data gpuhost_bench_target=router  # the fleet, through
                                                       # the router (operations/bench_fleet.py)
 
 Host data is validated as for deploy.py (gpuhost_bench_* keys included) before any host is
@@ -29,7 +29,7 @@ use_run_env()
 the_fleet = bench_fleet.plan(inventory, everyone)
 part = bench_fleet.prepare(the_fleet, everyone) if the_fleet else None
 if part is not None:
-    if part and deploy_lock.held(settings) and prepare(settings):
+    if part and deploy_lock.held(settings, job="bench") and prepare(settings):
         workers = the_fleet.workers_of(host.name)
         bench_fleet.fleet_bench_run(
             name=f"Bench the fleet ({len(workers)} workers) through the router at concurrency "
@@ -38,7 +38,7 @@ if part is not None:
             dest_root=str(RESULTS_ROOT))
 elif not settings.serving:
     say("Bench: serves no model (gpuhost_serving = False): nothing to bench here")
-elif deploy_lock.held(settings) and prepare(settings):
+elif deploy_lock.held(settings, job="bench") and prepare(settings):
     leftover_restored(name="Restore the server if an interrupted sweep left it changed",
                       settings=settings)
     levels = ", ".join(str(n) for n in settings.bench_levels)

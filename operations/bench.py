@@ -180,15 +180,21 @@ def _bench(state, host, settings: Settings, dest_root: str) -> bool:
     """Gate, run, poll, fetch, report (see :func:`bench`)."""
     gate_or_refuse(host, settings)
     dest = results_dir(dest_root, host)
-    _, text, complete = run_levels(host, settings, dest)
-    report(text, complete, dest)
+    results, text, complete = run_levels(host, settings, dest)
+    report(text, complete, dest, results)
     return True
 
 
-def report(text: str, complete: bool, dest) -> None:
-    """Say the report and where its files are; OperationError when a level failed."""
+def report(text: str, complete: bool, dest, results: dict | None = None) -> None:
+    """Say the report, each level that failed requests, and where its files are;
+    OperationError when bench_serving failed at a level."""
     for line in text.splitlines():
         say(line)
+    for level in (results or {}).get("levels", []):
+        failed = bench_report.failed_words(level)
+        if failed and level.get("rc", 0) == 0:
+            say(f"bench: concurrency {level['concurrency']}: {failed} (results.json's "
+                "\"requests\", summary.md and bench.png mark it)", error=True)
     for name in ("results.json", "summary.md", "bench.png"):
         say(f"bench: {dest / name}")
     if not complete:

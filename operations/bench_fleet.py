@@ -157,10 +157,10 @@ def _fleet_bench(state, host, settings: Settings, workers: tuple[tuple[str, str]
              "policy": settings.router_policy, "backend": BACKEND,
              "workers": [name for name, _ in workers], "worker_urls": urls}
     say(f"bench: the fleet endpoint {url}, {len(urls)} workers listed healthy")
-    _, text, complete = run_levels(host, settings, dest,
-                                   argv=_run_argv(settings, (url, key_file, BACKEND)),
-                                   endpoint=about)
-    report(text, complete, dest)
+    results, text, complete = run_levels(host, settings, dest,
+                                         argv=_run_argv(settings, (url, key_file, BACKEND)),
+                                         endpoint=about)
+    report(text, complete, dest, results)
     return True
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -51,6 +51,65 @@ def _stamp(text: str) -> datetime:
     return datetime.strptime(text, "%Y/%m/%d %H:%M:%S.%f")
 
 
+def requests(prompts: int, rc: int, bench: dict[str, Any] | None) -> dict[str, Any]:
+    """A level's requests: ``prompts`` sent, ``completed`` (bench_serving's own count: the
+    requests that answered without error) and ``failed`` (the rest); both None when
+    bench_serving wrote no result (it exited ``rc``)."""
+    completed = (bench or {}).get("completed")
+    if rc != 0 or not isinstance(completed, int):
+        return {"prompts": prompts, "completed": None, "failed": None}
+    return {"prompts": prompts, "completed": completed, "failed": max(prompts - completed, 0)}
+
+
+#: What a stand-in's package metadata says of it (the sandbox's stand-ins end their Summary
+#: with "(gpuhost sandbox stand-in)": sandbox/pypi_index.py).
+STAND_IN_WORDS: Final = "stand-in"
+
+
+def stand_ins(summaries: dict[str, str]) -> list[str]:
+    """The distributions whose own metadata Summary says they are stand-ins."""
+    return sorted(name for name, text in summaries.items() if STAND_IN_WORDS in text.lower())
+
+
+def stand_in_line(results: dict[str, Any]) -> str | None:
+    """The warning that the figures are a stand-in's (None for real packages)."""
+    names = results.get("stand_ins") or []
+    if not names:
+        return None
+    says = ("says in its package metadata that it is a stand-in" if len(names) == 1 else
+            "say in their package metadata that they are stand-ins")
+    return (f"Figures from stand-ins, not a measurement: {', '.join(names)} {says} (the "
+            "sandbox's); the server's pace and "
+            "the GPUs' figures are the scenario's, so no figure here says anything about real "
+            "hardware, and a difference between values is not a finding.")
+
+
+def failed_words(level: dict[str, Any]) -> str | None:
+    """"37 of 128 requests failed" (or bench_serving's exit), None for a level that completed
+    every request."""
+    r = level.get("requests") or {}
+    if level.get("rc", 0) != 0:
+        return f"bench_serving exited {level['rc']}: no result"
+    if r.get("failed"):
+        return f"{r['failed']} of {r['prompts']} requests failed"
+    return None
+
+
+def measured_window(level: dict[str, Any], bench: dict[str, Any] | None
+                    ) -> tuple[datetime, datetime]:
+    """The level's measured run in the host's clock: it ends at bench_serving's result header
+    (meta.json's ``end``) and lasts bench_serving's own ``duration`` (seconds from its main
+    run's first request to its last answer: sglang 0.5.9's benchmark() times it with
+    perf_counter after the warm-up and the cache flush); without one, from the "Warmup
+    completed" line (``start``). Never before ``start``: a slow client start-up (the tokenizer,
+    torch) then falls outside the window."""
+    start, end = _stamp(level["start"]), _stamp(level["end"])
+    duration = (bench or {}).get("duration")
+    if isinstance(duration, (int, float)) and 0 < duration:
+        start = max(start, end - timedelta(seconds=duration))
+    return start, end
+
+
 def build(raw: Path, host: str, label: str | None = None,
           endpoint: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every figure of one run, as results.json holds it: per level bench_serving's figures,
@@ -72,8 +131,11 @@ def build(raw: Path, host: str, label: str | None = None,
             result = json.loads(lines[-1])
             entry["bench"] = {k: result.get(k) for k in BENCH_FIELDS}
             server_info = result.get("server_info") or server_info
-        gpus = telemetry.figures(samples, dmon, links, _stamp(level["start"]),
-                                 _stamp(level["end"]))
+        entry["requests"] = requests(meta["prompts"], level["rc"], entry.get("bench"))
+        entry["complete"] = entry["requests"]["failed"] == 0
+        start, end = measured_window(level, entry.get("bench"))
+        entry["start"] = start.strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+        gpus = telemetry.figures(samples, dmon, links, start, end)
         combined = diagnosis.level_figures(gpus)
         verdict = diagnosis.diagnose(combined)
         entry["gpus"] = [asdict(g) for g in gpus]
@@ -86,6 +148,7 @@ def build(raw: Path, host: str, label: str | None = None,
         "input_len": meta["input_len"], "output_len": meta["output_len"],
         "prompts": meta["prompts"],
         "server": {k: server_info.get(k) for k in SERVER_FLAGS if k in server_info},
+        "stand_ins": stand_ins(meta.get("summaries") or {}),
         "levels": levels,
         "endpoint": endpoint or {"kind": "host", "host": host},
     }
@@ -110,17 +173,20 @@ def summary(results: dict[str, Any]) -> str:
     """summary.md: one table per host, as the operator's notes (throughput and latency per
     level), then each level's GPU figures and verdict."""
     server, versions = results["server"], results["versions"]
+    warning = stand_in_line(results)
     lines = [f"# Bench of {results['host']} ({results['started']} host time)", "",
+             *([f"**{warning}**", ""] if warning else []),
              f"sglang {versions.get('sglang', '?')}, driver {versions.get('driver', '?')}, "
              f"{versions.get('gpu_count', '?')} x {versions.get('gpu', '?')}; MoE runner backend "
              f"{server.get('moe_runner_backend')}, TP {server.get('tp_size')}; "
              f"{results['input_len']} input / {results['output_len']} output tokens, "
              f"{results['prompts']} prompts per level", "",
              *_endpoint_lines(results),
-             "| concurrency | output tok/s | total tok/s | req/s | TTFT median / p99 ms | "
-             "TPOT median / p99 ms | ITL median / p99 ms | power % of limit (mean / peak) | "
-             "SM clock % of max | GPU util % | PCIe % of capacity (peak) | throttle reasons |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| concurrency | requests completed | output tok/s | total tok/s | req/s | "
+             "TTFT median / p99 ms | TPOT median / p99 ms | ITL median / p99 ms | "
+             "power % of limit (mean / peak) | SM clock % of max | GPU util % | "
+             "memory-copy util % | PCIe % of capacity (peak) | throttle reasons |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for level in results["levels"]:
         b = level.get("bench") or {}
         gpus = level["gpus"]
@@ -128,91 +194,196 @@ def summary(results: dict[str, Any]) -> str:
                    default=None)
         f = level["figures"]
         reasons = ", ".join(f"{n} {s:.0f} %" for n, s in sorted(f["reasons"].items())) or "none"
+        r = level.get("requests") or {}
+        done = "-" if r.get("completed") is None else f"{r['completed']} of {r['prompts']}"
+        if failed_words(level):
+            done = f"**{done} (FAILED: {failed_words(level)})**"
         lines.append(
-            f"| {level['concurrency']} | {_fmt(b.get('output_throughput'))} | "
+            f"| {level['concurrency']} | {done} | {_fmt(b.get('output_throughput'))} | "
             f"{_fmt(b.get('total_throughput'))} | {_fmt(b.get('request_throughput'), 2)} | "
             f"{_fmt(b.get('median_ttft_ms'))} / {_fmt(b.get('p99_ttft_ms'))} | "
             f"{_fmt(b.get('median_tpot_ms'))} / {_fmt(b.get('p99_tpot_ms'))} | "
             f"{_fmt(b.get('median_itl_ms'))} / {_fmt(b.get('p99_itl_ms'))} | "
             f"{_fmt(f['power_pct'], 0)} / {_fmt(peak, 0)} | {_fmt(f['sm_clock_pct'], 0)} | "
-            f"{_fmt(f['util_pct'], 0)} | {_fmt(f['pcie_peak_pct'], 2)} | {reasons} |")
+            f"{_fmt(f['util_pct'], 0)} | {_fmt(f.get('util_mem_pct'), 0)} | "
+            f"{_fmt(f['pcie_peak_pct'], 2)} | {reasons} |")
     lines.append("")
     for level in results["levels"]:
-        failed = "" if level["rc"] == 0 else f" (bench_serving exited {level['rc']})"
+        failed = failed_words(level)
+        failed = f" ({failed}: its figures are of the requests that completed)" if failed \
+            and level.get("rc", 0) == 0 else f" ({failed})" if failed else ""
         lines.append(f"- concurrency {level['concurrency']}{failed}: "
                      f"{level['verdict']['text']}")
     return "\n".join(lines) + "\n"
 
 
-def plot(runs: list[dict[str, Any]], dest: Path) -> None:
-    """bench.png: output throughput against concurrency (one line per run: a sweep's values),
-    and the GPUs' power as % of the limit and SM clock as % of maximum over time (their mean, a
-    band from the lowest to the highest GPU), each run's levels shaded and named."""
+#: The time panels' lines: (series key, label, line style); every GPU's mean.
+TIME_LINES: Final = (
+    ("power_pct", "power % of limit", "-"),
+    ("sm_clock_pct", "SM clock % of max", ":"),
+    ("util_gpu_pct", "GPU util % (a kernel running)", "--"),
+    ("util_mem_pct", "memory-copy util % (utilization.memory)", "-."),
+)
+#: Seconds shown before and after each level's measured window in its time panel.
+TIME_MARGIN_S: Final = 3.0
+
+
+def _run_label(results: dict[str, Any]) -> str:
+    return results.get("label") or results["server"].get("moe_runner_backend") or "served"
+
+
+def _concurrency_axis(ax, levels: list[int]) -> None:
+    """Concurrency on a log2 scale, ticked and labelled with the levels themselves."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(levels))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(n) for n in levels])
+    if len(levels) == 1:
+        ax.set_xlim(levels[0] / 2, levels[0] * 2)
+    ax.set_xlabel("concurrent requests")
+
+
+def _per_level(ax, runs, y_of, name: str, second_of=None, labels=("", ""),
+               legend: bool = True) -> None:
+    """One line per run against concurrency (``y_of(level)``; ``second_of``: a second figure,
+    dashed in the same colour; ``labels``: the two lines' legend names for a single run); a
+    level that failed requests gets a red cross (in the legend once, only when drawn)."""
+    crossed = False
+    for results in runs:
+        done = [lv for lv in results["levels"] if lv.get("bench") and y_of(lv) is not None]
+        if not done:
+            continue
+        xs = [lv["concurrency"] for lv in done]
+        label = _run_label(results) if len(runs) > 1 else labels[0] or None
+        line, = ax.plot(xs, [y_of(lv) for lv in done], marker="o", label=label)
+        if second_of is not None:
+            ax.plot(xs, [second_of(lv) for lv in done], marker="^", linestyle="--",
+                    color=line.get_color(), label=labels[1] if len(runs) == 1 else None)
+        for lv in done:
+            if failed_words(lv):
+                ax.plot([lv["concurrency"]], [y_of(lv)], marker="X", markersize=12,
+                        color="red", linestyle="none",
+                        label=None if crossed else "level with failed requests")
+                crossed = True
+    ax.set_title(name, fontsize=10)
+    ax.margins(x=0.1, y=0.1)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    if legend and ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def _time_cell(ax, samples: list[dict[str, Any]], level: dict[str, Any]) -> list:
+    """One level's telemetry: seconds since its measured window began (shaded), the mean of
+    the GPUs for each of TIME_LINES; returns the artists drawn, for the legend."""
+    start, end = _stamp(level["start"]), _stamp(level["end"])
+    length = (end - start).total_seconds()
+    by_time: dict[float, list[dict[str, Any]]] = {}
+    for sample in samples:
+        x = (_stamp(sample["time"]) - start).total_seconds()
+        if -TIME_MARGIN_S <= x <= length + TIME_MARGIN_S:
+            by_time.setdefault(round(x, 1), []).append(sample)
+    drawn = [ax.axvspan(0, length, color="0.85", zorder=0, label="measured window")]
+    t = sorted(by_time)
+    for (key, name, style), colour in zip(TIME_LINES, ("C3", "C1", "C0", "C2")):
+        kept = [(x, v) for x, v in ((x, [s.get(key) for s in by_time[x]
+                                         if s.get(key) is not None]) for x in t) if v]
+        if kept:
+            line, = ax.plot([x for x, _ in kept], [sum(v) / len(v) for _, v in kept],
+                            linestyle=style, label=name, color=colour)
+            drawn.append(line)
+    ax.set_xlim(-TIME_MARGIN_S, length + TIME_MARGIN_S)
+    ax.set_ylim(0, 105)
+    ax.grid(True, alpha=0.3)
+    verdict = level["verdict"]["name"]
+    failed = failed_words(level)
+    r = level.get("requests") or {}
+    done = "" if r.get("completed") is None else f"{r['completed']} of {r['prompts']} done"
+    ax.set_title(f"c={level['concurrency']}: {verdict}\n"
+                 + (f"FAILED: {failed}" if failed else done),
+                 fontsize=9, color="red" if failed else "black")
+    return drawn
+
+
+def plot(runs: list[dict[str, Any]], dest: Path, note: str | None = None) -> None:
+    """bench.png: :func:`figure`, saved."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(runs, note)
+    fig.savefig(dest, dpi=100)
+    plt.close(fig)
+
+
+def figure(runs: list[dict[str, Any]], note: str | None = None):
+    """bench.png's figure. Above, against concurrency (the levels as ticks, one line per run: a sweep's
+    values): output throughput, TTFT and ITL (median, and p99 dashed); a level that failed
+    requests has a red cross and its count. Below, one panel per level (a row per run), each on
+    its own time axis so a short level reads as well as a long one: power as % of the limit,
+    SM clock as % of maximum, GPU utilisation and memory-copy utilisation (each the mean of
+    the GPUs), the measured window shaded, the verdict and the requests done in its title.
+    Figures from stand-ins say so in the title, as does ``note`` (a sweep's values not drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8), constrained_layout=True)
-    for results in runs:
-        done = [lv for lv in results["levels"] if lv.get("bench")]
-        label = results.get("label") or results["server"].get("moe_runner_backend") or "served"
-        top.plot([lv["concurrency"] for lv in done],
-                 [lv["bench"]["output_throughput"] for lv in done], marker="o",
-                 label=f"{label}: output")
-        if len(runs) == 1:
-            top.plot([lv["concurrency"] for lv in done],
-                     [lv["bench"]["total_throughput"] for lv in done], marker="s",
-                     linestyle="--", label=f"{label}: total")
-    top.set_xscale("log", base=2)
-    top.set_xlabel("concurrent requests")
-    top.set_ylabel("tokens/s")
-    top.set_title(f"{runs[0]['host']}: throughput against concurrency")
-    top.legend()
-    top.grid(True, alpha=0.3)
+    columns = max(len(r["levels"]) for r in runs)
+    fig = plt.figure(figsize=(max(12, 4 * columns), 4.2 + 2.8 * len(runs)),
+                     layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[4.2, 2.8 * len(runs)])
+    warning = next((stand_in_line(r) for r in runs if stand_in_line(r)), None)
+    first = runs[0]
+    title = (f"{first['host']}: bench, {first['prompts']} prompts per level, "
+             f"{first['input_len']} input / {first['output_len']} output tokens each"
+             if len(runs) == 1 else
+             f"{first['host']}: sweep of {', '.join(_run_label(r) for r in runs)}")
+    if note:
+        title += f"\n{note}"
+    if warning:
+        title += "\nFIGURES FROM STAND-INS (the sandbox's), NOT A MEASUREMENT"
+    top.suptitle(title, color="red" if warning else "black", fontsize=11)
+    tput, ttft, itl = top.subplots(1, 3)
+    levels = sorted({lv["concurrency"] for r in runs for lv in r["levels"]})
 
-    start = min(_stamp(r["started"]) for r in runs)
-    by_time: dict[float, list[dict[str, Any]]] = {}
-    for results in runs:
-        for s in results.get("series") or []:
-            by_time.setdefault(round((_stamp(s["time"]) - start).total_seconds(), 1),
-                               []).append(s)
-    t = sorted(by_time)
-    gpus = len({s["index"] for x in t for s in by_time[x]})
-    for key, name, style in (("power_pct", "power % of limit", "-"),
-                             ("sm_clock_pct", "SM clock % of max", ":")):
-        kept = [(x, r) for x, r in ((x, [s[key] for s in by_time[x] if s[key] is not None])
-                                    for x in t) if r]
-        if not kept:
-            continue
-        xs = [x for x, _ in kept]
-        line, = bottom.plot(xs, [sum(r) / len(r) for _, r in kept], linestyle=style,
-                            label=f"{name} (mean of {gpus} GPUs, band: min to max)")
-        bottom.fill_between(xs, [min(r) for _, r in kept], [max(r) for _, r in kept],
-                            color=line.get_color(), alpha=0.2)
-    i = 0
-    for results in runs:
-        prefix = f"{results['label']} " if len(runs) > 1 and results.get("label") else ""
-        for level in results["levels"]:
-            a = (_stamp(level["start"]) - start).total_seconds()
-            b = (_stamp(level["end"]) - start).total_seconds()
-            bottom.axvspan(a, b, alpha=0.12, color=f"C{i % 10}")
-            bottom.text((a + b) / 2, 102, f"{prefix}c={level['concurrency']}", ha="center",
-                        fontsize=7)
-            i += 1
-    bottom.set_ylim(0, 110)
-    bottom.set_xlabel("seconds since the bench started")
-    bottom.set_ylabel("%")
-    bottom.set_title("power and SM clock over time, concurrency levels shaded")
-    if by_time:
-        bottom.legend(fontsize=8, loc="lower right")
-    fig.savefig(dest, dpi=100)
-    plt.close(fig)
+    def bench(name):
+        return lambda lv: (lv.get("bench") or {}).get(name)
+
+    single = len(runs) == 1
+    _per_level(tput, runs, bench("output_throughput"), "tokens/s" if single else
+               "output tokens/s", second_of=bench("total_throughput") if single else None,
+               labels=("output", "input + output"))
+    _per_level(ttft, runs, bench("median_ttft_ms"), "TTFT ms: median (o), p99 (^, dashed)",
+               second_of=bench("p99_ttft_ms"), labels=("median", "p99"), legend=single)
+    _per_level(itl, runs, bench("median_itl_ms"), "ITL ms: median (o), p99 (^, dashed)",
+               second_of=bench("p99_itl_ms"), labels=("median", "p99"), legend=single)
+    for ax in (tput, ttft, itl):
+        _concurrency_axis(ax, levels)
+
+    cells = bottom.subplots(len(runs), columns, squeeze=False, sharey=True)
+    drawn: list = []
+    for row, results in zip(cells, runs):
+        for col, ax in enumerate(row):
+            if col >= len(results["levels"]):
+                ax.set_visible(False)
+                continue
+            drawn = _time_cell(ax, results.get("series") or [], results["levels"][col]) or drawn
+            if results is runs[-1]:
+                ax.set_xlabel("s since the level's measured run began", fontsize=8)
+        row[0].set_ylabel(f"{_run_label(results)}\n%" if len(runs) > 1 else "%")
+    handles = [h for h in drawn if h.get_label() and not h.get_label().startswith("_")]
+    gpus = len({s["index"] for r in runs for s in r.get("series") or []})
+    bottom.suptitle(f"per level: mean of {gpus} GPU{'s' if gpus != 1 else ''}", fontsize=10)
+    if handles:
+        bottom.legend(handles, [h.get_label() for h in handles], loc="outside lower center",
+                      ncols=len(handles), fontsize=8)
+    return fig
 
 
 def series(raw: Path) -> list[dict[str, Any]]:
-    """Each sample's power and SM clock as percentages, for the plot (results.json keeps
-    them)."""
+    """Each sample's power and SM clock as percentages and its utilisations, for the plot
+    (results.json keeps them)."""
     out = []
     for s in telemetry.parse_query(_read(raw, "telemetry.csv")):
         power = None if s.power_w is None or not s.power_limit_w else \
@@ -220,7 +391,8 @@ def series(raw: Path) -> list[dict[str, Any]]:
         clock = None if s.sm_clock_mhz is None or not s.max_sm_clock_mhz else \
             100 * s.sm_clock_mhz / s.max_sm_clock_mhz
         out.append({"time": s.time.strftime("%Y/%m/%d %H:%M:%S.%f")[:-3], "index": s.index,
-                    "power_pct": power, "sm_clock_pct": clock})
+                    "power_pct": power, "sm_clock_pct": clock, "util_gpu_pct": s.util_gpu_pct,
+                    "util_mem_pct": s.util_mem_pct})
     return out
 
 
@@ -237,47 +409,136 @@ def write(raw: Path, dest: Path, host: str, label: str | None = None,
     return results, text
 
 
+def _output_tok_s(results: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+    """Each level of a run: concurrency -> the level (only levels bench_serving reported)."""
+    return {lv["concurrency"]: lv for lv in (results or {}).get("levels", []) if lv.get("bench")}
+
+
+def spread(outcomes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run-to-run spread the sweep measured: the value whose levels ran twice back to back
+    on the same server (``repeat`` in its outcome), and per level the difference of the two
+    runs' output tok/s as % of their mean; None when no value was repeated."""
+    for o in outcomes:
+        if not o.get("repeat"):
+            continue
+        first, second = _output_tok_s(o["results"]), _output_tok_s(o["repeat"])
+        pct = {}
+        for n in sorted(set(first) & set(second)):
+            a = first[n]["bench"]["output_throughput"]
+            b = second[n]["bench"]["output_throughput"]
+            if a is not None and b is not None and a + b > 0:
+                pct[n] = 100 * abs(a - b) / ((a + b) / 2)
+        return {"value": o["value"], "pct": pct}
+    return None
+
+
+def sweep_verdict(key: str, configured: Any, outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per level: the values ranked (those whose level completed every request, by output
+    tok/s), those left out and why, the best, what it is compared with (the configured value,
+    else the runner-up), its gain in %, the run-to-run spread, and the winner: the best only
+    where its gain exceeds the spread (else None: "within noise"). ``overall``: the value that
+    wins most levels, None when no level has a winner."""
+    noise = spread(outcomes)
+    levels = sorted({n for o in outcomes for n in _output_tok_s(o.get("results"))})
+    rows = []
+    for n in levels:
+        ranked, left_out = {}, {}
+        for o in outcomes:
+            level = _output_tok_s(o.get("results")).get(n)
+            if o["status"] != "ok" and level is None:
+                left_out[o["value"]] = "failed (below)"
+            elif level is None:
+                left_out[o["value"]] = "no result at this level"
+            elif not level.get("complete", True) or failed_words(level):
+                left_out[o["value"]] = failed_words(level) or "failed"
+            else:
+                ranked[o["value"]] = level["bench"]["output_throughput"]
+        row: dict[str, Any] = {"concurrency": n, "ranked": ranked, "left_out": left_out,
+                               "best": None, "against": None, "gain_pct": None,
+                               "spread_pct": (noise or {}).get("pct", {}).get(n),
+                               "winner": None}
+        if ranked:
+            best = max(ranked, key=ranked.get)
+            others = {v: t for v, t in ranked.items() if v != best}
+            against = configured if configured in others else (
+                max(others, key=others.get) if others else None)
+            gain = (100 * (ranked[best] / others[against] - 1)
+                    if against is not None and others[against] else None)
+            row.update(best=best, against=against, gain_pct=gain)
+            if gain is not None and row["spread_pct"] is not None and gain > row["spread_pct"]:
+                row["winner"] = best
+        rows.append(row)
+    wins = [r["winner"] for r in rows if r["winner"] is not None]
+    overall = max(set(wins), key=wins.count) if wins else None
+    return {"key": key, "configured": configured, "spread": noise, "levels": rows,
+            "overall": overall}
+
+
 def sweep_summary(host: str, key: str, configured: Any, outcomes: list[dict[str, Any]]) -> str:
-    """The sweep's verdict: per level the value with the highest output throughput, by how
-    much it beats the configured value (or the runner-up), the host data line to set it; each
-    failed value with why."""
+    """The sweep's verdict (:func:`sweep_verdict`): a table of output tok/s per value and level
+    (a level that failed requests marked), per level the winner and by how much, or "within
+    noise", with the spread measured; the host data line to set a winner; each failed value
+    with why."""
+    verdict = sweep_verdict(key, configured, outcomes)
+    warning = next((stand_in_line(o["results"]) for o in outcomes
+                    if o.get("results") and stand_in_line(o["results"])), None)
     lines = [f"# Sweep of {key} on {host} (configured: {configured})", "",
+             *([f"**{warning}**", ""] if warning else []),
              "| concurrency | " + " | ".join(
                  f"{o['value']}{' (configured)' if o['value'] == configured else ''} output tok/s"
                  for o in outcomes)
-             + " | best |", "|---|" + "---|" * (len(outcomes) + 1)]
-    ran = [o for o in outcomes if o["status"] == "ok"]
-    levels = sorted({lv["concurrency"] for o in ran for lv in o["results"]["levels"]})
-    winners = []
-    for n in levels:
-        tok = {}
-        for o in ran:
-            for lv in o["results"]["levels"]:
-                if lv["concurrency"] == n and lv.get("bench"):
-                    tok[o["value"]] = lv["bench"]["output_throughput"]
-        cells = [_fmt(tok.get(o["value"])) if o["status"] == "ok" else "failed"
-                 for o in outcomes]
-        best = max(tok, key=tok.get) if tok else None
-        if best is not None:
-            others = {v: t for v, t in tok.items() if v != best}
-            against = configured if configured in others else (
-                max(others, key=others.get) if others else None)
-            gain = (100 * (tok[best] / others[against] - 1)
-                    if against is not None and others[against] else None)
-            winners.append((n, best, against, gain))
-        lines.append(f"| {n} | " + " | ".join(cells) + f" | {best if best is not None else '-'} |")
+             + " | best | run-to-run spread |", "|---|" + "---|" * (len(outcomes) + 2)]
+    for row in verdict["levels"]:
+        n = row["concurrency"]
+        cells = []
+        for o in outcomes:
+            level = _output_tok_s(o.get("results")).get(n)
+            if level is None:
+                cells.append("failed")
+            elif o["value"] in row["left_out"]:
+                cells.append(f"{_fmt(level['bench']['output_throughput'])} "
+                             f"(FAILED: {row['left_out'][o['value']]})")
+            else:
+                cells.append(_fmt(level["bench"]["output_throughput"]))
+        best = row["winner"] or ("within noise" if row["best"] is not None else "-")
+        noise = "not measured" if row["spread_pct"] is None else f"{row['spread_pct']:.1f} %"
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {best} | {noise} |")
     lines.append("")
-    for n, best, against, gain in winners:
-        by = f", {gain:+.0f} % output tok/s over {against}" if gain is not None else ""
-        lines.append(f"- concurrency {n}: {best} wins{by}")
-    overall = max({w[1] for w in winners}, key=lambda v: sum(1 for w in winners if w[1] == v)) \
-        if winners else None
+    noise = verdict["spread"]
+    if noise is None:
+        lines.append("No value was run twice: the run-to-run spread is not measured, so no "
+                     "difference is called a win.")
+    else:
+        lines.append(f"Run-to-run spread: {noise['value']} ran its levels twice back to back; "
+                     "a value wins a level only by more than the two runs differ there.")
+    for row in verdict["levels"]:
+        n = row["concurrency"]
+        left = "".join(f"; {v} not ranked ({why})" for v, why in row["left_out"].items())
+        if row["best"] is None:
+            lines.append(f"- concurrency {n}: no value completed every request{left}")
+            continue
+        by = (f", {row['gain_pct']:+.1f} % output tok/s over {row['against']}"
+              if row["gain_pct"] is not None else "")
+        noise_pct = ("spread not measured" if row["spread_pct"] is None
+                     else f"run-to-run spread {row['spread_pct']:.1f} %")
+        if row["winner"] is not None:
+            lines.append(f"- concurrency {n}: {row['winner']} wins{by} ({noise_pct}){left}")
+        elif row["against"] is None:
+            lines.append(f"- concurrency {n}: only {row['best']} completed every request: "
+                         f"nothing to compare{left}")
+        else:
+            lines.append(f"- concurrency {n}: within noise: {row['best']}{by}, not more than "
+                         f"the {noise_pct}: no winner{left}")
+    overall = verdict["overall"]
     if overall is not None and overall == configured:
         lines += ["", f"The configured {key} ({configured}) wins: keep it."]
     elif overall is not None:
         lines += ["", f"To serve with {overall}: `--data {PREFIX_KEY}{key}={overall}` or, in the "
                   f"inventory, `\"{PREFIX_KEY}{key}\": {json.dumps(overall)}` "
                   "(the sweep never edits the inventory)."]
+    else:
+        lines += ["", f"No value of {key} wins beyond the run-to-run spread among those that "
+                  f"completed every request: nothing to change ({configured} stays)."]
     for o in outcomes:
         if o["status"] != "ok":
             lines += ["", f"- {o['value']}: failed: {o['reason']}"]
@@ -287,17 +548,21 @@ def sweep_summary(host: str, key: str, configured: Any, outcomes: list[dict[str,
 
 def write_sweep(dest: Path, host: str, key: str, configured: Any,
                 outcomes: list[dict[str, Any]]) -> str:
-    """results.json (the sweep's outcome with every value's results), summary.md and bench.png
-    (a line per value) in ``dest``; returns the summary's text."""
+    """results.json (the sweep's outcome with every value's results and the verdict: each
+    level's ranking, spread and winner), summary.md and bench.png (a line per value) in
+    ``dest``; returns the summary's text."""
     text = sweep_summary(host, key, configured, outcomes)
-    runs = [o["results"] for o in outcomes if o["status"] == "ok"]
+    runs = [o["results"] for o in outcomes if o.get("results")]
     for o in outcomes:
-        if o["status"] == "ok":
+        if o.get("results"):
             text += "\n" + summary(o["results"])
     (dest / "results.json").write_text(json.dumps(
-        {"host": host, "sweep": {"key": key, "configured": configured, "outcomes": outcomes}},
-        indent=1) + "\n")
+        {"host": host, "sweep": {"key": key, "configured": configured, "outcomes": outcomes,
+                                 "verdict": sweep_verdict(key, configured, outcomes)}},
+        indent=1, default=str) + "\n")
     (dest / "summary.md").write_text(text)
+    failed = [str(o["value"]) for o in outcomes if not o.get("results")]
     if runs:
-        plot(runs, dest / "bench.png")
+        plot(runs, dest / "bench.png", f"not drawn, their servers failed (summary.md says why): "
+             f"{', '.join(failed)}" if failed else None)
     return text

@@ -75,11 +75,15 @@ def _pid_space() -> str | None:
         return None
 
 
+#: What this run is, for the next run to be told: "deploy" (deploy.py) or "bench" (bench.py).
+_job = "deploy"
+
+
 def _holder() -> str:
     """Who takes the lock, as the next run will be told (and its controller can tell whether
-    that run is over: pid, pid space and start time)."""
+    that run is over: pid, pid space and start time), and what the run is (``job``)."""
     me = {"controller": f"{getpass.getuser()}@{socket.gethostname()}",
-          "controller_pid": os.getpid()}
+          "controller_pid": os.getpid(), "job": _job}
     space, start = _pid_space(), _start(os.getpid())
     if space and start is not None:
         me |= {"controller_pids": space, "controller_start": start}
@@ -120,18 +124,38 @@ def _open(target, command: str) -> _Held | None:
     return None
 
 
-def _describe(holders_json: str) -> str:
+def _holders(holders_json: str) -> list[dict]:
     try:
         holders = json.loads(holders_json)
     except ValueError:
-        holders = []
-    if not isinstance(holders, list) or not all(isinstance(h, dict) for h in holders) \
-            or not holders:
+        return []
+    if not isinstance(holders, list) or not all(isinstance(h, dict) for h in holders):
+        return []
+    return holders
+
+
+def _what(h: dict) -> str:
+    if h.get("job") == "bench":
+        return "a bench (bench.py)"
+    return "a dry run" if h.get("mode") == "shared" else "a deploy"
+
+
+def _doing(holders_json: str) -> str:
+    """"being benched" when every holder is a bench (bench.py), else "being deployed"."""
+    holders = _holders(holders_json)
+    if holders and all(h.get("job") == "bench" for h in holders):
+        return "being benched"
+    return "being deployed"
+
+
+def _describe(holders_json: str) -> str:
+    holders = _holders(holders_json)
+    if not holders:
         return "another run"
     return "; ".join(
         f"process {h.get('pid', '?')} on the host ({h['process']}), not a gpuhost run"
         if "process" in h and "controller" not in h else
-        f"{'a dry run' if h.get('mode') == 'shared' else 'a deploy'} by "
+        f"{_what(h)} by "
         f"{h.get('controller', '?')} (pyinfra pid {h.get('controller_pid', '?')}, logged in as "
         f"{h.get('login', '?')}, since {h.get('since', '?')})" for h in holders)
 
@@ -223,7 +247,8 @@ def _take(target, mode: str, wait: int, gone: list[dict] | None = None) -> str |
     if line.startswith("busy ") and gone is None and gone_runs(line[len("busy "):]):
         return _take(target, mode, wait, gone_runs(line[len("busy "):]))
     if line.startswith("busy "):
-        return (f"{target.name} is being deployed: {_describe(line[len('busy '):])}. Run again "
+        return (f"{target.name} is {_doing(line[len('busy '):])}: "
+                f"{_describe(line[len('busy '):])}. Run again "
                 f"when it ends, or let this run wait for it: --data "
                 f"{PREFIX}deploy_lock_wait=SECONDS")
     if line.startswith("error "):
@@ -247,9 +272,12 @@ def _complaint(held: _Held) -> str:
     return f", and on stderr {lines[-1].strip()[:300]!r}" if lines else ""
 
 
-def held(settings: Settings) -> bool:
+def held(settings: Settings, job: str = "deploy") -> bool:
     """Planning: take this host's deploy lock (shared for --dry); False, with the host refused
-    and who holds the lock said, when another run holds it past ``deploy_lock_wait``."""
+    and who holds the lock said, when another run holds it past ``deploy_lock_wait``. ``job``
+    ("deploy" or "bench") is what a run refused meanwhile is told this run is."""
+    global _job
+    _job = job
     if host.name in _held:
         return True
     why = _take(host, "shared" if is_dry_run() else "exclusive", settings.deploy_lock_wait)

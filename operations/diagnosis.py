@@ -9,7 +9,12 @@ Sources: NVIDIA's nvidia-smi documentation for the clock event reasons (``sw_pow
 clocks have been lowered ... to stay under the power limit"; ``hw_thermal_slowdown`` /
 ``sw_thermal_slowdown``: heat) and ``utilization.gpu`` ("percent of time over the past sample
 period during which one or more kernels was executing": a busy GPU is not a busy SM, see
-../shared/reference-lab.md); the real H200 capture (tests/fixtures/h200-device/telemetry): big
+../shared/reference-lab.md) and ``utilization.memory`` ("percent of time over the past sample
+period during which global (device) memory was being read or written", nvidia-smi
+--help-query-gpu on driver 580, tests/fixtures/h200-device/telemetry/help-query-gpu.txt); the
+real H200 under three known loads (../shared/fixtures/h200-bench-run-loads: back-to-back 1 GiB
+copies read utilization.memory 100 % at 66 % of the power limit and clocks at maximum); the
+real H200 capture (tests/fixtures/h200-device/telemetry): big
 GEMMs hold the power cap at ~99 % of the limit and clocks at ~75 %, tiny GEMMs leave the GPU
 ~20 % busy.
 """
@@ -44,13 +49,18 @@ POWER_UNUSED_BELOW_PCT: Final = 75.0
 CLOCKS_AT_MAX_FROM_PCT: Final = 90.0
 #: PCIe throughput (peak, % of the link's capacity per direction) from which PCIe is the limit.
 PCIE_BOUND_FROM_PCT: Final = 70.0
+#: Memory-copy utilisation (mean over GPUs, %: utilization.memory) from which busy GPUs are held
+#: by memory bandwidth (the H200's back-to-back copies: 100 %; its big GEMMs: 21 %; the
+#: reference lab's decode in the sandbox's scenario: 15 to 35 %).
+MEMORY_BOUND_FROM_PCT: Final = 70.0
 
 
 @dataclass(frozen=True)
 class LevelFigures:
     """One level's figures over every GPU: means are over GPUs, ``reasons`` the highest share
     (%) of samples any GPU had each throttle reason in, ``pcie_peak_pct`` the highest of any
-    GPU; None where no GPU reported the figure."""
+    GPU, ``util_mem_pct`` the memory-copy utilisation (utilization.memory); None where no GPU
+    reported the figure."""
 
     util_pct: float | None
     power_pct: float | None
@@ -58,6 +68,7 @@ class LevelFigures:
     temperature_peak_c: float | None
     pcie_peak_pct: float | None
     reasons: dict[str, float]
+    util_mem_pct: float | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +100,7 @@ def level_figures(gpus: Sequence[GpuFigures]) -> LevelFigures:
         temperature_peak_c=max(temps) if temps else None,
         pcie_peak_pct=max(peaks) if peaks else None,
         reasons=reasons,
+        util_mem_pct=mean(g.util_mem_mean_pct for g in gpus),
     )
 
 
@@ -170,6 +182,20 @@ def _server_bound(f: LevelFigures) -> Verdict | None:
                    {"util_pct": f.util_pct, "power_pct": f.power_pct})
 
 
+def _memory_bound(f: LevelFigures) -> Verdict | None:
+    if not (_ge(f.util_pct, BUSY_FROM_PCT) and _ge(f.util_mem_pct, MEMORY_BOUND_FROM_PCT)
+            and not _throttles(f)):
+        return None
+    return Verdict("memory bandwidth", f"memory bandwidth: GPUs busy {_pct(f.util_pct)} of the "
+                   f"time, device memory read or written {_pct(f.util_mem_pct)} of the time, "
+                   f"power at {_pct(f.power_pct)} of the limit, clocks at {_pct(f.sm_clock_pct)} "
+                   "of maximum, no throttle reason: the kernels wait on memory bandwidth, not on "
+                   "compute; larger batches (more concurrency) or a smaller KV cache and weight "
+                   "format move fewer bytes per token",
+                   {"util_pct": f.util_pct, "util_mem_pct": f.util_mem_pct,
+                    "power_pct": f.power_pct, "sm_clock_pct": f.sm_clock_pct})
+
+
 def _kernel_bound(f: LevelFigures) -> Verdict | None:
     if not (_ge(f.util_pct, BUSY_FROM_PCT) and _lt(f.power_pct, POWER_UNUSED_BELOW_PCT)
             and _ge(f.sm_clock_pct, CLOCKS_AT_MAX_FROM_PCT) and not _throttles(f)):
@@ -203,6 +229,9 @@ RULES: Final[tuple[tuple[str, str, Callable[[LevelFigures], Verdict | None]], ..
     ("PCIe-bound", f"PCIe peak >= {PCIE_BOUND_FROM_PCT:.0f} % of the link's capacity",
      _pcie_bound),
     ("server-bound", f"GPU utilisation < {IDLE_BELOW_PCT:.0f} %", _server_bound),
+    ("memory bandwidth", f"GPU utilisation >= {BUSY_FROM_PCT:.0f} %, memory-copy utilisation "
+     f"(utilization.memory) >= {MEMORY_BOUND_FROM_PCT:.0f} %, no throttle reason",
+     _memory_bound),
     ("kernel-bound", f"GPU utilisation >= {BUSY_FROM_PCT:.0f} %, power < "
      f"{POWER_UNUSED_BELOW_PCT:.0f} % of the limit, SM clock >= {CLOCKS_AT_MAX_FROM_PCT:.0f} % "
      "of maximum, no throttle reason", _kernel_bound),

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Final
 
 from pyinfra import host, logger, state
@@ -55,21 +56,46 @@ class NodePlan:
 
     changes: list[OperationMeta] = field(default_factory=list)
     must_start: str | None = None
+    #: When its server stopped (seconds since the epoch, systemd's InactiveEnterTimestamp),
+    #: where it is not running; None where it runs or never ran.
+    stopped_at: float | None = None
 
 
 #: Every group's nodes as planned, by the group's node list, then by host name.
 GROUPS: dict[tuple[str, ...], dict[str, NodePlan]] = {}
 
 
-def register(role: NodeRole, changes: list[OperationMeta], must_start: str | None) -> None:
+def register(role: NodeRole, changes: list[OperationMeta], must_start: str | None,
+             stopped_at: float | None = None) -> None:
     """Record this node's plan for the group's restart decision."""
-    GROUPS.setdefault(role.nodes, {})[host.name] = NodePlan(list(changes), must_start)
+    GROUPS.setdefault(role.nodes, {})[host.name] = NodePlan(list(changes), must_start,
+                                                            stopped_at)
+
+
+def first_stopped(nodes: tuple[str, ...]) -> str | None:
+    """Where servers of the group are not running: which rank stopped first, by the time
+    systemd says each stopped ("gpu2 (node rank 1) stopped first, at 09:48:01 UTC; gpu1
+    (node rank 0) 4 s later"); None where fewer than two say when."""
+    plans = GROUPS.get(nodes, {})
+    stopped = sorted((plans[n].stopped_at, nodes.index(n), n) for n in nodes
+                     if n in plans and plans[n].must_start and plans[n].stopped_at is not None)
+    if len(stopped) < 2:
+        return None
+    (first, rank, name), *later = stopped
+    at = datetime.fromtimestamp(first, timezone.utc).strftime("%H:%M:%S UTC")
+    after = "; ".join(f"{n} (node rank {r}) {t - first:.0f} s later" for t, r, n in later)
+    return f"{name} (node rank {rank}) stopped first, at {at}; {after}"
 
 
 def restart_reason(nodes: tuple[str, ...]) -> str | None:
     """Why the group restarts, read while the operations execute (after every node's changes
-    ran), or None."""
+    ran), or None. Where several ranks' servers are not running, the one that stopped first
+    is named: the others' stop follows from it (a rank whose peer left its collectives)."""
     plans = GROUPS.get(nodes, {})
+    first = first_stopped(nodes)
+    if first is not None:
+        name = first.split(" ", 1)[0]
+        return f"{name}: {plans[name].must_start}; {first}"
     for name in nodes:
         plan = plans.get(name)
         if plan is None:

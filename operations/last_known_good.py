@@ -82,13 +82,19 @@ def roll_back(host, why: str, gate, restart: str) -> bool:
     for line in lines:
         logger.warning(f"{prefix}rollback: {line}")
     remote.shell(host, restart)
+    restored = lines[-1].removeprefix("rolled back to ")
     if not gate():
         logger.error(f"{prefix}{why}; rolled back to the last known good "
-                     f"({lines[-1].removeprefix('rolled back to ')}), but the restored server "
-                     "failed the health gate too: the host does not serve")
+                     f"({restored}), but the restored server failed the health gate too: the "
+                     "host does not serve")
+        remote.ending(host, "this run's server change was rolled back to the last known good "
+                            f"({restored}), which failed its health gate too: the host does "
+                            "not serve")
         return False
     remote.shell(host, f"python3 {SCRIPT} finish")
     logger.error(f"{prefix}{why}; rolled back to the last known good "
-                 f"({lines[-1].removeprefix('rolled back to ')}): it serves again, verified by "
-                 "the health gate")
+                 f"({restored}): it serves again, verified by the health gate")
+    remote.ending(host, "this run's server change was rolled back: the server serves the last "
+                        f"known good again ({restored}), verified; the run fails for this host "
+                        "so that the change is looked at (above)")
     return False

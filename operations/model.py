@@ -145,11 +145,19 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
         room = shlex.join([python, f"{LIB_DIR}/model_fetch.py", *args, "--check-room"])
         yield FunctionCommand(model_copy.copy, (peers, repo, revision, dest, bwlimit_kib, room),
                               {"mirror": mirror})
-        args += ["--copied-from", "peer " + " or ".join(p.name for p in peers)]
+    # the peer the copy came from, as the copy recorded it on the host (not known while
+    # planning); files already in dest from an earlier run's copy are verified all the same
+    copied_from = ["--copied-from", f'"$(cat {model_copy.COPIED_FROM} 2>/dev/null || echo '
+                                    f'{shlex.quote(EARLIER_COPY)})"'] if peers else []
     if mirror:
         args += ["--mirror", mirror]
-    yield StringCommand(*(shlex.quote(a) for a in (python, f"{LIB_DIR}/model_fetch.py", *args)))
+    yield StringCommand(*(shlex.quote(a) for a in (python, f"{LIB_DIR}/model_fetch.py", *args)),
+                        *copied_from)
     yield FunctionCommand(say_source, (dest,), {})
+
+
+#: What files found in the model folder without this run's copy came from.
+EARLIER_COPY: Final = "an earlier run's copy"
 
 
 def say_source(state, host, dest: str) -> bool:

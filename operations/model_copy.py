@@ -80,6 +80,9 @@ RSYNC_FLAGS: Final = ("-a", "--partial", "--partial-dir=.rsync-partial", "--excl
                       "--exclude=/.gpuhost-model.json*", "--no-owner", "--no-group", "--info=progress2",
                       "--no-inc-recursive")
 STAMP: Final = ".gpuhost-model.json"
+#: Which peer this run's copy came from ("peer gpu2"), for model_fetch.py's --copied-from
+#: (operations/model.py reads it into that argument on the host); removed before each copy.
+COPIED_FROM: Final = "/run/gpuhost/model-copied-from"
 #: Seconds to wait for a peer's sshd to answer.
 CONNECT_TIMEOUT_S: Final = 10
 
@@ -350,8 +353,10 @@ def _peer_stamp(peer: Peer, repo: str, prefix: str) -> dict | None:
                          f"{COPY_USER}@{peer.address}:{repo}/{STAMP}", f"{tmp}/stamp"],
                         prefix, "stamp")
         if not ok:
-            logger.info(f"{prefix}model copy: {peer.name} has no complete copy of {repo} "
-                        f"that the copy key can read ({err or 'rsync failed'})")
+            # the usual case on a fresh fleet (no peer has a copy, nor the copy key yet): one
+            # plain line for all of them follows (copy); rsync's words only with -v
+            logger.debug(f"{prefix}model copy: {peer.name} has no complete copy of {repo} "
+                         f"that the copy key can read ({err or 'rsync failed'})")
             return None
         try:
             stamp = json.loads(Path(f"{tmp}/stamp").read_text())
@@ -379,11 +384,13 @@ def copy(state, host, peer_list: list[Peer], repo: str, revision: str, dest: str
     ``dest`` on ``host``: directly where the host reaches the peer's fleet address, else
     through the controller; nothing where ``mirror`` (gpuhost_model_mirror, on the host) holds
     it (model_fetch.py copies from there). ``room_check`` (model_fetch.py --check-room) runs
-    first: a disk too small fails the host before any byte moves. A peer that fails or holds
-    no copy is said and the next one tried; model_fetch.py, run next, copies from the mirror or
-    downloads from the Hub what is not there.
+    first: a disk too small fails the host before any byte moves. A peer that fails is said
+    and the next one tried; where no peer holds a copy, one plain line says so ("no peer has the
+    model yet: from the Hub"); model_fetch.py, run next, copies from the mirror or downloads
+    from the Hub what is not there. The peer copied from is recorded in :data:`COPIED_FROM`.
     """
     prefix = host.print_prefix
+    remote.shell(host, f"rm -f {COPIED_FROM}")
     if mirror and _mirror_holds(host, mirror, repo, revision):
         logger.info(f"{prefix}model copy: the mirror {mirror} holds {repo}@{revision}: copied "
                     "from there, not from a peer")
@@ -401,11 +408,13 @@ def copy(state, host, peer_list: list[Peer], repo: str, revision: str, dest: str
                        "files: the weights come from the Hub")
         return True
     limit = [f"--bwlimit={bwlimit_kib}"] if bwlimit_kib else []
+    holders = []
     for peer in peer_list:
         stamp = _peer_stamp(peer, repo, prefix)
         if not stamp or stamp.get("repo") != repo or revision not in (stamp.get("revision"),
                                                                       stamp.get("sha")):
             continue
+        holders.append(peer.name)
         sha = str(stamp.get("sha"))
         if sha != manifest["sha"]:
             logger.info(f"{prefix}model copy: {peer.name} holds {repo}@{sha[:12]}, not the "
@@ -423,9 +432,21 @@ def copy(state, host, peer_list: list[Peer], repo: str, revision: str, dest: str
                 logger.info(f"{prefix}model copy: {repo}@{sha[:12]} copied from {peer.name} "
                             "directly over the fleet network; verifying every file against the "
                             "Hub's metadata")
-                return True
+                return copied_from(host, peer.name)
         if relay(host, peer, repo, sha, dest, limit, what, why, good):
-            return True
+            return copied_from(host, peer.name)
+    logger.info(f"{prefix}model copy: "
+                + ("no peer has the model yet: from the Hub" if not holders else
+                   f"no copy from {', '.join(holders)} went through (above): from the Hub"))
+    return True
+
+
+def copied_from(host, peer: str) -> bool:
+    """Record on the host which peer this run's copy came from (:data:`COPIED_FROM`), for
+    model_fetch.py's stamp and lines: that one peer, not every candidate."""
+    folder = COPIED_FROM.rsplit("/", 1)[0]
+    remote.shell(host, f"mkdir -p {folder} && printf %s {shlex.quote(f'peer {peer}')} > "
+                       f"{COPIED_FROM}")
     return True
 
 

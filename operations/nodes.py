@@ -207,8 +207,14 @@ def nodes_env(role: NodeRole | None, settings: Settings) -> list[OperationMeta]:
     files.put(name="Ship internode_check.py", src=str(REPO_ROOT / "operations/files/"
                                                        "internode_check.py"),
               dest=INTERNODE_CHECK, mode="644")
-    return [files.put(name=f"{NODES_ENV_FILE} (node rank {role.node_rank})",
-                      src=StringIO(env_file(role)), dest=NODES_ENV_FILE, mode="644")]
+    # An operation is one row of pyinfra's plan, named after whichever host planned it first:
+    # planned at a loop position of the node's rank, each rank's file is a row of its own
+    # ("/etc/gpuhost/nodes.env (node rank 1)  1 (gpu2)"), not every host's under one rank.
+    for rank in host.loop(range(role.node_rank + 1)):
+        if rank == role.node_rank:
+            written = files.put(name=f"{NODES_ENV_FILE} (node rank {rank})",
+                                src=StringIO(env_file(role)), dest=NODES_ENV_FILE, mode="644")
+    return [written]
 
 
 def internode_argv(settings: Settings, role: NodeRole, env_files: tuple[str, ...]) -> tuple:

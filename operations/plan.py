@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase
@@ -61,17 +61,47 @@ def refuse(stage: str, reason: str) -> None:
     logger.warning(f"{host.print_prefix}{stage}: refused: {reason}")
 
 
+def planned_changes() -> int:
+    """How many of the current host's planned operations pyinfra counts as changes (its plan
+    table's "Change" and "Conditional Change" columns: ``_maybe_is_change``)."""
+    ops = state.ops.get(host._get_module(), {})
+    return sum(1 for op in ops.values() if op.operation_meta._maybe_is_change)
+
+
+#: Said once in --dry, before pyinfra's plan table (pyinfra_cli/prints.py print_meta: an
+#: operation whose ``_if`` names earlier operations is counted under "Conditional Change").
+COLUMNS_SAID: Final = ('--dry: in the table below, "Change" counts the hosts where an '
+                       'operation will change something; "Conditional Change" counts those '
+                       'where it runs only if an earlier operation of the run changes '
+                       'something (a reload after a changed unit, a restart after a changed '
+                       'input, the health gate after a restart): with nothing else changing, '
+                       'it does nothing.')
+_columns_said: list[bool] = []
+
+
+def say_plan_columns() -> None:
+    """In --dry, once a run: what the plan table's two columns count."""
+    if is_dry_run() and not _columns_said:
+        _columns_said.append(True)
+        logger.info(COLUMNS_SAID)
+
+
 def stop_if_refused() -> None:
     """Take the host out of the run, with its refusals on screen; in a dry run (which only
     shows them, with the rest of the host's plan) the host only counts as failed, so that
     --dry exits non-zero too. Called at the end of deploy.py, before anything executes; the
     other hosts go on."""
+    say_plan_columns()
     refusals = _refusals.get(host.name)
     if not refusals:
         return
     if is_dry_run():
+        planned = planned_changes()
+        shown = (f"\n  The table below still counts {host.name} under the {planned} "
+                 "operation(s) it planned: they are what a run would do once the above is put "
+                 "right; none of them happens while it stands." if planned else "")
         logger.error(f"{host.print_prefix}host {host.name}: a real run would change nothing, "
-                     "because:\n  - " + "\n  - ".join(refusals))
+                     "because:\n  - " + "\n  - ".join(refusals) + shown)
         # pyinfra's CLI exits 1 when state.failed_hosts is not empty (_exit in
         # pyinfra_cli/cli.py, pyinfra 3.x); the host stays active, its whole plan shown
         state.failed_hosts.add(host._get_module())

@@ -131,6 +131,33 @@ def callback(during: str, goes_on: str = "") -> Callable:
     return wrap
 
 
+#: What a failed operation did, by host: said in place of pyinfra's "executed N commands".
+_endings: dict[str, str] = {}
+
+
+def ending(host, text: str) -> None:
+    """End the current operation's failure on ``host`` with ``text`` ("Error: <text>")
+    instead of pyinfra's "Error: executed 0 commands" (pyinfra/api/operations.py counts a
+    callback as one command, done only when it succeeds: a callback that changed server.env,
+    restarted the server twice and rolled the change back read as if it had done nothing)."""
+    _endings[host.name] = text
+    import pyinfra.api.operations as pyinfra_operations
+
+    if getattr(pyinfra_operations.log_error_or_warning, "gpuhost_endings", False):
+        return
+    original = pyinfra_operations.log_error_or_warning
+
+    def log_error_or_warning(target, ignore_errors, description="", continue_on_error=False,
+                             exception=None):
+        said = _endings.pop(getattr(target, "name", None), None)
+        if said and description.startswith("executed "):
+            description = said
+        return original(target, ignore_errors, description, continue_on_error, exception)
+
+    log_error_or_warning.gpuhost_endings = True  # type: ignore[attr-defined]
+    pyinfra_operations.log_error_or_warning = log_error_or_warning
+
+
 def close(host) -> None:
     """Close the host's connection for good: its SSH client too (pyinfra's SSH connector keeps
     the client open at ``disconnect``), so that a connection that stopped answering holds

@@ -9,6 +9,7 @@ import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Final
 
 from pyinfra import host, logger
@@ -283,7 +284,9 @@ class UnitState:
     and ``now`` the same digest of the files as they are (operations/files/unit_inputs.py;
     "" when that script is not on the host yet), ``changed`` which of those inputs differ from
     what the running process read (unit_inputs.py --changed; empty when that was not recorded),
-    ``result`` systemd's Result ("success", "exit-code", "start-limit-hit", ...)."""
+    ``result`` systemd's Result ("success", "exit-code", "start-limit-hit", ...), ``stopped_at``
+    when it last stopped or failed (systemd's InactiveEnterTimestamp, in UTC: seconds since the
+    epoch; None when it never did)."""
 
     active: str = "inactive"
     invocation: str = ""
@@ -292,6 +295,7 @@ class UnitState:
     now: str = ""
     changed: tuple[str, ...] = ()
     result: str = ""
+    stopped_at: float | None = None
 
     @property
     def running(self) -> bool:
@@ -314,8 +318,8 @@ class ServiceState(FactBase[UnitState]):
     def command(self, unit: str, runtime_dir: str, inputs: list[str]) -> str:
         script = f"{LIB_DIR}/unit_inputs.py"
         argv = " ".join(shlex.quote(a) for a in inputs)
-        return (f"systemctl show -p ActiveState -p InvocationID -p NeedDaemonReload -p Result "
-                f"{shlex.quote(unit)} 2>/dev/null; "
+        return (f"TZ=UTC systemctl show -p ActiveState -p InvocationID -p NeedDaemonReload "
+                f"-p Result -p InactiveEnterTimestamp {shlex.quote(unit)} 2>/dev/null; "
                 f"w=$(cat /run/{runtime_dir}/inputs 2>/dev/null); echo \"started_with=$w\"; "
                 f"if [ -f {script} ]; then n=$(python3 {script} {argv} 2>/dev/null); "
                 "echo \"now=$n\"; if [ \"$n\" != \"$w\" ]; then "
@@ -337,7 +341,19 @@ class ServiceState(FactBase[UnitState]):
             now=values.get("now", "").strip(),
             changed=tuple(c for c in values.get("changed", "").strip().split("|") if c),
             result=values.get("Result", ""),
+            stopped_at=systemd_time(values.get("InactiveEnterTimestamp", "")),
         )
+
+
+def systemd_time(text: str) -> float | None:
+    """A timestamp as ``systemctl show`` writes it with TZ=UTC ("Thu 2026-12-03 09:48:01
+    UTC"), as seconds since the epoch; None for an empty one (never happened) or another
+    form."""
+    try:
+        when = datetime.strptime(text.strip(), "%a %Y-%m-%d %H:%M:%S UTC")
+    except ValueError:
+        return None
+    return when.replace(tzinfo=timezone.utc).timestamp()
 
 
 #: Lines of a failed unit's journal shown when the deploy starts it again.
@@ -743,7 +759,8 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
         must_start = (f"{UNIT} is not running ({server_state.active})" if not was_running
                       else "it runs with other inputs than the files now"
                       if server_state.stale else None)
-        group_restart.register(role, changed, must_start)
+        group_restart.register(role, changed, must_start,
+                               None if was_running else server_state.stopped_at)
         started, restarted = group_restart.converge(
             role, internode_argv(settings, role, (P2P_ENV_FILE, NODES_ENV_FILE)))
         restarts = ungated = [restarted]

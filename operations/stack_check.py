@@ -10,11 +10,11 @@ from operations.gpu import NvidiaDriver
 from operations.files.model_config import architecture, mismatch
 from operations.host import FileText
 from operations.lock import LockError, read_lock
-from operations.plan import fact, refuse
+from operations.plan import fact, is_dry_run, refuse
 from operations.settings import Settings
 from operations.sglang import FlagError, ParserSpec, flags_named, load_parser_spec
 from operations.sglang_choices import left_to_sglang
-from operations.stack_facts import Target, applicable, describe
+from operations.stack_facts import Target, applicable, brief, describe
 
 
 def expert_parallel(extra_args: list[str], spec: ParserSpec) -> bool:
@@ -88,8 +88,9 @@ def known_behaviour(settings: Settings) -> None:
             line = describe(row, target)
             if row.verdict == "refuse":
                 refuse("Stack", line)
-            else:
-                logger.warning(f"{host.print_prefix}Stack: warn: {line}")
+            else:  # whole in --dry; a short line on every real run, a no-op's too
+                logger.warning(f"{host.print_prefix}Stack: warn: "
+                               f"{line if is_dry_run() else brief(row, target)}")
         for warning in left_to_sglang(settings, capability, sglang):
             logger.warning(f"{host.print_prefix}Stack: warn: {warning}")
         logger.info(f"{host.print_prefix}Stack: compute capability {capability} (from "

@@ -258,6 +258,26 @@ def applicable(target: Target, table: Iterable[StackFact] = FACTS) -> list[Stack
     return [row for row in table if applies(row, target)]
 
 
+#: The most characters a known-behaviour warning takes on a real run's screen (--dry shows it
+#: whole: :func:`describe`).
+BRIEF_CHARS: Final = 160
+
+
+def brief(row: StackFact, target: Target) -> str:
+    """A warning row in one short line for every real run: its name, the versions and GPUs it
+    is about, and the start of what happens (at most BRIEF_CHARS); :func:`describe`'s whole
+    row, what to do and the source, is --dry's."""
+    package = canonicalize_name(row.package)
+    head = (f"{row.name}: {package} {target.versions[package]} on compute capability "
+            f"{target.compute_capability}: ")
+    tail = " ... (--dry: what to do, the source)"
+    room = BRIEF_CHARS - len(head) - len(tail)
+    happens = row.happens if len(row.happens) <= room else \
+        row.happens[:room].rsplit(" ", 1)[0].rstrip(",;:")
+    return head + happens + (tail if happens != row.happens else " (--dry: what to do, the "
+                                                                   "source)")
+
+
 def describe(row: StackFact, target: Target) -> str:
     """One line for the host's log: the versions and GPUs it is about, what happens, what to
     do (a refusal: the setting to change and its alternatives) and the source."""

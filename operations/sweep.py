@@ -124,21 +124,36 @@ def _journal(host) -> list[str]:
                  "or deploy restores the server")
 def _sweep(state, host, settings: Settings, dest_root: str) -> bool:
     """Gate; the configured server's levels as the baseline (when the sweep does not name its
-    value); per value: restart with it, the deploy's gate, the levels, record; restore."""
+    value); per value: restart with it, the deploy's gate, the levels, record (the first value
+    to complete every request twice, for the run-to-run spread); restore."""
     gate_or_refuse(host, settings)
     ((key, values),) = settings.bench_sweep.items()
     configured = getattr(settings, key)
     dest = results_dir(dest_root, host)
     outcomes: list[dict[str, Any]] = []
+    repeated = False
+
+    def levels_of(one: Settings, value: Any, label: str, baseline: bool = False) -> None:
+        """The levels of one value; the first value whose levels complete every request runs
+        them again right away, on the same server: the run-to-run spread a winner must beat."""
+        nonlocal repeated
+        results, _, complete = run_levels(host, one, dest / f"{key}={value}", label=label)
+        outcome = {"value": value, "status": "ok" if complete else "failed",
+                   "reason": "" if complete else "bench_serving failed at a level",
+                   "results": results, **({"baseline": True} if baseline else {})}
+        outcomes.append(outcome)
+        if complete and not repeated and all(lv.get("complete") for lv in results["levels"]):
+            repeated = True
+            say(f"sweep: {key} = {value} again, on the same server: the run-to-run spread")
+            again, _, complete = run_levels(host, one, dest / f"{key}={value}" / "repeat",
+                                            label=f"{label} (repeat)")
+            if complete:
+                outcome["repeat"] = again
+
     try:
         if configured not in values:
             say(f"sweep: {key} = {configured} (configured): the baseline, as it serves now")
-            results, _, complete = run_levels(host, settings, dest / f"{key}={configured}",
-                                              label=f"{configured} (configured)")
-            outcomes.append({"value": configured, "baseline": True,
-                             "status": "ok" if complete else "failed",
-                             "reason": "" if complete else "bench_serving failed at a level",
-                             "results": results})
+            levels_of(settings, configured, f"{configured} (configured)", baseline=True)
         for value in values:
             say(f"sweep: {key} = {value}: restarting {UNIT} with it (weights load again)")
             _restart(host, dropin_text(settings, key, value))
@@ -148,12 +163,7 @@ def _sweep(state, host, settings: Settings, dest_root: str) -> bool:
                                  "reason": f"the server failed the health gate: {why}"})
                 say(f"sweep: {key} = {value}: failed ({why}); the sweep goes on", error=True)
                 continue
-            one = replace(settings, **{key: value})
-            results, _, complete = run_levels(host, one, dest / f"{key}={value}",
-                                              label=str(value))
-            outcomes.append({"value": value, "status": "ok" if complete else "failed",
-                             "reason": "" if complete else "bench_serving failed at a level",
-                             "results": results})
+            levels_of(replace(settings, **{key: value}), value, str(value))
     finally:
         restore(state, host, settings)
     text = bench_report.write_sweep(dest, host.name, key, configured, outcomes)

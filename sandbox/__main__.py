@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from sandbox.ask import ask
+from sandbox.ask import ask, said
 from sandbox.lab import BOOT_TIMEOUT_S, LabError, down, link, save_image, status, up
 from sandbox.layout import DEFAULT_SCENARIO, MAX_HOSTS, SSH_KEY
 from sandbox.network import NetworkError
@@ -81,9 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             link(args.name, args.state == "up", args.switch)
         elif args.command == "ask":
             for result in ask(args.port):
-                models = [m["id"] for m in result["models"]["data"]]
-                print(f"{result['host']}: /v1/models lists {', '.join(models)}")
-                print(f"{result['host']}: {models[0]} says: {result['answer']}")
+                for line in said(result):
+                    print(line)
         elif args.json:
             print(json.dumps(status(), indent=2))
         else:

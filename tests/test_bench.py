@@ -131,7 +131,10 @@ def test_report_from_real_telemetry(tmp_path):
     assert by_level[64]["gpus"][0]["power_mean_pct"] > 90
     assert results["server"] == {"moe_runner_backend": "flashinfer_cutlass", "tp_size": 1}
     assert json.loads((tmp_path / "results.json").read_text())["host"] == "h200"
-    assert "| 64 | 306.4 |" in text and "power-capped: SW power cap active" in text
+    assert "| 64 | 128 of 128 | 306.4 |" in text and "power-capped: SW power cap active" in text
+    assert by_level[64]["requests"] == {"prompts": 128, "completed": 128, "failed": 0}
+    assert by_level[64]["complete"] is True and results["stand_ins"] == []
+    assert "stand-in" not in text
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -157,26 +160,100 @@ def test_sweep_dropin_changes_one_flag_only():
                             f"--moe-runner-backend {s.moe_runner_backend}").count(configured) == 1
 
 
+def _scaled(results: dict, factor: float, completed: int | None = None) -> dict:
+    out = json.loads(json.dumps(results))
+    for level in out["levels"]:
+        level["bench"]["output_throughput"] *= factor
+        if completed is not None:
+            level["bench"]["completed"] = completed
+            level["requests"] = bench_report.requests(128, 0, level["bench"])
+            level["complete"] = level["requests"]["failed"] == 0
+    return out
+
+
 def test_sweep_summary_ranks_and_records_failures(tmp_path):
     raw = raw_run(tmp_path)
     fast = bench_report.build(raw, "h200", "flashinfer_cutlass")
-    slow = json.loads(json.dumps(fast))
-    for level in slow["levels"]:
-        level["bench"]["output_throughput"] /= 2
     outcomes = [
-        {"value": "flashinfer_cutlass", "status": "ok", "results": fast},
+        {"value": "flashinfer_cutlass", "status": "ok", "results": fast,
+         "repeat": _scaled(fast, 0.98)},
         {"value": "cutlass", "status": "failed", "reason": "the server failed the health gate",
          "journal": ["RuntimeError: CUDA error: an illegal memory access was encountered"]},
-        {"value": "flashinfer_trtllm", "status": "ok", "results": slow},
+        {"value": "flashinfer_trtllm", "status": "ok", "results": _scaled(fast, 0.5)},
     ]
     text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_trtllm",
                                       outcomes)
-    assert "- concurrency 64: flashinfer_cutlass wins, +100 % output tok/s over " \
-           "flashinfer_trtllm" in text
+    assert "- concurrency 64: flashinfer_cutlass wins, +100.0 % output tok/s over " \
+           "flashinfer_trtllm (run-to-run spread 2.0 %)" in text
     assert "--data gpuhost_moe_runner_backend=flashinfer_cutlass" in text
     assert "- cutlass: failed: the server failed the health gate" in text
     assert "illegal memory access" in text
-    assert "| 64 | 306.4 | failed | 153.2 | flashinfer_cutlass |" in text
+    assert "| 64 | 306.4 | failed | 153.2 | flashinfer_cutlass | 2.0 % |" in text
+
+
+def test_sweep_ranks_only_values_that_completed(tmp_path):
+    """The issue's sweep: 58, 22 and 53 of 64 requests completed; the one with 22 looked
+    slowest and the configured one was declared the winner. Now none is ranked, none wins."""
+    fast = bench_report.build(raw_run(tmp_path), "h200", "x")
+    outcomes = [{"value": v, "status": "ok", "results": _scaled(fast, f, completed=c)}
+                for v, f, c in (("flashinfer_cutlass", 1.0, 58), ("cutlass", 0.6, 22),
+                                ("triton", 0.99, 53))]
+    verdict = bench_report.sweep_verdict("moe_runner_backend", "flashinfer_cutlass", outcomes)
+    assert verdict["overall"] is None
+    assert all(row["winner"] is None and row["ranked"] == {} for row in verdict["levels"])
+    assert verdict["levels"][0]["left_out"]["cutlass"] == "106 of 128 requests failed"
+    text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_cutlass",
+                                      outcomes)
+    assert "wins" not in text.replace("wins beyond", "")
+    assert "no value completed every request; flashinfer_cutlass not ranked (70 of 128 " \
+           "requests failed)" in text
+    assert "(FAILED: 106 of 128 requests failed)" in text
+
+
+def test_sweep_within_noise_names_no_winner(tmp_path):
+    fast = bench_report.build(raw_run(tmp_path), "h200", "x")
+    outcomes = [{"value": "flashinfer_cutlass", "status": "ok", "results": fast,
+                 "repeat": _scaled(fast, 0.97)},
+                {"value": "cutlass", "status": "ok", "results": _scaled(fast, 1.01)}]
+    text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_cutlass",
+                                      outcomes)
+    assert "- concurrency 64: within noise: cutlass, +1.0 % output tok/s over " \
+           "flashinfer_cutlass, not more than the run-to-run spread 3.0 %: no winner" in text
+    assert "No value of moe_runner_backend wins beyond the run-to-run spread" in text
+    assert "--data" not in text
+    # without a repeat, no spread was measured: no difference is a win
+    del outcomes[0]["repeat"]
+    text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_cutlass",
+                                      [{**o, "results": _scaled(o["results"], 2.0)}
+                                       if o["value"] == "cutlass" else o for o in outcomes])
+    assert "spread is not measured" in text and "--data" not in text
+
+
+def test_level_with_failed_requests_is_marked(tmp_path):
+    raw = raw_run(tmp_path)
+    result = json.loads((raw / "level-64.json").read_text())
+    (raw / "level-64.json").write_text(json.dumps({**result, "completed": 91}) + "\n")
+    results, text = bench_report.write(raw, tmp_path, "h200")
+    level = {lv["concurrency"]: lv for lv in results["levels"]}[64]
+    assert level["requests"] == {"prompts": 128, "completed": 91, "failed": 37}
+    assert level["complete"] is False
+    assert json.loads((tmp_path / "results.json").read_text())["levels"][1]["complete"] is False
+    assert "| 64 | **91 of 128 (FAILED: 37 of 128 requests failed)** |" in text
+    assert "- concurrency 64 (37 of 128 requests failed: its figures are of the requests " \
+           "that completed)" in text
+
+
+def test_stand_ins_said_in_the_summary(tmp_path):
+    raw = raw_run(tmp_path)
+    meta = json.loads((raw / "meta.json").read_text())
+    meta["summaries"] = {"sglang": "SGLang (gpuhost sandbox stand-in)",
+                         "torch": "Tensors and Dynamic neural networks in Python with strong "
+                                  "GPU acceleration"}
+    (raw / "meta.json").write_text(json.dumps(meta))
+    results, text = bench_report.write(raw, tmp_path, "h200")
+    assert results["stand_ins"] == ["sglang"]
+    assert "**Figures from stand-ins, not a measurement: sglang says in its package metadata " \
+        "that it is a stand-in (the sandbox's)" in text
 
 
 def test_model_context_length_fact():
@@ -218,3 +295,205 @@ def test_report_on_the_host_script_run_on_a_real_h200(tmp_path):
     assert gpu["pcie_peak_pct"] is not None
     assert results["versions"]["driver"] == "580.159.04"
     assert len(results["series"]) > 60
+
+
+FAKE_BENCH_SERVING = r"""#!/bin/bash
+# bench_serving as bench_run.py sees it: warm-up lines, tqdm's redraws on stderr, the result
+if [ "$1" = "-c" ]; then exec python3 "$@"; fi
+out=""; n=0
+while [ $# -gt 0 ]; do case "$1" in --output-file) out=$2; shift;; --num-prompts) n=$2; shift;; esac; shift; done
+echo "Starting warmup with 1 sequences..."
+echo "Warmup completed with 1 sequences. Starting main benchmark run..."
+for i in $(seq 0 $n); do printf '\r%3d%%|          | %d/%d [00:00<?, ?it/s]' $((100*i/n)) $i $n >&2; done
+echo >&2
+echo "============ Serving Benchmark Result ============"
+echo '{"completed": '$n', "duration": 0.5}' >> "$out"
+"""
+
+
+def test_host_script_says_prompts_done_of_total(tmp_path):
+    """bench_run.py reads bench_serving's tqdm bar (its carriage-return redraws) and says the
+    prompts done of the level's total; the bar's redraws stay out of the level's log."""
+    import os
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "fake-python").write_text(FAKE_BENCH_SERVING)
+    for script in bin_dir.iterdir():
+        script.chmod(0o755)
+    out = subprocess.run(
+        [sys.executable, bench_run.__file__, "--python", str(bin_dir / "fake-python"),
+         "--url", "http://127.0.0.1:1", "--model", "m", "--tokenizer", str(tmp_path),
+         "--levels", "1,4", "--input-len", "8", "--output-len", "8", "--prompts", "6",
+         "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "level 1: 0 of 6 prompts done; level 4 after it" in lines
+    assert "level 1: 6 of 6 prompts done; level 4 after it" in lines
+    assert "level 4: 6 of 6 prompts done" in lines
+    log = (tmp_path / "run" / "level-1.log").read_text().splitlines()
+    assert log.count("100%|          | 6/6 [00:00<?, ?it/s]") == 1
+    assert not any("| 3/6 [" in line for line in log)
+
+
+def test_progress_line_estimates_the_time_left():
+    assert bench_run.progress_line(1, 4, 16, 20.0, [4, 16]) == \
+        "level 1: 4 of 16 prompts done, about 60 s left in this level; levels 4, 16 after it"
+    assert bench_run.progress_line(16, 0, 16, 3.0, []) == "level 16: 0 of 16 prompts done"
+
+
+def test_standin_draws_tqdms_bar():
+    """The sglang stand-in's bar is tqdm 4.67.1's format_meter, character for character (the
+    expected strings are that wheel's output)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sandbox/standins/sglang"))
+    try:
+        from sglang.bench_serving import tqdm_bar
+    finally:
+        sys.path.pop(0)
+    assert tqdm_bar(32, 128, 10.0) == " 25%|██▌       | 32/128 [00:10<00:30,  3.20it/s]"
+    assert tqdm_bar(0, 128, 0.0) == "  0%|          | 0/128 [00:00<?, ?it/s]"
+    assert tqdm_bar(128, 128, 40.0) == "100%|██████████| 128/128 [00:40<00:00,  3.20it/s]"
+    assert tqdm_bar(5, 16, 12.3) == " 31%|███▏      | 5/16 [00:12<00:27,  2.46s/it]"
+
+
+def sandbox_inventory(monkeypatch) -> dict:
+    """inventory/sandbox.py's module, run on a made-up `sandbox status --json` of one host."""
+    import runpy
+    import subprocess
+
+    host = {"name": "gpu1", "address": "10.213.1.2", "ssh_user": "root", "ssh_key": "k",
+            "known_hosts": "kh", "cuda_repo_url": "http://10.213.1.1:8080/cuda",
+            "cuda_keyring_sha256": "0" * 64, "pip_index_url": "http://10.213.1.1:8081/simple",
+            "lock": "cu128", "switch_address": "10.214.0.2"}
+    done = subprocess.CompletedProcess([], 0, json.dumps([host]), "")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: done)
+    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "inventory/sandbox.py"))
+
+
+def test_sandbox_bench_ends_within_minutes(monkeypatch):
+    """README's `pyinfra -y inventory/sandbox.py bench.py` must end in at most 3 minutes on this
+    machine: at the stand-in server's pace (the reference lab scenario's rates, log-linear
+    between levels, as the stand-in paces them), the sandbox's levels take well under two."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sandbox/standins/sglang"))
+    try:
+        from sglang._standin.server import rate_at
+    finally:
+        sys.path.pop(0)
+    from sandbox.scenarios import SERVING_DEFAULT
+
+    ((name, data),) = sandbox_inventory(monkeypatch)["sandbox"]
+    s = from_host_data(name, {k: v for k, v in data.items() if k.startswith("gpuhost_bench")})
+    table = SERVING_DEFAULT["output_tokens_per_s"]["default"]
+    seconds = sum((s.bench_prompts * s.bench_output_len + min(n, 4) * 16) / rate_at(table, n)
+                  for n in s.bench_levels)
+    assert seconds < 90, seconds
+    assert from_host_data("gpu1", {}).bench_prompts == 128  # a real lab's defaults stay
+
+
+def _texts(fig):
+    """Every text a drawn figure shows, with its box on the canvas: the titles, axis labels,
+    the tick labels within each axis's view, the legends' texts."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    shown = []
+    for sub in (fig, *fig.subfigs):
+        shown += [t for t in (getattr(sub, "_suptitle", None),) if t is not None]
+        shown += [t for legend in sub.legends for t in legend.get_texts()]
+    for ax in fig.get_axes():
+        if not ax.get_visible():
+            continue
+        shown += [ax.title, ax.xaxis.label, ax.yaxis.label]
+        if ax.get_legend():
+            shown += ax.get_legend().get_texts()
+        for axis, (low, high) in ((ax.xaxis, sorted(ax.get_xlim())),
+                                  (ax.yaxis, sorted(ax.get_ylim()))):
+            for tick in axis.get_major_ticks():
+                if low <= tick.get_loc() <= high and tick.label1.get_visible():
+                    shown.append(tick.label1)
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in shown
+            if t.get_visible() and t.get_text().strip()]
+
+
+def _sweep_runs(tmp_path) -> list[dict]:
+    raw = Path(__file__).resolve().parent / "fixtures" / "h200-bench-run-loads"
+    base = bench_report.build(raw, "h200")
+    base["series"] = bench_report.series(raw)
+    runs = []
+    for label, completed in (("flashinfer_cutlass c=16", 64), ("flashinfer_cutlass c=64", 22),
+                             ("cutlass", 64)):
+        run = json.loads(json.dumps(base))
+        run["label"] = label
+        for level in run["levels"]:
+            level["bench"]["completed"] = completed
+            level["requests"] = bench_report.requests(64, 0, level["bench"])
+        runs.append(run)
+    return runs
+
+
+@pytest.mark.parametrize("runs", ["one", "sweep"])
+def test_plot_reads_whatever_the_run(tmp_path, runs):
+    """The fixture's three loads, alone and as a sweep of three values: the concurrency axes
+    are labelled with the levels; each level has a time panel of its own (its own length) with
+    utilisation and memory-copy utilisation beside power and clock; no two labels overlap; the
+    legends name only what is drawn; failed levels are crossed out in red."""
+    import matplotlib.pyplot as plt
+
+    if runs == "one":
+        raw = Path(__file__).resolve().parent / "fixtures" / "h200-bench-run-loads"
+        one = bench_report.build(raw, "h200")
+        one["series"] = bench_report.series(raw)
+        runs = [one]
+    else:
+        runs = _sweep_runs(tmp_path)
+    fig = bench_report.figure(runs)
+    try:
+        texts = _texts(fig)
+        for i, (a, box_a) in enumerate(texts):
+            for b, box_b in texts[i + 1:]:
+                assert not box_a.overlaps(box_b) or box_a.width * box_b.width == 0, (a, b)
+        axes = [ax for ax in fig.get_axes() if ax.get_visible()]
+        top = [ax for ax in axes if ax.get_xlabel() == "concurrent requests"]
+        assert len(top) == 3
+        for ax in top:
+            assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "16", "64"]
+        cells = [ax for ax in axes if ax not in top]
+        assert len(cells) == 3 * len(runs)
+        for ax in cells:
+            labels = {line.get_label() for line in ax.get_lines()}
+            assert {"power % of limit", "SM clock % of max", "GPU util % (a kernel running)",
+                    "memory-copy util % (utilization.memory)"} <= labels
+            assert ax.get_xlim()[1] - ax.get_xlim()[0] < 20  # its own level, 12 s long
+        for legend in [ax.get_legend() for ax in axes if ax.get_legend()] + fig.legends + [
+                leg for sub in fig.subfigs for leg in sub.legends]:
+            for handle, text in zip(legend.legend_handles, legend.get_texts()):
+                assert text.get_text() in {a.get_label() for ax in axes
+                                           for a in (*ax.get_lines(), *ax.patches)
+                                           if a.get_visible()}, text.get_text()
+        failed = [line for ax in top for line in ax.get_lines() if line.get_marker() == "X"]
+        assert failed and all(line.get_color() == "red" for line in failed)
+        if len(runs) > 1:
+            assert sum(1 for ax in cells if ax.title.get_color() == "red") == 3
+    finally:
+        plt.close(fig)
+
+
+def test_bench_commands_in_the_docs_copy_paste_complete():
+    """Every bench.py command README, the manual (docs/) and bench.py show has -y (without it
+    pyinfra waits for Enter, and dies on EOF without a terminal); results are said to go where
+    the sweep writes them; nothing calls the sweep unbuilt."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    paths = [root / "README.md", root / "bench.py", *sorted((root / "docs").glob("*.md"))]
+    text = "\n".join(path.read_text() for path in paths)
+    commands = [line for line in text.splitlines()
+                if re.search(r"pyinfra .*bench\.py", line) and line.startswith("    ")]
+    assert len(commands) >= 8
+    assert all(" -y " in line for line in commands), [c for c in commands if " -y " not in c]
+    assert "moe_runner_backend=cutlass/" in text
+    assert "`<value>/`" not in text
+    assert "not built yet" not in text

@@ -334,3 +334,20 @@ def test_a_plain_lock_file_left_by_an_earlier_run_is_used(tmp_path):
     holder = Holder(run)
     assert holder.line() == "held"
     assert holder.end() == 0
+
+
+def test_a_bench_holding_the_lock_is_said_to_be_a_bench():
+    """A --dry during a bench was told "gpu1 is being deployed: a deploy by ...": it is a
+    bench (bench.py takes the lock with job "bench", which the holder's record keeps)."""
+    bench = json.dumps([{"mode": "exclusive", "job": "bench", "controller": "ops@laptop",
+                         "controller_pid": 4242, "login": "root", "since": "2026-12-03T09:00Z"}])
+    assert deploy_lock._describe(bench).startswith("a bench (bench.py) by ops@laptop")
+    assert deploy_lock._doing(bench) == "being benched"
+    deploy = bench.replace('"bench"', '"deploy"')
+    assert deploy_lock._describe(deploy).startswith("a deploy by ops@laptop")
+    assert deploy_lock._doing(deploy) == "being deployed"
+    try:
+        deploy_lock._job = "bench"
+        assert json.loads(deploy_lock._holder())["job"] == "bench"
+    finally:
+        deploy_lock._job = "deploy"

@@ -104,3 +104,42 @@ def test_hw_slowdown_alone_is_not_heat():
     braked = diagnosis.diagnose(made_up(reasons={"hw_slowdown": 30.0,
                                                  "hw_power_brake_slowdown": 30.0}))
     assert braked.name == "power-capped"
+
+
+LOADS = "h200-bench-run-loads"
+
+
+def fixture_loads() -> dict[int, dict]:
+    """The real H200 under three known loads, as bench_run.py wrote them (README there), read
+    by the product's own report."""
+    from pathlib import Path
+
+    from operations import bench_report
+    raw = Path(__file__).parent / "fixtures" / LOADS
+    return {lv["concurrency"]: lv for lv in bench_report.build(raw, "h200")["levels"]}
+
+
+def test_real_loads_each_give_their_own_verdict():
+    levels = fixture_loads()
+    assert levels[1]["verdict"]["name"] == "memory bandwidth"
+    assert "memory bandwidth: GPUs busy 95 % of the time, device memory read or written 96 % " \
+        "of the time, power at 67 % of the limit, clocks at 100 % of maximum" \
+        in levels[1]["verdict"]["text"]
+    assert levels[16]["verdict"]["name"] == "server-bound"
+    assert levels[64]["verdict"]["name"] == "power-capped"
+
+
+def test_real_loads_window_starts_with_the_load_not_the_client():
+    """load.sh says "Warmup completed" and then torch takes ~5 s to start: the window is
+    bench_serving's own duration (12 s) up to its result, so the idle start-up is left out."""
+    for level in fixture_loads().values():
+        assert level["gpus"][0]["samples"] in range(23, 26)
+        assert "gpu_idle" not in level["figures"]["reasons"]
+
+
+def test_memory_bandwidth_needs_busy_gpus_and_memory_traffic():
+    assert diagnosis.diagnose(made_up(util_mem_pct=95.0)).name == "memory bandwidth"
+    assert diagnosis.diagnose(made_up(util_mem_pct=35.0)).name == "kernel-bound"
+    assert diagnosis.diagnose(made_up(util_pct=30.0, util_mem_pct=95.0)).name == "server-bound"
+    assert diagnosis.diagnose(made_up(util_mem_pct=95.0, power_pct=98.0,
+                                      reasons={"sw_power_cap": 80.0})).name == "power-capped"

@@ -69,3 +69,31 @@ def test_a_running_rank_of_a_serving_group_is_left_alone(monkeypatch):
     ok, host, said = _follow(monkeypatch, "active", rank0_failed=False)
     assert ok is True and said == []
     assert not any("stop" in c for c in host.commands)
+
+
+def test_the_rank_that_stopped_first_is_named(monkeypatch):
+    """Rank 1 was stopped; rank 0 failed after it (its peer left the collectives). The reason
+    used to name rank 0 only ("gpu1: sglang.service is not running (failed)")."""
+    from operations.server import ServiceState
+
+    nodes = ("gpu1", "gpu2")
+    rank0 = ServiceState().process(["ActiveState=failed", "Result=exit-code",
+                                    "InactiveEnterTimestamp=Thu 2026-12-03 09:48:05 UTC"])
+    rank1 = ServiceState().process(["ActiveState=inactive", "Result=success",
+                                    "InactiveEnterTimestamp=Thu 2026-12-03 09:48:01 UTC"])
+    monkeypatch.setitem(group_restart.GROUPS, nodes, {
+        "gpu1": group_restart.NodePlan([], "sglang.service is not running (failed)",
+                                       rank0.stopped_at),
+        "gpu2": group_restart.NodePlan([], "sglang.service is not running (inactive)",
+                                       rank1.stopped_at)})
+    assert group_restart.restart_reason(nodes) == (
+        "gpu2: sglang.service is not running (inactive); gpu2 (node rank 1) stopped first, at "
+        "09:48:01 UTC; gpu1 (node rank 0) 4 s later")
+    # a fresh group (never started: no time) is named as before
+    never = ServiceState().process(["ActiveState=inactive", "InactiveEnterTimestamp="])
+    assert never.stopped_at is None
+    monkeypatch.setitem(group_restart.GROUPS, nodes, {
+        n: group_restart.NodePlan([], "sglang.service is not running (inactive)", None)
+        for n in nodes})
+    assert group_restart.restart_reason(nodes) == \
+        "gpu1: sglang.service is not running (inactive)"

@@ -215,7 +215,62 @@ def test_with_a_mirror_the_peers_are_still_tried_where_the_mirror_has_no_copy(mo
     copy, fetch, _ = _weights_commands(monkeypatch, peers=[peer], mirror="/mnt/models")
     assert copy.function is model_copy.copy and copy.kwargs == {"mirror": "/mnt/models"}
     fetch = str(fetch)
-    assert "--mirror /mnt/models" in fetch and "--copied-from 'peer gpu1'" in fetch
+    assert "--mirror /mnt/models" in fetch
+    assert f'--copied-from "$(cat {model_copy.COPIED_FROM} 2>/dev/null || echo' in fetch
+
+
+def test_the_stamp_names_the_peer_the_files_came_from_not_every_candidate(monkeypatch,
+                                                                          tmp_path):
+    """"from peer gpu1 or gpu2 or gpu3 ..." named every candidate: the fetch's --copied-from is
+    read on the host from what the copy recorded, the one peer it copied from."""
+    import subprocess
+
+    peers = [model_copy.Peer(n, "10.0.0.1", 22, None, "yes", "/m") for n in ("gpu1", "gpu3")]
+    record = tmp_path / "copied-from"
+    monkeypatch.setattr(model_copy, "COPIED_FROM", str(record))
+    _, fetch, _ = _weights_commands(monkeypatch, peers=peers)
+    line = str(fetch).replace("/opt/gpuhost/venvs/ab/bin/python", "printf '<%s>\\n'")
+
+    def argument() -> str:
+        out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True)
+        words = out.stdout.splitlines()
+        return words[words.index("<--copied-from>") + 1]
+
+    record.write_text("peer gpu3")
+    assert argument() == "<peer gpu3>"
+    record.unlink()  # no copy this run: files there are an earlier run's, verified all the same
+    assert argument() == "<an earlier run's copy>"
+
+
+def test_no_peer_with_the_model_is_one_plain_line(monkeypatch):
+    """A fresh fleet: no peer has the model, nor the copy key yet. That used to read as an SSH
+    failure ("gpu1 has no complete copy ... Permission denied (publickey) ... code 255")."""
+    import types
+
+    said, commands = [], []
+
+    def shell(host, command, **kw):
+        commands.append(str(command))
+        return True, types.SimpleNamespace(stdout_lines=[], stderr_lines=[])
+
+    monkeypatch.setattr(model_copy.remote, "shell", shell)
+    monkeypatch.setattr(model_copy, "rsync", lambda argv, prefix, what: (
+        False, "gpuhost-models@10.0.0.1: Permission denied (publickey). (rsync error: "
+               "unexplained error (code 255) at io.c(232) [Receiver=3.2.7])"))
+    monkeypatch.setattr(model_copy.shutil, "which", lambda name: "/usr/bin/rsync")
+    monkeypatch.setattr(model_copy.logger, "info", said.append)
+    monkeypatch.setattr(model_copy.logger, "warning", said.append)
+    peers = [model_copy.Peer(n, "10.0.0.1", 22, None, "yes", "/m") for n in ("gpu1", "gpu3")]
+    assert model_copy.copy(None, _Host(), peers, "org/m", "main", "/d", None, "room check")
+    assert said == ["[gpu2] model copy: no peer has the model yet: from the Hub"]
+    assert commands[0] == f"rm -f {model_copy.COPIED_FROM}"  # no peer recorded from before
+
+    # a peer that holds it and copies: that one peer is recorded
+    monkeypatch.setattr(model_copy, "_peer_stamp", lambda peer, repo, prefix: {
+        "repo": "org/m", "revision": "main", "sha": "c" * 40} if peer.name == "gpu3" else None)
+    monkeypatch.setattr(model_copy, "relay", lambda *a: True)
+    assert model_copy.copy(None, _Host(), peers, "org/m", "main", "/d", None, "room check")
+    assert commands[-1].endswith(f"printf %s 'peer gpu3' > {model_copy.COPIED_FROM}")
 
 
 class _Host:

@@ -347,3 +347,35 @@ def test_a_node_asked_to_roll_back_alone_is_refused_before_any_host_is_touched(l
         "across hosts: False only (a node has no last known good of its own: its ranks restart "
         "together, never one alone); roll the group back by deploying every node with the lock "
         "and host data it last served with"]
+
+
+def test_each_rank_writes_nodes_env_in_a_row_of_its_own(monkeypatch):
+    """--dry listed "/etc/gpuhost/nodes.env (node rank 1)" for both hosts of a group: pyinfra
+    names an operation after the first host that planned it. Each rank's put is planned at a
+    loop position of its own (a distinct operation), named with that rank."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.operation import solve_operation_consistency
+    from pyinfra.context import ctx_host, ctx_state
+
+    from operations import nodes
+    from operations.node_group import NodeRole
+
+    inventory = Inventory((["gpu1", "gpu2"], {}))
+    state = State(inventory, Config())
+    planned = {}
+
+    def put(name, **_):
+        target = nodes.host._get_module()
+        _, op_hash = solve_operation_consistency({name}, state, target)
+        planned.setdefault(op_hash, set()).add((name, target.name))
+        return name
+
+    monkeypatch.setattr(nodes.files, "put", put)
+    settings = from_host_data("gpu1", {})
+    for rank, name in enumerate(("gpu1", "gpu2")):
+        role = NodeRole(("gpu1", "gpu2"), rank, "10.0.0.1:5000", "eth1")
+        with ctx_state.use(state), ctx_host.use(inventory.get_host(name)):
+            assert nodes.nodes_env(role, settings) == [f"/etc/gpuhost/nodes.env (node rank {rank})"]
+    put_rows = [names for names in planned.values() if any("nodes.env" in n for n, _ in names)]
+    assert sorted(put_rows, key=sorted) == [{("/etc/gpuhost/nodes.env (node rank 0)", "gpu1")},
+                                            {("/etc/gpuhost/nodes.env (node rank 1)", "gpu2")}]

@@ -68,3 +68,28 @@ def test_a_run_whose_every_host_is_refused_ends_with_the_refusal_not_a_pyinfra_e
     assert run.returncode == 1, out
     assert "nothing was changed, because:" in out and "a reason the test gives" in out
     assert "No hosts remaining" not in out and "pyinfra error" not in out, out
+
+
+def test_a_refused_hosts_planned_changes_are_said_not_to_happen(tmp_path):
+    """--dry on a refused host said "a real run would change nothing" and then its table listed
+    the host under every change it planned: the refusal now says those do not happen; and the
+    table's "Conditional Change" column is said once, so it is not read as "will change"."""
+    deploy = tmp_path / "refusing.py"
+    deploy.write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "from pyinfra.operations import files\n"
+        "from operations.plan import refuse, stop_if_refused\n"
+        f"files.file(name='A file', path={str(tmp_path / 'made')!r})\n"
+        f"files.directory(name='A folder', path={str(tmp_path / 'folder')!r})\n"
+        "refuse('Stage', 'a reason the test gives')\nstop_if_refused()\n")
+    pyinfra = Path(sys.executable).with_name("pyinfra")
+    run = subprocess.run([str(pyinfra), "@local", str(deploy), "--dry"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, check=False)
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    assert "a real run would change nothing, because:" in out
+    assert "The table below still counts @local under the 2 operation(s) it planned: they are " \
+           "what a run would do once the above is put right; none of them happens while it " \
+           "stands." in " ".join(out.split()), out
+    assert out.count('"Conditional Change" counts those where it runs only if an earlier') == 1
+    assert not (tmp_path / "made").exists()

@@ -96,3 +96,50 @@ def test_every_command_of_the_run_is_in_the_c_locale():
         remote.use_run_env()
     env = generate_env(run_config, {"EXTRA": "1"})  # what pyinfra gives each command's _env
     assert env == {"HTTP_PROXY": "http://proxy:3128", "LC_ALL": "C", "EXTRA": "1"}
+
+
+def test_a_failed_callback_ends_with_what_it_did_not_executed_0_commands(tmp_path):
+    """A rolled-back change ended with pyinfra's "Error: executed 0 commands" (a callback
+    counts as one command, done only when it succeeds): it ends with what it did."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    deploy = tmp_path / "rolled_back.py"
+    deploy.write_text(
+        f"import sys\nsys.path.insert(0, {str(root)!r})\n"
+        "from pyinfra.api import FunctionCommand, operation\n"
+        "from operations import remote\n"
+        "def undo(state, host):\n"
+        "    remote.ending(host, 'the change was rolled back: it serves the last known good')\n"
+        "    return False\n"
+        "@operation(is_idempotent=False)\n"
+        "def changed_then_rolled_back():\n"
+        "    yield FunctionCommand(undo, (), {})\n"
+        "changed_then_rolled_back(name='Change and roll back')\n")
+    pyinfra = Path(sys.executable).with_name("pyinfra")
+    run = subprocess.run([str(pyinfra), "-y", "@local", str(deploy)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, check=False)
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    assert "Error: the change was rolled back: it serves the last known good" in out, out
+    assert "executed 0 commands" not in out
+
+
+def test_a_rollback_says_what_it_did_at_the_operations_end(monkeypatch):
+    from pyinfra.connectors.util import CommandOutput, OutputLine
+
+    from operations import last_known_good
+
+    def shell(host, command, **_):
+        return True, CommandOutput([OutputLine("stdout", "rolled back to the unit of 09:12")])
+
+    monkeypatch.setattr(last_known_good.remote, "shell", shell)
+    monkeypatch.setattr(remote, "_endings", {})
+    host = FakeHost()
+    host.print_prefix = "[gpu1] "
+    assert last_known_good.roll_back(host, "the server failed", lambda: True, "restart") is False
+    assert remote._endings["gpu1"].startswith(
+        "this run's server change was rolled back: the server serves the last known good again "
+        "(the unit of 09:12), verified")

@@ -102,3 +102,34 @@ def test_a_drop_in_folder_is_its_drop_ins(tmp_path):
     recorded = unit_inputs._read_parts(f"{record}.parts")
     assert unit_inputs.changed_inputs(recorded, now) == [
         f"{folder}/60-local.conf (not an input at its start)"]
+
+
+def test_a_failed_starts_lines_are_of_that_start_only_and_cut(monkeypatch):
+    """The "last lines of the failed start" showed the previous, healthy start too, and
+    several-kilobyte argument dumps (sglang logs its ServerArgs on one line): the journal is
+    read for the unit's InvocationID alone, each line cut."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operations" / "files"))
+    try:
+        import health_check
+    finally:
+        sys.path.pop(0)
+    asked = []
+
+    def run(argv, **_):
+        asked.append(argv)
+        if argv[0] == "systemctl":
+            return subprocess.CompletedProcess(argv, 0, "InvocationID=4f1c\n", "")
+        return subprocess.CompletedProcess(argv, 0, "server_args=ServerArgs(" + "x" * 5000
+                                           + ")\nRuntimeError: CUDA error\n", "")
+
+    monkeypatch.setattr(health_check.subprocess, "run", run)
+    text = health_check._journal("sglang.service", 50)
+    assert asked[-1][:4] == ["journalctl", "_SYSTEMD_INVOCATION_ID=4f1c", "+",
+                             "INVOCATION_ID=4f1c"]
+    first, second = text.splitlines()
+    assert len(first) < 500 and first.endswith("... (5024 characters)")
+    assert second == "RuntimeError: CUDA error"

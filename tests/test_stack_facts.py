@@ -233,3 +233,17 @@ def test_model_architecture_from_config_json():
     assert model_architecture('{"architectures": "GlmMoeDsaForCausalLM"}') \
         == "GlmMoeDsaForCausalLM"  # a string, taken whole (not its first letter)
     assert model_architecture('{"architectures": []}') is None
+
+
+def test_a_real_run_warns_in_one_short_line():
+    """Every run, a no-op too, printed each warning row whole (about 900 characters, twice on
+    the reference lab's defaults): a real run now gets one short line each, --dry the row."""
+    from operations.stack_facts import BRIEF_CHARS, brief
+
+    t = target()
+    for row in applicable(t):
+        whole, short = describe(row, t), brief(row, t)
+        assert len(whole) > 400 and len(short) <= BRIEF_CHARS, short
+        assert short.startswith(f"{row.name}: ") and short.endswith(
+            "(--dry: what to do, the source)")
+        assert "flashinfer-python 0.6.3" in short or "sglang 0.5.9" in short

@@ -12,9 +12,11 @@ unit of bench.py's (so a dropped link does not stop it half-way):
 Writes into --out: ``links.csv`` (each GPU's PCIe generation and width), ``telemetry.csv``
 (``nvidia-smi --query-gpu=<telemetry.QUERY_FIELDS> --format=csv,noheader,nounits -lms 500``),
 ``dmon.csv`` (``nvidia-smi dmon -s puct -d 1 -o DT --format csv``: PCIe rx/tx), one
-``level-<N>.json`` per level (bench_serving's ``--output-file``), ``meta.json`` (each level's
+``level-<N>.json`` per level (bench_serving's ``--output-file``; its log, tqdm's redraws
+but the last left out, in ``level-<N>.log``), ``meta.json`` (each level's
 measured run's start and end in nvidia-smi's clock (from bench_serving's "Warmup
-completed" line to its result's first line), the command lines, exit statuses, versions), and
+completed" line to its result's first line), the command lines, exit statuses, versions, the
+packages' metadata summaries), and
 ``done`` last. Formats: tests/fixtures/h200-device/telemetry/. bench_serving's arguments are
 sglang 0.5.9's (its wheel's bench_serving.py): ``--dataset-name random-ids`` needs no download
 (``random`` fetches ShareGPT from the Hub), ``--random-range-ratio 1.0`` fixes the lengths. With
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -53,22 +56,34 @@ def _now() -> str:
     return datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
 
 
-def _versions(python: str) -> dict:
+def _distributions(python: str) -> tuple[dict, dict]:
+    """Each of VERSIONS installed in ``python``'s environment: its version, and its metadata's
+    Summary (a stand-in says so there: the sandbox's packages end theirs with "(gpuhost sandbox
+    stand-in)")."""
     script = ("import importlib.metadata as m, json\nout = {}\n"
-              f"for name in {VERSIONS!r}:\n    try: out[name] = m.version(name)\n"
-              "    except m.PackageNotFoundError: pass\nprint(json.dumps(out))")
+              f"for name in {VERSIONS!r}:\n    try: d = m.distribution(name)\n"
+              "    except m.PackageNotFoundError: continue\n"
+              "    out[name] = [d.version, d.metadata.get('Summary') or '']\n"
+              "print(json.dumps(out))")
     result = subprocess.run([python, "-c", script], capture_output=True, text=True)
     try:
-        versions = json.loads(result.stdout)
+        found = json.loads(result.stdout)
     except ValueError:
-        versions = {}
+        found = {}
+    return ({name: v[0] for name, v in found.items()},
+            {name: v[1] for name, v in found.items()})
+
+
+def _versions(python: str) -> tuple[dict, dict]:
+    """(versions of VERSIONS, the driver and the GPUs; the packages' summaries)."""
+    versions, summaries = _distributions(python)
     driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name",
                              "--format=csv,noheader"], capture_output=True, text=True)
     rows = [line.split(", ") for line in driver.stdout.splitlines() if ", " in line]
     if rows:
         versions["driver"], versions["gpu"] = rows[0][0], rows[0][1]
         versions["gpu_count"] = str(len(rows))
-    return versions
+    return versions, summaries
 
 
 def bench_command(args: argparse.Namespace, level: int, output: str) -> list[str]:
@@ -78,8 +93,28 @@ def bench_command(args: argparse.Namespace, level: int, output: str) -> list[str
             "--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0",
             "--num-prompts", str(args.prompts), "--max-concurrency", str(level),
-            "--warmup-requests", str(min(level, 4)), "--output-file", output,
-            "--disable-tqdm"]
+            "--warmup-requests", str(min(level, 4)), "--output-file", output]
+
+
+#: tqdm's bar as bench_serving 0.5.9 draws it on stderr (``tqdm(total=len(input_requests))``,
+#: one update per finished request; tqdm's default format "{l_bar}{bar}| {n_fmt}/{total_fmt}
+#: [{elapsed}<{remaining}, {rate_fmt}]", each redraw after a carriage return), e.g.
+#: `` 25%|██▌       | 32/128 [00:10<00:30,  3.20it/s]``.
+TQDM = re.compile(r"^\s*\d+%\|.*\| (\d+)/(\d+) \[")
+#: Seconds between two progress lines of a level (the controller polls every 10 s).
+PROGRESS_EVERY = 10
+
+
+def progress_line(level: int, done: int, total: int, running_s: float, after: list[int]) -> str:
+    """``level 1: 5 of 16 prompts done, about 20 s left in this level; levels 4, 16 after it``:
+    the time left is the level's own pace so far (seconds per finished prompt) times the
+    prompts left; none before the first prompt finishes."""
+    line = f"level {level}: {done} of {total} prompts done"
+    if 0 < done < total:
+        line += f", about {running_s / done * (total - done):.0f} s left in this level"
+    if after:
+        line += f"; level{'s' if len(after) > 1 else ''} {', '.join(map(str, after))} after it"
+    return line
 
 
 def main() -> int:
@@ -116,28 +151,45 @@ def main() -> int:
                           "--format", "csv"],
                          stdout=open(out("dmon.csv"), "w"), stderr=subprocess.STDOUT),
     ]
+    versions, summaries = _versions(args.python)
     meta = {"utc_offset_s": time.localtime().tm_gmtoff, "started": _now(),
-            "versions": _versions(args.python), "levels": [],
+            "versions": versions, "summaries": summaries, "levels": [],
             "input_len": args.input_len, "output_len": args.output_len,
             "prompts": args.prompts, "backend": args.backend}
     failed = False
     try:
         time.sleep(2)  # idle samples before the first level
-        for level in (int(n) for n in args.levels.split(",")):
+        levels = [int(n) for n in args.levels.split(",")]
+        for number, level in enumerate(levels):
             output = out(f"level-{level}.json")
             command = bench_command(args, level, output)
             print(f"level {level}: {args.prompts} prompts, {level} at a time", flush=True)
             end = None
             start = _now()
+            main_run, shown, bar = None, 0.0, None
             with open(out(f"level-{level}.log"), "w") as log:
+                # text mode reads tqdm's carriage-return redraws as lines of their own
                 proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, cwd=args.out, text=True)
                 for line in proc.stdout:
+                    drawn = TQDM.match(line)
+                    if drawn:
+                        bar = line
+                        now = time.monotonic()
+                        done, total = int(drawn.group(1)), int(drawn.group(2))
+                        if now - shown >= PROGRESS_EVERY or done == total:
+                            shown = now
+                            print(progress_line(level, done, total, now - (main_run or now),
+                                                levels[number + 1:]), flush=True)
+                        continue
+                    if bar is not None:
+                        log.write(bar.rstrip("\n") + "\n")
+                        bar = None
                     log.write(line)
                     # The level's window starts with the measured run, after the tokenizer's
                     # load and the warm-up (bench_serving's own words).
                     if line.startswith("Warmup completed"):
-                        start = _now()
+                        start, main_run = _now(), time.monotonic()
                     # ... and ends when the last request is done, before the tool's report.
                     if line.startswith("=" * 12):
                         end = end or _now()

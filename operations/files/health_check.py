@@ -68,12 +68,40 @@ def _request(url: str, data: dict | None = None, key: str | None = None,
         return 0, ""
 
 
+#: Characters shown of one journal line: sglang logs its whole ServerArgs on one line, kilobytes.
+LINE_CHARS = 400
+
+
+def _invocation(unit: str) -> str:
+    """The unit's InvocationID: its current start, or its last one once it stopped."""
+    result = subprocess.run(["systemctl", "show", "-p", "InvocationID", unit],
+                            capture_output=True, text=True, check=False)
+    for line in result.stdout.splitlines():
+        if line.startswith("InvocationID="):
+            return line.split("=", 1)[1].strip()
+    return ""
+
+
+def cut(line: str) -> str:
+    """A journal line of at most LINE_CHARS characters, saying how long it was."""
+    if len(line) <= LINE_CHARS:
+        return line
+    return f"{line[:LINE_CHARS]} ... ({len(line)} characters)"
+
+
 def _journal(unit: str, lines: int) -> str:
+    """The last ``lines`` journal lines of the unit's current (or last) start only: its
+    processes' (``_SYSTEMD_INVOCATION_ID``) and systemd's about it (``INVOCATION_ID``),
+    systemd.journal-fields(7); the unit's last lines where systemd names no invocation. Each
+    line cut to LINE_CHARS."""
+    invocation = _invocation(unit)
+    match = ([f"_SYSTEMD_INVOCATION_ID={invocation}", "+", f"INVOCATION_ID={invocation}"]
+             if invocation else ["-u", unit])
     result = subprocess.run(
-        ["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"],
+        ["journalctl", *match, "-n", str(lines), "--no-pager", "-o", "cat"],
         capture_output=True, text=True, check=False,
     )
-    return result.stdout.strip()
+    return "\n".join(cut(line) for line in result.stdout.strip().splitlines())
 
 
 def _unit_state(unit: str) -> tuple[str, str, str]:
@@ -93,7 +121,7 @@ def _fail(unit: str, why: str, secret: str | None, journal_of: str | None = None
     if secret:
         journal = journal.replace(secret, "<api key>")
     print(f"server not ready: {why}", flush=True)
-    print(f"--- last 50 lines of the journal of {journal_of} ---")
+    print(f"--- last 50 lines of the journal of {journal_of}'s last start ---")
     print(journal)
     if _KEEP_UNIT:
         print(f"--- {unit} left as it is ---", flush=True)

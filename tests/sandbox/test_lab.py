@@ -404,3 +404,28 @@ def test_down_leaves_nothing_and_is_idempotent(lab_host):
     assert not HostSpec(1).dir.exists()
     assert procs.cgroup_pids() == set()
     assert _ssh(lab_host, "true", timeout=30).returncode != 0
+
+
+def test_ask_answers_for_a_group_through_its_rank_0(tmp_path):
+    """`sandbox ask` on a node group exited 1 with a cut traceback: rank 1 answers 404 to
+    /v1/models, as it should. A rank >= 1 now says its rank and that rank 0 answers."""
+    import json
+    import subprocess
+    import sys
+
+    from sandbox import ask
+
+    nodes_env = tmp_path / "nodes.env"
+    nodes_env.write_text("# Written by gpuhost: node rank 1 of 2 (gpu1, gpu2), rendezvous "
+                         "10.214.0.2:5000\nNCCL_IB_DISABLE=1\n")
+    # port 9 (discard): a query would fail; the rank >= 1 asks nothing
+    run = subprocess.run([sys.executable, "-c", ask.client(9, str(nodes_env))],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert run.returncode == 0, run.stderr
+    result = {"host": "gpu2", **json.loads(run.stdout)}
+    assert ask.said(result) == ["gpu2: node rank 1 of gpu1, gpu2: the group's model is asked "
+                                "through its rank 0, gpu1"]
+    nodes_env.write_text(nodes_env.read_text().replace("node rank 1", "node rank 0"))
+    run = subprocess.run([sys.executable, "-c", ask.client(9, str(nodes_env))],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert run.returncode != 0  # rank 0 is asked (nothing listens on port 9 here)

@@ -78,6 +78,28 @@ def std(values: list[float]) -> float:
     return (sum((v - m) ** 2 for v in values) / len(values)) ** 0.5 if values else 0.0
 
 
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes:02d}:{secs:02d}"
+
+
+def tqdm_bar(n: int, total: int, elapsed: float) -> str:
+    """One redraw of tqdm's default bar without a terminal (tqdm 4's format_meter: a 10-cell
+    bar when the width is unknown, "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining},
+    {rate_fmt}]"), which the real tool draws with ``tqdm(total=len(input_requests))``."""
+    frac = n / total if total else 0.0
+    cells = frac * 10
+    bar = "\u2588" * int(cells)
+    if int(cells) < 10:
+        part = int((cells - int(cells)) * 8)
+        bar += (" \u258f\u258e\u258d\u258c\u258b\u258a\u2589"[part]).ljust(10 - int(cells))
+    rate = n / elapsed if elapsed > 0 and n else None
+    remaining = _clock((total - n) / rate) if rate else "?"
+    rate_fmt = "?it/s" if rate is None else (f"{rate:5.2f}it/s" if rate >= 1
+                                              else f"{1 / rate:5.2f}s/it")
+    return f"{frac * 100:3.0f}%|{bar}| {n}/{total} [{_clock(elapsed)}<{remaining}, {rate_fmt}]"
+
+
 def headers() -> dict:
     h = {"Content-Type": "application/json"}
     key = os.environ.get("OPENAI_API_KEY")
@@ -200,13 +222,23 @@ def main(argv: list[str]) -> int:
     outputs: list[dict] = []
     start = time.perf_counter()
 
+    def draw():
+        if not args.disable_tqdm:
+            sys.stderr.write("\r" + tqdm_bar(len(outputs), args.num_prompts,
+                                              time.perf_counter() - start))
+            sys.stderr.flush()
+
     def run(_):
         result = request(url, model, prompt, args.random_output_len, ignore_eos)
         with lock:
             outputs.append(result)
+            draw()
 
+    draw()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         list(pool.map(run, range(args.num_prompts)))
+    if not args.disable_tqdm:
+        sys.stderr.write("\n")
     duration = time.perf_counter() - start
     done = [o for o in outputs if o["success"]]
     output_lens = [o["output_len"] for o in done]
