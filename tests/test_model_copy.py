@@ -248,10 +248,12 @@ def test_no_peer_with_the_model_is_one_plain_line(monkeypatch):
     import types
 
     said, commands = [], []
+    manifest = {"sha": "c" * 40, "files": {"config.json": [2, "a" * 40, False]}}
 
-    def shell(host, command, **kw):
+    def shell(host, command, **kw):  # the disk preflight gives the revision's files
         commands.append(str(command))
-        return True, types.SimpleNamespace(stdout_lines=[], stderr_lines=[])
+        return True, types.SimpleNamespace(
+            stdout_lines=[model_copy.MANIFEST + json.dumps(manifest)], stderr_lines=[])
 
     monkeypatch.setattr(model_copy.remote, "shell", shell)
     monkeypatch.setattr(model_copy, "rsync", lambda argv, prefix, what: (
@@ -269,6 +271,7 @@ def test_no_peer_with_the_model_is_one_plain_line(monkeypatch):
     monkeypatch.setattr(model_copy, "_peer_stamp", lambda peer, repo, prefix: {
         "repo": "org/m", "revision": "main", "sha": "c" * 40} if peer.name == "gpu3" else None)
     monkeypatch.setattr(model_copy, "relay", lambda *a: True)
+    monkeypatch.setattr(model_copy, "check_peer", lambda *a: ["config.json"])
     assert model_copy.copy(None, _Host(), peers, "org/m", "main", "/d", None, "room check")
     assert commands[-1].endswith(f"printf %s 'peer gpu3' > {model_copy.COPIED_FROM}")
 
