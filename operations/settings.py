@@ -26,6 +26,7 @@ from operations.node_group import check_groups
 from operations.p2p_policy import NO_P2P_FLAGS as P2P_SERVER_FLAGS
 from operations.run_exit import end_run
 from operations.sglang import (
+    ALWAYS_FLAGS,
     OWNED_FLAGS,
     FlagError,
     check_server_args,
@@ -885,6 +886,12 @@ def _check_server_flags(host: str, s: Settings) -> None:
                 "owns, set or not: the known behaviour and the backends left to sglang are "
                 "read from the key, so a second spelling would run unchecked): set "
                 f"{keys} instead (null leaves an optional flag out)",
+            )
+        if any(flag in arg.flags for flag in ALWAYS_FLAGS):
+            raise _fail(
+                host, "server_extra_args", list(s.server_extra_args),
+                f"no flag gpuhost sets itself ({token} is {arg.flags[0]}, which every server "
+                "gets): leave it out",
             )
         if arg.flags in rendered:
             raise _fail(

@@ -22,6 +22,21 @@ def command_output(text: str, command: str) -> list[str]:
     return lines[start:end]
 
 
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """The real promtool (Debian's prometheus package): on PATH, or put in .venv/bin by
+    bin/setup. Missing, the test fails: the alert rules are checked by nothing else."""
+    import shutil
+    import sys
+
+    found = shutil.which("promtool") or shutil.which("promtool", path=str(Path(sys.executable)
+                                                                         .parent))
+    if found is None:
+        pytest.fail("promtool not found: run bin/setup (it takes promtool out of Debian's "
+                    "prometheus package into .venv/bin)")
+    return found
+
 # --- no secret in the suite's own output (tests/secret_guard.py) ---------------------------------
 
 from tests.secret_guard import GUARD  # noqa: E402
