@@ -11,9 +11,9 @@ The router's worker list is checked after every host's server stage; then come e
 node exporter and GPU readings, and Prometheus on a router host (operations/observability.py).
 Each host is deployed by one run at a time (its deploy lock). A stage that must not run on a
 host is refused while planning: --dry shows why; a real run takes that host out before any
-change; both exit non-zero. With gpuhost_rollback=true a host is only rolled back to its last known good; a
-rollback an earlier run did not finish is finished, and nothing else done on that host (the run
-fails saying so; the next run applies host data).
+change; both exit non-zero. With gpuhost_rollback=true a host is only rolled back to its last
+known good; a rollback an earlier run did not finish is finished, and nothing else done on that
+host (the run fails saying so; the next run applies host data).
 """
 
 from pyinfra import host, inventory, state
