@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, Final
 
 from pyinfra.api import FactBase
@@ -45,11 +46,16 @@ QUERIES: Final = {
 }
 
 _SCRIPT: Final = """
-import json, sys, urllib.parse, urllib.request
-base, out = sys.argv[1], {}
-for arg in sys.argv[2:]:
+import json, sys, time, urllib.parse, urllib.request
+base, window, out = sys.argv[1], int(sys.argv[2]), {}
+now = time.time()
+for arg in sys.argv[3:]:
     name, _, query = arg.partition("=")
-    url = base + "/api/v1/query?query=" + urllib.parse.quote(query)
+    if window:
+        url = (base + "/api/v1/query_range?" + urllib.parse.urlencode(
+            {"query": query, "start": now - window, "end": now, "step": max(window // 120, 1)}))
+    else:
+        url = base + "/api/v1/query?query=" + urllib.parse.quote(query)
     try:
         with urllib.request.urlopen(url, timeout=10) as r:
             out[name] = json.load(r)["data"]["result"]
@@ -57,6 +63,18 @@ for arg in sys.argv[2:]:
         out[name] = {"error": type(exc).__name__ + ": " + str(exc)}
 print(json.dumps(out))
 """
+
+#: name -> PromQL of the picture's series, one per host, over the last hour.
+RANGES: Final = {
+    "tokens_per_s": "sum by (host) (rate(sglang:generation_tokens_total[2m]))",
+    "running": "sum by (host) (sglang:num_running_reqs)",
+    "power_pct": "100 * sum by (host) (DCGM_FI_DEV_POWER_USAGE) "
+                 "/ sum by (host) (DCGM_FI_DEV_POWER_MGMT_LIMIT)",
+    "sm_clock_pct": "100 * avg by (host) (DCGM_FI_DEV_SM_CLOCK) "
+                    "/ avg by (host) (DCGM_FI_DEV_MAX_SM_CLOCK)",
+}
+#: The picture's window (seconds): the last hour.
+WINDOW_S: Final = 3600
 
 
 class PrometheusAnswers(FactBase):
@@ -68,11 +86,15 @@ class PrometheusAnswers(FactBase):
         {"up": {"gpu1": 1.0, "gpu2": 0.0}, "tokens_per_s": {"gpu1": 221.4}, ...}
     """
 
+    queries: Mapping[str, str] = QUERIES
+    window = 0
+
     @override
     def command(self, port: int) -> str:
-        args = [f"{name}={query}" for name, query in QUERIES.items()]
+        args = [f"{name}={query}" for name, query in self.queries.items()]
         return " ".join(shlex.quote(a) for a in
-                        ["python3", "-c", _SCRIPT, f"http://127.0.0.1:{port}", *args])
+                        ["python3", "-c", _SCRIPT, f"http://127.0.0.1:{port}", str(self.window),
+                         *args])
 
     @override
     def process(self, output: Iterable[str]) -> dict[str, Any]:
@@ -85,8 +107,57 @@ class PrometheusAnswers(FactBase):
         for name, result in raw.items():
             if isinstance(result, dict):
                 return {"error": f"Prometheus did not answer {name}: {result.get('error')}"}
-            answers[name] = {r["metric"].get("host", "?"): float(r["value"][1]) for r in result}
+            answers[name] = {r["metric"].get("host", "?"): self._value(r) for r in result}
         return answers
+
+    @staticmethod
+    def _value(result: dict) -> Any:
+        return float(result["value"][1])
+
+
+class PrometheusHour(PrometheusAnswers):
+    """RANGES over the last hour (WINDOW_S): ``{name: {host: [(unix time, value), ...]}}``.
+
+    .. code:: python
+
+        {"tokens_per_s": {"gpu1": [(1764000000.0, 221.4), ...]}, ...}
+    """
+
+    queries = RANGES
+    window = WINDOW_S
+
+    @staticmethod
+    def _value(result: dict) -> Any:
+        return [(float(t), float(v)) for t, v in result["values"]]
+
+
+def plot(hour: Mapping[str, Mapping[str, list[tuple[float, float]]]], dest: Path) -> None:
+    """The last hour per host, in bench.png's style (operations/bench_report.py: matplotlib's
+    Agg, one panel per figure, a line per host): output tokens/s, requests running, GPU power
+    and SM clock as % of limit and maximum."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("tokens_per_s", "output tokens/s"), ("running", "requests running"),
+              ("power_pct", "GPU power, % of limit"), ("sm_clock_pct", "SM clock, % of max")]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 10), sharex=True,
+                             constrained_layout=True)
+    start = min((p[0] for series in hour.values() for points in series.values()
+                 for p in points[:1]), default=0.0)
+    for ax, (key, label) in zip(axes, panels):
+        for name, points in sorted(hour.get(key, {}).items()):
+            ax.plot([(t - start) / 60 for t, _ in points], [v for _, v in points], label=name)
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        if hour.get(key):
+            ax.legend(loc="upper left", fontsize="small")
+    axes[-1].set_xlabel("minutes over the last hour")
+    axes[0].set_title("The fleet over the last hour (Prometheus)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(dest, dpi=100)
+    plt.close(fig)
 
 
 def _duration(seconds: float) -> str:

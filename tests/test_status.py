@@ -77,3 +77,24 @@ def test_no_prometheus_says_so():
                          timeout=60, check=True)
     assert fact.process(out.stdout.splitlines())["error"].startswith(
         "Prometheus did not answer up: URLError")
+
+
+def test_the_picture_of_the_last_hour(tmp_path):
+    start = 1764000000.0
+    hour = {"tokens_per_s": {"gpu1": [(start + 60 * i, 200.0 + i) for i in range(60)],
+                             "gpu2": [(start + 60 * i, 0.0) for i in range(60)]},
+            "running": {"gpu1": [(start, 64.0), (start + 60, 64.0)]},
+            "power_pct": {}, "sm_clock_pct": {"gpu1": [(start, 99.6)]}}
+    dest = tmp_path / "status-results" / "fleet.png"
+    status.plot(hour, dest)
+    assert dest.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and dest.stat().st_size > 10000
+
+
+def test_the_hour_fact_reads_ranges():
+    fact = status.PrometheusHour()
+    assert " 3600 " in fact.command(port=9090) and "generation_tokens_total" in \
+        fact.command(port=9090)
+    out = [json.dumps({"tokens_per_s": [{"metric": {"host": "gpu1"},
+                                         "values": [[1764000000, "1.5"], [1764000060, "2"]]}]})]
+    assert fact.process(out) == {"tokens_per_s": {"gpu1": [(1764000000.0, 1.5),
+                                                           (1764000060.0, 2.0)]}}
