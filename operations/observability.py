@@ -116,12 +116,14 @@ def scrape_targets(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
 
 
 def node_exporter_args(listen: str, settings: Settings) -> str:
-    """The node exporter's command line (its ARGS in /etc/default/prometheus-node-exporter).
-    ``[.]`` rather than ``\\.``: systemd's EnvironmentFile reads backslashes in quotes."""
+    """The node exporter's command line (its ARGS in /etc/default/prometheus-node-exporter):
+    the units' start times too (status.py's uptime). ``[.]`` rather than ``\\.``: systemd's
+    EnvironmentFile reads backslashes in quotes."""
     units = "|".join(WATCHED_UNITS)
     return (f"--web.listen-address={_hostport(listen, settings.node_exporter_port)} "
             f"--collector.textfile.directory={TEXTFILE_DIR} "
-            f"--collector.systemd --collector.systemd.unit-include=({units})[.]service")
+            f"--collector.systemd --collector.systemd.unit-include=({units})[.]service "
+            "--collector.systemd.enable-start-time-metrics")
 
 
 def prometheus_args(settings: Settings) -> str:

@@ -108,7 +108,8 @@ def test_command_lines():
     assert observability.node_exporter_args("10.0.0.2", s) == (
         "--web.listen-address=10.0.0.2:9101 "
         "--collector.textfile.directory=/var/lib/prometheus/node-exporter --collector.systemd "
-        "--collector.systemd.unit-include=(sglang|sglang-gate|gpuhost-gpu-metrics)[.]service")
+        "--collector.systemd.unit-include=(sglang|sglang-gate|gpuhost-gpu-metrics)[.]service "
+        "--collector.systemd.enable-start-time-metrics")
 
 
 @pytest.mark.parametrize(("data", "message"), [

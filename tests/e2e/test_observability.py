@@ -65,7 +65,7 @@ def fleet(tmp_path_factory):
 
 
 def get(host: lab.Host, url: str) -> tuple[str, str]:
-    out = host.ssh(f"python3 -c {json.dumps(GET)} {url}", check=False)
+    out = host.ssh(f"python3 - '{url}' <<'EOF'\n{GET}EOF", check=False)
     status, _, body = out.partition("\n")
     return status.strip(), body
 
@@ -142,6 +142,12 @@ def test_no_metrics_endpoint_answers_a_stranger(fleet):
     assert f"{sw['gpu1']}:9100" in node and "*:9100" not in node
 
 
+def test_the_second_deploy_changes_nothing(fleet):
+    second = lab.deploy("--json", inventory=fleet["inventory"])
+    assert second.returncode == 0, second.output[-6000:]
+    assert changed(second) == []
+
+
 def test_a_stopped_server_fires_its_alert_and_a_restart_clears_it(fleet):
     gpu1 = fleet["hosts"]["gpu1"]
     gpu1.ssh("systemctl stop sglang.service")
@@ -157,9 +163,3 @@ def test_a_stopped_server_fires_its_alert_and_a_restart_clears_it(fleet):
     wait_for("SGLangServerDown cleared", lambda: not firing(fleet, "SGLangServerDown"),
              timeout=180)
     print(f"cleared {time.monotonic() - started:.0f} s after the start")
-
-
-def test_the_second_deploy_changes_nothing(fleet):
-    second = lab.deploy("--json", inventory=fleet["inventory"])
-    assert second.returncode == 0, second.output[-6000:]
-    assert changed(second) == []
