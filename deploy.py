@@ -7,12 +7,13 @@ Every host's data is validated before any host is touched. The hosts of the gpuh
 group also run the router in front of every serving host (operations/fleet.py); a router host
 with gpuhost_serving=False (a CPU-only VM) runs only the router, after a preflight of its own.
 Servers that restart then roll, out of the router one position at a time (operations/roll.py).
-The router's worker list is checked last, after every host's server stage. Each host is
-deployed by one run at a time (its deploy lock). A stage that must not run on a host is refused
-while planning: --dry shows why; a real run takes that host out before any change; both exit
-non-zero. With gpuhost_rollback=true a host is only rolled back to its last known good; a
-rollback an earlier run did not finish is finished, and nothing else done on that host (the run
-fails saying so; the next run applies host data).
+The router's worker list is checked after every host's server stage; then come each GPU host's
+node exporter and GPU readings, and Prometheus on a router host (operations/observability.py).
+Each host is deployed by one run at a time (its deploy lock). A stage that must not run on a
+host is refused while planning: --dry shows why; a real run takes that host out before any
+change; both exit non-zero. With gpuhost_rollback=true a host is only rolled back to its last
+known good; a rollback an earlier run did not finish is finished, and nothing else done on that
+host (the run fails saying so; the next run applies host data).
 """
 
 from pyinfra import host, inventory, state
@@ -23,6 +24,7 @@ from operations.driver_rollback import fail_if_rolled_back
 from operations.mlenv import mlenv
 from operations.nodes import node_role, nodes_env
 from operations.nvidia import nvidia
+from operations.observability import observability
 from operations.p2p import p2p
 from operations.plan import stop_if_refused
 from operations.preflight import preflight
@@ -65,5 +67,6 @@ if deploy_lock.held(settings):
         fail_if_rolled_back()
         if started is not None:
             router_check(settings, workers, started)
+        observability(fleet_settings, the_fleet)  # node exporter, GPU readings, Prometheus
 stop_if_refused()
 planned_facts.save()

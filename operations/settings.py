@@ -27,6 +27,7 @@ from operations.node_group import check_groups
 from operations.p2p_policy import NO_P2P_FLAGS as P2P_SERVER_FLAGS
 from operations.run_exit import end_run
 from operations.sglang import (
+    ALWAYS_FLAGS,
     OWNED_FLAGS,
     FlagError,
     check_server_args,
@@ -207,6 +208,17 @@ class Settings:
     router_wait_timeout: int = 300
     roll_size: int = 1
     roll_drain_timeout: int = 120
+    # Observability (operations/observability.py): metrics, Prometheus, alert rules
+    #: True/False: this router host runs the fleet's Prometheus or not; None: the first one does
+    prometheus: bool | None = None
+    prometheus_port: int = 9090
+    prometheus_retention_days: int = 15
+    prometheus_retention_gib: int = 10
+    node_exporter_port: int = 9100
+    gpu_metrics_interval: int = 15
+    alert_ttft_p99: float = 10.0
+    alert_itl_p99: float = 0.5
+    alert_kv_cache_usage: float = 0.95
 
     @property
     def model_is_local(self) -> bool:
@@ -569,6 +581,23 @@ RULES: Final[Mapping[str, _Rule]] = {
     "router_wait_timeout": _int_between(10, 86400),
     "roll_size": _int_between(1, 1024),
     "roll_drain_timeout": _int_between(1, 86400),
+    "prometheus": _Rule(lambda v: v is None or isinstance(v, bool),
+                        "True (this router host runs the fleet's Prometheus), False, or None "
+                        "(the first host of the gpuhost_router group does)"),
+    "prometheus_port": _int_between(1024, 65535),
+    # Prometheus' own flags: --storage.tsdb.retention.time (its default 15d) and
+    # --storage.tsdb.retention.size; both bound the disk it takes, whichever is reached first.
+    "prometheus_retention_days": _int_between(1, 3650),
+    "prometheus_retention_gib": _int_between(1, 10240),
+    "node_exporter_port": _int_between(1024, 65535),
+    "gpu_metrics_interval": _int_between(5, 3600),
+    "alert_ttft_p99": _Rule(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                            and 0 < v <= 3600, "a number of seconds above 0, at most 3600"),
+    "alert_itl_p99": _Rule(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                           and 0 < v <= 60, "a number of seconds above 0, at most 60"),
+    "alert_kv_cache_usage": _Rule(lambda v: isinstance(v, float) and 0.0 < v <= 1.0,
+                                  "a float above 0, at most 1 (the share of the KV cache's "
+                                  "tokens in use, sglang:token_usage)"),
     "bench_input_len": _int_between(1, 1 << 20),
     "bench_output_len": _int_between(1, 1 << 20),
     "bench_prompts": _int_between(1, 1 << 20),
@@ -796,6 +825,22 @@ HELP: Final[Mapping[str, str]] = {
     "roll_drain_timeout": (
         "seconds a host out of the router is waited for until its in-flight requests are done; "
         "past that it restarts anyway"),
+    "prometheus": (
+        "on a router host: True runs the fleet's Prometheus there, False not; None: the first "
+        "host of the gpuhost_router group runs it (docs/observability.md)"),
+    "prometheus_port": "Prometheus' port on its host's loopback (its UI: an SSH tunnel)",
+    "prometheus_retention_days": "days of metrics Prometheus keeps",
+    "prometheus_retention_gib": (
+        "GiB of disk Prometheus' data may take; the oldest data goes first"),
+    "node_exporter_port": (
+        "the node exporter's port on a GPU host (its fleet address, or the loopback where "
+        "Prometheus runs on the same host)"),
+    "gpu_metrics_interval": (
+        "seconds between two readings of nvidia-smi for the GPU metrics (DCGM exporter's names)"),
+    "alert_ttft_p99": "seconds: a p99 time to first token above this fires SGLangTTFTHigh",
+    "alert_itl_p99": "seconds: a p99 inter-token latency above this fires SGLangITLHigh",
+    "alert_kv_cache_usage": (
+        "share of the KV cache in use above which SGLangKVCacheNearFull fires"),
 }
 
 
@@ -1101,6 +1146,12 @@ def _check_server_flags(host: str, s: Settings) -> None:
                 "read from the key, so a second spelling would run unchecked): set "
                 f"{keys} instead (null leaves an optional flag out)",
             )
+        if any(flag in arg.flags for flag in ALWAYS_FLAGS):
+            raise _fail(
+                host, "server_extra_args", list(s.server_extra_args),
+                f"no flag gpuhost sets itself ({token} is {arg.flags[0]}, which every server "
+                "gets): leave it out",
+            )
         if arg.flags in rendered:
             raise _fail(
                 host, "server_extra_args", list(s.server_extra_args),
@@ -1263,11 +1314,27 @@ def _check_serving(host: str, s: Settings) -> None:
                     "node serves its ranks of the group's model")
 
 
+def _check_observability_ports(host: str, s: Settings) -> None:
+    """Prometheus (on the loopback of its host) and the node exporter (on the fleet address or
+    the loopback) listen beside the server, its gate, the router and the router's metrics: no
+    two of them on one port."""
+    taken = {ROUTER_METRICS_PORT: "the router's metrics (127.0.0.1)"}
+    for key in ("server_port", "server_backend_port", "router_port", "router_backend_port"):
+        taken.setdefault(getattr(s, key), PREFIX + key)
+    for key in ("prometheus_port", "node_exporter_port"):
+        port = getattr(s, key)
+        if port in taken:
+            raise _fail(host, key, port, f"a port other than {taken[port]}'s ({port}): "
+                        f"{'Prometheus' if key == 'prometheus_port' else 'the node exporter'} "
+                        "listens there")
+        taken[port] = PREFIX + key
+
+
 #: The checks of settings against each other: each runs, so that every problem is reported.
 _TOGETHER: Final = (_check_bench, _check_tensor_parallel, _check_flavour, _check_driver,
                     _check_mok, _check_server_exposure, _check_router_exposure,
                     _check_dist_init_port, _check_venv_path, _check_lock,
-                    _check_sweep, _check_serving)
+                    _check_sweep, _check_serving, _check_observability_ports)
 #: The checks of the host's GPUs, driver, ML venv and server: a host that serves no model
 #: (``gpuhost_serving = False``) skips them, and those keys have no effect there (group data
 #: such as group_data/all.py may set them for every host of the inventory).

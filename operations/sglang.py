@@ -47,6 +47,11 @@ OWNED_FLAGS: Final = {
 }
 
 
+#: Flags every server gets, owned by no key: ``--enable-metrics`` (Prometheus' /metrics, which
+#: operations/observability.py scrapes). gpuhost_server_extra_args may not name them either.
+ALWAYS_FLAGS: Final = ("--enable-metrics",)
+
+
 class ServerKeys(Protocol):
     """What :func:`server_args` reads of the host settings (operations.settings.Settings has
     each): a protocol of its own, so that this module needs nothing of settings, which imports
@@ -116,7 +121,9 @@ def server_args(settings: ServerKeys, role: NodeFlags | None = None) -> list[str
     The model is the local folder (``settings.model_path``) the weights were downloaded to.
     When the server is public (``settings.server_is_public``) it binds 127.0.0.1 on
     ``gpuhost_server_backend_port`` behind the API key gate; sglang never gets the key (it logs
-    its arguments and /server_info returns them).
+    its arguments and /server_info returns them). ``--enable-metrics`` is always on (sglang
+    0.5.9's store_true flag, locks/sglang-0.5.9.args.json): /metrics answers on the same bind,
+    so it is as closed to clients as the API.
 
     ``role`` (operations/node_group.py), for a node of a server across hosts, adds --nnodes,
     --node-rank and --dist-init-addr after the tensor (and pipeline) parallel size."""
@@ -153,6 +160,9 @@ def server_args(settings: ServerKeys, role: NodeFlags | None = None) -> list[str
     args += [a for flag, value in optional if value is not None for a in (flag, value)]
     if s.enable_flashinfer_allreduce_fusion:
         args.append("--enable-flashinfer-allreduce-fusion")
+    # Prometheus' /metrics on the server's own port (operations/observability.py scrapes it):
+    # on the loopback, or behind the API key gate where the server is public.
+    args += ALWAYS_FLAGS
     host, port = ("127.0.0.1", s.server_backend_port) if s.server_is_public \
         else (s.server_host, s.server_port)
     args += ["--host", host, "--port", str(port), *s.server_extra_args]

@@ -70,6 +70,9 @@ class Sample:
     util_mem_pct: float | None
     temperature_c: float | None
     reasons: frozenset[str] | None
+    #: ``clocks_event_reasons.active``: NVML's bit mask of every reason (the value DCGM calls
+    #: DCGM_FI_DEV_CLOCKS_EVENT_REASONS); None where not asked for or not reported
+    reasons_active: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,11 @@ def _number(text: str) -> float | None:
     if text in _MISSING:
         return None
     return float(text.split()[0])  # "76.15 W" when units are kept
+
+
+def _mask(text: str) -> int | None:
+    text = text.strip()
+    return None if text in _MISSING else int(text, 16)
 
 
 def parse_query(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> list[Sample]:
@@ -123,6 +131,7 @@ def parse_query(text: str, fields: tuple[str, ...] = QUERY_FIELDS) -> list[Sampl
                 temperature_c=_number(row.get("temperature.gpu", "")),
                 reasons=frozenset(r for r, v in known.items() if v == "Active")
                 if known else None,
+                reasons_active=_mask(row.get("clocks_event_reasons.active", "")),
             ))
         except (ValueError, KeyError) as exc:
             if number == len(lines):

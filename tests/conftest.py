@@ -22,6 +22,41 @@ def command_output(text: str, command: str) -> list[str]:
     return lines[start:end]
 
 
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """The real promtool (Debian's prometheus package): on PATH, or put in .venv/bin by
+    bin/setup. Missing, the test fails: the alert rules are checked by nothing else."""
+    import shutil
+    import sys
+
+    found = shutil.which("promtool") or shutil.which("promtool", path=str(Path(sys.executable)
+                                                                         .parent))
+    if found is None:
+        pytest.fail("promtool not found: run bin/setup (it takes promtool out of Debian's "
+                    "prometheus package into .venv/bin)")
+    return found
+
+
+#: promtool's lint findings that the names themselves cause where they are another project's,
+#: kept as that project wrote them: sglang's colons, DCGM exporter's UUID and modelName labels.
+FOREIGN_NAME_LINTS = ("metric names should not contain ':'",
+                      "label names should be written in 'snake_case' not 'camelCase'")
+
+
+def promtool_check_metrics(promtool: str, text: str) -> list[str]:
+    """``promtool check metrics`` on an exposition text: [] when it parses and lints clean but
+    for FOREIGN_NAME_LINTS, else promtool's words (exit 1: it does not parse; 3: lint)."""
+    import subprocess
+
+    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                          text=True, check=False)
+    findings = [line for line in done.stderr.splitlines()
+                if not line.endswith(FOREIGN_NAME_LINTS)]
+    if done.returncode not in (0, 3) or findings:
+        return findings or [f"promtool exited {done.returncode}: {done.stderr}{done.stdout}"]
+    return []
+
 # --- no secret in the suite's own output (tests/secret_guard.py) ---------------------------------
 
 from tests.secret_guard import GUARD  # noqa: E402

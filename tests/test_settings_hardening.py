@@ -203,7 +203,8 @@ def test_extra_args_cannot_name_a_flag_a_key_owns_even_when_the_key_is_unset(
 
 
 def test_every_flag_gpuhost_renders_is_owned_by_a_key():
-    from operations.sglang import OWNED_FLAGS, flags_named, load_parser_spec, server_args
+    from operations.sglang import (ALWAYS_FLAGS, OWNED_FLAGS, flags_named, load_parser_spec,
+                                   server_args)
     from operations.settings import Settings
 
     spec = load_parser_spec("0.5.9")
@@ -213,10 +214,18 @@ def test_every_flag_gpuhost_renders_is_owned_by_a_key():
                      moe_runner_backend="flashinfer_cutlass", reasoning_parser="glm45",
                      tool_call_parser="glm47", trust_remote_code=True,
                      enable_flashinfer_allreduce_fusion=True)
-    owned = {arg.flags for _, arg in flags_named(list(OWNED_FLAGS), spec)}
+    owned = {arg.flags for _, arg in flags_named([*OWNED_FLAGS, *ALWAYS_FLAGS], spec)}
     rendered = {arg.flags for _, arg in flags_named(server_args(every), spec)}
     assert rendered <= owned
     assert all(k in Settings.__dataclass_fields__ for keys in OWNED_FLAGS.values() for k in keys)
+
+
+@pytest.mark.parametrize("extra", [["--enable-metrics"], ["--log-level", "info", "--enable-metrics"]])
+def test_extra_args_may_not_name_the_metrics_flag_every_server_gets(extra):
+    with pytest.raises(SettingsError) as err:
+        settings(gpuhost_server_extra_args=extra)
+    assert "no flag gpuhost sets itself (--enable-metrics is --enable-metrics, which every server " \
+        "gets): leave it out" in str(err.value)
 
 
 @pytest.mark.parametrize("text", ["None", "null"])

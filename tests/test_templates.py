@@ -56,6 +56,9 @@ def test_unit_is_the_reference_launch(settings):
     reference[reference.index("--kv-cache-dtype") + 1] = "fp8_e4m3"
     at = reference.index("--fp8-gemm-backend") + 2
     reference[at:at] = ["--fp4-gemm-backend", "flashinfer_cutlass"]
+    # Prometheus metrics on the server's own (loopback or gated) port: issue #32.
+    at = reference.index("--host")
+    reference[at:at] = ["--enable-metrics"]
     assert words[1:-1] == reference
 
 

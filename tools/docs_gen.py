@@ -64,6 +64,8 @@ STAGES: dict[str, tuple[str, str]] = {
     "fleet": ("Router", "fleet.md"),
     "router": ("Router", "fleet.md"),
     "roll": ("Roll", "fleet.md"),
+    "observability": ("Observability", "observability.md"),
+    "status": ("Observability", "observability.md"),
     "bench": ("bench.py", "bench.md"),
     "bench_fleet": ("bench.py", "bench.md"),
     "sweep": ("bench.py", "bench.md"),
@@ -71,7 +73,7 @@ STAGES: dict[str, tuple[str, str]] = {
 
 #: Stage order on the page: deploy.py's order, then bench.py.
 STAGE_ORDER = ("the run (deploy.py)", "Preflight", "Stack", "NVIDIA", "ML venv", "P2P",
-               "SGLang server", "Router", "Roll", "Rollback", "bench.py")
+               "SGLang server", "Router", "Roll", "Observability", "Rollback", "bench.py")
 
 #: The expressions through which the code reads a host's settings.
 _SETTINGS_BASE = re.compile(r"(settings|s|fleet_settings)(\[.*\])?$")

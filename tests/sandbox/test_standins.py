@@ -1008,3 +1008,97 @@ def test_a_driver_release_whose_module_never_loads(repo, tmp_path):
     assert "could not insert 'nvidia': Unknown symbol in module" in broken
     assert "loaded-version" in broken and "cp " not in broken
     assert nvidia_repo.MODULE_FAILS_TO_LOAD == ("590.44.01",)
+
+
+def _sglang_metric_names() -> set[str]:
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.9-metric-names.txt"
+    return {line for line in path.read_text().splitlines() if line and not line.startswith("#")}
+
+
+def _families(text: str) -> dict[str, str]:
+    """Each family of an exposition text with its TYPE; a counter's family as prometheus_client
+    names it (without _total), its samples with it."""
+    return {m[1]: m[2] for m in re.finditer(r"^# TYPE (\S+) (\S+)$", text, re.M)}
+
+
+def test_sglang_metrics_are_the_real_servers_names_in_prometheus_format(sglang_env, promtool):
+    """GET /metrics with --enable-metrics: every family one sglang 0.5.9 defines, the text
+    accepted by the real promtool, and a streamed completion counted (tokens, requests, the
+    TTFT histogram); without the flag, 404 as the real server (no route)."""
+    port = _free_port()
+    env = sglang_env("reference-lab")
+    proc = subprocess.Popen([PYTHON, "-m", "sglang.launch_server", "--model", "x",
+                             "--served-model-name", "glm-5", "--tp", "8", "--host", "127.0.0.1",
+                             "--port", str(port), "--enable-metrics"],
+                            stderr=subprocess.DEVNULL, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.1)
+        before = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+        body = {"prompt": "one two three", "stream": True, "max_tokens": 4, "ignore_eos": True}
+        req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=30).read()
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            text = r.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    from tests.conftest import promtool_check_metrics
+
+    # sglang's own names' colons are allowed (Prometheus reserves them for recording rules)
+    assert promtool_check_metrics(promtool, text) == []
+    real = _sglang_metric_names()
+    families = _families(text)
+    for family, kind in families.items():
+        assert family in real or family + "_total" in real, family
+    assert {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+            "sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
+            "sglang:generation_tokens"} <= set(families)
+
+    def value(sample: str, in_text: str) -> float:
+        (line,) = [ln for ln in in_text.splitlines() if ln.startswith(sample)]
+        return float(line.rsplit(" ", 1)[1])
+
+    # the warmup request the server sends itself counts too: compare with the reading before
+    generated = 'sglang:generation_tokens_total{model_name="glm-5"}'
+    assert value(generated, text) - value(generated, before) == 4
+    requests = 'sglang:num_requests_total{model_name="glm-5"}'
+    assert value(requests, text) - value(requests, before) == 1
+    ttft = 'sglang:time_to_first_token_seconds_count{model_name="glm-5"}'
+    assert value(ttft, text) - value(ttft, before) == 1
+
+
+def test_sglang_metrics_need_the_flag(sglang_env):
+    port = _free_port()
+    proc = subprocess.Popen([PYTHON, "-m", "sglang.launch_server", "--model", "x",
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            stderr=subprocess.DEVNULL, env=sglang_env())
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.1)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(url + "/metrics", timeout=5)
+        assert err.value.code == 404
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -46,6 +46,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from sglang._standin import nodes
+from sglang._standin.metrics import METRICS
 from sglang._standin.args import build_parser, load_spec, server_args
 from sglang.version import __version__
 
@@ -479,12 +480,7 @@ class Handler(BaseHTTPRequestHandler):
     def metrics(self):
         if not self.state.args.get("enable_metrics"):
             return self._send(404, {"detail": "Not Found"})
-        name = self.state.args["served_model_name"]
-        text = (
-            "# HELP sglang:num_running_reqs The number of running requests.\n"
-            "# TYPE sglang:num_running_reqs gauge\n"
-            f'sglang:num_running_reqs{{model_name="{name}"}} 0.0\n'
-        )
+        text = METRICS.render(self.state.args)
         self._send(200, text.encode(), content_type="text/plain; version=0.0.4; charset=utf-8")
 
     def _generation_allowed(self):
@@ -533,6 +529,7 @@ class Handler(BaseHTTPRequestHandler):
             "prompt_tokens_details": None,
             "reasoning_tokens": count_tokens(reasoning or ""),
         }
+        METRICS.served(prompt_tokens, len(tokens))
         if req.get("stream"):
             return self._stream_chat(
                 rid,
@@ -628,6 +625,7 @@ class Handler(BaseHTTPRequestHandler):
             else len(req["prompt"])
         if req.get("stream"):
             return self._stream_completion(req, tokens, finish, prompt_tokens)
+        METRICS.served(prompt_tokens, len(tokens))
         self._send(
             200,
             {
@@ -679,6 +677,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         LOAD.change(+1)
+        measured = METRICS.request(prompt_tokens)
         try:
             for i, token in enumerate(tokens):
                 if table:
@@ -686,11 +685,13 @@ class Handler(BaseHTTPRequestHandler):
                 chunk(token, finish if i == len(tokens) - 1 else None,
                       {"prompt_tokens": prompt_tokens, "completion_tokens": i + 1,
                        "total_tokens": prompt_tokens + i + 1})
+                measured.token()
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
         except OSError:
             pass
         finally:
+            measured.finish()
             LOAD.change(-1)
 
     def generate(self):
@@ -702,6 +703,7 @@ class Handler(BaseHTTPRequestHandler):
         prompt_tokens = len(ids) if isinstance(ids, list) else count_tokens(req.get("text") or "")
         if req.get("stream"):
             return self._stream_generate(params, tokens, finish, prompt_tokens)
+        METRICS.served(prompt_tokens, len(tokens))
         self._send(
             200,
             {
@@ -741,6 +743,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.close_connection = True
         LOAD.change(+1)
+        measured = METRICS.request(prompt_tokens)
         try:
             for i in range(len(tokens)):
                 if table:
@@ -755,11 +758,13 @@ class Handler(BaseHTTPRequestHandler):
                                       "weight_version": "default"}}
                 self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
                 self.wfile.flush()
+                measured.token()
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
         except OSError:
             pass
         finally:
+            measured.finish()
             LOAD.change(-1)
 
 

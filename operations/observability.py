@@ -1,0 +1,245 @@
+"""See the fleet while it serves: GPU metrics under DCGM exporter's names from the node exporter
+on every GPU host, and Prometheus with gpuhost's alert rules on a router host, scraping every
+server, the router and every node exporter.
+
+What is measured where (docs/observability.md):
+
+- each SGLang server: its own ``/metrics`` (``--enable-metrics``, operations/sglang.py), on the
+  bind the router reaches it at (the router's worker URL, operations/fleet.py): the API key gate
+  in front admits the router hosts' fleet addresses, so the Prometheus on a router host scrapes
+  it as the router does, and anyone else needs the key; a loopback server only from its host;
+- the router (smg 1.13.0): its metrics on 127.0.0.1:29000 of its host (operations/router.py);
+- each GPU host: Debian's and Ubuntu's ``prometheus-node-exporter`` (1.5.0 in Debian 12), with
+  its textfile collector reading what operations/files/gpu_metrics.py writes from nvidia-smi
+  every ``gpuhost_gpu_metrics_interval`` seconds (a systemd timer), and its systemd collector
+  the server's units (failed: the health gate refused a start). It listens on the host's
+  ``gpuhost_fleet_address`` where the Prometheus host is another, else on the loopback;
+- Prometheus (the ``prometheus`` package, 2.42 in Debian 12, 2.45 in Ubuntu 24.04): on the
+  loopback of its host (``gpuhost_prometheus_port``; its UI through an SSH tunnel), data kept
+  ``gpuhost_prometheus_retention_days`` days and at most ``gpuhost_prometheus_retention_gib``
+  GiB (Prometheus' size units are powers of two: its ``--storage.tsdb.retention.size`` help).
+
+The packages start their service at installation, with their defaults: the node exporter on
+every interface (``:9100``, its ``--help``), Prometheus too (``0.0.0.0:9090``). So a unit is
+masked before its package is installed and unmasked once its /etc/default file (a conffile of
+the package, kept by later upgrades under --force-confold) names gpuhost's addresses.
+
+Scrape targets are file_sd files (/etc/prometheus/gpuhost-targets/<job>.json) that Prometheus
+rereads when they change: a fleet that changes needs no restart. Every target has a ``host``
+label, the inventory's name; a server target also ``worker_url``, the URL its router uses
+(the HostMissingFromRouter rule compares it with smg's ``smg_worker_health{worker=...}``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from io import StringIO
+from typing import Final
+from urllib.parse import urlsplit
+
+from pyinfra import host
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import Link
+from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.operations import apt, files, server, systemd
+
+from operations import LIB_DIR, REPO_ROOT
+from operations.fleet import Fleet
+from operations.plan import fact
+from operations.run_exit import end_run
+from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
+
+NODE_EXPORTER: Final = "prometheus-node-exporter"
+NODE_EXPORTER_DEFAULTS: Final = "/etc/default/prometheus-node-exporter"
+#: Debian's build of the node exporter reads this folder by default (its --help).
+TEXTFILE_DIR: Final = "/var/lib/prometheus/node-exporter"
+GPU_METRICS_FILE: Final = f"{TEXTFILE_DIR}/gpuhost-gpu.prom"
+GPU_METRICS_UNIT: Final = "gpuhost-gpu-metrics"
+#: The units the node exporter's systemd collector reports (the server, its gate, the readings).
+WATCHED_UNITS: Final = ("sglang", "sglang-gate", GPU_METRICS_UNIT)
+PROMETHEUS: Final = "prometheus"
+PROMETHEUS_DEFAULTS: Final = "/etc/default/prometheus"
+PROMETHEUS_CONFIG: Final = "/etc/prometheus/prometheus.yml"
+RULES_DIR: Final = "/etc/prometheus/gpuhost-rules"
+TARGETS_DIR: Final = "/etc/prometheus/gpuhost-targets"
+JOBS: Final = ("sglang", "smg", "node")
+
+
+def prometheus_hosts(fleet: Fleet, settings: Mapping[str, Settings]) -> tuple[str, ...]:
+    """The router hosts that run a Prometheus: those with ``gpuhost_prometheus = True``, else
+    the first whose ``gpuhost_prometheus`` is not False. Raises ValueError naming each host that
+    asks for one outside the ``gpuhost_router`` group (only the router hosts' addresses are
+    admitted by the workers' gates without the key)."""
+    problems = [f"host {name}: {PREFIX}prometheus = True is not allowed outside the "
+                "gpuhost_router group: the workers' API key gates admit the router hosts' "
+                "addresses only; put it on a router host, or None"
+                for name, s in settings.items() if s.prometheus and name not in fleet.routers]
+    if problems:
+        raise ValueError("\n".join(problems))
+    chosen = tuple(r for r in fleet.routers if settings[r].prometheus)
+    if chosen:
+        return chosen
+    return tuple(r for r in fleet.routers if settings[r].prometheus is None)[:1]
+
+
+def node_listen(name: str, settings: Mapping[str, Settings], prometheus: tuple[str, ...]) -> str:
+    """Where a GPU host's node exporter listens: its fleet address where a Prometheus on
+    another host scrapes it, else its loopback."""
+    s = settings[name]
+    others = [p for p in prometheus if p != name]
+    return s.fleet_address if others and s.fleet_address else "127.0.0.1"
+
+
+def _hostport(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def scrape_targets(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
+                   prometheus: tuple[str, ...]) -> dict[str, list[dict]]:
+    """file_sd target groups of the Prometheus on host ``prom``, by job: its router's workers
+    at the router's URLs (``worker_url``), its own router's metrics on the loopback, and every
+    GPU host's node exporter (those without a fleet address, other than ``prom``, are left
+    out: nothing reaches them)."""
+    servers = [{"targets": [urlsplit(w.url).netloc], "labels": {"host": w.name,
+                                                                "worker_url": w.url}}
+               for w in fleet.workers_of(prom)]
+    router = [{"targets": [_hostport("127.0.0.1", ROUTER_METRICS_PORT)], "labels": {"host": prom}}]
+    nodes = []
+    for name, s in settings.items():
+        if not s.serving or (name != prom and not s.fleet_address):
+            continue
+        listen = "127.0.0.1" if name == prom else node_listen(name, settings, prometheus)
+        nodes.append({"targets": [_hostport(listen, s.node_exporter_port)],
+                      "labels": {"host": name}})
+    return {"sglang": servers, "smg": router, "node": nodes}
+
+
+def node_exporter_args(listen: str, settings: Settings) -> str:
+    """The node exporter's command line (its ARGS in /etc/default/prometheus-node-exporter):
+    the units' start times too (status.py's uptime). ``[.]`` rather than ``\\.``: systemd's
+    EnvironmentFile reads backslashes in quotes."""
+    units = "|".join(WATCHED_UNITS)
+    return (f"--web.listen-address={_hostport(listen, settings.node_exporter_port)} "
+            f"--collector.textfile.directory={TEXTFILE_DIR} "
+            f"--collector.systemd --collector.systemd.unit-include=({units})[.]service "
+            "--collector.systemd.enable-start-time-metrics")
+
+
+def prometheus_args(settings: Settings) -> str:
+    """Prometheus' command line (its ARGS in /etc/default/prometheus)."""
+    return (f"--config.file={PROMETHEUS_CONFIG} "
+            f"--web.listen-address=127.0.0.1:{settings.prometheus_port} "
+            f"--storage.tsdb.retention.time={settings.prometheus_retention_days}d "
+            f"--storage.tsdb.retention.size={settings.prometheus_retention_gib}GB")
+
+
+def thresholds_context(settings: Settings) -> dict:
+    """What templates/gpuhost-thresholds.yml.j2 is rendered with."""
+    return {"ttft_p99": float(settings.alert_ttft_p99), "itl_p99": float(settings.alert_itl_p99),
+            "kv_cache_usage": float(settings.alert_kv_cache_usage)}
+
+
+def prometheus_context(prom: str, settings: Settings) -> dict:
+    """What templates/prometheus.yml.j2 is rendered with."""
+    return {"host": prom, "port": settings.prometheus_port, "rules_dir": RULES_DIR,
+            "targets_dir": TARGETS_DIR, "jobs": JOBS}
+
+
+def _installed_quietly(package: str, unit: str, defaults: str, args: str):
+    """``package`` installed with its service held (masked) until ``defaults`` (its
+    /etc/default file) holds ``args``; returns that file's operation."""
+    installed = fact(DebPackages) or {}
+    unit_file = f"/etc/systemd/system/{unit}.service"
+    masked = (fact(Link, path=unit_file) or {}).get("link_target") == "/dev/null"
+    fresh = package not in installed
+    if fresh and not masked:
+        server.shell(name=f"Hold {unit} back until it is configured",
+                     commands=[f"systemctl mask {unit}.service"])
+    apt.packages(name=f"{package} (Debian's and Ubuntu's package)", packages=[package],
+                 no_recommends=True, update=fresh)
+    written = files.put(name=f"{defaults}: gpuhost's addresses",
+                        src=StringIO("# Managed by gpuhost from host data; edit the inventory, "
+                                     f"not this file.\nARGS=\"{args}\"\n"),
+                        dest=defaults, mode="644")
+    if fresh or masked:
+        server.shell(name=f"Release {unit}", commands=[f"systemctl unmask {unit}.service"])
+    return written
+
+
+def _running(unit: str) -> bool:
+    return bool(fact(SystemdStatus, services=f"{unit}.service").get(f"{unit}.service"))
+
+
+def node_exporter(name: str, settings: Mapping[str, Settings],
+                  prometheus: tuple[str, ...]) -> None:
+    """The node exporter and the GPU readings on a GPU host."""
+    s = settings[name]
+    files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
+    shipped = [files.put(name=f"Ship {dest}", src=str(REPO_ROOT / src), dest=f"{LIB_DIR}/{dest}",
+                         mode="644", create_remote_dir=False)
+               for src, dest in (("operations/telemetry.py", "telemetry.py"),
+                                 ("operations/files/gpu_metrics.py", "gpu_metrics.py"))]
+    listen = node_listen(name, settings, prometheus)
+    defaults = _installed_quietly(NODE_EXPORTER, NODE_EXPORTER, NODE_EXPORTER_DEFAULTS,
+                                  node_exporter_args(listen, s))
+    context = {"lib_dir": LIB_DIR, "output": GPU_METRICS_FILE, "textfile_dir": TEXTFILE_DIR,
+               "interval": s.gpu_metrics_interval}
+    units = [files.template(name=f"Unit {GPU_METRICS_UNIT}.{kind}",
+                            src=str(REPO_ROOT / "templates" / f"{GPU_METRICS_UNIT}.{kind}.j2"),
+                            dest=f"/etc/systemd/system/{GPU_METRICS_UNIT}.{kind}", mode="644",
+                            **context)
+             for kind in ("service", "timer")]
+    running = _running(NODE_EXPORTER)
+    systemd.service(name=f"Start {NODE_EXPORTER}", service=f"{NODE_EXPORTER}.service",
+                    running=True, enabled=True, restarted=defaults.will_change and running)
+    systemd.service(name=f"Start {GPU_METRICS_UNIT}.timer", service=f"{GPU_METRICS_UNIT}.timer",
+                    running=True, enabled=True,
+                    restarted=any(op.will_change for op in [*units, *shipped]),
+                    daemon_reload=any(u.will_change for u in units))
+
+
+def prometheus(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
+               prometheus_on: tuple[str, ...]) -> None:
+    """Prometheus on router host ``prom``: its configuration, gpuhost's alert rules and the
+    thresholds from host data, the targets; reloaded when the configuration or the rules
+    change, restarted when its command line does."""
+    s = settings[prom]
+    defaults = _installed_quietly(PROMETHEUS, PROMETHEUS, PROMETHEUS_DEFAULTS,
+                                  prometheus_args(s))
+    for folder in (RULES_DIR, TARGETS_DIR):
+        files.directory(name=f"{folder}", path=folder, mode="755")
+    config = files.template(name=f"{PROMETHEUS_CONFIG}: gpuhost's jobs",
+                            src=str(REPO_ROOT / "templates" / "prometheus.yml.j2"),
+                            dest=PROMETHEUS_CONFIG, mode="644", **prometheus_context(prom, s))
+    rules = files.put(name="Alert rules", src=str(REPO_ROOT / "templates" / "gpuhost-alerts.yml"),
+                      dest=f"{RULES_DIR}/gpuhost-alerts.yml", mode="644",
+                      create_remote_dir=False)
+    limits = files.template(name="Alert thresholds from host data",
+                            src=str(REPO_ROOT / "templates" / "gpuhost-thresholds.yml.j2"),
+                            dest=f"{RULES_DIR}/gpuhost-thresholds.yml", mode="644",
+                            **thresholds_context(s))
+    for job, groups in scrape_targets(prom, fleet, settings, prometheus_on).items():
+        files.put(name=f"Scrape targets: {job}",
+                  src=StringIO(json.dumps(groups, indent=2, sort_keys=True) + "\n"),
+                  dest=f"{TARGETS_DIR}/{job}.json", mode="644", create_remote_dir=False)
+    running = _running(PROMETHEUS)
+    systemd.service(name=f"Start {PROMETHEUS}", service=f"{PROMETHEUS}.service", running=True,
+                    enabled=True, restarted=defaults.will_change and running,
+                    reloaded=running and not defaults.will_change
+                    and any(op.will_change for op in (config, rules, limits)))
+
+
+def observability(settings: Mapping[str, Settings], fleet: Fleet) -> None:
+    """This host's part: the node exporter where it serves a model, Prometheus where it is
+    the Prometheus host. Ends the run (before any host is touched, at the first host's
+    planning) where ``gpuhost_prometheus`` names a host outside the router group."""
+    try:
+        prometheus_on = prometheus_hosts(fleet, settings)
+    except ValueError as exc:
+        end_run("gpuhost: observability refused, no host was touched:\n  - "
+                + str(exc).replace("\n", "\n  - "))
+    if settings[host.name].serving:
+        node_exporter(host.name, settings, prometheus_on)
+    if host.name in prometheus_on:
+        prometheus(host.name, fleet, settings, prometheus_on)

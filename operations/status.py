@@ -1,0 +1,215 @@
+"""The fleet's state from its Prometheus, as status.py prints it: one line per host and one for
+the fleet. Nothing on any host changes: the Prometheus host is asked through its HTTP API on its
+loopback (``/api/v1/query``, one instant query per figure), with the host's python3.
+
+Figures, each per host (the ``host`` label every target has, operations/observability.py):
+serving (``up`` of the server's target), the server's uptime (the node exporter's
+``node_systemd_unit_start_time_seconds`` of sglang.service), requests and output tokens per
+second over the last 5 minutes (sglang's ``num_requests_total`` and ``generation_tokens_total``),
+the GPUs' power against their limit (DCGM_FI_DEV_POWER_USAGE over DCGM_FI_DEV_POWER_MGMT_LIMIT,
+all GPUs of the host together) and the clock event reasons seen on any GPU (NVML's bits).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+#: NVML's clock event reason bits (nvmlClocksEventReasons; DCGM_FI_DEV_CLOCKS_EVENT_REASONS),
+#: gpu_idle (0x1) left out: an idle GPU is not held back.
+REASON_BITS: Final = {
+    "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
+    "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+}
+
+#: name -> PromQL, one value per host.
+QUERIES: Final = {
+    "up": 'max by (host) (up{job="sglang"})',
+    "uptime_s": 'max by (host) (time() - node_systemd_unit_start_time_seconds'
+                '{name="sglang.service"} > 0)',
+    "requests_per_s": "sum by (host) (rate(sglang:num_requests_total[5m]))",
+    "tokens_per_s": "sum by (host) (rate(sglang:generation_tokens_total[5m]))",
+    "power_w": "sum by (host) (DCGM_FI_DEV_POWER_USAGE)",
+    "power_limit_w": "sum by (host) (DCGM_FI_DEV_POWER_MGMT_LIMIT)",
+    "gpus": "count by (host) (DCGM_FI_DEV_POWER_USAGE)",
+    "running": "sum by (host) (sglang:num_running_reqs)",
+    "queued": "sum by (host) (sglang:num_queue_reqs)",
+    **{f"reason_{name}": f"max by (host) (floor(DCGM_FI_DEV_CLOCKS_EVENT_REASONS / {bit}) % 2)"
+       for name, bit in REASON_BITS.items()},
+}
+
+_SCRIPT: Final = """
+import json, sys, time, urllib.parse, urllib.request
+base, window, out = sys.argv[1], int(sys.argv[2]), {}
+now = time.time()
+for arg in sys.argv[3:]:
+    name, _, query = arg.partition("=")
+    if window:
+        url = (base + "/api/v1/query_range?" + urllib.parse.urlencode(
+            {"query": query, "start": now - window, "end": now, "step": max(window // 120, 1)}))
+    else:
+        url = base + "/api/v1/query?query=" + urllib.parse.quote(query)
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            out[name] = json.load(r)["data"]["result"]
+    except Exception as exc:
+        out[name] = {"error": type(exc).__name__ + ": " + str(exc)}
+print(json.dumps(out))
+"""
+
+#: name -> PromQL of the picture's series, one per host, over the last hour.
+RANGES: Final = {
+    "tokens_per_s": "sum by (host) (rate(sglang:generation_tokens_total[2m]))",
+    "running": "sum by (host) (sglang:num_running_reqs)",
+    "power_pct": "100 * sum by (host) (DCGM_FI_DEV_POWER_USAGE) "
+                 "/ sum by (host) (DCGM_FI_DEV_POWER_MGMT_LIMIT)",
+    "sm_clock_pct": "100 * avg by (host) (DCGM_FI_DEV_SM_CLOCK) "
+                    "/ avg by (host) (DCGM_FI_DEV_MAX_SM_CLOCK)",
+}
+#: The picture's window (seconds): the last hour.
+WINDOW_S: Final = 3600
+
+
+class PrometheusAnswers(FactBase):
+    """Each of QUERIES answered by the Prometheus on this host's loopback: ``{name: {host:
+    value}}``, or ``{"error": "..."}`` where it does not answer.
+
+    .. code:: python
+
+        {"up": {"gpu1": 1.0, "gpu2": 0.0}, "tokens_per_s": {"gpu1": 221.4}, ...}
+    """
+
+    queries: Mapping[str, str] = QUERIES
+    window = 0
+
+    @override
+    def command(self, port: int) -> str:
+        args = [f"{name}={query}" for name, query in self.queries.items()]
+        return " ".join(shlex.quote(a) for a in
+                        ["python3", "-c", _SCRIPT, f"http://127.0.0.1:{port}", str(self.window),
+                         *args])
+
+    @override
+    def process(self, output: Iterable[str]) -> dict[str, Any]:
+        text = "\n".join(output)
+        try:
+            raw = json.loads(text)
+        except ValueError:
+            return {"error": f"no answer from Prometheus: {text[:200]}"}
+        answers: dict[str, Any] = {}
+        for name, result in raw.items():
+            if isinstance(result, dict):
+                return {"error": f"Prometheus did not answer {name}: {result.get('error')}"}
+            answers[name] = {r["metric"].get("host", "?"): self._value(r) for r in result}
+        return answers
+
+    @staticmethod
+    def _value(result: dict) -> Any:
+        return float(result["value"][1])
+
+
+class PrometheusHour(PrometheusAnswers):
+    """RANGES over the last hour (WINDOW_S): ``{name: {host: [(unix time, value), ...]}}``.
+
+    .. code:: python
+
+        {"tokens_per_s": {"gpu1": [(1764000000.0, 221.4), ...]}, ...}
+    """
+
+    queries = RANGES
+    window = WINDOW_S
+
+    @staticmethod
+    def _value(result: dict) -> Any:
+        return [(float(t), float(v)) for t, v in result["values"]]
+
+
+def plot(hour: Mapping[str, Mapping[str, list[tuple[float, float]]]], dest: Path) -> None:
+    """The last hour per host, in bench.png's style (operations/bench_report.py: matplotlib's
+    Agg, one panel per figure, a line per host): output tokens/s, requests running, GPU power
+    and SM clock as % of limit and maximum."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("tokens_per_s", "output tokens/s"), ("running", "requests running"),
+              ("power_pct", "GPU power, % of limit"), ("sm_clock_pct", "SM clock, % of max")]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 10), sharex=True,
+                             constrained_layout=True)
+    start = min((p[0] for series in hour.values() for points in series.values()
+                 for p in points[:1]), default=0.0)
+    for ax, (key, label) in zip(axes, panels):
+        for name, points in sorted(hour.get(key, {}).items()):
+            ax.plot([(t - start) / 60 for t, _ in points], [v for _, v in points], label=name)
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        if hour.get(key):
+            ax.legend(loc="upper left", fontsize="small")
+    axes[-1].set_xlabel("minutes over the last hour")
+    axes[0].set_title("The fleet over the last hour (Prometheus)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(dest, dpi=100)
+    plt.close(fig)
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours = minutes // 60
+    return f"{hours} h {minutes % 60} min" if hours < 48 else f"{hours // 24} d {hours % 24} h"
+
+
+def host_line(name: str, answers: Mapping[str, Mapping[str, float]]) -> str:
+    """One host's line, from :class:`PrometheusAnswers`."""
+    def get(key: str) -> float | None:
+        return answers.get(key, {}).get(name)
+
+    up = get("up")
+    parts = [f"{name}:"]
+    if up is None:
+        parts.append("no server target")
+    else:
+        parts.append("serving" if up == 1 else "NOT SERVING")
+        uptime = get("uptime_s")
+        if uptime is not None and up == 1:
+            parts.append(f"up {_duration(uptime)}")
+        rps, tps = get("requests_per_s"), get("tokens_per_s")
+        if rps is not None or tps is not None:
+            parts.append(f"{rps or 0:.2f} req/s, {tps or 0:.1f} output tok/s (5 min)")
+        running, queued = get("running"), get("queued")
+        if running is not None:
+            parts.append(f"{running:.0f} running, {queued or 0:.0f} queued")
+    power, limit, gpus = get("power_w"), get("power_limit_w"), get("gpus")
+    if power is not None and limit:
+        parts.append(f"{gpus or 0:.0f} GPUs at {power:.0f} W of {limit:.0f} W "
+                     f"({100 * power / limit:.0f} %)")
+    held = [r for r in REASON_BITS if get(f"reason_{r}") == 1]
+    if power is not None:
+        parts.append("held back: " + ", ".join(held) if held else "no throttling")
+    return " ".join(parts[:2]) + ("; " + "; ".join(parts[2:]) if parts[2:] else "")
+
+
+def fleet_line(hosts: Iterable[str], answers: Mapping[str, Mapping[str, float]]) -> str:
+    """The fleet's line: hosts serving out of those with a server, the fleet's throughput."""
+    names = list(hosts)
+    up = answers.get("up", {})
+    with_server = [n for n in names if n in up]
+    serving = [n for n in with_server if up[n] == 1]
+    rps = sum(answers.get("requests_per_s", {}).get(n, 0.0) for n in names)
+    tps = sum(answers.get("tokens_per_s", {}).get(n, 0.0) for n in names)
+    power = sum(answers.get("power_w", {}).get(n, 0.0) for n in names)
+    limit = sum(answers.get("power_limit_w", {}).get(n, 0.0) for n in names)
+    line = (f"fleet: {len(serving)} of {len(with_server)} server(s) serving; {rps:.2f} req/s, "
+            f"{tps:.1f} output tok/s (5 min)")
+    if limit:
+        line += f"; GPUs at {power:.0f} W of {limit:.0f} W ({100 * power / limit:.0f} %)"
+    return line

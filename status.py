@@ -1,0 +1,46 @@
+"""The fleet's state, from its Prometheus: one line per host and one for the fleet. Changes
+nothing on any host (only the Prometheus host is asked, through its HTTP API on its loopback).
+
+    pyinfra inventory/lab.py status.py
+
+Per host: serving or not, the server's uptime, requests and output tokens per second over the
+last 5 minutes, requests running and queued, the GPUs' power against their limit, the clock event
+reasons holding them back (operations/status.py says where each figure comes from); and a
+picture of the last hour per host, status-results/fleet-<UTC time>.png.
+"""
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pyinfra import host, inventory
+
+from operations import fleet
+from operations.observability import prometheus_hosts
+from operations.run_exit import end_run
+from operations.settings import for_run
+from operations.status import PrometheusAnswers, PrometheusHour, fleet_line, host_line, plot
+
+#: Where the pictures go, on the controller (beside bench.py's bench-results/).
+PICTURES = Path("status-results")
+
+everyone = for_run(inventory)
+the_fleet, _ = fleet.for_run(inventory, everyone)
+try:
+    on = prometheus_hosts(the_fleet, everyone)
+except ValueError as exc:
+    end_run(f"gpuhost: {exc}")
+if not on:
+    end_run("gpuhost: no Prometheus in this inventory: it runs on a host of the gpuhost_router "
+            "group (docs/observability.md)")
+if host.name == on[0]:
+    answers = host.get_fact(PrometheusAnswers, port=everyone[host.name].prometheus_port)
+    if "error" in answers:
+        end_run(f"gpuhost: the Prometheus on {host.name}: {answers['error']}")
+    names = [h.name for h in inventory]
+    print("\n".join([*(host_line(n, answers) for n in names), fleet_line(names, answers)]),
+          flush=True)
+    hour = host.get_fact(PrometheusHour, port=everyone[host.name].prometheus_port)
+    if "error" not in hour:
+        picture = PICTURES / f"fleet-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.png"
+        plot(hour, picture)
+        print(f"the last hour: {picture}", flush=True)

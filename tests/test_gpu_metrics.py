@@ -1,0 +1,115 @@
+"""operations/files/gpu_metrics.py: nvidia-smi's real outputs (an H200 under load, the capture in
+tests/fixtures/h200-device/telemetry/) under DCGM exporter's names, checked by the real
+promtool; and the script run whole against the nvidia-smi stand-in."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandbox import nvidia_repo, scenarios
+from tests.conftest import promtool_check_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPTURE = ROOT / "tests" / "fixtures" / "h200-device" / "telemetry"
+sys.path.insert(0, str(ROOT / "operations"))  # the script imports telemetry as on the host
+sys.path.insert(0, str(ROOT / "operations" / "files"))
+import gpu_metrics  # noqa: E402
+
+#: The H200's identity as nvidia-smi gave it (tests/fixtures/h200-1gpu/query-gpu.txt), in
+#: IDENTITY_FIELDS' order.
+IDENTITY = "0, GPU-344a91d1-8a67-8c10-7320-3e39f3672a46, 00000000:00:06.0, 700.00, NVIDIA H200\n"
+
+
+def _loaded_line() -> str:
+    """The capture's first line with the GPU held at its power cap (0x4, sw_power_cap)."""
+    return next(line for line in (CAPTURE / "query.csv").read_text().splitlines()
+                if ", 0x0000000000000004," in line)
+
+
+def _samples(text: str) -> dict[str, str]:
+    return {re.split(r"[{ ]", line)[0]: line for line in text.splitlines()
+            if line and line[0] != "#"}
+
+
+def test_a_real_reading_under_dcgm_exporters_names(promtool):
+    dmon = "\n".join((CAPTURE / "dmon.txt").read_text().splitlines()[:3]) + "\n"
+    text = gpu_metrics.render(IDENTITY, _loaded_line() + "\n", dmon)
+    assert promtool_check_metrics(promtool, text) == []
+    samples = _samples(text)
+    labels = ('{gpu="0",UUID="GPU-344a91d1-8a67-8c10-7320-3e39f3672a46",device="nvidia0",'
+              'pci_bus_id="00000000:00:06.0",modelName="NVIDIA H200"}')
+    assert samples["DCGM_FI_DEV_POWER_USAGE"] == f"DCGM_FI_DEV_POWER_USAGE{labels} 389.23"
+    assert samples["DCGM_FI_DEV_POWER_MGMT_LIMIT"].endswith("} 700")
+    assert samples["DCGM_FI_DEV_ENFORCED_POWER_LIMIT"].endswith("} 700")
+    assert samples["DCGM_FI_DEV_SM_CLOCK"].endswith("} 1515")
+    assert samples["DCGM_FI_DEV_MAX_SM_CLOCK"].endswith("} 1980")
+    assert samples["DCGM_FI_DEV_MEM_CLOCK"].endswith("} 3201")
+    assert samples["DCGM_FI_DEV_GPU_UTIL"].endswith("} 99")
+    assert samples["DCGM_FI_DEV_MEM_COPY_UTIL"].endswith("} 23")
+    assert samples["DCGM_FI_DEV_GPU_TEMP"].endswith("} 55")
+    assert samples["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"].endswith("} 4")  # sw_power_cap
+    # dmon: rxpci 9 MB/s, txpci 3 MB/s
+    assert samples["DCGM_FI_PROF_PCIE_RX_BYTES"].endswith("} 9000000")
+    assert samples["DCGM_FI_PROF_PCIE_TX_BYTES"].endswith("} 3000000")
+    assert samples["gpuhost_gpu_metrics_ok"] == "gpuhost_gpu_metrics_ok 1"
+
+
+def test_missing_fields_are_left_out_not_zero():
+    line = _loaded_line().replace(", 389.23,", ", [N/A],")
+    text = gpu_metrics.render(IDENTITY, line + "\n", "")
+    assert "DCGM_FI_DEV_POWER_USAGE" not in text
+    assert "DCGM_FI_PROF_PCIE_RX_BYTES" not in text  # no dmon line
+    assert "DCGM_FI_DEV_SM_CLOCK{" in text
+
+
+@pytest.fixture
+def standin(tmp_path):
+    script = tmp_path / "nvidia-smi"
+    script.write_text("#!" + sys.executable + "\n"
+                      + nvidia_repo.render("nvidia-smi", VERSION="580.159.04"))
+    script.chmod(0o755)
+    (tmp_path / "hardware.json").write_text(scenarios.hardware_json("reference-lab"))
+    (tmp_path / "loaded").write_text("580.159.04\n")
+    (tmp_path / "load.json").write_text(json.dumps({"active": 0}))
+    env = dict(os.environ, GPUHOST_SANDBOX_HARDWARE=str(tmp_path / "hardware.json"),
+               GPUHOST_SANDBOX_LOADED=str(tmp_path / "loaded"),
+               GPUHOST_SANDBOX_LOAD=str(tmp_path / "load.json"),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "operations"),
+                                           str(ROOT / "operations" / "files")]))
+    return script, env
+
+
+def test_the_script_writes_every_gpu_of_the_reference_lab(standin, tmp_path, promtool):
+    script, env = standin
+    out = tmp_path / "textfile" / "gpu.prom"
+    out.parent.mkdir()
+    done = subprocess.run([sys.executable, str(ROOT / "operations/files/gpu_metrics.py"),
+                           "--output", str(out), "--nvidia-smi", str(script)],
+                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert promtool_check_metrics(promtool, text) == []
+    power = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_POWER_USAGE{")]
+    assert len(power) == 8
+    assert len([ln for ln in text.splitlines() if ln.startswith("DCGM_FI_PROF_PCIE_RX_BYTES{")]) \
+        == 8
+    assert list(out.parent.iterdir()) == [out]  # no temporary file left
+
+
+def test_a_failed_reading_says_so_in_the_textfile(standin, tmp_path):
+    script, env = standin
+    (tmp_path / "loaded").write_text("580.95.05\n")  # a driver/library mismatch
+    out = tmp_path / "gpu.prom"
+    done = subprocess.run([sys.executable, str(ROOT / "operations/files/gpu_metrics.py"),
+                           "--output", str(out), "--nvidia-smi", str(script)],
+                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 1
+    assert "no reading" in done.stderr and "exited" in done.stderr
+    assert out.read_text().splitlines()[-1] == "gpuhost_gpu_metrics_ok 0"

@@ -1,0 +1,201 @@
+"""operations/observability.py: which host runs Prometheus, its targets from the inventory, the
+node exporter's and Prometheus' command lines, their settings; the configuration and alert rules
+through the real promtool (check config, check rules, test rules with input series)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from operations import fleet, observability
+from operations.settings import SettingsError, from_host_data
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def settings(name: str, **data):
+    return from_host_data(name, {f"gpuhost_{k}": v for k, v in data.items()})
+
+
+def gated(address: str, **extra):
+    return settings("h", server_host=address, fleet_address=address,
+                    api_key_file="/root/key", **extra)
+
+
+def render(template: str, context: dict) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "templates"))
+    return env.get_template(template).render(**context)
+
+
+def three_hosts(**router_data):
+    s = {"gpu1": gated("10.0.0.1", **router_data), "gpu2": gated("10.0.0.2"),
+         "gpu3": gated("10.0.0.3")}
+    hosts = [("gpu1", ["gpuhost_router"]), ("gpu2", []), ("gpu3", [])]
+    return fleet.plan(hosts, s), s
+
+
+def cpu_router_fleet():
+    s = {"gpu1": gated("10.0.0.1"), "gpu2": gated("10.0.0.2"),
+         "r1": settings("r1", serving=False, fleet_address="10.0.0.9"),
+         "r2": settings("r2", serving=False, fleet_address="10.0.0.10")}
+    hosts = [("gpu1", []), ("gpu2", []), ("r1", ["gpuhost_router"]), ("r2", ["gpuhost_router"])]
+    return fleet.plan(hosts, s), s
+
+
+def test_prometheus_runs_on_the_first_router_host_by_default():
+    planned, s = cpu_router_fleet()
+    assert observability.prometheus_hosts(planned, s) == ("r1",)
+    s["r1"] = settings("r1", serving=False, fleet_address="10.0.0.9", prometheus=False)
+    assert observability.prometheus_hosts(planned, s) == ("r2",)
+    s["r2"] = settings("r2", serving=False, fleet_address="10.0.0.10", prometheus=True)
+    s["r1"] = settings("r1", serving=False, fleet_address="10.0.0.9")
+    assert observability.prometheus_hosts(planned, s) == ("r2",)
+    # no router host: no Prometheus (the node exporters still read the GPUs, on the loopback)
+    alone = {"gpu1": settings("gpu1")}
+    assert observability.prometheus_hosts(fleet.plan([("gpu1", [])], alone), alone) == ()
+    assert observability.node_listen("gpu1", alone, ()) == "127.0.0.1"
+
+
+def test_prometheus_outside_the_router_group_is_refused():
+    planned, s = cpu_router_fleet()
+    s["gpu2"] = gated("10.0.0.2", prometheus=True)
+    with pytest.raises(ValueError, match="host gpu2: gpuhost_prometheus = True is not allowed "
+                       "outside the gpuhost_router group"):
+        observability.prometheus_hosts(planned, s)
+
+
+def test_targets_are_the_routers_workers_its_metrics_and_every_gpu_hosts_exporter():
+    planned, s = three_hosts()
+    on = observability.prometheus_hosts(planned, s)
+    assert on == ("gpu1",)
+    targets = observability.scrape_targets("gpu1", planned, s, on)
+    # the servers at the URLs the router uses: its own behind the gate's loopback port
+    assert targets["sglang"] == [
+        {"targets": ["127.0.0.1:30000"],
+         "labels": {"host": "gpu1", "worker_url": "http://127.0.0.1:30000"}},
+        {"targets": ["10.0.0.2:8000"],
+         "labels": {"host": "gpu2", "worker_url": "http://10.0.0.2:8000"}},
+        {"targets": ["10.0.0.3:8000"],
+         "labels": {"host": "gpu3", "worker_url": "http://10.0.0.3:8000"}}]
+    assert targets["smg"] == [{"targets": ["127.0.0.1:29000"], "labels": {"host": "gpu1"}}]
+    assert targets["node"] == [
+        {"targets": ["127.0.0.1:9100"], "labels": {"host": "gpu1"}},
+        {"targets": ["10.0.0.2:9100"], "labels": {"host": "gpu2"}},
+        {"targets": ["10.0.0.3:9100"], "labels": {"host": "gpu3"}}]
+    # each exporter listens where that Prometheus reaches it, and nowhere wider
+    assert [observability.node_listen(n, s, on) for n in s] == [
+        "127.0.0.1", "10.0.0.2", "10.0.0.3"]
+
+
+def test_a_cpu_only_router_host_has_no_node_exporter_target():
+    planned, s = cpu_router_fleet()
+    targets = observability.scrape_targets("r1", planned, s, ("r1",))
+    assert [g["labels"]["host"] for g in targets["node"]] == ["gpu1", "gpu2"]
+    assert [g["targets"] for g in targets["sglang"]] == [["10.0.0.1:8000"], ["10.0.0.2:8000"]]
+
+
+def test_command_lines():
+    s = settings("gpu1", prometheus_port=9091, prometheus_retention_days=30,
+                 prometheus_retention_gib=50, node_exporter_port=9101)
+    assert observability.prometheus_args(s) == (
+        "--config.file=/etc/prometheus/prometheus.yml --web.listen-address=127.0.0.1:9091 "
+        "--storage.tsdb.retention.time=30d --storage.tsdb.retention.size=50GB")
+    assert observability.node_exporter_args("10.0.0.2", s) == (
+        "--web.listen-address=10.0.0.2:9101 "
+        "--collector.textfile.directory=/var/lib/prometheus/node-exporter --collector.systemd "
+        "--collector.systemd.unit-include=(sglang|sglang-gate|gpuhost-gpu-metrics)[.]service "
+        "--collector.systemd.enable-start-time-metrics")
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"prometheus_retention_days": 0},
+     "gpuhost_prometheus_retention_days = 0 is not allowed: an integer from 1 to 3650"),
+    ({"prometheus_retention_gib": "10GB"},
+     "gpuhost_prometheus_retention_gib = '10GB' is not allowed: an integer from 1 to 10240"),
+    ({"prometheus": "yes"}, "gpuhost_prometheus = 'yes' is not allowed: True"),
+    ({"alert_ttft_p99": 0}, "gpuhost_alert_ttft_p99 = 0 is not allowed: a number of seconds"),
+    ({"alert_kv_cache_usage": 1.5}, "gpuhost_alert_kv_cache_usage = 1.5 is not allowed"),
+    ({"node_exporter_port": 8000}, "gpuhost_node_exporter_port = 8000 is not allowed: a port "
+     "other than gpuhost_server_port's (8000)"),
+    ({"prometheus_port": 29000}, "gpuhost_prometheus_port = 29000 is not allowed: a port other "
+     "than the router's metrics (127.0.0.1)'s (29000)"),
+    ({"prometheus_port": 9100}, "gpuhost_node_exporter_port = 9100 is not allowed: a port other "
+     "than gpuhost_prometheus_port's (9100)"),
+])
+def test_bad_observability_settings_are_named(data, message):
+    with pytest.raises(SettingsError) as err:
+        settings("gpu1", **data)
+    assert message in str(err.value)
+
+
+def _rules_dir(tmp_path: Path, **data) -> Path:
+    """The alert rules and the thresholds rendered from host data, with the promtool test."""
+    s = settings("gpu1", **data)
+    shutil.copy(ROOT / "templates" / "gpuhost-alerts.yml", tmp_path)
+    shutil.copy(ROOT / "tests" / "promtool" / "gpuhost-alerts-test.yml", tmp_path)
+    (tmp_path / "gpuhost-thresholds.yml").write_text(
+        render("gpuhost-thresholds.yml.j2", observability.thresholds_context(s)))
+    return tmp_path
+
+
+def test_rules_pass_promtool_check_rules(promtool, tmp_path):
+    d = _rules_dir(tmp_path)
+    done = subprocess.run([promtool, "check", "rules", str(d / "gpuhost-alerts.yml"),
+                           str(d / "gpuhost-thresholds.yml")], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 10 rules found" in done.stdout and "SUCCESS: 3 rules found" in done.stdout
+
+
+def test_rules_pass_promtool_test_rules(promtool, tmp_path):
+    """Each alert fires on its input series (a stopped server, a failed unit, the power cap the
+    H200 hit under load, heat, a full KV cache, a growing queue, slow first tokens and tokens,
+    a host the router lost) within its for:, and not on the healthy ones beside it."""
+    d = _rules_dir(tmp_path)
+    done = subprocess.run([promtool, "test", "rules", "gpuhost-alerts-test.yml"], cwd=d,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_the_thresholds_come_from_host_data(promtool, tmp_path):
+    """With the TTFT target at 30 s, 10-20 s first tokens no longer fire: the test fails."""
+    d = _rules_dir(tmp_path, alert_ttft_p99=30.0)
+    done = subprocess.run([promtool, "test", "rules", "gpuhost-alerts-test.yml"], cwd=d,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert "alertname: SGLangTTFTHigh" in done.stdout + done.stderr
+    assert "alertname: SGLangITLHigh" not in done.stdout + done.stderr
+
+
+def test_prometheus_config_passes_promtool_check_config(promtool, tmp_path):
+    planned, s = three_hosts()
+    (tmp_path / "rules").mkdir()
+    rules = _rules_dir(tmp_path / "rules")
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    for job, groups in observability.scrape_targets("gpu1", planned, s, ("gpu1",)).items():
+        (targets / f"{job}.json").write_text(json.dumps(groups))
+    context = {**observability.prometheus_context("gpu1", s["gpu1"]),
+               "rules_dir": str(rules), "targets_dir": str(targets)}
+    (tmp_path / "prometheus.yml").write_text(render("prometheus.yml.j2", context))
+    (rules / "gpuhost-alerts-test.yml").unlink()  # not a rule file
+    done = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 2 rule files found" in done.stdout
+
+
+def test_gpu_metrics_units():
+    context = {"lib_dir": "/opt/gpuhost/lib", "output": observability.GPU_METRICS_FILE,
+               "textfile_dir": observability.TEXTFILE_DIR, "interval": 15}
+    service = render("gpuhost-gpu-metrics.service.j2", context)
+    assert ("ExecStart=/usr/bin/python3 /opt/gpuhost/lib/gpu_metrics.py --output "
+            "/var/lib/prometheus/node-exporter/gpuhost-gpu.prom") in service
+    assert "ReadWritePaths=/var/lib/prometheus/node-exporter" in service
+    assert "OnUnitActiveSec=15s" in render("gpuhost-gpu-metrics.timer.j2", context)

@@ -1,0 +1,100 @@
+"""operations/status.py: the lines status.py prints, from Prometheus' answers; the fact's
+command is the query script, run here against a stand-in of Prometheus' /api/v1/query."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from operations import status
+
+ANSWERS = {
+    "up": {"gpu1": 1.0, "gpu2": 0.0},
+    "uptime_s": {"gpu1": 7500.0},
+    "requests_per_s": {"gpu1": 1.5, "gpu2": 0.0},
+    "tokens_per_s": {"gpu1": 225.0, "gpu2": 0.0},
+    "running": {"gpu1": 64.0, "gpu2": 0.0},
+    "queued": {"gpu1": 3.0},
+    "power_w": {"gpu1": 2620.0, "gpu2": 640.0},
+    "power_limit_w": {"gpu1": 4800.0, "gpu2": 4800.0},
+    "gpus": {"gpu1": 8.0, "gpu2": 8.0},
+    "reason_sw_power_cap": {"gpu1": 0.0, "gpu2": 1.0},
+    "reason_hw_thermal_slowdown": {"gpu1": 0.0, "gpu2": 0.0},
+}
+
+
+def test_host_and_fleet_lines():
+    assert status.host_line("gpu1", ANSWERS) == (
+        "gpu1: serving; up 2 h 5 min; 1.50 req/s, 225.0 output tok/s (5 min); 64 running, "
+        "3 queued; 8 GPUs at 2620 W of 4800 W (55 %); no throttling")
+    assert status.host_line("gpu2", ANSWERS).startswith("gpu2: NOT SERVING; 0.00 req/s")
+    assert status.host_line("gpu2", ANSWERS).endswith("held back: sw_power_cap")
+    assert status.host_line("r1", ANSWERS) == "r1: no server target"
+    assert status.fleet_line(["gpu1", "gpu2", "r1"], ANSWERS) == (
+        "fleet: 1 of 2 server(s) serving; 1.50 req/s, 225.0 output tok/s (5 min); "
+        "GPUs at 3260 W of 9600 W (34 %)")
+
+
+class _Prometheus(BaseHTTPRequestHandler):
+    """/api/v1/query as Prometheus answers an instant query (its HTTP API docs)."""
+
+    def do_GET(self):
+        query = parse_qs(urlsplit(self.path).query)["query"][0]
+        result = [{"metric": {"host": "gpu1"}, "value": [1764000000.0, "1"]}] \
+            if "up{" in query else []
+        body = json.dumps({"status": "success",
+                           "data": {"resultType": "vector", "result": result}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_fact_asks_every_query_and_reads_the_answers():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Prometheus)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        fact = status.PrometheusAnswers()
+        command = fact.command(port=server.server_address[1])
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60,
+                             check=True)
+        answers = fact.process(out.stdout.splitlines())
+    finally:
+        server.shutdown()
+    assert set(answers) == set(status.QUERIES)
+    assert answers["up"] == {"gpu1": 1.0} and answers["tokens_per_s"] == {}
+
+
+def test_no_prometheus_says_so():
+    fact = status.PrometheusAnswers()
+    out = subprocess.run(["sh", "-c", fact.command(port=1)], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert fact.process(out.stdout.splitlines())["error"].startswith(
+        "Prometheus did not answer up: URLError")
+
+
+def test_the_picture_of_the_last_hour(tmp_path):
+    start = 1764000000.0
+    hour = {"tokens_per_s": {"gpu1": [(start + 60 * i, 200.0 + i) for i in range(60)],
+                             "gpu2": [(start + 60 * i, 0.0) for i in range(60)]},
+            "running": {"gpu1": [(start, 64.0), (start + 60, 64.0)]},
+            "power_pct": {}, "sm_clock_pct": {"gpu1": [(start, 99.6)]}}
+    dest = tmp_path / "status-results" / "fleet.png"
+    status.plot(hour, dest)
+    assert dest.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and dest.stat().st_size > 10000
+
+
+def test_the_hour_fact_reads_ranges():
+    fact = status.PrometheusHour()
+    assert " 3600 " in fact.command(port=9090) and "generation_tokens_total" in \
+        fact.command(port=9090)
+    out = [json.dumps({"tokens_per_s": [{"metric": {"host": "gpu1"},
+                                         "values": [[1764000000, "1.5"], [1764000060, "2"]]}]})]
+    assert fact.process(out) == {"tokens_per_s": {"gpu1": [(1764000000.0, 1.5),
+                                                           (1764000060.0, 2.0)]}}
