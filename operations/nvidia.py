@@ -265,20 +265,39 @@ class NvidiaDriverFiles(FactBase[DriverFiles]):
 
 @dataclass(frozen=True)
 class AptSource:
-    """One apt source entry: the file it is in and its URI (``deb`` lines of .list files,
-    ``URIs:`` of deb822 .sources files, sources.list(5))."""
+    """One apt source entry (sources.list(5)): the file it is in, its URI, and where it says so:
+    ``line`` (1-based; of the ``URIs:`` field in a deb822 .sources stanza) and ``text`` (that
+    line); its suite (``/`` for a flat repository such as NVIDIA's), its ``signed-by`` and
+    ``trusted`` options (None: not given)."""
 
     file: str
     uri: str
+    line: int = 0
+    text: str = ""
+    suite: str = "/"
+    signed_by: str | None = None
+    trusted: str | None = None
+
+    @property
+    def where(self) -> str:
+        """"/etc/apt/sources.list.d/cuda-manual.list line 1: deb [...] https://... /"."""
+        return f"{self.file} line {self.line}: {self.text.strip()}"
 
 
 class AptSources(FactBase[list[AptSource]]):
-    """Every ``deb`` entry of /etc/apt/sources.list, sources.list.d/*.list and *.sources.
+    """Every enabled ``deb`` and ``deb-src`` entry of /etc/apt/sources.list,
+    sources.list.d/*.list (one-line style) and sources.list.d/*.sources (deb822 style).
 
     .. code:: python
 
         [AptSource(file="/etc/apt/sources.list.d/cuda-debian12-x86_64.list",
-                   uri="https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/")]
+                   uri="https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/",
+                   line=1, text="deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+                   "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /",
+                   suite="/", signed_by="/usr/share/keyrings/cuda-archive-keyring.gpg")]
+
+    The command prints each file's lines but comments as ``file:line:text`` (grep -Hn); blank
+    lines stay, they end deb822 stanzas.
     """
 
     default = list
@@ -286,24 +305,180 @@ class AptSources(FactBase[list[AptSource]]):
     @override
     def command(self) -> str:
         return (
-            "grep -sH -E '^[[:space:]]*deb[[:space:]]' /etc/apt/sources.list "
-            "/etc/apt/sources.list.d/*.list; "
-            "grep -sH -i -E '^[[:space:]]*URIs:' /etc/apt/sources.list.d/*.sources; true"
+            "for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list "
+            "/etc/apt/sources.list.d/*.sources; do "
+            "[ -f \"$f\" ] && grep -Hn -v '^[[:space:]]*#' \"$f\"; done; true"
         )
 
     @override
     def process(self, output: list[str]) -> list[AptSource]:
-        entries = []
-        for line in output:
-            path, _, text = line.partition(":")
-            words = re.sub(r"\[[^]]*\]", " ", text).split()
-            if not words:
-                continue
-            if words[0].lower() == "uris:":
-                entries.extend(AptSource(path, uri) for uri in words[1:])
-            elif words[0] == "deb" and len(words) > 1:
-                entries.append(AptSource(path, words[1]))
-        return entries
+        return parse_sources(output)
+
+
+_SOURCE_LINE: Final = re.compile(r"^(/[^:]*):(\d+):(.*)$")
+
+
+def parse_sources(output: list[str]) -> list[AptSource]:
+    """Parse :class:`AptSources`' output (sources.list(5): one-line entries ``deb [ options ]
+    uri suite [component...]``; deb822 stanzas with ``Types``, ``URIs``, ``Suites``,
+    ``Signed-By`` (a path, fingerprints, or an embedded key on continuation lines),
+    ``Trusted`` and ``Enabled: no``)."""
+    entries: list[AptSource] = []
+    stanza: dict[str, tuple[int, str, str]] = {}  # field (lower case) -> (line, text, value)
+    stanza_file = ""
+    last = ""
+
+    def end_stanza() -> None:
+        if not stanza:
+            return
+        types = stanza.get("types", (0, "", ""))[2].split()
+        enabled = stanza.get("enabled", (0, "", "yes"))[2].strip().lower() != "no"
+        if enabled and {"deb", "deb-src"} & set(types) and "uris" in stanza:
+            line, text, uris = stanza["uris"]
+            signed = stanza.get("signed-by")
+            trusted = stanza.get("trusted")
+            for uri in uris.split():
+                for suite in stanza.get("suites", (0, "", ""))[2].split() or [""]:
+                    entries.append(AptSource(
+                        stanza_file, uri, line, text, suite,
+                        signed[2].strip() if signed else None,
+                        trusted[2].strip() if trusted else None))
+        stanza.clear()
+
+    for raw in output:
+        match = _SOURCE_LINE.match(raw)
+        if not match:
+            continue
+        path, number, text = match.group(1), int(match.group(2)), match.group(3)
+        if path.endswith(".sources"):
+            if path != stanza_file:
+                end_stanza()
+                stanza_file, last = path, ""
+            if not text.strip():
+                end_stanza()
+            elif text[0] in " \t" and last:
+                line, first, value = stanza[last]
+                stanza[last] = (line, first, value + "\n" + text.strip())
+            elif ":" in text:
+                key, _, value = text.partition(":")
+                last = key.strip().lower()
+                stanza[last] = (number, text, value.strip())
+            continue
+        end_stanza()
+        stanza_file = ""
+        options: dict[str, str] = {}
+        body = text.split("#", 1)[0]
+        bracket = re.search(r"\[([^]]*)\]", body)
+        if bracket:
+            for option in bracket.group(1).split():
+                key, _, value = option.partition("=")
+                options[key.lower()] = value
+            body = body[:bracket.start()] + " " + body[bracket.end():]
+        words = body.split()
+        if len(words) >= 3 and words[0] in ("deb", "deb-src"):
+            entries.append(AptSource(path, words[1], number, text, words[2],
+                                     options.get("signed-by"), options.get("trusted")))
+    end_stanza()
+    return entries
+
+
+def same_source(a: str, b: str) -> bool:
+    """Whether apt takes two source URIs for one source: the same but for the scheme and
+    trailing slashes (seen with apt 2.6.1, Debian 12: an http:// and an https:// entry of one
+    repository with different signed-by stop every apt command with "Conflicting values set
+    for option Signed-By regarding source ...")."""
+    def key(uri: str) -> str:
+        return uri.split("://", 1)[-1].rstrip("/")
+    return key(a) == key(b)
+
+
+def signed_by_key(value: str | None) -> str:
+    """A signed-by value as apt compares it (apt-pkg/deb/debmetaindex.cc NormalizeSignedBy:
+    an embedded key as it is; else the comma- or space-separated keyrings and fingerprints,
+    sorted, once each); "" for none."""
+    if not value:
+        return ""
+    if "-----BEGIN" in value:
+        return value.strip()
+    return ",".join(sorted(set(re.split(r"[,\s]+", value.strip())) - {""}))
+
+
+def _conflict(entry: AptSource, repo_url: str, how: str) -> str:
+    differ = signed_by_key(entry.signed_by) != signed_by_key(KEYRING)
+    what = ((f"signed-by={_short(entry.signed_by)}" if entry.signed_by else "no signed-by")
+            if differ else f"trusted={entry.trusted}")
+    return (f"NVIDIA's repository {repo_url} is already listed in {entry.where}. Its {what} "
+            f"conflicts with the entry gpuhost writes (signed-by={KEYRING}): apt would read no "
+            f"source at all (\"Conflicting values set for option "
+            f"{'Signed-By' if differ else 'Trusted'} regarding source ...\"), so every later "
+            f"apt command would fail. To go on, {how}")
+
+
+def _short(signed_by: str) -> str:
+    return "(an embedded key)" if "-----BEGIN" in signed_by else signed_by
+
+
+@dataclass(frozen=True)
+class SourcesCheck:
+    """What :func:`check_sources` found: ``adopted`` the entries gpuhost uses as NVIDIA's
+    repository instead of writing its own (gpuhost_cuda_repo_adopt), ``listed`` whether apt
+    lists the repository now (gpuhost's own entry or an adopted one), ``refusals`` and
+    ``warnings`` as in :class:`DriverPlan`."""
+
+    adopted: tuple[AptSource, ...] = ()
+    listed: bool = False
+    refusals: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def check_sources(sources: list[AptSource], repo_url: str, source_path: str,
+                  adopt: bool) -> SourcesCheck:
+    """Compare the host's apt entries for NVIDIA's repository with the one gpuhost writes in
+    ``source_path`` (``deb [signed-by=KEYRING] repo_url /``; no side effects).
+
+    apt refuses to read its sources at all when two entries of one source (its URI without the
+    scheme, and its suite) differ in ``signed-by`` or ``trusted`` (apt 2.6.1: "E: Conflicting
+    values set for option Signed-By regarding source ..."; "E: The list of sources could not be
+    read."), and every later apt command fails. So an entry added by hand that would conflict
+    with gpuhost's is refused, naming its file and line, unless ``adopt``: gpuhost then uses
+    it as NVIDIA's repository and writes none of its own (removing one it wrote before). An
+    entry that would not conflict (the same signed-by) is a duplicate apt only warns about.
+    """
+    ours = [s for s in sources if s.file == source_path]
+    theirs = [s for s in sources if s.file != source_path and s.suite == "/"
+              and same_source(s.uri, repo_url)]
+    wanted = signed_by_key(KEYRING)
+    conflicting = [s for s in theirs if signed_by_key(s.signed_by) != wanted or s.trusted]
+    how = (f"remove that line (or the file), or set gpuhost_cuda_repo_adopt = True to use it "
+           f"as NVIDIA's repository instead of gpuhost's {source_path}")
+    if not theirs:
+        warnings = ((f"gpuhost_cuda_repo_adopt is set but no entry lists NVIDIA's repository "
+                     f"{repo_url}: gpuhost writes its own, {source_path}",) if adopt else ())
+        return SourcesCheck(listed=bool(ours), warnings=warnings)
+    if adopt:
+        keys = {(signed_by_key(s.signed_by), (s.trusted or "").lower()) for s in theirs}
+        if len(keys) > 1:
+            return SourcesCheck(refusals=(
+                f"NVIDIA's repository {repo_url} is listed more than once with different "
+                "signed-by or trusted options, and apt cannot read such sources: "
+                + "; ".join(s.where for s in theirs)
+                + ". Keep one of them (gpuhost_cuda_repo_adopt then uses it)",))
+        warnings = [f"NVIDIA's repository is used as listed in {s.where} "
+                    "(gpuhost_cuda_repo_adopt): gpuhost writes no entry of its own"
+                    for s in theirs[:1]]
+        if ours:
+            warnings.append(f"{source_path}, gpuhost's own entry, is removed: it would list "
+                            "the repository a second time")
+        if any((s.trusted or "").lower() == "yes" for s in theirs):
+            warnings.append("the adopted entry says trusted=yes: apt does not check the "
+                            "repository's signatures")
+        return SourcesCheck(adopted=tuple(theirs), listed=True, warnings=tuple(warnings))
+    refusals = tuple(_conflict(s, repo_url, how) for s in conflicting)
+    duplicates = sorted({s.file for s in theirs if s not in conflicting})
+    warnings = ((f"NVIDIA's repository {repo_url} is also listed in {', '.join(duplicates)}: "
+                 f"a second entry of the one in {source_path}; remove it by hand (apt warns "
+                 "of targets configured twice)",) if duplicates else ())
+    return SourcesCheck(listed=bool(ours), refusals=refusals, warnings=warnings)
 
 
 @dataclass(frozen=True)
@@ -371,7 +546,9 @@ class DriverPlan:
     ``reboot_reasons``: why a reboot follows (empty: none); ``refusals``: why the stage must not
     run (empty: it may); ``warnings``: what is reported and left alone; ``keep_present``: a
     driver no package installed is used as it is; ``present``: the version nvidia-smi or
-    /proc/driver/nvidia reports, if any.
+    /proc/driver/nvidia reports, if any; ``adopted``: the host's own entries of NVIDIA's
+    repository used instead of gpuhost's (:func:`check_sources`); ``repo_listed``: apt lists
+    the repository now.
     """
 
     installed: tuple[str, ...]
@@ -386,6 +563,8 @@ class DriverPlan:
     keep_present: bool = False
     headers_unknown: bool = False
     present: str | None = None
+    adopted: tuple[AptSource, ...] = ()
+    repo_listed: bool = False
 
     def summary(self, resolved: str | None = None) -> str:
         """One line for the log and --dry: installed and target versions, what follows;
@@ -424,7 +603,9 @@ def plan_driver(
 ) -> DriverPlan:
     """Decide the nvidia stage from a host's facts (no side effects; units: none).
 
-    Refuses: an installed driver other than the one host data asks for, unless
+    Refuses: an entry of NVIDIA's repository added by hand that apt could not read beside
+    gpuhost's (:func:`check_sources`; adopted instead with ``gpuhost_cuda_repo_adopt``); an
+    installed driver other than the one host data asks for, unless
     ``gpuhost_allow_driver_change``; a driver no package installed, unless
     ``gpuhost_unpackaged_driver`` says "keep" or "replace"; a driver install when the running
     kernel has no headers and apt offers none (DKMS could not build the module: the host would
@@ -448,13 +629,9 @@ def plan_driver(
     warnings: list[str] = []
     reasons: list[str] = []
 
-    theirs = [s.file for s in sources
-              if s.uri.rstrip("/") == repo_url.rstrip("/") and s.file != source_path]
-    if theirs:
-        warnings.append(
-            f"NVIDIA's repository {repo_url} is also listed in {', '.join(sorted(set(theirs)))}: "
-            f"a second entry of the one in {source_path}; remove it by hand (apt warns of "
-            "targets configured twice, or fails when their signed-by differ)")
+    listing = check_sources(sources, repo_url, source_path, settings.cuda_repo_adopt)
+    refusals.extend(listing.refusals)
+    warnings.extend(listing.warnings)
     if "nvidia-cuda-toolkit" in debs:
         warnings.append("the distribution's nvidia-cuda-toolkit is installed: its nvcc is not "
                         f"the one builds use ({settings.cuda_home}/bin/nvcc); remove it")
@@ -499,7 +676,7 @@ def plan_driver(
             "for this run to allow it")
     install = not keep and (change or any(p not in debs for p in (*packages, module_package)))
 
-    configured = lists_present and any(s.file == source_path for s in sources)
+    configured = lists_present and listing.listed
     if install and configured and available is not None and not any(
             fnmatch.fnmatch(v, target) for v in available):
         offered = [upstream(v) for v in available
@@ -552,6 +729,8 @@ def plan_driver(
         keep_present=keep,
         headers_unknown=headers_unknown,
         present=state.driver_version or files_.module_version,
+        adopted=listing.adopted,
+        repo_listed=listing.listed,
     )
 
 
@@ -773,8 +952,7 @@ def nvidia(settings: Settings):
     pending = driver_rollback.pending_change(fact(FileText, path=driver_rollback.CHANGE))
     last_good = driver_rollback.load(fact(FileText, path=driver_rollback.LAST_GOOD))
     simulation = None
-    if plan.install and not plan.keep_present and lists_present and any(
-            s.file == source_path for s in fact(AptSources)):
+    if plan.install and not plan.keep_present and lists_present and plan.repo_listed:
         simulation = fact(DriverSimulation,
                           packages=[*packages, module_package], version_glob=plan.target)
     resolved = simulation.version_of(module_package) if simulation else None
@@ -816,14 +994,21 @@ def nvidia(settings: Settings):
         lists_updated(name="Update apt lists (for the download tools)")
     apt.packages(name="Download tools and lspci", packages=list(PREREQUISITES),
                  no_recommends=True)
-    keyring = files.download(
-        name="NVIDIA repository signing key",
-        src=f"{repo_url}cuda-archive-keyring.gpg",
-        dest=KEYRING,
-        sha256sum=settings.cuda_keyring_sha256,
-        mode="644",
-    )
-    source = files.put(
+    keyring = None
+    if not plan.adopted or any(signed_by_key(s.signed_by) == signed_by_key(KEYRING)
+                               for s in plan.adopted):
+        keyring = files.download(
+            name="NVIDIA repository signing key",
+            src=f"{repo_url}cuda-archive-keyring.gpg",
+            dest=KEYRING,
+            sha256sum=settings.cuda_keyring_sha256,
+            mode="644",
+        )
+    source = files.file(
+        name=f"NVIDIA CUDA repository: as listed in {plan.adopted[0].file} (adopted)",
+        path=source_path,
+        present=False,
+    ) if plan.adopted else files.put(
         name="NVIDIA CUDA repository",
         src=StringIO(f"deb [signed-by={KEYRING}] {repo_url} /\n"),
         dest=source_path,
@@ -839,7 +1024,8 @@ def nvidia(settings: Settings):
     missing = [p for p in (toolkit,) if p not in debs]
     stale_lists = plan.install or bool(missing) or not lists_present
     lists_updated(name="Update apt lists",
-                  _if=lambda: stale_lists or any_changed(keyring, source, pin)())
+                  _if=lambda: stale_lists or any_changed(
+                      *(op for op in (keyring, source, pin) if op is not None))())
     if plan.headers_unknown:
         headers_installable(name=f"Kernel headers installable for {headers.kernel}",
                             kernel=headers.kernel)
