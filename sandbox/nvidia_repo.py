@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandbox import kernels
 from sandbox.layout import APT_ARCHIVES, CUDA_REPO_DIR, HTTP_PORT, STATE_DIR
 
 GNUPG_HOME = STATE_DIR / "gnupg"
@@ -209,6 +210,7 @@ def build(
 def packages(kernel_release: str, keyring: bytes) -> list[Deb]:
     """Every stand-in package of the repository (names and versions: NVIDIA's debian12 repo)."""
     debs = [_cuda_keyring(keyring), _linux_headers(kernel_release)]
+    debs.extend(kernels.packages(kernel_release))  # a newer kernel, installed by a test
     for version in DRIVER_VERSIONS:
         debs.extend(_driver(version))
     for cuda in CUDA_RELEASES:
@@ -595,6 +597,7 @@ def _signing_key(home: Path) -> str:
 def _inputs_digest(kernel_release: str, keyring: bytes) -> str:
     h = hashlib.sha256()
     h.update(Path(__file__).read_bytes())
+    h.update(kernels.digest_input())
     for path in sorted(p for p in STANDINS.iterdir() if p.is_file()):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update(kernel_release.encode() + b"\0" + keyring)
