@@ -136,25 +136,51 @@ def upstream(version: str) -> str:
 # --- facts -------------------------------------------------------------------------------------
 
 
+#: Where DKMS installs a module it built for a kernel on Debian and Ubuntu (dkms(8):
+#: DEST_MODULE_LOCATION is ignored there for the distribution's /updates/dkms; DKMS says
+#: "Installing to /lib/modules/<kernel>/updates/dkms/"), compressed on Ubuntu (nvidia.ko.zst).
+DKMS_MODULE: Final = "/lib/modules/{kernel}/updates/dkms/nvidia.ko"
+
+
 @dataclass(frozen=True)
 class Headers:
     """The running kernel (``uname -r``), whether its build tree
     (/lib/modules/<kernel>/build, what DKMS compiles against) exists, and, where it does not,
     apt's candidate for ``linux-headers-<kernel>`` (None: apt knows no installable version, or
     not asked: ``apt-cache policy`` loads apt's whole cache, 0.41 s of a sandbox host's CPU at
-    each no-op run, README's *Tests and benchmarks*)."""
+    each no-op run, README's *Tests and benchmarks*).
+
+    ``next_kernel``: the kernel that boots next where it is not the running one (a newer
+    ``linux-image`` installed, not booted yet), else None; the same ``next_build_tree`` and
+    ``next_candidate`` for it; ``next_module``: DKMS installed an NVIDIA module for it
+    (:data:`DKMS_MODULE`); ``grub_default``: GRUB_DEFAULT of /etc/default/grub, if set."""
 
     kernel: str
     build_tree: bool
     candidate: str | None
+    next_kernel: str | None = None
+    next_build_tree: bool = False
+    next_candidate: str | None = None
+    next_module: bool = False
+    grub_default: str | None = None
 
 
 class KernelHeaders(FactBase[Headers]):
-    """Headers for the running kernel, installed or installable.
+    """Headers for the running kernel and for the kernel that boots next, installed or
+    installable.
 
     .. code:: python
 
-        Headers(kernel="6.1.0-26-amd64", build_tree=False, candidate="6.1.112-1")
+        Headers(kernel="6.1.0-26-amd64", build_tree=False, candidate="6.1.112-1",
+                next_kernel="6.1.0-28-amd64", next_build_tree=False,
+                next_candidate="6.1.119-1", next_module=False, grub_default="0")
+
+    The kernel that boots next is the newest /boot/vmlinuz-* by ``LC_ALL=C sort -V``: GRUB
+    boots its default entry (GRUB_DEFAULT=0, Debian's and Ubuntu's default: the first), and
+    update-grub, run by every kernel package's hooks, makes the first entry of the newest
+    kernel (grub-mkconfig's 10_linux: ``version_sort -r`` of the images, *.dpkg-* left out).
+    DKMS's own postinst picks the same kernel to build for (dkms_common.postinst: the running
+    and the newest installed kernel).
     """
 
     @override
@@ -164,17 +190,37 @@ class KernelHeaders(FactBase[Headers]):
             'if [ -e "/lib/modules/$k/build" ]; then echo build=yes; else echo build=no; '
             "if command -v apt-cache >/dev/null 2>&1; then "
             'apt-cache policy "linux-headers-$k" 2>/dev/null '
-            "| sed -n 's/^ *Candidate: */candidate=/p'; fi; fi"
+            "| sed -n 's/^ *Candidate: */candidate=/p'; fi; fi; "
+            "n=$(ls -1 /boot/vmlinuz-* 2>/dev/null | sed 's|^/boot/vmlinuz-||' "
+            "| grep -v '[.]dpkg-' | LC_ALL=C sort -V | tail -n 1); "
+            'if [ -n "$n" ] && [ "$n" != "$k" ]; then echo "next=$n"; '
+            'if [ -e "/lib/modules/$n/build" ]; then echo next_build=yes; '
+            "elif command -v apt-cache >/dev/null 2>&1; then "
+            'apt-cache policy "linux-headers-$n" 2>/dev/null '
+            "| sed -n 's/^ *Candidate: */next_candidate=/p'; fi; "
+            'if ls "/lib/modules/$n/updates/dkms/"nvidia.ko* >/dev/null 2>&1; then '
+            "echo next_module=yes; fi; fi; "
+            "sed -n 's/^GRUB_DEFAULT=/grub_default=/p' /etc/default/grub 2>/dev/null "
+            "| tail -n 1; true"
         )
 
     @override
     def process(self, output: list[str]) -> Headers:
         values = dict(line.split("=", 1) for line in output if "=" in line)
-        candidate = values.get("candidate", "").strip()
+
+        def candidate(key: str) -> str | None:
+            value = values.get(key, "").strip()
+            return None if value in ("", "(none)") else value
+
         return Headers(
             kernel=values.get("kernel", "").strip(),
             build_tree=values.get("build") == "yes",
-            candidate=None if candidate in ("", "(none)") else candidate,
+            candidate=candidate("candidate"),
+            next_kernel=values.get("next", "").strip() or None,
+            next_build_tree=values.get("next_build") == "yes",
+            next_candidate=candidate("next_candidate"),
+            next_module=values.get("next_module") == "yes",
+            grub_default=values.get("grub_default", "").strip().strip("\"'") or None,
         )
 
 
@@ -548,7 +594,10 @@ class DriverPlan:
     driver no package installed is used as it is; ``present``: the version nvidia-smi or
     /proc/driver/nvidia reports, if any; ``adopted``: the host's own entries of NVIDIA's
     repository used instead of gpuhost's (:func:`check_sources`); ``repo_listed``: apt lists
-    the repository now.
+    the repository now; ``kernel``: the running kernel; ``next_kernel``: the kernel that boots
+    next where it is not the running one and the driver's module must be built for it too
+    (``next_module``: DKMS has built it); ``next_headers_unknown``: whether apt can install its
+    headers is known only once NVIDIA's repository is in apt's lists.
     """
 
     installed: tuple[str, ...]
@@ -565,6 +614,10 @@ class DriverPlan:
     present: str | None = None
     adopted: tuple[AptSource, ...] = ()
     repo_listed: bool = False
+    kernel: str = ""
+    next_kernel: str | None = None
+    next_module: bool = False
+    next_headers_unknown: bool = False
 
     def summary(self, resolved: str | None = None) -> str:
         """One line for the log and --dry: installed and target versions, what follows;
@@ -579,10 +632,17 @@ class DriverPlan:
             target += f" ({resolved} in apt's lists)"
         follows = []
         if self.reboot_reasons:
-            follows.append(f"a reboot ({'; '.join(self.reboot_reasons)}) and a server restart")
+            into = f" into kernel {self.next_kernel}" if self.next_kernel else ""
+            follows.append(f"a reboot{into} ({'; '.join(self.reboot_reasons)}) and a server "
+                           "restart")
         line = (f"driver installed {driver}, target {target}"
                 f"{' (a driver change)' if self.change else ''}; CUDA toolkit installed {tk}, "
                 f"target {self.toolkit_target}")
+        if self.next_kernel:
+            line += (f"; kernel {self.next_kernel} boots next (installed, not running yet): its "
+                     "headers and the NVIDIA module for it as well as for the running "
+                     f"{self.kernel}" + (" (its module built already)" if self.next_module
+                                         else ""))
         return line + ("; then " + ", ".join(follows) if follows else "; no reboot")
 
 
@@ -609,7 +669,9 @@ def plan_driver(
     ``gpuhost_allow_driver_change``; a driver no package installed, unless
     ``gpuhost_unpackaged_driver`` says "keep" or "replace"; a driver install when the running
     kernel has no headers and apt offers none (DKMS could not build the module: the host would
-    come back from its reboot without a driver); a driver install when apt's lists of NVIDIA's
+    come back from its reboot without a driver), and the same for the kernel that boots next
+    (a newer one installed, not booted: :class:`KernelHeaders`) when this run reboots (a
+    warning otherwise); a driver install when apt's lists of NVIDIA's
     repository (``available``: the kernel-module package's versions, apt-cache madison; None
     when the repository is not configured yet, and then the install checks it) have no version
     host data asks for: apt would ignore the pin and install the branch's newest. Reboots when
@@ -716,6 +778,32 @@ def plan_driver(
         if bound:
             reasons.append(f"nouveau holds {', '.join(g.address for g in bound)}")
 
+    next_kernel = headers.next_kernel if not keep and (install or installed) else None
+    next_headers_unknown = False
+    if next_kernel and not headers.next_module:
+        next_package = f"linux-headers-{next_kernel}"
+        if not (headers.next_build_tree or next_package in debs
+                or headers.next_candidate is not None):
+            missing = (f"no kernel headers for {next_kernel}, the kernel that boots next "
+                       f"(installed, not running yet): apt has no installable {next_package}, "
+                       "so DKMS cannot build the NVIDIA module for it")
+            if not configured:
+                next_headers_unknown = True
+            elif reasons:
+                refusals.append(
+                    f"{missing}, and the reboot this run makes would boot it without a driver. "
+                    f"Install its headers, or remove linux-image-{next_kernel} (the running "
+                    f"kernel {headers.kernel} then stays the one that boots), then run again")
+            else:
+                warnings.append(f"{missing}: the host's next reboot would come up without a "
+                                "driver; install its headers and run again")
+    if next_kernel and headers.grub_default not in (None, "0"):
+        warnings.append(
+            f"GRUB_DEFAULT={headers.grub_default} in /etc/default/grub: the kernel that boots "
+            f"next may not be {next_kernel}, the newest installed; the NVIDIA module is built "
+            f"for it and for the running {headers.kernel}, and the check after a reboot says "
+            "which kernel booted")
+
     return DriverPlan(
         installed=installed,
         target=target,
@@ -731,6 +819,10 @@ def plan_driver(
         present=state.driver_version or files_.module_version,
         adopted=listing.adopted,
         repo_listed=listing.listed,
+        kernel=headers.kernel,
+        next_kernel=next_kernel,
+        next_module=bool(next_kernel) and headers.next_module,
+        next_headers_unknown=next_headers_unknown,
     )
 
 
@@ -878,22 +970,91 @@ def gpus_bound():
 
 
 @operation(is_idempotent=False)
-def headers_installable(kernel: str):
+def headers_installable(kernel: str, role: str = "the running kernel"):
     """Fail the host unless ``linux-headers-<kernel>`` is installed or installable (apt has a
     candidate), before the driver is installed: DKMS needs them to build the module.
 
-    + kernel: the running kernel's release (``uname -r``)
+    + kernel: the kernel's release (``uname -r`` of the running one)
+    + role: which kernel it is, for the message ("the kernel that boots next")
     """
-    if not re.fullmatch(r"[0-9][a-z0-9.+-]*", kernel):
-        raise OperationValueError(f"kernel release {kernel!r}")
+    _check_release(kernel)
+    if not re.fullmatch(r"[a-z ]+", role):
+        raise OperationValueError(f"kernel role {role!r}")
     package = f"linux-headers-{kernel}"
     yield StringCommand(
         f"c=$(apt-cache policy {package} | sed -n 's/^ *Candidate: *//p'); "
-        f"if [ -z \"$c\" ] || [ \"$c\" = '(none)' ]; then echo \"no kernel headers for the "
-        f"running kernel {kernel}: apt has no installable {package}; DKMS could not build the "
+        f"if [ -z \"$c\" ] || [ \"$c\" = '(none)' ]; then echo \"no kernel headers for "
+        f"{role} {kernel}: apt has no installable {package}; DKMS could not build the "
         "NVIDIA module. Install the headers or boot a kernel that has them, then run again\" "
         ">&2; exit 1; fi; echo \"$c\""
     )
+
+
+def _check_release(kernel: str) -> None:
+    if not re.fullmatch(r"[0-9][a-z0-9.+-]*", kernel):
+        raise OperationValueError(f"kernel release {kernel!r}")
+
+
+@operation()
+def module_built(kernel: str, built: bool = False):
+    """Make sure DKMS installed the NVIDIA kernel module for ``kernel`` (a kernel installed but
+    not booted yet), before a reboot boots it: where :data:`DKMS_MODULE` is missing, ``dkms
+    autoinstall -k <kernel>`` builds every AUTOINSTALL module for it (dkms(8)); fails the host
+    when there is still none.
+
+    + kernel: the kernel's release
+    + built: the module is there already (:class:`KernelHeaders` ``next_module``)
+
+    DKMS usually built it already: the driver's postinst builds for the running and the newest
+    installed kernel (dkms_common.postinst), and its /etc/kernel/header_postinst.d hook for a
+    kernel whose headers arrive later.
+    """
+    _check_release(kernel)
+    if built:
+        host.noop(f"NVIDIA module built for kernel {kernel}")
+        return
+    module = DKMS_MODULE.format(kernel=kernel)
+    yield StringCommand(
+        f"if ! ls {module}* >/dev/null 2>&1; then "
+        "if ! command -v dkms >/dev/null 2>&1; then echo \"dkms is not installed: no NVIDIA "
+        f"module for {kernel}\" >&2; exit 1; fi; dkms autoinstall -k {kernel}; fi; "
+        f"if ! ls {module}* >/dev/null 2>&1; then echo \"DKMS built no NVIDIA module for kernel "
+        f"{kernel} (no {module}): the next boot would have no driver; see dkms status and "
+        f"/var/lib/dkms/nvidia/*/build/make.log\" >&2; exit 1; fi"
+    )
+
+
+@operation(is_idempotent=False)
+def booted_kernel_module(expected: str):
+    """Check, after a reboot, that the kernel that booted has DKMS's NVIDIA module
+    (:data:`DKMS_MODULE`); says which kernel booted, and warns when it is not ``expected``
+    (the kernel that boots next, :class:`KernelHeaders`). Fails the host naming the kernel
+    otherwise, before the driver's own check.
+
+    + expected: the release the reboot was to boot
+    """
+    _check_release(expected)
+
+    @remote.callback("the booted kernel's check")
+    def check(state, host):
+        _ok, out = remote.shell(host, "k=$(uname -r); echo \"$k\"; "
+                                      f"ls {DKMS_MODULE.format(kernel='$k')}* 2>/dev/null")
+        lines = [line.strip() for line in out.stdout_lines if line.strip()]
+        booted = lines[0] if lines else "?"
+        if booted != expected:
+            logger.warning(f"{host.print_prefix}NVIDIA: booted kernel {booted}, not {expected} "
+                           "(the newest installed): see GRUB_DEFAULT in /etc/default/grub")
+        if len(lines) < 2:
+            raise OperationError(
+                f"the booted kernel {booted} has no NVIDIA module "
+                f"({DKMS_MODULE.format(kernel=booted)} missing): install "
+                f"linux-headers-{booted}, run dkms autoinstall -k {booted} and reboot, or boot "
+                "a kernel that has the module")
+        logger.info(f"{host.print_prefix}NVIDIA: booted kernel {booted} has the NVIDIA module "
+                    f"({lines[1]})")
+        return True
+
+    yield FunctionCommand(check, (), {})
 
 
 # --- the stage ---------------------------------------------------------------------------------
@@ -1029,6 +1190,10 @@ def nvidia(settings: Settings):
     if plan.headers_unknown:
         headers_installable(name=f"Kernel headers installable for {headers.kernel}",
                             kernel=headers.kernel)
+    if plan.next_headers_unknown and plan.next_kernel:
+        headers_installable(name=f"Kernel headers installable for {plan.next_kernel} (the "
+                            "kernel that boots next)", kernel=plan.next_kernel,
+                            role="the kernel that boots next")
     files.put(
         name="Keep unattended-upgrades off the driver and CUDA",
         src=str(_templates() / "51gpuhost-unattended-upgrades"),
@@ -1058,8 +1223,11 @@ def nvidia(settings: Settings):
     dkms_signing(settings, signing)
     running = bool(fact(SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT))
     if not plan.keep_present:
-        apt.packages(name=f"Kernel headers for {headers.kernel}",
-                     packages=[f"linux-headers-{headers.kernel}"], no_recommends=True)
+        kernels = [headers.kernel, *([plan.next_kernel] if plan.next_kernel else [])]
+        apt.packages(name=f"Kernel headers for {' and '.join(kernels)}"
+                     + (" (the running kernel and the one that boots next)"
+                        if plan.next_kernel else ""),
+                     packages=[f"linux-headers-{k}" for k in kernels], no_recommends=True)
         if plan.install and plan.installed:
             driver_rollback.kept(
                 name="Keep the installed driver's packages for a rollback",
@@ -1109,8 +1277,14 @@ def driver_change(settings: Settings, plan: DriverPlan, packages: list[str],
         allow_change=settings.allow_driver_change,
         _if=only,
     )
+    if plan.next_kernel:
+        module_built(name=f"NVIDIA module for kernel {plan.next_kernel} (boots next)",
+                     kernel=plan.next_kernel, built=plan.next_module, _if=only)
     if plan.reboot_reasons:
         rebooted = reboot(name="Reboot: " + "; ".join(plan.reboot_reasons), _if=only)
+        booted_kernel_module(
+            name="The booted kernel has the NVIDIA module",
+            expected=plan.next_kernel or plan.kernel, _if=[*only, rebooted.did_change])
         driver_rollback.checked(
             name="Check the loaded driver (rolled back to the kept one if it fails)",
             packages=list(packages), module_package=module_package,

@@ -389,3 +389,62 @@ def test_madison_versions():
            "rc=0"]
     assert parse_madison(out) == ("580.105.08-1", "580.95.05-1")
     assert parse_madison(["rc=127"]) is None
+
+
+NEXT = "6.1.0-28-amd64"
+
+
+def test_a_pending_kernel_gets_headers_and_the_module_too_said_in_the_plan():
+    p = plan(**{**FRESH, "headers": Headers(KERNEL, False, "6.1.112-1", NEXT, False,
+                                            "6.1.119-1")}, sources=[])
+    assert not p.refusals and p.next_kernel == NEXT and not p.next_module
+    summary = p.summary()
+    assert f"kernel {NEXT} boots next (installed, not running yet)" in summary
+    assert f"a reboot into kernel {NEXT}" in summary
+
+
+def test_a_converged_host_with_a_pending_kernel_builds_its_module_without_a_reboot():
+    debs = {**CONVERGED, f"linux-headers-{NEXT}": ["6.1.119-1"]}
+    p = plan(debs=debs, headers=Headers(KERNEL, True, None, NEXT, True, None, False))
+    assert p.next_kernel == NEXT and not p.install and not p.reboot_reasons
+    built = plan(debs=debs, headers=Headers(KERNEL, True, None, NEXT, True, None, True))
+    assert built.next_module and "its module built already" in built.summary()
+
+
+def test_no_pending_kernel_no_next_kernel():
+    assert plan().next_kernel is None and "boots next" not in plan().summary()
+
+
+def test_a_pending_kernel_without_installable_headers_is_refused_when_this_run_reboots():
+    p = plan(**{**FRESH, "lists_present": True,
+                "headers": Headers(KERNEL, True, None, NEXT, False, None)},
+             sources=[AptSource(SOURCE, REPO, 1, "", "/", KEYRING)], available=("580.95.05-1",))
+    assert len(p.refusals) == 1
+    assert f"no kernel headers for {NEXT}, the kernel that boots next" in p.refusals[0]
+    assert "the reboot this run makes would boot it without a driver" in p.refusals[0]
+
+
+def test_a_pending_kernel_without_headers_is_a_warning_when_nothing_reboots():
+    p = plan(headers=Headers(KERNEL, True, None, NEXT, False, None))
+    assert not p.refusals and not p.reboot_reasons
+    assert any("the host's next reboot would come up without a driver" in w
+               for w in p.warnings)
+
+
+def test_a_pending_kernels_headers_are_checked_once_the_repository_is_listed():
+    p = plan(**{**FRESH, "headers": Headers(KERNEL, True, None, NEXT, False, None)},
+             sources=[])
+    assert not p.refusals and p.next_headers_unknown
+
+
+def test_no_pending_kernel_work_without_a_driver_of_gpuhosts():
+    kept = plan(settings(gpuhost_unpackaged_driver="keep"), debs={},
+                files_=DriverFiles("/usr/bin/nvidia-smi", None, "580.95.05"),
+                headers=Headers(KERNEL, True, None, NEXT, False, None))
+    assert kept.keep_present and kept.next_kernel is None
+
+
+def test_another_grub_default_is_warned_about():
+    p = plan(headers=Headers(KERNEL, True, None, NEXT, True, None, True, "saved"))
+    assert any("GRUB_DEFAULT=saved" in w for w in p.warnings)
+    assert not plan(headers=Headers(KERNEL, True, None, NEXT, True, None, True, "0")).warnings
