@@ -499,7 +499,7 @@ def check_sources(sources: list[AptSource], repo_url: str, source_path: str,
            f"as NVIDIA's repository instead of gpuhost's {source_path}")
     if not theirs:
         warnings = ((f"gpuhost_cuda_repo_adopt is set but no entry lists NVIDIA's repository "
-                     f"{repo_url}: gpuhost writes its own, {source_path}",) if adopt else ())
+                     f"{repo_url}: gpuhost writes its own, {source_path}"),) if adopt else ()
         return SourcesCheck(listed=bool(ours), warnings=warnings)
     if adopt:
         keys = {(signed_by_key(s.signed_by), (s.trusted or "").lower()) for s in theirs}
@@ -523,7 +523,7 @@ def check_sources(sources: list[AptSource], repo_url: str, source_path: str,
     duplicates = sorted({s.file for s in theirs if s not in conflicting})
     warnings = ((f"NVIDIA's repository {repo_url} is also listed in {', '.join(duplicates)}: "
                  f"a second entry of the one in {source_path}; remove it by hand (apt warns "
-                 "of targets configured twice)",) if duplicates else ())
+                 "of targets configured twice)"),) if duplicates else ()
     return SourcesCheck(listed=bool(ours), refusals=refusals, warnings=warnings)
 
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from operations.nvidia import (
+    KEYRING,
     AptSource,
     DriverFiles,
     Headers,
     PciGpu,
     parse_lspci,
-    KEYRING,
     parse_madison,
     parse_sources,
     plan_driver,

@@ -56,9 +56,9 @@ def _standin(name: str, tmp: Path) -> Path:
 
 def test_a_boot_boots_the_newest_image_and_uname_answers_it(tmp_path):
     boot, uname = _standin("boot-kernel", tmp_path), _standin("uname", tmp_path)
-    real = subprocess.run(["uname", "-r"], capture_output=True, text=True).stdout.strip()
+    real = subprocess.run(["uname", "-r"], capture_output=True, text=True, check=True).stdout.strip()
     subprocess.run([str(boot)], check=True, capture_output=True)
-    assert subprocess.run([str(uname), "-r"], capture_output=True, text=True).stdout.strip() \
+    assert subprocess.run([str(uname), "-r"], capture_output=True, text=True, check=True).stdout.strip() \
         == real  # no image in /boot: the machine's own kernel
     (tmp_path / "boot").mkdir()
     for release in ("6.1.9-1-amd64", "6.1.10-1-amd64", "6.1.11-1-amd64.dpkg-new"):
@@ -66,11 +66,11 @@ def test_a_boot_boots_the_newest_image_and_uname_answers_it(tmp_path):
     subprocess.run([str(boot)], check=True, capture_output=True)
     assert (tmp_path / "run" / "kernel-release").read_text().strip() == "6.1.10-1-amd64"
     assert subprocess.run([str(uname), "-r"], capture_output=True,
-                          text=True).stdout.strip() == "6.1.10-1-amd64"
-    everything = subprocess.run([str(uname), "-a"], capture_output=True, text=True).stdout
+                          text=True, check=True).stdout.strip() == "6.1.10-1-amd64"
+    everything = subprocess.run([str(uname), "-a"], capture_output=True, text=True, check=True).stdout
     assert " 6.1.10-1-amd64 " in everything and real not in everything
-    assert subprocess.run([str(uname), "-m"], capture_output=True, text=True).stdout.strip() \
-        == subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip()
+    assert subprocess.run([str(uname), "-m"], capture_output=True, text=True, check=True).stdout.strip() \
+        == subprocess.run(["uname", "-m"], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def test_install_puts_the_standins_in_the_tree_and_enables_the_boot_unit(tmp_path):
