@@ -163,25 +163,51 @@ def upstream(version: str) -> str:
 # --- facts -------------------------------------------------------------------------------------
 
 
+#: Where DKMS installs a module it built for a kernel on Debian and Ubuntu (dkms(8):
+#: DEST_MODULE_LOCATION is ignored there for the distribution's /updates/dkms; DKMS says
+#: "Installing to /lib/modules/<kernel>/updates/dkms/"), compressed on Ubuntu (nvidia.ko.zst).
+DKMS_MODULE: Final = "/lib/modules/{kernel}/updates/dkms/nvidia.ko"
+
+
 @dataclass(frozen=True)
 class Headers:
     """The running kernel (``uname -r``), whether its build tree
     (/lib/modules/<kernel>/build, what DKMS compiles against) exists, and, where it does not,
     apt's candidate for ``linux-headers-<kernel>`` (None: apt knows no installable version, or
     not asked: ``apt-cache policy`` loads apt's whole cache, 0.41 s of a sandbox host's CPU at
-    each no-op run, docs/development.md)."""
+    each no-op run, docs/development.md).
+
+    ``next_kernel``: the kernel that boots next where it is not the running one (a newer
+    ``linux-image`` installed, not booted yet), else None; the same ``next_build_tree`` and
+    ``next_candidate`` for it; ``next_module``: DKMS installed an NVIDIA module for it
+    (:data:`DKMS_MODULE`); ``grub_default``: GRUB_DEFAULT of /etc/default/grub, if set."""
 
     kernel: str
     build_tree: bool
     candidate: str | None
+    next_kernel: str | None = None
+    next_build_tree: bool = False
+    next_candidate: str | None = None
+    next_module: bool = False
+    grub_default: str | None = None
 
 
 class KernelHeaders(FactBase[Headers]):
-    """Headers for the running kernel, installed or installable.
+    """Headers for the running kernel and for the kernel that boots next, installed or
+    installable.
 
     .. code:: python
 
-        Headers(kernel="6.1.0-26-amd64", build_tree=False, candidate="6.1.112-1")
+        Headers(kernel="6.1.0-26-amd64", build_tree=False, candidate="6.1.112-1",
+                next_kernel="6.1.0-28-amd64", next_build_tree=False,
+                next_candidate="6.1.119-1", next_module=False, grub_default="0")
+
+    The kernel that boots next is the newest /boot/vmlinuz-* by ``LC_ALL=C sort -V``: GRUB
+    boots its default entry (GRUB_DEFAULT=0, Debian's and Ubuntu's default: the first), and
+    update-grub, run by every kernel package's hooks, makes the first entry of the newest
+    kernel (grub-mkconfig's 10_linux: ``version_sort -r`` of the images, *.dpkg-* left out).
+    DKMS's own postinst picks the same kernel to build for (dkms_common.postinst: the running
+    and the newest installed kernel).
     """
 
     @override
@@ -191,17 +217,37 @@ class KernelHeaders(FactBase[Headers]):
             'if [ -e "/lib/modules/$k/build" ]; then echo build=yes; else echo build=no; '
             "if command -v apt-cache >/dev/null 2>&1; then "
             'apt-cache policy "linux-headers-$k" 2>/dev/null '
-            "| sed -n 's/^ *Candidate: */candidate=/p'; fi; fi"
+            "| sed -n 's/^ *Candidate: */candidate=/p'; fi; fi; "
+            "n=$(ls -1 /boot/vmlinuz-* 2>/dev/null | sed 's|^/boot/vmlinuz-||' "
+            "| grep -v '[.]dpkg-' | LC_ALL=C sort -V | tail -n 1); "
+            'if [ -n "$n" ] && [ "$n" != "$k" ]; then echo "next=$n"; '
+            'if [ -e "/lib/modules/$n/build" ]; then echo next_build=yes; '
+            "elif command -v apt-cache >/dev/null 2>&1; then "
+            'apt-cache policy "linux-headers-$n" 2>/dev/null '
+            "| sed -n 's/^ *Candidate: */next_candidate=/p'; fi; "
+            'if ls "/lib/modules/$n/updates/dkms/"nvidia.ko* >/dev/null 2>&1; then '
+            "echo next_module=yes; fi; fi; "
+            "sed -n 's/^GRUB_DEFAULT=/grub_default=/p' /etc/default/grub 2>/dev/null "
+            "| tail -n 1; true"
         )
 
     @override
     def process(self, output: list[str]) -> Headers:
         values = dict(line.split("=", 1) for line in output if "=" in line)
-        candidate = values.get("candidate", "").strip()
+
+        def candidate(key: str) -> str | None:
+            value = values.get(key, "").strip()
+            return None if value in ("", "(none)") else value
+
         return Headers(
             kernel=values.get("kernel", "").strip(),
             build_tree=values.get("build") == "yes",
-            candidate=None if candidate in ("", "(none)") else candidate,
+            candidate=candidate("candidate"),
+            next_kernel=values.get("next", "").strip() or None,
+            next_build_tree=values.get("next_build") == "yes",
+            next_candidate=candidate("next_candidate"),
+            next_module=values.get("next_module") == "yes",
+            grub_default=values.get("grub_default", "").strip().strip("\"'") or None,
         )
 
 
@@ -292,20 +338,39 @@ class NvidiaDriverFiles(FactBase[DriverFiles]):
 
 @dataclass(frozen=True)
 class AptSource:
-    """One apt source entry: the file it is in and its URI (``deb`` lines of .list files,
-    ``URIs:`` of deb822 .sources files, sources.list(5))."""
+    """One apt source entry (sources.list(5)): the file it is in, its URI, and where it says so:
+    ``line`` (1-based; of the ``URIs:`` field in a deb822 .sources stanza) and ``text`` (that
+    line); its suite (``/`` for a flat repository such as NVIDIA's), its ``signed-by`` and
+    ``trusted`` options (None: not given)."""
 
     file: str
     uri: str
+    line: int = 0
+    text: str = ""
+    suite: str = "/"
+    signed_by: str | None = None
+    trusted: str | None = None
+
+    @property
+    def where(self) -> str:
+        """"/etc/apt/sources.list.d/cuda-manual.list line 1: deb [...] https://... /"."""
+        return f"{self.file} line {self.line}: {self.text.strip()}"
 
 
 class AptSources(FactBase[list[AptSource]]):
-    """Every ``deb`` entry of /etc/apt/sources.list, sources.list.d/*.list and *.sources.
+    """Every enabled ``deb`` and ``deb-src`` entry of /etc/apt/sources.list,
+    sources.list.d/*.list (one-line style) and sources.list.d/*.sources (deb822 style).
 
     .. code:: python
 
         [AptSource(file="/etc/apt/sources.list.d/cuda-debian12-x86_64.list",
-                   uri="https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/")]
+                   uri="https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/",
+                   line=1, text="deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+                   "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /",
+                   suite="/", signed_by="/usr/share/keyrings/cuda-archive-keyring.gpg")]
+
+    The command prints each file's lines but comments as ``file:line:text`` (grep -Hn); blank
+    lines stay, they end deb822 stanzas.
     """
 
     default = list
@@ -313,24 +378,180 @@ class AptSources(FactBase[list[AptSource]]):
     @override
     def command(self) -> str:
         return (
-            "grep -sH -E '^[[:space:]]*deb[[:space:]]' /etc/apt/sources.list "
-            "/etc/apt/sources.list.d/*.list; "
-            "grep -sH -i -E '^[[:space:]]*URIs:' /etc/apt/sources.list.d/*.sources; true"
+            "for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list "
+            "/etc/apt/sources.list.d/*.sources; do "
+            "[ -f \"$f\" ] && grep -Hn -v '^[[:space:]]*#' \"$f\"; done; true"
         )
 
     @override
     def process(self, output: list[str]) -> list[AptSource]:
-        entries = []
-        for line in output:
-            path, _, text = line.partition(":")
-            words = re.sub(r"\[[^]]*\]", " ", text).split()
-            if not words:
-                continue
-            if words[0].lower() == "uris:":
-                entries.extend(AptSource(path, uri) for uri in words[1:])
-            elif words[0] == "deb" and len(words) > 1:
-                entries.append(AptSource(path, words[1]))
-        return entries
+        return parse_sources(output)
+
+
+_SOURCE_LINE: Final = re.compile(r"^(/[^:]*):(\d+):(.*)$")
+
+
+def parse_sources(output: list[str]) -> list[AptSource]:
+    """Parse :class:`AptSources`' output (sources.list(5): one-line entries ``deb [ options ]
+    uri suite [component...]``; deb822 stanzas with ``Types``, ``URIs``, ``Suites``,
+    ``Signed-By`` (a path, fingerprints, or an embedded key on continuation lines),
+    ``Trusted`` and ``Enabled: no``)."""
+    entries: list[AptSource] = []
+    stanza: dict[str, tuple[int, str, str]] = {}  # field (lower case) -> (line, text, value)
+    stanza_file = ""
+    last = ""
+
+    def end_stanza() -> None:
+        if not stanza:
+            return
+        types = stanza.get("types", (0, "", ""))[2].split()
+        enabled = stanza.get("enabled", (0, "", "yes"))[2].strip().lower() != "no"
+        if enabled and {"deb", "deb-src"} & set(types) and "uris" in stanza:
+            line, text, uris = stanza["uris"]
+            signed = stanza.get("signed-by")
+            trusted = stanza.get("trusted")
+            for uri in uris.split():
+                for suite in stanza.get("suites", (0, "", ""))[2].split() or [""]:
+                    entries.append(AptSource(
+                        stanza_file, uri, line, text, suite,
+                        signed[2].strip() if signed else None,
+                        trusted[2].strip() if trusted else None))
+        stanza.clear()
+
+    for raw in output:
+        match = _SOURCE_LINE.match(raw)
+        if not match:
+            continue
+        path, number, text = match.group(1), int(match.group(2)), match.group(3)
+        if path.endswith(".sources"):
+            if path != stanza_file:
+                end_stanza()
+                stanza_file, last = path, ""
+            if not text.strip():
+                end_stanza()
+            elif text[0] in " \t" and last:
+                line, first, value = stanza[last]
+                stanza[last] = (line, first, value + "\n" + text.strip())
+            elif ":" in text:
+                key, _, value = text.partition(":")
+                last = key.strip().lower()
+                stanza[last] = (number, text, value.strip())
+            continue
+        end_stanza()
+        stanza_file = ""
+        options: dict[str, str] = {}
+        body = text.split("#", 1)[0]
+        bracket = re.search(r"\[([^]]*)\]", body)
+        if bracket:
+            for option in bracket.group(1).split():
+                key, _, value = option.partition("=")
+                options[key.lower()] = value
+            body = body[:bracket.start()] + " " + body[bracket.end():]
+        words = body.split()
+        if len(words) >= 3 and words[0] in ("deb", "deb-src"):
+            entries.append(AptSource(path, words[1], number, text, words[2],
+                                     options.get("signed-by"), options.get("trusted")))
+    end_stanza()
+    return entries
+
+
+def same_source(a: str, b: str) -> bool:
+    """Whether apt takes two source URIs for one source: the same but for the scheme and
+    trailing slashes (seen with apt 2.6.1, Debian 12: an http:// and an https:// entry of one
+    repository with different signed-by stop every apt command with "Conflicting values set
+    for option Signed-By regarding source ...")."""
+    def key(uri: str) -> str:
+        return uri.split("://", 1)[-1].rstrip("/")
+    return key(a) == key(b)
+
+
+def signed_by_key(value: str | None) -> str:
+    """A signed-by value as apt compares it (apt-pkg/deb/debmetaindex.cc NormalizeSignedBy:
+    an embedded key as it is; else the comma- or space-separated keyrings and fingerprints,
+    sorted, once each); "" for none."""
+    if not value:
+        return ""
+    if "-----BEGIN" in value:
+        return value.strip()
+    return ",".join(sorted(set(re.split(r"[,\s]+", value.strip())) - {""}))
+
+
+def _conflict(entry: AptSource, repo_url: str, how: str) -> str:
+    differ = signed_by_key(entry.signed_by) != signed_by_key(KEYRING)
+    what = ((f"signed-by={_short(entry.signed_by)}" if entry.signed_by else "no signed-by")
+            if differ else f"trusted={entry.trusted}")
+    return (f"NVIDIA's repository {repo_url} is already listed in {entry.where}. Its {what} "
+            f"conflicts with the entry gpuhost writes (signed-by={KEYRING}): apt would read no "
+            f"source at all (\"Conflicting values set for option "
+            f"{'Signed-By' if differ else 'Trusted'} regarding source ...\"), so every later "
+            f"apt command would fail. To go on, {how}")
+
+
+def _short(signed_by: str) -> str:
+    return "(an embedded key)" if "-----BEGIN" in signed_by else signed_by
+
+
+@dataclass(frozen=True)
+class SourcesCheck:
+    """What :func:`check_sources` found: ``adopted`` the entries gpuhost uses as NVIDIA's
+    repository instead of writing its own (gpuhost_cuda_repo_adopt), ``listed`` whether apt
+    lists the repository now (gpuhost's own entry or an adopted one), ``refusals`` and
+    ``warnings`` as in :class:`DriverPlan`."""
+
+    adopted: tuple[AptSource, ...] = ()
+    listed: bool = False
+    refusals: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def check_sources(sources: list[AptSource], repo_url: str, source_path: str,
+                  adopt: bool) -> SourcesCheck:
+    """Compare the host's apt entries for NVIDIA's repository with the one gpuhost writes in
+    ``source_path`` (``deb [signed-by=KEYRING] repo_url /``; no side effects).
+
+    apt refuses to read its sources at all when two entries of one source (its URI without the
+    scheme, and its suite) differ in ``signed-by`` or ``trusted`` (apt 2.6.1: "E: Conflicting
+    values set for option Signed-By regarding source ..."; "E: The list of sources could not be
+    read."), and every later apt command fails. So an entry added by hand that would conflict
+    with gpuhost's is refused, naming its file and line, unless ``adopt``: gpuhost then uses
+    it as NVIDIA's repository and writes none of its own (removing one it wrote before). An
+    entry that would not conflict (the same signed-by) is a duplicate apt only warns about.
+    """
+    ours = [s for s in sources if s.file == source_path]
+    theirs = [s for s in sources if s.file != source_path and s.suite == "/"
+              and same_source(s.uri, repo_url)]
+    wanted = signed_by_key(KEYRING)
+    conflicting = [s for s in theirs if signed_by_key(s.signed_by) != wanted or s.trusted]
+    how = (f"remove that line (or the file), or set gpuhost_cuda_repo_adopt = True to use it "
+           f"as NVIDIA's repository instead of gpuhost's {source_path}")
+    if not theirs:
+        warnings = ((f"gpuhost_cuda_repo_adopt is set but no entry lists NVIDIA's repository "
+                     f"{repo_url}: gpuhost writes its own, {source_path}"),) if adopt else ()
+        return SourcesCheck(listed=bool(ours), warnings=warnings)
+    if adopt:
+        keys = {(signed_by_key(s.signed_by), (s.trusted or "").lower()) for s in theirs}
+        if len(keys) > 1:
+            return SourcesCheck(refusals=(
+                f"NVIDIA's repository {repo_url} is listed more than once with different "
+                "signed-by or trusted options, and apt cannot read such sources: "
+                + "; ".join(s.where for s in theirs)
+                + ". Keep one of them (gpuhost_cuda_repo_adopt then uses it)",))
+        warnings = [f"NVIDIA's repository is used as listed in {s.where} "
+                    "(gpuhost_cuda_repo_adopt): gpuhost writes no entry of its own"
+                    for s in theirs[:1]]
+        if ours:
+            warnings.append(f"{source_path}, gpuhost's own entry, is removed: it would list "
+                            "the repository a second time")
+        if any((s.trusted or "").lower() == "yes" for s in theirs):
+            warnings.append("the adopted entry says trusted=yes: apt does not check the "
+                            "repository's signatures")
+        return SourcesCheck(adopted=tuple(theirs), listed=True, warnings=tuple(warnings))
+    refusals = tuple(_conflict(s, repo_url, how) for s in conflicting)
+    duplicates = sorted({s.file for s in theirs if s not in conflicting})
+    warnings = ((f"NVIDIA's repository {repo_url} is also listed in {', '.join(duplicates)}: "
+                 f"a second entry of the one in {source_path}; remove it by hand (apt warns "
+                 "of targets configured twice)"),) if duplicates else ()
+    return SourcesCheck(listed=bool(ours), refusals=refusals, warnings=warnings)
 
 
 @dataclass(frozen=True)
@@ -398,7 +619,12 @@ class DriverPlan:
     ``reboot_reasons``: why a reboot follows (empty: none); ``refusals``: why the stage must not
     run (empty: it may); ``warnings``: what is reported and left alone; ``keep_present``: a
     driver no package installed is used as it is; ``present``: the version nvidia-smi or
-    /proc/driver/nvidia reports, if any.
+    /proc/driver/nvidia reports, if any; ``adopted``: the host's own entries of NVIDIA's
+    repository used instead of gpuhost's (:func:`check_sources`); ``repo_listed``: apt lists
+    the repository now; ``kernel``: the running kernel; ``next_kernel``: the kernel that boots
+    next where it is not the running one and the driver's module must be built for it too
+    (``next_module``: DKMS has built it); ``next_headers_unknown``: whether apt can install its
+    headers is known only once NVIDIA's repository is in apt's lists.
     """
 
     installed: tuple[str, ...]
@@ -413,6 +639,12 @@ class DriverPlan:
     keep_present: bool = False
     headers_unknown: bool = False
     present: str | None = None
+    adopted: tuple[AptSource, ...] = ()
+    repo_listed: bool = False
+    kernel: str = ""
+    next_kernel: str | None = None
+    next_module: bool = False
+    next_headers_unknown: bool = False
 
     def summary(self, resolved: str | None = None) -> str:
         """One line for the log and --dry: installed and target versions, what follows;
@@ -427,10 +659,17 @@ class DriverPlan:
             target += f" ({resolved} in apt's lists)"
         follows = []
         if self.reboot_reasons:
-            follows.append(f"a reboot ({'; '.join(self.reboot_reasons)}) and a server restart")
+            into = f" into kernel {self.next_kernel}" if self.next_kernel else ""
+            follows.append(f"a reboot{into} ({'; '.join(self.reboot_reasons)}) and a server "
+                           "restart")
         line = (f"driver installed {driver}, target {target}"
                 f"{' (a driver change)' if self.change else ''}; CUDA toolkit installed {tk}, "
                 f"target {self.toolkit_target}")
+        if self.next_kernel:
+            line += (f"; kernel {self.next_kernel} boots next (installed, not running yet): its "
+                     "headers and the NVIDIA module for it as well as for the running "
+                     f"{self.kernel}" + (" (its module built already)" if self.next_module
+                                         else ""))
         return line + ("; then " + ", ".join(follows) if follows else "; no reboot")
 
 
@@ -451,11 +690,15 @@ def plan_driver(
 ) -> DriverPlan:
     """Decide the nvidia stage from a host's facts (no side effects; units: none).
 
-    Refuses: an installed driver other than the one host data asks for, unless
+    Refuses: an entry of NVIDIA's repository added by hand that apt could not read beside
+    gpuhost's (:func:`check_sources`; adopted instead with ``gpuhost_cuda_repo_adopt``); an
+    installed driver other than the one host data asks for, unless
     ``gpuhost_allow_driver_change``; a driver no package installed, unless
     ``gpuhost_unpackaged_driver`` says "keep" or "replace"; a driver install when the running
     kernel has no headers and apt offers none (DKMS could not build the module: the host would
-    come back from its reboot without a driver); a driver install when apt's lists of NVIDIA's
+    come back from its reboot without a driver), and the same for the kernel that boots next
+    (a newer one installed, not booted: :class:`KernelHeaders`) when this run reboots (a
+    warning otherwise); a driver install when apt's lists of NVIDIA's
     repository (``available``: the kernel-module package's versions, apt-cache madison; None
     when the repository is not configured yet, and then the install checks it) have no version
     host data asks for: apt would ignore the pin and install the branch's newest. Reboots when
@@ -475,13 +718,9 @@ def plan_driver(
     warnings: list[str] = []
     reasons: list[str] = []
 
-    theirs = [s.file for s in sources
-              if s.uri.rstrip("/") == repo_url.rstrip("/") and s.file != source_path]
-    if theirs:
-        warnings.append(
-            f"NVIDIA's repository {repo_url} is also listed in {', '.join(sorted(set(theirs)))}: "
-            f"a second entry of the one in {source_path}; remove it by hand (apt warns of "
-            "targets configured twice, or fails when their signed-by differ)")
+    listing = check_sources(sources, repo_url, source_path, settings.cuda_repo_adopt)
+    refusals.extend(listing.refusals)
+    warnings.extend(listing.warnings)
     if "nvidia-cuda-toolkit" in debs:
         warnings.append("the distribution's nvidia-cuda-toolkit is installed: its nvcc is not "
                         f"the one builds use ({settings.cuda_home}/bin/nvcc); remove it")
@@ -529,7 +768,7 @@ def plan_driver(
     # it was named may lack) installs at the pinned version without one.
     install = not keep and (change or any(p not in debs for p in (packages[0], module_package)))
 
-    configured = lists_present and any(s.file == source_path for s in sources)
+    configured = lists_present and listing.listed
     if install and configured and available is not None and not any(
             fnmatch.fnmatch(v, target) for v in available):
         offered = [upstream(v) for v in available
@@ -569,6 +808,35 @@ def plan_driver(
         if bound:
             reasons.append(f"nouveau holds {', '.join(g.address for g in bound)}")
 
+    next_kernel = headers.next_kernel if not keep and (install or installed) else None
+    next_headers_unknown = False
+    if next_kernel and not headers.next_module:
+        next_package = f"linux-headers-{next_kernel}"
+        if not (headers.next_build_tree or next_package in debs
+                or headers.next_candidate is not None):
+            if not configured:
+                next_headers_unknown = True
+            elif reasons:
+                refusals.append(
+                    f"no kernel headers for the kernel that boots next, {next_kernel} "
+                    f"(installed, not running yet): apt has no installable {next_package}, so "
+                    "DKMS cannot build the NVIDIA module for it, and the reboot this run makes "
+                    "would boot it without a driver. Install its headers, or remove "
+                    f"linux-image-{next_kernel} (the running kernel {headers.kernel} then stays "
+                    "the one that boots), then run again")
+            else:
+                warnings.append(
+                    f"no kernel headers for the kernel that boots next, {next_kernel} "
+                    f"(installed, not running yet): apt has no installable {next_package}, so "
+                    "DKMS cannot build the NVIDIA module for it and the host's next reboot "
+                    "would come up without a driver; install its headers and run again")
+    if next_kernel and headers.grub_default not in (None, "0"):
+        warnings.append(
+            f"GRUB_DEFAULT={headers.grub_default} in /etc/default/grub: the kernel that boots "
+            f"next may not be {next_kernel}, the newest installed; the NVIDIA module is built "
+            f"for it and for the running {headers.kernel}, and the check after a reboot says "
+            "which kernel booted")
+
     return DriverPlan(
         installed=installed,
         target=target,
@@ -582,6 +850,12 @@ def plan_driver(
         keep_present=keep,
         headers_unknown=headers_unknown,
         present=state.driver_version or files_.module_version,
+        adopted=listing.adopted,
+        repo_listed=listing.listed,
+        kernel=headers.kernel,
+        next_kernel=next_kernel,
+        next_module=bool(next_kernel) and headers.next_module,
+        next_headers_unknown=next_headers_unknown,
     )
 
 
@@ -736,22 +1010,91 @@ def gpus_bound():
 
 
 @operation(is_idempotent=False)
-def headers_installable(kernel: str):
+def headers_installable(kernel: str, role: str = "the running kernel"):
     """Fail the host unless ``linux-headers-<kernel>`` is installed or installable (apt has a
     candidate), before the driver is installed: DKMS needs them to build the module.
 
-    + kernel: the running kernel's release (``uname -r``)
+    + kernel: the kernel's release (``uname -r`` of the running one)
+    + role: which kernel it is, for the message ("the kernel that boots next")
     """
-    if not re.fullmatch(r"[0-9][a-z0-9.+-]*", kernel):
-        raise OperationValueError(f"kernel release {kernel!r}")
+    _check_release(kernel)
+    if not re.fullmatch(r"[a-z ]+", role):
+        raise OperationValueError(f"kernel role {role!r}")
     package = f"linux-headers-{kernel}"
     yield StringCommand(
         f"c=$(apt-cache policy {package} | sed -n 's/^ *Candidate: *//p'); "
-        f"if [ -z \"$c\" ] || [ \"$c\" = '(none)' ]; then echo \"no kernel headers for the "
-        f"running kernel {kernel}: apt has no installable {package}; DKMS could not build the "
+        f"if [ -z \"$c\" ] || [ \"$c\" = '(none)' ]; then echo \"no kernel headers for "
+        f"{role} {kernel}: apt has no installable {package}; DKMS could not build the "
         "NVIDIA module. Install the headers or boot a kernel that has them, then run again\" "
         ">&2; exit 1; fi; echo \"$c\""
     )
+
+
+def _check_release(kernel: str) -> None:
+    if not re.fullmatch(r"[0-9][a-z0-9.+-]*", kernel):
+        raise OperationValueError(f"kernel release {kernel!r}")
+
+
+@operation()
+def module_built(kernel: str, built: bool = False):
+    """Make sure DKMS installed the NVIDIA kernel module for ``kernel`` (a kernel installed but
+    not booted yet), before a reboot boots it: where :data:`DKMS_MODULE` is missing, ``dkms
+    autoinstall -k <kernel>`` builds every AUTOINSTALL module for it (dkms(8)); fails the host
+    when there is still none.
+
+    + kernel: the kernel's release
+    + built: the module is there already (:class:`KernelHeaders` ``next_module``)
+
+    DKMS usually built it already: the driver's postinst builds for the running and the newest
+    installed kernel (dkms_common.postinst), and its /etc/kernel/header_postinst.d hook for a
+    kernel whose headers arrive later.
+    """
+    _check_release(kernel)
+    if built:
+        host.noop(f"NVIDIA module built for kernel {kernel}")
+        return
+    module = DKMS_MODULE.format(kernel=kernel)
+    yield StringCommand(
+        f"if ! ls {module}* >/dev/null 2>&1; then "
+        "if ! command -v dkms >/dev/null 2>&1; then echo \"dkms is not installed: no NVIDIA "
+        f"module for {kernel}\" >&2; exit 1; fi; dkms autoinstall -k {kernel}; fi; "
+        f"if ! ls {module}* >/dev/null 2>&1; then echo \"DKMS built no NVIDIA module for kernel "
+        f"{kernel} (no {module}): the next boot would have no driver; see dkms status and "
+        f"/var/lib/dkms/nvidia/*/build/make.log\" >&2; exit 1; fi"
+    )
+
+
+@operation(is_idempotent=False)
+def booted_kernel_module(expected: str):
+    """Check, after a reboot, that the kernel that booted has DKMS's NVIDIA module
+    (:data:`DKMS_MODULE`); says which kernel booted, and warns when it is not ``expected``
+    (the kernel that boots next, :class:`KernelHeaders`). Fails the host naming the kernel
+    otherwise, before the driver's own check.
+
+    + expected: the release the reboot was to boot
+    """
+    _check_release(expected)
+
+    @remote.callback("the booted kernel's check")
+    def check(state, host):
+        _ok, out = remote.shell(host, "k=$(uname -r); echo \"$k\"; "
+                                      f"ls {DKMS_MODULE.format(kernel='$k')}* 2>/dev/null")
+        lines = [line.strip() for line in out.stdout_lines if line.strip()]
+        booted = lines[0] if lines else "?"
+        if booted != expected:
+            logger.warning(f"{host.print_prefix}NVIDIA: booted kernel {booted}, not {expected} "
+                           "(the newest installed): see GRUB_DEFAULT in /etc/default/grub")
+        if len(lines) < 2:
+            raise OperationError(
+                f"the booted kernel {booted} has no NVIDIA module "
+                f"({DKMS_MODULE.format(kernel=booted)} missing): install "
+                f"linux-headers-{booted}, run dkms autoinstall -k {booted} and reboot, or boot "
+                "a kernel that has the module")
+        logger.info(f"{host.print_prefix}NVIDIA: booted kernel {booted} has the NVIDIA module "
+                    f"({lines[1]})")
+        return True
+
+    yield FunctionCommand(check, (), {})
 
 
 # --- the stage ---------------------------------------------------------------------------------
@@ -812,8 +1155,7 @@ def nvidia(settings: Settings):
     pending = driver_rollback.pending_change(fact(FileText, path=driver_rollback.CHANGE))
     last_good = driver_rollback.load(fact(FileText, path=driver_rollback.LAST_GOOD))
     simulation = None
-    if plan.install and not plan.keep_present and lists_present and any(
-            s.file == source_path for s in fact(AptSources)):
+    if plan.install and not plan.keep_present and lists_present and plan.repo_listed:
         simulation = fact(DriverSimulation,
                           packages=[*packages, module_package, *(f"{r}-" for r in removals)],
                           version_glob=plan.target)
@@ -856,14 +1198,21 @@ def nvidia(settings: Settings):
         lists_updated(name="Update apt lists (for the download tools)")
     apt.packages(name="Download tools and lspci", packages=list(PREREQUISITES),
                  no_recommends=True)
-    keyring = files.download(
-        name="NVIDIA repository signing key",
-        src=f"{repo_url}cuda-archive-keyring.gpg",
-        dest=KEYRING,
-        sha256sum=settings.cuda_keyring_sha256,
-        mode="644",
-    )
-    source = files.put(
+    keyring = None
+    if not plan.adopted or any(signed_by_key(s.signed_by) == signed_by_key(KEYRING)
+                               for s in plan.adopted):
+        keyring = files.download(
+            name="NVIDIA repository signing key",
+            src=f"{repo_url}cuda-archive-keyring.gpg",
+            dest=KEYRING,
+            sha256sum=settings.cuda_keyring_sha256,
+            mode="644",
+        )
+    source = files.file(
+        name=f"NVIDIA CUDA repository: as listed in {plan.adopted[0].file} (adopted)",
+        path=source_path,
+        present=False,
+    ) if plan.adopted else files.put(
         name="NVIDIA CUDA repository",
         src=StringIO(f"deb [signed-by={KEYRING}] {repo_url} /\n"),
         dest=source_path,
@@ -880,10 +1229,15 @@ def nvidia(settings: Settings):
     stale_lists = plan.install or bool(missing) or not lists_present
     configured_lists = lists_present and any(s.file == source_path for s in fact(AptSources))
     lists_updated(name="Update apt lists",
-                  _if=lambda: stale_lists or any_changed(keyring, source, pin)())
+                  _if=lambda: stale_lists or any_changed(
+                      *(op for op in (keyring, source, pin) if op is not None))())
     if plan.headers_unknown:
         headers_installable(name=f"Kernel headers installable for {headers.kernel}",
                             kernel=headers.kernel)
+    if plan.next_headers_unknown and plan.next_kernel:
+        headers_installable(name=f"Kernel headers installable for {plan.next_kernel} (the "
+                            "kernel that boots next)", kernel=plan.next_kernel,
+                            role="the kernel that boots next")
     files.put(
         name="Keep unattended-upgrades off the driver and CUDA",
         src=str(_templates() / "51gpuhost-unattended-upgrades"),
@@ -913,8 +1267,11 @@ def nvidia(settings: Settings):
     dkms_signing(settings, signing)
     running = bool(fact(SystemdStatus, services=SERVER_UNIT).get(SERVER_UNIT))
     if not plan.keep_present:
-        apt.packages(name=f"Kernel headers for {headers.kernel}",
-                     packages=[f"linux-headers-{headers.kernel}"], no_recommends=True)
+        kernels = [headers.kernel, *([plan.next_kernel] if plan.next_kernel else [])]
+        apt.packages(name=f"Kernel headers for {' and '.join(kernels)}"
+                     + (" (the running kernel and the one that boots next)"
+                        if plan.next_kernel else ""),
+                     packages=[f"linux-headers-{k}" for k in kernels], no_recommends=True)
         if plan.install and plan.installed:
             driver_rollback.kept(
                 name="Keep the installed driver's packages for a rollback",
@@ -978,8 +1335,14 @@ def driver_change(settings: Settings, plan: DriverPlan, packages: list[str],
         removals=list(removals or ()),
         _if=only,
     )
+    if plan.next_kernel:
+        module_built(name=f"NVIDIA module for kernel {plan.next_kernel} (boots next)",
+                     kernel=plan.next_kernel, built=plan.next_module, _if=only)
     if plan.reboot_reasons:
         rebooted = reboot(name="Reboot: " + "; ".join(plan.reboot_reasons), _if=only)
+        booted_kernel_module(
+            name="The booted kernel has the NVIDIA module",
+            expected=plan.next_kernel or plan.kernel, _if=[*only, rebooted.did_change])
         driver_rollback.checked(
             name="Check the loaded driver (rolled back to the kept one if it fails)",
             packages=list(packages), module_package=module_package,

@@ -14,6 +14,7 @@ from pyinfra import config, logger
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.command import StringCommand
 from pyinfra.api.exceptions import OperationError
+from pyinfra.context import ctx_config, ctx_state
 
 #: What every command of a run gets in its environment (pyinfra's ``config.ENV``, merged into
 #: each command's ``_env``, facts' included): output is parsed in English whatever the host's
@@ -33,8 +34,18 @@ PROBE_TIMEOUT_S: Final = 20
 
 
 def use_run_env() -> None:
-    """Give every command of this run :data:`RUN_ENV` (host data's own ``_env`` still adds to it)."""
+    """Give every command of this run :data:`RUN_ENV` (host data's own ``_env`` still adds to it).
+
+    pyinfra loads deploy.py per host under a copy of the run's config (pyinfra_cli/util.py
+    ``_parallel_load_hosts``: ``state.config.copy()``, which leaves ``ENV`` out: Config.copy
+    copies only ConfigDefaults' keys) and executes the operations under the run's own config:
+    both get it, or the commands callbacks send at execution time (``apt-get update`` of
+    operations.host.lists_updated among them) run in the host's locale.
+    """
     config.ENV = {**config.ENV, **RUN_ENV}
+    run = ctx_state.get()
+    if run is not None and run.config is not ctx_config.get():
+        run.config.ENV = {**run.config.ENV, **RUN_ENV}
 
 
 class ConnectionLost(OperationError):
@@ -46,7 +57,9 @@ def connector_arguments(host) -> dict[str, Any]:
     kin, ``_env`` (with :data:`RUN_ENV`), from ``--sudo`` and the host's data (pyinfra's own
     ``pop_global_arguments``). A callback's ``host.run_shell_command`` gets none of them."""
     arguments, _ = pop_global_arguments(host.state, host, {})
-    return {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
+    chosen = {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
+    chosen["_env"] = {**RUN_ENV, **(chosen.get("_env") or {})}
+    return chosen
 
 
 #: What a dropped connection raises: paramiko's and the socket's errors, and the gevent.Timeout

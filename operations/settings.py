@@ -119,6 +119,7 @@ class Settings:
     cuda_toolkit: str = "12.8"
     cuda_repo_url: str = "https://developer.download.nvidia.com/compute/cuda/repos"
     cuda_keyring_sha256: str | None = None
+    cuda_repo_adopt: bool = False
     # The run
     deploy_lock_wait: int = 0
     # Secure Boot: the MOK DKMS signs the driver's kernel module with
@@ -455,6 +456,7 @@ RULES: Final[Mapping[str, _Rule]] = {
     "cuda_toolkit": _one_of(CUDA_TOOLKITS),
     "cuda_repo_url": _text(_URL + r"(?<!/)", "an http(s) URL without a trailing slash"),
     "cuda_keyring_sha256": _text(r"[0-9a-f]{64}", "a sha256 hex digest", optional=True),
+    "cuda_repo_adopt": _BOOL,
     "mok_signing_key": _text(_PATH, "an absolute path on the host of a MOK's private key, "
                              f"root-only (mode 0600 or 0400) {_PATH_DETAIL}", optional=True),
     "mok_certificate": _text(_PATH, "an absolute path on the host of the MOK's DER "
@@ -646,6 +648,10 @@ HELP: Final[Mapping[str, str]] = {
     "cuda_keyring_sha256": (
         "sha256 the repository's `cuda-archive-keyring.gpg` must have; None checks nothing beyond "
         "HTTPS"),
+    "cuda_repo_adopt": (
+        "use an entry of NVIDIA's repository already in the host's apt sources (added by hand, "
+        "another `signed-by`) as gpuhost's own and write none; without it such an entry is "
+        "refused while planning (docs/driver.md)"),
     "deploy_lock_wait": (
         "seconds a run waits for another run's deploy lock on the host before it fails (0 to "
         "86400; 0 fails at once, saying who holds it)"),

@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox import debian_control
+from sandbox import debian_control, kernels
 from sandbox import ubuntu_driver
 from sandbox.layout import APT_ARCHIVES, CUDA_REPO_DIR, CUDA_REPO_PATH, HTTP_PORT, STATE_DIR
 
@@ -225,6 +225,7 @@ def packages(kernel_release: str, keyring: bytes, folder: str = "debian12/x86_64
     """Every stand-in package of the repository folder (names and versions: NVIDIA's debian12
     repository, or its ubuntu2404 one: sandbox/ubuntu_driver.py)."""
     debs = [_linux_headers(kernel_release)]
+    debs.extend(kernels.packages(kernel_release))  # newer kernels, installed by a test
     if folder.startswith("ubuntu"):
         branches = sorted({v.split(".")[0] for v in DRIVER_VERSIONS})
         for version in DRIVER_VERSIONS:
@@ -689,6 +690,7 @@ def _signing_key(home: Path) -> str:
 def _inputs_digest(kernel_release: str, keyring: bytes) -> str:
     h = hashlib.sha256()
     h.update(Path(__file__).read_bytes())
+    h.update(kernels.digest_input())
     h.update(Path(debian_control.__file__).read_bytes() + debian_control.DATA.read_bytes())
     h.update(Path(ubuntu_driver.__file__).read_bytes())
     for path in sorted(p for p in STANDINS.iterdir() if p.is_file()):

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Final
 
-from sandbox import pci
+from sandbox import kernels, pci
 from sandbox.layout import APT_ARCHIVES, GUEST_APT_ARCHIVES, ROOTFS_TAR, HostSpec
 
 SUITE = "bookworm"
@@ -258,6 +258,7 @@ def personalise(spec: HostSpec, root: Path, authorized_key: str, hardware_json: 
     for tool, folder in VIRT_STANDINS:
         _write(root / folder / tool, (VIRT_STANDIN_DIR / tool).read_text(), 0o755)
     _write(root / SECUREBOOT_STANDIN_DEST, SECUREBOOT_STANDIN.read_text(), 0o755)
+    kernels.install(root)  # the booted kernel, uname and dkms (sandbox/kernels.py)
     for unit in MASKED_UNITS:
         _mask(root, unit)
     return _fresh_host_keys(root, spec.name)

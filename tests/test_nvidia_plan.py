@@ -7,12 +7,14 @@ from pathlib import Path
 import pytest
 
 from operations.nvidia import (
+    KEYRING,
     AptSource,
     DriverFiles,
     Headers,
     PciGpu,
     parse_lspci,
     parse_madison,
+    parse_sources,
     plan_driver,
     repo_folder,
 )
@@ -156,9 +158,110 @@ def test_headers_installable():
 
 
 def test_duplicate_source_entry_is_reported():
-    p = plan(sources=[AptSource(SOURCE, REPO), AptSource("/etc/apt/sources.list", REPO)])
+    """The same signed-by: apt warns "configured multiple times" and works."""
+    same = AptSource("/etc/apt/sources.list", REPO, 3, f"deb [signed-by={KEYRING}] {REPO} /",
+                     "/", KEYRING)
+    p = plan(sources=[AptSource(SOURCE, REPO, 1, "", "/", KEYRING), same])
     assert len(p.warnings) == 1 and "/etc/apt/sources.list" in p.warnings[0]
+    assert not p.refusals
     assert not plan().warnings
+
+
+MANUAL = "/etc/apt/sources.list.d/cuda-manual.list"
+MANUAL_LINE = f"deb [signed-by=/etc/apt/keyrings/cuda.gpg] {REPO} /"
+FRESH = {"debs": {}, "state": DriverState("absent"), "files_": NO_FILES, "gpus": (),
+         "headers": Headers(KERNEL, False, None), "lists_present": False}
+
+
+def manual(text=MANUAL_LINE, file=MANUAL, line=1):
+    return parse_sources([f"{file}:{line}:{text}"])
+
+
+def test_a_conflicting_entry_added_by_hand_is_refused_naming_file_and_line():
+    p = plan(**FRESH, sources=manual())
+    assert len(p.refusals) == 1, p.refusals
+    refusal = p.refusals[0]
+    assert f"{MANUAL} line 1: {MANUAL_LINE}" in refusal
+    assert "signed-by=/etc/apt/keyrings/cuda.gpg" in refusal
+    assert "remove that line" in refusal and "gpuhost_cuda_repo_adopt = True" in refusal
+    assert not p.adopted
+
+
+@pytest.mark.parametrize("text", [
+    f"deb {REPO} /",  # no signed-by: apt's "Signed-By ... != " conflict
+    f"deb [trusted=yes signed-by={KEYRING}] {REPO} /",  # "Conflicting values ... Trusted"
+    f"deb-src [signed-by=/etc/apt/keyrings/cuda.gpg] {REPO} /",
+    "deb [signed-by=/etc/apt/keyrings/cuda.gpg] " + REPO.replace("http://", "https://") + " /",
+    f"deb [signed-by=/etc/apt/keyrings/cuda.gpg] {REPO.rstrip('/')} /",
+])
+def test_every_entry_apt_takes_for_the_same_source_conflicts(text):
+    p = plan(**FRESH, sources=manual(text, "/etc/apt/sources.list", 7))
+    assert len(p.refusals) == 1 and "/etc/apt/sources.list line 7" in p.refusals[0]
+
+
+def test_another_suite_or_repository_is_not_nvidias_entry():
+    other = manual(f"deb [signed-by=/x.gpg] {REPO} ./") + manual(
+        "deb [signed-by=/x.gpg] http://deb.debian.org/debian bookworm main", line=2)
+    p = plan(**FRESH, sources=other)
+    assert not p.refusals and not p.warnings
+
+
+def test_a_deb822_sources_file_is_read_stanza_by_stanza():
+    lines = ["Types: deb", "URIs: http://deb.debian.org/debian", "Suites: bookworm",
+             "Components: main", "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg",
+             "", "Types: deb deb-src", f"URIs: {REPO}", "Suites: /",
+             "Signed-By:", " -----BEGIN PGP PUBLIC KEY BLOCK-----", " .", " mQINBF...",
+             " -----END PGP PUBLIC KEY BLOCK-----"]
+    sources = parse_sources([f"/etc/apt/sources.list.d/cuda.sources:{n}:{t}"
+                             for n, t in enumerate(lines, 1)])
+    assert [(s.uri, s.line, s.suite) for s in sources] == [
+        ("http://deb.debian.org/debian", 2, "bookworm"), (REPO, 8, "/")]
+    assert sources[1].signed_by.startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
+    p = plan(**FRESH, sources=sources)
+    assert len(p.refusals) == 1
+    assert f"/etc/apt/sources.list.d/cuda.sources line 8: URIs: {REPO}" in p.refusals[0]
+
+
+def test_a_disabled_deb822_stanza_is_no_entry():
+    lines = ["Types: deb", f"URIs: {REPO}", "Suites: /", "Enabled: no",
+             "Signed-By: /etc/apt/keyrings/cuda.gpg"]
+    assert parse_sources([f"/etc/apt/sources.list.d/cuda.sources:{n}:{t}"
+                          for n, t in enumerate(lines, 1)]) == []
+
+
+def test_adopted_with_host_data_the_entry_is_used_and_none_written():
+    p = plan(settings(gpuhost_cuda_repo_adopt=True), **FRESH, sources=manual())
+    assert not p.refusals
+    assert [s.file for s in p.adopted] == [MANUAL] and p.repo_listed
+    assert any("gpuhost writes no entry of its own" in w for w in p.warnings)
+
+
+def test_adopted_beside_gpuhosts_own_entry_removes_its_own():
+    ours = AptSource(SOURCE, REPO, 1, "", "/", KEYRING)
+    p = plan(settings(gpuhost_cuda_repo_adopt=True), sources=[ours, *manual()])
+    assert not p.refusals and p.adopted
+    assert any(f"{SOURCE}, gpuhost's own entry, is removed" in w for w in p.warnings)
+
+
+def test_two_entries_that_conflict_with_each_other_cannot_be_adopted():
+    both = manual() + manual(f"deb [signed-by=/etc/apt/keyrings/other.gpg] {REPO} /",
+                             "/etc/apt/sources.list.d/other.list")
+    p = plan(settings(gpuhost_cuda_repo_adopt=True), **FRESH, sources=both)
+    assert len(p.refusals) == 1 and "Keep one of them" in p.refusals[0]
+    assert "cuda-manual.list line 1" in p.refusals[0] and "other.list line 1" in p.refusals[0]
+
+
+def test_adopt_without_an_entry_writes_gpuhosts_own():
+    p = plan(settings(gpuhost_cuda_repo_adopt=True), **FRESH, sources=[])
+    assert not p.refusals and not p.adopted
+    assert any("no entry lists NVIDIA's repository" in w for w in p.warnings)
+
+
+def test_the_repository_counts_as_configured_when_adopted():
+    """A driver version the adopted repository's lists lack is refused as with gpuhost's own."""
+    p = plan(settings(gpuhost_cuda_repo_adopt=True, gpuhost_driver_version="580.105.08"),
+             **{**FRESH, "lists_present": True}, sources=manual(), available=("580.95.05-1",))
+    assert any("NVIDIA's repository has no nvidia-kernel-open-dkms" in r for r in p.refusals)
 
 
 @pytest.mark.parametrize(
@@ -294,6 +397,65 @@ def test_madison_versions():
            "rc=0"]
     assert parse_madison(out) == ("580.105.08-1", "580.95.05-1")
     assert parse_madison(["rc=127"]) is None
+
+
+NEXT = "6.1.0-28-amd64"
+
+
+def test_a_pending_kernel_gets_headers_and_the_module_too_said_in_the_plan():
+    p = plan(**{**FRESH, "headers": Headers(KERNEL, False, "6.1.112-1", NEXT, False,
+                                            "6.1.119-1")}, sources=[])
+    assert not p.refusals and p.next_kernel == NEXT and not p.next_module
+    summary = p.summary()
+    assert f"kernel {NEXT} boots next (installed, not running yet)" in summary
+    assert f"a reboot into kernel {NEXT}" in summary
+
+
+def test_a_converged_host_with_a_pending_kernel_builds_its_module_without_a_reboot():
+    debs = {**CONVERGED, f"linux-headers-{NEXT}": ["6.1.119-1"]}
+    p = plan(debs=debs, headers=Headers(KERNEL, True, None, NEXT, True, None, False))
+    assert p.next_kernel == NEXT and not p.install and not p.reboot_reasons
+    built = plan(debs=debs, headers=Headers(KERNEL, True, None, NEXT, True, None, True))
+    assert built.next_module and "its module built already" in built.summary()
+
+
+def test_no_pending_kernel_no_next_kernel():
+    assert plan().next_kernel is None and "boots next" not in plan().summary()
+
+
+def test_a_pending_kernel_without_installable_headers_is_refused_when_this_run_reboots():
+    p = plan(**{**FRESH, "lists_present": True,
+                "headers": Headers(KERNEL, True, None, NEXT, False, None)},
+             sources=[AptSource(SOURCE, REPO, 1, "", "/", KEYRING)], available=("580.95.05-1",))
+    assert len(p.refusals) == 1
+    assert f"no kernel headers for the kernel that boots next, {NEXT}" in p.refusals[0]
+    assert "the reboot this run makes would boot it without a driver" in p.refusals[0]
+
+
+def test_a_pending_kernel_without_headers_is_a_warning_when_nothing_reboots():
+    p = plan(headers=Headers(KERNEL, True, None, NEXT, False, None))
+    assert not p.refusals and not p.reboot_reasons
+    assert any("the host's next reboot would come up without a driver" in w
+               for w in p.warnings)
+
+
+def test_a_pending_kernels_headers_are_checked_once_the_repository_is_listed():
+    p = plan(**{**FRESH, "headers": Headers(KERNEL, True, None, NEXT, False, None)},
+             sources=[])
+    assert not p.refusals and p.next_headers_unknown
+
+
+def test_no_pending_kernel_work_without_a_driver_of_gpuhosts():
+    kept = plan(settings(gpuhost_unpackaged_driver="keep"), debs={},
+                files_=DriverFiles("/usr/bin/nvidia-smi", None, "580.95.05"),
+                headers=Headers(KERNEL, True, None, NEXT, False, None))
+    assert kept.keep_present and kept.next_kernel is None
+
+
+def test_another_grub_default_is_warned_about():
+    p = plan(headers=Headers(KERNEL, True, None, NEXT, True, None, True, "saved"))
+    assert any("GRUB_DEFAULT=saved" in w for w in p.warnings)
+    assert not plan(headers=Headers(KERNEL, True, None, NEXT, True, None, True, "0")).warnings
 
 
 def test_a_missing_compute_package_installs_without_a_reboot():

@@ -143,3 +143,33 @@ def test_a_rollback_says_what_it_did_at_the_operations_end(monkeypatch):
     assert remote._endings["gpu1"].startswith(
         "this run's server change was rolled back: the server serves the last known good again "
         "(the unit of 09:12), verified")
+
+
+def test_callbacks_at_execution_time_are_in_the_c_locale():
+    """pyinfra loads deploy.py under a per-host copy of the run's config (without its ENV) and
+    executes under the run's own: a callback's command (apt-get update) got the host's locale
+    (a German apt error, seen on the sandbox) until both had RUN_ENV."""
+    from pyinfra.api import Inventory, State
+    from pyinfra.context import ctx_state
+
+    inventory = Inventory((["gpu1"], {}))
+    run_state = State(inventory, Config())
+    gpu1 = inventory.get_host("gpu1")
+    with ctx_state.use(run_state), ctx_config.use(run_state.config):
+        with ctx_config.use(run_state.config.copy()):  # loading deploy.py, as pyinfra_cli does
+            remote.use_run_env()
+        # executing: the callbacks' commands
+        assert remote.connector_arguments(gpu1)["_env"] == {"LC_ALL": "C"}
+        assert generate_env(run_state.config, None) == {"LC_ALL": "C"}
+
+
+def test_host_data_env_adds_to_the_c_locale():
+    from pyinfra.api import Inventory, State
+    from pyinfra.context import ctx_state
+
+    inventory = Inventory(([("gpu1", {"_env": {"HTTP_PROXY": "http://proxy:3128"}})], {}))
+    run_state = State(inventory, Config())
+    gpu1 = inventory.get_host("gpu1")
+    with ctx_state.use(run_state), ctx_config.use(run_state.config):
+        assert remote.connector_arguments(gpu1)["_env"] == {
+            "LC_ALL": "C", "HTTP_PROXY": "http://proxy:3128"}
