@@ -183,7 +183,7 @@ class VenvFolders(FactBase[list[str]]):
 
 def remember(lock_venv: str, venv: str) -> None:
     """Record the venv the ML venv stage converges on this host for ``lock_venv``."""
-    _chosen[(host.name, lock_venv)] = venv
+    _chosen[(getattr(host, "name", None), lock_venv)] = venv
 
 
 def host_venv(lock_path: Path) -> str:
