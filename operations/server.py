@@ -28,7 +28,7 @@ from operations.nvidia import DRIVER_GATE_DROPIN
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
 from operations.p2p import RECORD as P2P_RECORD
-from operations.host import FileText
+from operations.host import FileText, HostAddresses, address_problem
 from operations.mlenv import VenvAt
 from operations.kernel_cache import (KernelCacheFolders, cache_env, cache_key, kernel_cache,
                                      remove_superseded)
@@ -491,6 +491,11 @@ def _check_ports(settings: Settings) -> None:
         if others:
             refuse("SGLang server", f"{PREFIX}{key} = {port} is not allowed: a port no other "
                                     f"unit listens on ({', '.join(others)} listens on it)")
+    if settings.fleet_address is not None:
+        problem = address_problem(f"{PREFIX}fleet_address", settings.fleet_address,
+                                  fact(HostAddresses), "the router reaches the server there")
+        if problem:
+            refuse("SGLang server", problem)
 
 
 @operation()
