@@ -22,6 +22,7 @@ from typing_extensions import override
 from operations import REPO_ROOT, locked_wheels
 from operations.cuda_compat import driver_problem, venv_cuda
 from operations.disk import NO_SPACE, no_space_named
+from operations.folders import top_folders
 from operations.flash_attn import STAMP_NAME, BuildPlan, built_wheel, read_stamp, stale_reasons
 from operations.gpu import NvidiaDriver
 from operations.host import FileText, HostResources
@@ -609,6 +610,7 @@ def mlenv(settings: Settings):
 
     apt.packages(name="Python venv and build tools", packages=list(BUILD_PACKAGES),
                  no_recommends=True)
+    top_folders()
     files.directory(name="Lock folder", path=LOCK_DIR, mode="755")
     files.directory(name="Venvs folder", path=VENVS_DIR, mode="755")
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")

@@ -41,6 +41,7 @@ from typing_extensions import override
 from operations import REPO_ROOT, remote
 from operations.disk import NO_SPACE
 from operations.fleet import Worker
+from operations.folders import top_folders
 from operations.lock import read_lock
 from operations.mlenv import LOCK_DIR, locked_packages, venv_that_runs
 from operations.p2p import LIB_DIR
@@ -245,6 +246,7 @@ def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
             "Router", "router_api_key_file", settings.router_api_key_file or "", "key file"):
         return None
     venv = settings.router_venv_path
+    top_folders()
     files.directory(name="Lock folder", path=LOCK_DIR, mode="755")
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
     files.put(name=f"Router lock {lock.path.name}", src=StringIO(lock.requirements()),

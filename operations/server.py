@@ -28,6 +28,7 @@ from operations.nvidia import DRIVER_GATE_DROPIN
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
 from operations.p2p import RECORD as P2P_RECORD
+from operations.folders import folders_down_to, top_folders
 from operations.host import FileText, HostAddresses, address_problem
 from operations.mlenv import VenvAt
 from operations.kernel_cache import (KernelCacheFolders, cache_env, cache_key, kernel_cache,
@@ -557,6 +558,7 @@ def mark_verified(host, units: list[str]) -> bool:
     return remote.shell(
         host, f"mkdir -p {shlex.quote(VERIFIED_FILE.rsplit('/', 1)[0])} && "
         f"systemctl show -p InvocationID --value {names} > {VERIFIED_FILE}.tmp && "
+        f"chmod 644 {VERIFIED_FILE}.tmp && sync {VERIFIED_FILE}.tmp && "
         f"mv {VERIFIED_FILE}.tmp {VERIFIED_FILE}")[0]
 
 
@@ -718,6 +720,10 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
     changed: list[OperationMeta] = []
     weights: list[OperationMeta] = []
     if not settings.model_is_local:
+        top_folders()
+        # mode only: gpuhost_model_dir may be a mount whose owner is not root's to set
+        for folder in folders_down_to(settings.model_dir, settings.model_path):
+            files.directory(name=f"Folder {folder}", path=folder, mode="755")
         files.directory(name="Model folder", path=settings.model_path, mode="755")
         model_copy.copy_access(settings)
         sources = (model_copy.peers(host.name, peers, {h.name: h.data.dict()

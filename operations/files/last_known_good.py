@@ -134,6 +134,7 @@ def _well_formed(server) -> bool:
 
 def _save(record: dict) -> None:
     os.makedirs(ROOT, mode=0o755, exist_ok=True)
+    os.chmod(ROOT, 0o755)
     _write(RECORD, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
 
 
@@ -367,6 +368,9 @@ def finish(_args: argparse.Namespace) -> int:
 
 
 def main() -> int:
+    # what it makes is readable by the model copy user and operators whatever root's umask
+    # (a hardened host's 077, from pam_umask and the profile): files 0644, folders 0755
+    os.umask(0o022)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record")
