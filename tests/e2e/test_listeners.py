@@ -1,0 +1,68 @@
+"""Ports and addresses checked against the hosts while planning (issue #30 item 5), on two bare
+sandbox hosts (gpu1 serving, gpu2 a CPU-only router host): gpuhost_router_port=22, sshd's,
+is refused in --dry and in a real run before any change, naming the key, the value and the
+listener; a gpuhost_router_host or gpuhost_fleet_address that is no address of its host is
+refused too. Checked over ssh (what is on the host), not through pyinfra."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e import lab
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    found = lab.up(hosts=2, scenario="reference-lab", host_scenarios={"gpu2": "cpu-only"})
+    yield found
+    lab.sandbox("down", check=False)
+
+
+def switch(name: str) -> str:
+    return next(h["switch_address"] for h in json.loads(lab.sandbox("status", "--json").stdout)
+                if h["name"] == name)
+
+
+def untouched(host: lab.Host) -> bool:
+    return host.ssh("test -e /opt/gpuhost && echo made || echo none").strip() == "none"
+
+
+def test_a_router_port_sshd_listens_on_is_refused_before_any_change(hosts):
+    gpu1, gpu2 = hosts
+    said = ("Router: refused: gpuhost_router_port = 22 is not allowed: a port no other unit "
+            "listens on (ssh.service listens on it)")
+    dry = lab.deploy("--dry", "--limit", "gpu2", "--data", "gpuhost_router_port=22")
+    assert dry.returncode != 0, dry.output[-6000:]
+    assert said in dry.output and "\nTraceback" not in dry.output, dry.output[-6000:]
+    run = lab.deploy("--limit", "gpu2", "--data", "gpuhost_router_port=22")
+    assert run.returncode != 0, run.output[-6000:]
+    assert said in run.output and "\nTraceback" not in run.output, run.output[-6000:]
+    assert untouched(gpu2)
+    assert gpu2.ssh("systemctl is-active ssh.service").strip() == "active"
+
+
+def test_a_router_host_that_is_another_hosts_address_is_refused(hosts):
+    gpu1, gpu2 = hosts
+    other = switch("gpu1")
+    dry = lab.deploy("--dry", "--limit", "gpu2", "--data", f"gpuhost_router_host={other}")
+    assert dry.returncode != 0, dry.output[-6000:]
+    assert (f"Router: refused: gpuhost_router_host = '{other}' is not allowed: it is not an "
+            "address of this host (the router binds it)") in dry.output, dry.output[-6000:]
+    assert switch("gpu2") in dry.output  # the host's own, offered instead
+    assert untouched(gpu2)
+
+
+def test_a_fleet_address_that_is_another_hosts_address_is_refused(hosts):
+    gpu1, gpu2 = hosts
+    other = switch("gpu2")
+    dry = lab.deploy("--dry", "--limit", "gpu1", "--data", f"gpuhost_fleet_address={other}",
+                     "--data", "gpuhost_server_host=0.0.0.0",
+                     "--data", "gpuhost_api_key_file=/root/sglang-api.key")
+    assert dry.returncode != 0, dry.output[-6000:]
+    assert (f"gpuhost_fleet_address = '{other}' is not allowed: it is not an address of this "
+            "host (the router reaches the server there)") in dry.output, dry.output[-6000:]
+    assert untouched(gpu1)
