@@ -2,7 +2,7 @@
 sandbox hosts (gpu1 serving, gpu2 a CPU-only router host): gpuhost_router_port=22, sshd's,
 is refused in --dry and in a real run before any change, naming the key, the value and the
 listener; a gpuhost_router_host or gpuhost_fleet_address that is no address of its host is
-refused too. Checked over ssh (what is on the host), not through pyinfra."""
+refused too (an address of no host of the lab's switch). Checked over ssh (what is on the host), not through pyinfra."""
 
 from __future__ import annotations
 
@@ -39,12 +39,10 @@ def deploy_with(tmp_path: Path, *extra: str, gpu1: dict | None = None,
     entries = []
     for h in json.loads(lab.sandbox("status", "--json").stdout):
         data = lab.inventory_data(h)
+        data["gpuhost_fleet_address"] = h["switch_address"]
         if h["name"] == "gpu1":
-            data.update(gpuhost_fleet_address=h["switch_address"],
-                        gpuhost_server_host=h["switch_address"], gpuhost_api_key_file=KEY_FILE,
-                        **(gpu1 or {}))
-        else:
-            data.update(gpuhost_fleet_address=None, **(gpu2 or {}))
+            data.update(gpuhost_server_host=h["switch_address"], gpuhost_api_key_file=KEY_FILE)
+        data.update((gpu1 if h["name"] == "gpu1" else gpu2) or {})
         entries.append((h["name"], data))
     path = tmp_path / f"inventory{time.monotonic_ns()}.py"
     path.write_text("import json\nsandbox = [tuple(e) for e in json.loads("
@@ -84,7 +82,8 @@ def test_a_router_host_that_is_another_hosts_address_is_refused(hosts, tmp_path)
 
 def test_a_fleet_address_that_is_another_hosts_address_is_refused(hosts, tmp_path):
     gpu1, gpu2 = hosts
-    other = switch("gpu2")
+    # on the lab switch's network, and no host's
+    other = switch("gpu1").rsplit(".", 1)[0] + ".9"
     dry = deploy_with(tmp_path, "--dry", "--limit", "gpu1", gpu1={
         "gpuhost_fleet_address": other, "gpuhost_server_host": "0.0.0.0"})
     assert dry.returncode != 0, dry.output[-6000:]
