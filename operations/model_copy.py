@@ -123,8 +123,11 @@ def copy_user():
         yield from files.directory._inner(path=COPY_HOME, user=COPY_USER, group=COPY_USER,
                                           _no_fail_on_link=True)
         return
-    yield from server.user._inner(user=COPY_USER, home=COPY_HOME, shell="/bin/sh", system=True,
-                                  create_home=True)
+    # its own group made first and named: useradd makes one of the user's name only where
+    # login.defs says USERGROUPS_ENAB yes (a hardened host's is no: useradd(8), login.defs(5))
+    yield from server.group._inner(group=COPY_USER, system=True)
+    yield from server.user._inner(user=COPY_USER, group=COPY_USER, home=COPY_HOME,
+                                  shell="/bin/sh", system=True, create_home=True)
 
 
 #: rrsync's words (rsync 3.2.7's /usr/bin/rrsync) where its restricted folder fails
