@@ -27,7 +27,7 @@ def _bytecode_in_the_cache() -> None:
     pyinfra's CLI turns bytecode writing off (``pyinfra_cli/main.py``: ``sys.dont_write_bytecode
     = True``, pyinfra 3.10) so that no ``__pycache__`` lands in a deploy's folder; every run
     then compiled gpuhost's modules again: 0.37 s of the controller's CPU of a no-op run,
-    profiled (README's *Tests and benchmarks*). A parallel tree outside the repository
+    profiled (docs/development.md). A parallel tree outside the repository
     (``sys.pycache_prefix``, the docs' "sys" module) leaves the folder as clean. Under pyinfra's
     CLI only, and not where the environment asks for no bytecode (PYTHONDONTWRITEBYTECODE) or
     for a tree of its own (PYTHONPYCACHEPREFIX)."""

@@ -20,6 +20,7 @@ from pyinfra.api.exceptions import OperationError
 from typing_extensions import override
 
 from operations import REPO_ROOT
+from operations.driver_lock import drop_pinning_files
 
 PIN_FILE: Final = "gpuhost-nvidia-driver"  # in /etc/apt/preferences.d (the nvidia stage's pin)
 
@@ -89,8 +90,10 @@ def pin_text(version_glob: str) -> str:
 
 def simulation_command(packages: list[str], version_glob: str) -> str:
     """``apt-get -s install`` of the driver packages under the pin the run writes: the host's
-    own preferences.d, with gpuhost's pin file replaced by the one for ``version_glob``, in a
-    temporary folder (apt.conf(5): Dir::Etc::PreferencesParts). Changes nothing on the host."""
+    own preferences.d, with gpuhost's pin file replaced by the one for ``version_glob`` and
+    NVIDIA's pinning packages' files left out (they name the installed branch; the run replaces
+    them with the one for ``version_glob``, operations.driver_lock), in a temporary folder
+    (apt.conf(5): Dir::Etc::PreferencesParts). Changes nothing on the host."""
     for name in packages:
         if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", name):
             raise OperationError(f"package name {name!r}")
@@ -98,6 +101,7 @@ def simulation_command(packages: list[str], version_glob: str) -> str:
     return (
         't=$(mktemp -d) || exit 1; mkdir "$t/parts"; '
         'for f in /etc/apt/preferences.d/*; do [ -f "$f" ] && cp -p "$f" "$t/parts/"; done; '
+        + drop_pinning_files('"$t/parts"') +
         f"printf '%s\\n' {shlex.quote(pin_text(version_glob))} > \"$t/parts/{PIN_FILE}\"; "
         f'LC_ALL=C apt-get -s -o Dir::Etc::PreferencesParts="$t/parts" install '
         f"{' '.join(INSTALL_OPTIONS)} {names} 2>&1; "

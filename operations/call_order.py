@@ -6,7 +6,7 @@ and host by ``solve_operation_consistency`` in ``pyinfra/api/operation.py``; pyi
 takes them from ``inspect.stack()`` and ``inspect.getframeinfo`` on every frame, which look up
 each frame's source file on disk and read one line of it through linecache, twice per frame:
 the largest part of a converged host's no-op beyond pyinfra's start and the host's answer
-(0.65 s under cProfile for 65 operations; README's *Tests and benchmarks*). Only each frame's
+(0.65 s under cProfile for 65 operations; docs/development.md). Only each frame's
 file name and line number enter the order.
 
 :func:`operation_order` walks the frames with ``sys._getframe`` and gives the same list: the

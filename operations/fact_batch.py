@@ -10,7 +10,7 @@ command's output (its lines with the newline taken off, ``connectors/util.py``,
 ``mktemp -d`` folder (in /dev/shm where it can be), printed in order once all ended: facts only
 read, and one after the other the host's answer took the sum of their times (3.2 s of a
 converged sandbox host's no-op run, most of it Python starting: ``pip list``, ``pip
---version``, the stand-ins; README's *Tests and benchmarks*). A fact whose command failed,
+--version``, the stand-ins; docs/development.md). A fact whose command failed,
 found its command missing or has a precondition is left out of the answer: the caller reads it
 alone, so pyinfra's own error handling applies. So is one whose command cannot be made from the
 arguments given (a path that is a number: a recorded reading of another version,

@@ -100,7 +100,7 @@ class PasswdEntry(FactBase["dict[str, str] | None"]):
     """A user's account as ``getent passwd`` shows it (passwd(5): name, password, UID, GID,
     GECOS, home, shell), or None where there is none. One account's line, where pyinfra's
     ``Users`` runs ``id`` and ``lastlog`` for every account (0.67 s of a sandbox host's CPU at
-    each no-op run, README's *Tests and benchmarks*).
+    each no-op run, docs/development.md).
 
     .. code:: python
 

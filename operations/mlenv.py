@@ -109,7 +109,7 @@ _PYTHON_OK: Final = "gpuhost-venv-python-ok"
 #: no padding>,size``; bytecode under ``__pycache__`` aside, python rewrites it). A disk that
 #: filled while pip was written leaves a file short or missing; where all are whole, ``pip
 #: --version`` would run (starting it took 0.55 s of a sandbox host's CPU at each no-op run,
-#: README's *Tests and benchmarks*), and where any is not, ``pip --version`` is run to say why.
+#: docs/development.md), and where any is not, ``pip --version`` is run to say why.
 _PIP_INTACT: Final = (
     "import base64, hashlib, importlib.metadata as m\n"
     "try:\n"
@@ -238,7 +238,7 @@ _LIST_DISTRIBUTIONS: Final = (
 class VenvPackages(FactBase[dict[str, str]]):
     """Distributions installed in a venv, by canonical name, as ``pip list --format=json``
     gives them (read by the venv's own python from the distributions' metadata: starting pip
-    took 0.67 s of a sandbox host's CPU at each no-op run, README's *Tests and benchmarks*).
+    took 0.67 s of a sandbox host's CPU at each no-op run, docs/development.md).
 
     .. code:: python
 
@@ -283,7 +283,7 @@ class VenvAt(VenvRuns):
     """What is at a venv's path, as :class:`VenvRuns` reads it, its python and pip not started
     (state "unchecked" where a folder is there): for the link at gpuhost_venv_path, which points
     at a venv whose own reading starts them (pip alone took 0.55 s of a sandbox host's CPU at
-    each no-op run, README's *Tests and benchmarks*)."""
+    each no-op run, docs/development.md)."""
 
     @override
     def command(self, venv: str) -> str:

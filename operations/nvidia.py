@@ -23,7 +23,7 @@ from pyinfra.operations.util import any_changed
 from typing_extensions import override
 
 from operations import REPO_ROOT
-from operations import driver_rollback, remote, roll
+from operations import driver_lock, driver_rollback, remote, roll
 from operations.apt_simulation import DriverSimulation
 from operations.gpu import NvidiaDriver
 from operations.host import (
@@ -55,29 +55,40 @@ KEYRING: Final = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 PREREQUISITES: Final = ("ca-certificates", "curl", "pciutils")
 
 #: The packages of each driver flavour in NVIDIA's repository, per distribution family, and
-#: the one that carries the kernel module (its version is the installed driver's; {branch} is
-#: the driver branch). Debian's follow NVIDIA's debian12 repository (nvidia-kernel-open-dkms
-#: 580.95.05-1); Ubuntu's follow Ubuntu's naming, which NVIDIA's ubuntu2404/ubuntu2204
-#: repositories share (nvidia-dkms-580-open 580.95.05-0ubuntu1, packages.ubuntu.com).
+#: the one that carries the kernel module (its version is the installed driver's). Debian's
+#: follow Debian's packaging, which NVIDIA's debian12 repository ships (nvidia-kernel-open-dkms
+#: 580.95.05-1; sandbox/data/nvidia-graphics-drivers.json): its nvidia-driver only recommends
+#: nvidia-smi, and the install leaves recommends out, so the compute packages are named.
+#: Ubuntu's follow Ubuntu's naming, which NVIDIA's ubuntu2404 and ubuntu2204 repositories share
+#: (nvidia-dkms-580-open 580.95.05-0ubuntu1, packages.ubuntu.com; nvidia-smi is in
+#: nvidia-utils-580); from branch 590 NVIDIA drops the branch from those names (nvidia-dkms-open,
+#: libnvidia-compute: NVIDIA's driver installation guide, "Ubuntu 590 and later packages"):
+#: "{-branch}" is "-580" up to branch 580 and nothing from 590 (:func:`driver_package_names`).
 DRIVER_PACKAGES: Final = {
-    ("debian", "open"): (("nvidia-open",), "nvidia-kernel-open-dkms"),
-    ("debian", "proprietary"): (("nvidia-driver", "nvidia-kernel-dkms"), "nvidia-kernel-dkms"),
-    ("ubuntu", "open"): (("nvidia-open",), "nvidia-dkms-{branch}-open"),
-    ("ubuntu", "proprietary"): (("nvidia-driver-{branch}",), "nvidia-dkms-{branch}"),
+    ("debian", "open"): (("nvidia-open", "nvidia-smi", "libcuda1"), "nvidia-kernel-open-dkms"),
+    ("debian", "proprietary"): (("nvidia-driver", "nvidia-smi", "libcuda1"),
+                                "nvidia-kernel-dkms"),
+    ("ubuntu", "open"): (("nvidia-open", "nvidia-utils{-branch}", "libnvidia-compute{-branch}"),
+                         "nvidia-dkms{-branch}-open"),
+    ("ubuntu", "proprietary"): (("nvidia-driver{-branch}", "nvidia-utils{-branch}",
+                                 "libnvidia-compute{-branch}"), "nvidia-dkms{-branch}"),
 }
+#: The first branch whose Ubuntu packages carry no branch in their names (see above).
+UNBRANCHED_NAMES_FROM: Final = 590
 #: Any installed kernel-module package of a flavour, whatever its branch.
 MODULE_PACKAGE_NAMES: Final = {
-    "open": re.compile(r"nvidia-kernel-open-dkms|nvidia-dkms-\d+-open"),
-    "proprietary": re.compile(r"nvidia-kernel-dkms|nvidia-dkms-\d+"),
+    "open": re.compile(r"nvidia-kernel-open-dkms|nvidia-dkms(-\d+)?-open"),
+    "proprietary": re.compile(r"nvidia-kernel-dkms|nvidia-dkms(-\d+)?"),
 }
-
-
 def driver_package_names(folder: str, flavour: str, branch: str) -> tuple[list[str], str]:
     """The driver packages to install and the kernel-module package, for a repository folder
     ("ubuntu2404/x86_64"), a flavour ("open") and a branch ("580")."""
     family = "ubuntu" if folder.startswith("ubuntu") else "debian"
     packages, module = DRIVER_PACKAGES[(family, flavour)]
-    return [p.format(branch=branch) for p in packages], module.format(branch=branch)
+    suffix = "" if int(branch) >= UNBRANCHED_NAMES_FROM else f"-{branch}"
+    return ([p.replace("{-branch}", suffix) for p in packages],
+            module.replace("{-branch}", suffix))
+
 
 #: The server unit (operations/server.py) that must never run across a driver change.
 SERVER_UNIT: Final = "sglang.service"
@@ -128,6 +139,22 @@ def toolkit_package(cuda: str) -> str:
     return "cuda-toolkit-" + cuda.replace(".", "-")
 
 
+def renamed_packages(folder: str, flavour: str, installed: tuple[str, ...],
+                     debs: dict[str, list[str]], wanted: list[str]) -> list[str]:
+    """The installed driver packages that a change to ``wanted`` replaces under other names:
+    those of the installed branch (read from the kernel-module package's ``installed``
+    versions) that ``wanted`` does not name, on Ubuntu across 590's rename ("nvidia-utils-580"
+    when "nvidia-utils" comes); none where the names stay."""
+    gone: list[str] = []
+    for version in installed:
+        branch = upstream(version).split(".")[0]
+        if not branch.isdigit():
+            continue
+        old, old_module = driver_package_names(folder, flavour, branch)
+        gone += [n for n in (*old, old_module) if n in debs and n not in wanted and n not in gone]
+    return gone
+
+
 def upstream(version: str) -> str:
     """A Debian package version without epoch and revision: "580.95.05-1" gives "580.95.05"."""
     return version.split(":", 1)[-1].rsplit("-", 1)[0]
@@ -142,7 +169,7 @@ class Headers:
     (/lib/modules/<kernel>/build, what DKMS compiles against) exists, and, where it does not,
     apt's candidate for ``linux-headers-<kernel>`` (None: apt knows no installable version, or
     not asked: ``apt-cache policy`` loads apt's whole cache, 0.41 s of a sandbox host's CPU at
-    each no-op run, README's *Tests and benchmarks*)."""
+    each no-op run, docs/development.md)."""
 
     kernel: str
     build_tree: bool
@@ -497,7 +524,10 @@ def plan_driver(
             f"for {target} (gpuhost_driver_branch, gpuhost_driver_version). A driver change "
             "reboots the host and restarts the server: set gpuhost_allow_driver_change = True "
             "for this run to allow it")
-    install = not keep and (change or any(p not in debs for p in (*packages, module_package)))
+    # The metapackage and the module decide whether the driver is installed (and a reboot
+    # follows); a compute package missing beside them (nvidia-smi, which hosts converged before
+    # it was named may lack) installs at the pinned version without one.
+    install = not keep and (change or any(p not in debs for p in (packages[0], module_package)))
 
     configured = lists_present and any(s.file == source_path for s in sources)
     if install and configured and available is not None and not any(
@@ -575,7 +605,7 @@ def held(packages: list[str]):
 
 @operation()
 def driver_packages(packages: list[str], module_package: str, version_glob: str,
-                    allow_change: bool = False):
+                    allow_change: bool = False, removals: list[str] | None = None):
     """Install NVIDIA's driver packages at the version apt's pin selects (templates/
     apt-nvidia-pin.j2), or change an installed driver to it.
 
@@ -584,14 +614,20 @@ def driver_packages(packages: list[str], module_package: str, version_glob: str,
     + version_glob: the wanted version as an apt pattern ("580.*", "580.95.05-*")
     + allow_change: allow changing an installed driver of another version (held packages are
       changed too); without it such a change raises OperationError
+    + removals: installed packages the change replaces under other names (Ubuntu's
+      nvidia-dkms-580-open when nvidia-dkms-open 590 comes, :func:`renamed_packages`), removed
+      in the same transaction: apt's resolver does not remove a held package for a Conflicts
+      of its own accord ("pkgProblemResolver::Resolve generated breaks, this may be caused by
+      held packages", seen on the sandbox's Ubuntu host)
 
     pyinfra's apt.packages leaves held packages alone, which a driver change must not. apt
     ignores a pin that matches no version and installs the newest instead, so the install is
     refused when apt's lists (``apt-cache madison``) have no version matching ``version_glob``,
     and the host fails unless the installed ``module_package`` then matches it.
     """
-    if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", module_package):
-        raise OperationValueError(f"package name {module_package!r}")
+    for name in (module_package, *(removals or ())):
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", name):
+            raise OperationValueError(f"package name {name!r}")
     if not re.fullmatch(r"[0-9][0-9.]*(-\*|\.\*)", version_glob):
         raise OperationValueError(f"driver version pattern {version_glob!r}")
     debs = host.get_fact(DebPackages)
@@ -619,10 +655,11 @@ def driver_packages(packages: list[str], module_package: str, version_glob: str,
         f"{version_glob} (it has:${{have:- none}}): set gpuhost_driver_version to one it has\" "
         ">&2; exit 1; fi"
     )
+    gone = [f"{r}-" for r in removals or () if r in debs]
     yield StringCommand(
         "DEBIAN_FRONTEND=noninteractive", "apt-get", "-y",
         "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold",
-        "install", *args, *wanted,
+        "install", *args, *wanted, *gone,
     )
     yield StringCommand(
         f"p=$(dpkg-query -W -f='${{Version}}' {module_package}); case \"$p\" in "
@@ -770,13 +807,16 @@ def nvidia(settings: Settings):
     )
     packages, module_package = driver_package_names(folder, settings.driver_flavour,
                                                     settings.driver_branch)
+    removals = renamed_packages(folder, settings.driver_flavour, plan.installed, debs,
+                                [*packages, module_package])
     pending = driver_rollback.pending_change(fact(FileText, path=driver_rollback.CHANGE))
     last_good = driver_rollback.load(fact(FileText, path=driver_rollback.LAST_GOOD))
     simulation = None
     if plan.install and not plan.keep_present and lists_present and any(
             s.file == source_path for s in fact(AptSources)):
         simulation = fact(DriverSimulation,
-                          packages=[*packages, module_package], version_glob=plan.target)
+                          packages=[*packages, module_package, *(f"{r}-" for r in removals)],
+                          version_glob=plan.target)
     resolved = simulation.version_of(module_package) if simulation else None
     logger.info(f"{host.print_prefix}NVIDIA: {plan.summary(resolved)}")
     for warning in plan.warnings:
@@ -838,6 +878,7 @@ def nvidia(settings: Settings):
     )
     missing = [p for p in (toolkit,) if p not in debs]
     stale_lists = plan.install or bool(missing) or not lists_present
+    configured_lists = lists_present and any(s.file == source_path for s in fact(AptSources))
     lists_updated(name="Update apt lists",
                   _if=lambda: stale_lists or any_changed(keyring, source, pin)())
     if plan.headers_unknown:
@@ -877,18 +918,24 @@ def nvidia(settings: Settings):
         if plan.install and plan.installed:
             driver_rollback.kept(
                 name="Keep the installed driver's packages for a rollback",
-                packages=list(packages), module_package=module_package,
+                packages=[*packages, *(f"{r}-" for r in removals)],
+                module_package=module_package,
                 version_glob=plan.target)
         name = host.name
+        pinning = driver_lock.pinning_package(settings.driver_branch, settings.driver_version)
+        offered = (bool(fact(AptVersions, package=pinning))
+                   if configured_lists and not stale_lists else None)
         if plan.install and plan.installed and roll.in_turn(
                 DRIVER_CHANGE, lambda when: driver_change(settings, plan, packages, module_package,
-                                                     running, when),
+                                                     running, when, (pinning, offered),
+                                                     removals),
                 running=running, reboots=bool(plan.reboot_reasons),
                 stops=lambda: driver_rollback.rolled_back(name)):
             logger.info(f"{host.print_prefix}NVIDIA: the driver changes in this host's turn "
                         "of the roll, out of the router")
         else:
-            driver_change(settings, plan, packages, module_package, running)
+            driver_change(settings, plan, packages, module_package, running,
+                          lock=(pinning, offered), removals=removals)
     apt.packages(name=f"CUDA toolkit {settings.cuda_toolkit}", packages=[toolkit],
                  no_recommends=True)
     holds = [toolkit] if plan.keep_present else [*packages, module_package, toolkit]
@@ -903,11 +950,14 @@ def nvidia(settings: Settings):
 
 def driver_change(settings: Settings, plan: DriverPlan, packages: list[str],
                   module_package: str, running: bool,
-                  when: Callable[[], bool] | None = None) -> None:
-    """Plan the driver's change (see :func:`nvidia`): the server stopped, the packages, the
-    reboot and the loaded driver's check; ``when``: its host's turn in the roll (each operation
-    runs only then, and the server is enabled again after the check, restarted by the roll),
-    else None (in place; the server stage enables and starts the server)."""
+                  when: Callable[[], bool] | None = None,
+                  lock: tuple[str, bool | None] | None = None,
+                  removals: list[str] | None = None) -> None:
+    """Plan the driver's change (see :func:`nvidia`): the server stopped, NVIDIA's pinning
+    package (``lock``: its name and whether the lists offer it, operations.driver_lock), the
+    packages, the reboot and the loaded driver's check; ``when``: its host's turn in the roll
+    (each operation runs only then, and the server is enabled again after the check, restarted
+    by the roll), else None (in place; the server stage enables and starts the server)."""
     only = [when] if when else []
     if plan.install and (running or fact(SystemdEnabled, services=SERVER_UNIT).get(
             SERVER_UNIT)):
@@ -915,12 +965,17 @@ def driver_change(settings: Settings, plan: DriverPlan, packages: list[str],
         # check; it starts once, on the new driver.
         systemd.service(name=f"Stop {SERVER_UNIT} before the driver changes",
                         service=SERVER_UNIT, running=False, enabled=False, _if=only)
+    if lock:
+        driver_lock.nvidia_pinning(
+            name=f"NVIDIA's {lock[0]}, where the repository has it (apt's lock)",
+            package=lock[0], offered=lock[1], _if=only)
     driver_packages(
         name=f"NVIDIA driver ({settings.driver_flavour} kernel modules, {plan.target})",
         packages=list(packages),
         module_package=module_package,
         version_glob=plan.target,
         allow_change=settings.allow_driver_change,
+        removals=list(removals or ()),
         _if=only,
     )
     if plan.reboot_reasons:

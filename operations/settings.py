@@ -1,6 +1,7 @@
 """Typed, validated host settings read once from pyinfra host data.
 
-Every public key has the prefix ``gpuhost_``, a default below and a row in the README's table.
+Every public key has the prefix ``gpuhost_``, a default below, a rule (RULES) and a sentence
+(HELP), from which docs/reference.md is made (tools/docs_gen.py).
 A wrong value raises :class:`SettingsError` naming the host, the key, the value and what is
 allowed, before any operation is planned for any host.
 """
@@ -582,6 +583,220 @@ RULES: Final[Mapping[str, _Rule]] = {
 
 _FIELDS: Final = {f.name for f in fields(Settings)}
 assert _FIELDS == set(RULES), "every setting needs exactly one rule"
+
+
+#: What each key does, for the host-data reference (docs/reference.md: tools/docs_gen.py makes
+#: it from the fields, RULES and this; tests/test_docs.py fails when a key has no entry here).
+HELP: Final[Mapping[str, str]] = {
+    "gpu_count": "GPUs the host must have; checked against nvidia-smi when the driver answers",
+    "compute_capability": (
+        "the GPUs' compute capability (\"12.0\" is Blackwell SM120); gives the build architecture "
+        "(120); checked against nvidia-smi while planning where the driver answers, else before "
+        "flash-attn builds"),
+    "driver_branch": (
+        "NVIDIA driver branch: 535, 550, 560, 565, 570, 575, 580 or 590, and at least the minimum "
+        "of the CUDA toolkit and of the locked torch's CUDA (`CUDA_MIN_DRIVER` in "
+        "`operations/settings.py`: 570 for CUDA 12.8)"),
+    "driver_version": (
+        "an exact driver version of the branch, e.g. `\"580.95.05\"`; None takes the branch's "
+        "newest"),
+    "driver_flavour": (
+        "`\"open\"` kernel modules, or `\"proprietary\"` (refused on compute capability 10.0 and "
+        "newer)"),
+    "allow_driver_change": (
+        "allow this run to upgrade or downgrade an installed driver (reboots the host, restarts "
+        "the server)"),
+    "unpackaged_driver": (
+        "a driver present that no package installed (runfile, or mounted from the hypervisor): "
+        "`\"refuse\"` the run, `\"keep\"` it as it is (checked against the CUDA minimum), or "
+        "`\"replace\"` it with NVIDIA's packages"),
+    "cuda_toolkit": (
+        "CUDA toolkit to install (`cuda-toolkit-12-8` in `/usr/local/cuda-12.8`); `\"13.0\"` also "
+        "known"),
+    "cuda_repo_url": "base URL of NVIDIA's CUDA repository (a mirror's, or the sandbox's)",
+    "cuda_keyring_sha256": (
+        "sha256 the repository's `cuda-archive-keyring.gpg` must have; None checks nothing beyond "
+        "HTTPS"),
+    "deploy_lock_wait": (
+        "seconds a run waits for another run's deploy lock on the host before it fails (0 to "
+        "86400; 0 fails at once, saying who holds it)"),
+    "mok_signing_key": (
+        "root-only file (mode 0600/0400) on the host: the private key of an enrolled MOK, with "
+        "which DKMS signs the NVIDIA kernel module; needed to build the driver under Secure Boot "
+        "(see Secure Boot); set together with `gpuhost_mok_certificate`"),
+    "mok_certificate": (
+        "file on the host: that key's DER certificate, enrolled as a MOK (`mokutil --test-key` "
+        "says \"is already enrolled\")"),
+    "venv_path": (
+        "the link to the ML venv the server was last verified with; the venvs themselves live in "
+        "`/opt/gpuhost/venvs/<lock digest>`, one per lock, and the unit names the lock's venv "
+        "itself (docs/upgrades.md). Neither on, inside nor around a folder gpuhost manages or a "
+        "file another key names. On the host (refused while planning otherwise) it must be "
+        "missing, a symlink (replaced), an empty folder, or a venv of an earlier gpuhost holding "
+        "nothing but what a venv has, which is removed once the lock's venv passed the health "
+        "gate; a file or a folder holding anything else is named and left alone"),
+    "lock": "the ML stack lock (relative to the repository, or absolute)",
+    "pip_index_url": "the package index the lock installs from",
+    "max_jobs": "lower flash-attn's MAX_JOBS below the computed bound (never above it)",
+    "nvcc_threads": "lower flash-attn's NVCC_THREADS (default 4, or fewer on small hosts)",
+    "venvs_kept": (
+        "how many venvs stay in `/opt/gpuhost/venvs` once the health gate passed: the one serving "
+        "(the last known good) and the ones verified before it, newest first, 1 to 16; the others "
+        "are removed then. A new lock's venv is built beside them, so during an upgrade there is "
+        "one more, and the disk must hold it (checked before the build)"),
+    "rollback": (
+        "`true`: roll the host back to its last known good "
+        "(`/var/lib/gpuhost/last-known-good.json`: the unit, its drop-ins, the environment files, "
+        "the P2P record, so the venv the unit names), restart the server and verify it; nothing "
+        "else of the deploy runs (only the scripts the rollback runs are shipped). Meant for "
+        "`--data gpuhost_rollback=true`"),
+    "wheel_cache": (
+        "folder on the controller where a flash-attn wheel built on one host is kept for the "
+        "others (same flash-attn, torch, CUDA, Python, architecture), and the locked wheels a "
+        "host downloaded, by sha256, for the next fresh venv (rebuilding a host)"),
+    "p2p_override": "`\"on\"` or `\"off\"` to override the measured P2P decision",
+    "p2p_remeasure": (
+        "measure P2P again on this run even when the recorded measurement holds (stops and "
+        "restarts the server)"),
+    "p2p_check_timeout": (
+        "seconds the P2P check's peer copies, and its NCCL all-reduce (on a node of a group, also "
+        "the all-reduce across the nodes), may take before they count as failed (10 to 3600)"),
+    "model": "`--model`",
+    "served_model_name": "`--served-model-name`; the health gate waits for it in `/v1/models`",
+    "tensor_parallel_size": (
+        "`--tp`; must divide `gpuhost_gpu_count` (divided by `gpuhost_pipeline_parallel_size` "
+        "where set); on a node of a group, `gpuhost_gpu_count` x nodes / pipeline parallel size"),
+    "pipeline_parallel_size": "`--pipeline-parallel-size` (1 to 64), left out when None",
+    "nodes": (
+        "on a group: its hosts, rank 0 first, which then serve as one server (a model across "
+        "hosts)"),
+    "node_interface": (
+        "the interface the nodes reach each other on (the same name on every node); None finds "
+        "the one IPv4 network every node has an address in"),
+    "dist_init_port": (
+        "the rendezvous port on rank 0 (`--dist-init-addr <rank 0>:<port>`; sglang's own help "
+        "gives 25000 as its example)"),
+    "mem_fraction_static": "`--mem-fraction-static`, strictly between 0 and 1",
+    "max_running_requests": "`--max-running-requests`",
+    "model_architecture": (
+        "the model's architecture, as its `config.json` names it (`architectures[0]`); the known "
+        "behaviour rows and sglang's automatic choices depend on it; once the weights are on the "
+        "host, a `config.json` naming another is refused while planning"),
+    "kv_cache_dtype": (
+        "`--kv-cache-dtype`; what the reference launch's `auto` resolved to for GLM-5 on SM120 "
+        "(sglang 0.5.9, `_set_default_nsa_kv_cache_dtype`), made explicit"),
+    "quantization": "`--quantization` (None leaves it out)",
+    "attention_backend": "`--attention-backend`",
+    "fp8_gemm_backend": "`--fp8-gemm-backend`",
+    "fp4_gemm_backend": "`--fp4-gemm-backend` (sglang 0.5.9's default, made explicit)",
+    "nsa_decode_backend": "`--nsa-decode-backend` (trtllm avoids the NaN decode crash on SM120)",
+    "nsa_prefill_backend": "`--nsa-prefill-backend`",
+    "moe_runner_backend": (
+        "`--moe-runner-backend`, the MoE runner backend: the reference lab's measured baseline "
+        "(docs/index.md)"),
+    "reasoning_parser": "`--reasoning-parser`",
+    "tool_call_parser": "`--tool-call-parser`",
+    "trust_remote_code": "`--trust-remote-code`",
+    "enable_flashinfer_allreduce_fusion": "`--enable-flashinfer-allreduce-fusion`",
+    "server_host": "`--host`: the address the server binds",
+    "server_port": "`--port`",
+    "server_extra_args": "more sglang flags, appended as given",
+    "server_env": "more environment for the server",
+    "health_timeout": "seconds the deploy waits for the server to serve the model",
+    "server_start_timeout": (
+        "seconds systemd gives one start of the server (weight loading included) before it counts "
+        "as failed (`TimeoutStartSec`); three failed starts within three such windows leave the "
+        "unit failed"),
+    "server_backend_port": (
+        "the server's port on 127.0.0.1 behind the API key gate, when `gpuhost_server_host` is "
+        "wider than the loopback"),
+    "allowed_dropins": (
+        "file names of drop-ins under `/etc/systemd/system/sglang.service.d/` that are not "
+        "gpuhost's and stay (e.g. `[\"50-local.conf\"]`); any other `*.conf` there that gpuhost "
+        "does not write is reported and removed"),
+    "api_key_file": (
+        "secret file (docs/security.md) on the host holding the API key; needed to bind wider than "
+        "127.0.0.1; read by the gate only, never by sglang"),
+    "model_dir": (
+        "where the weights are downloaded: `<dir>/<repository id>` (when `gpuhost_model` is an "
+        "absolute path, that folder is served as it is)"),
+    "model_revision": (
+        "branch, tag or commit sha of `gpuhost_model`; a change downloads again and restarts the "
+        "server (a branch is resolved at download time: pin a sha to follow a moving branch "
+        "deliberately)"),
+    "hf_endpoint": "the Hub's URL (huggingface_hub's `HF_ENDPOINT`: a mirror's, or the sandbox's)",
+    "hf_token_file": (
+        "secret file (docs/security.md) on the host holding the Hub token for gated "
+        "repositories; its path is all the deploy handles"),
+    "model_copy_from_peers": (
+        "copy the weights from another inventory host serving the same repository and revision, "
+        "whose copy is complete, before the Hub (docs/rebuild.md); every file is verified "
+        "against the Hub's metadata, a wrong one downloaded from the Hub"),
+    "model_copy_bwlimit": (
+        "KiB/s the copy from a peer may use (rsync's `--bwlimit`), None for no limit"),
+    "model_mirror": (
+        "a folder on the host (a lab's NFS mount, say) holding `<repository id>/` copies as "
+        "gpuhost's model folders hold them (with their `.gpuhost-model.json` stamp); a copy there "
+        "of the same commit is rsynced in first, instead of a peer's, then verified against the "
+        "Hub's metadata file by file; where it holds no copy of the revision (missing, empty, "
+        "another commit), the peers are tried as without it"),
+    "bench_levels": (
+        "bench.py: the concurrency levels (`--max-concurrency`), distinct, each from 1 to "
+        "`gpuhost_max_running_requests`"),
+    "bench_input_len": (
+        "bench.py: input tokens per request (`--random-input-len`, fixed); with the output length "
+        "at most the model's context length (checked on the host while planning)"),
+    "bench_output_len": "bench.py: output tokens per request (`--random-output-len`, fixed)",
+    "bench_prompts": "bench.py: prompts per level (`--num-prompts`), at least the highest level",
+    "bench_target": (
+        "bench.py: `\"host\"` loads each host's own server; `\"router\"` loads the fleet through "
+        "the router's endpoint, from a router host (docs/bench.md); not with a sweep"),
+    "bench_sweep": (
+        "bench.py: one server setting and the values to try, e.g. `{\"moe_runner_backend\": "
+        "[\"flashinfer_cutlass\", \"cutlass\"]}` (docs/bench.md)"),
+    "serving": (
+        "`False`: the host serves no model, a CPU-only router VM of the `gpuhost_router` group "
+        "(refused elsewhere and in a node group): only the deploy lock, a preflight of its own "
+        "and the router run there, and the GPU, driver, ML venv, model and server keys have no "
+        "effect (docs/fleet.md)"),
+    "fleet_address": (
+        "the host's address on the network it shares with the router: the router reaches its "
+        "server at `http://<this>:<gpuhost_server_port>` (docs/fleet.md); one per host, never "
+        "loopback, `0.0.0.0`, `::`, multicast or IPv6 link-local (a router elsewhere would "
+        "reach itself, and workers' gates would trust their own host)"),
+    "api_gate_trusted_peers": (
+        "client addresses the server's API key gate admits without the key; a fleet's deploy adds "
+        "the router hosts' `gpuhost_fleet_address` (the router sends its workers no key); other "
+        "hosts' only: never loopback (every process of the host would pass), `0.0.0.0`, `::`, "
+        "multicast or IPv6 link-local"),
+    "router_host": (
+        "router hosts: the router's bind; wider than the loopback needs "
+        "`gpuhost_router_api_key_file` (then `sglang-router-gate.service` listens there)"),
+    "router_port": "the router's port (the gate's, for a wider bind)",
+    "router_backend_port": "the router's own port on 127.0.0.1 behind its gate",
+    "router_api_key_file": (
+        "secret file on the router host holding the router's API key; read by its gate only, "
+        "never on the router's command line"),
+    "router_policy": (
+        "the router's load balancing policy: `cache_aware`, `round_robin`, `random`, "
+        "`power_of_two`, `least_load`, `consistent_hashing`, `prefix_hash`, `passthrough`, "
+        "`manual` (smg 1.13.0's)"),
+    "router_health_check_interval_secs": (
+        "seconds between the router's health checks of each worker (`GET /health`)"),
+    "router_health_check_timeout_secs": "seconds a health check may take",
+    "router_health_failure_threshold": (
+        "failed checks in a row before the router takes a worker out"),
+    "router_health_success_threshold": "passed checks in a row before it takes the worker back",
+    "router_lock": "the router venv's lock (smg 1.13.0 and its dependencies, hashed)",
+    "router_venv_path": "the router's own venv",
+    "router_wait_timeout": "seconds the deploy waits for the router to list every worker healthy",
+    "roll_size": (
+        "servers of the fleet restarted at once in a rolling upgrade (read from the first router "
+        "host's data)"),
+    "roll_drain_timeout": (
+        "seconds a host out of the router is waited for until its in-flight requests are done; "
+        "past that it restarts anyway"),
+}
 
 
 def _fail(host: str, key: str, value: Any, allowed: str) -> SettingsError:

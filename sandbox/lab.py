@@ -437,7 +437,7 @@ def scenario_of(state: Mapping[str, Any], name: str) -> str:
 def _scenario_host_data(scenario: str) -> dict[str, Any]:
     """What an inventory says of the scenario's hardware: its GPU count and compute capability,
     and a tensor parallel size that uses every GPU; on a host without GPUs, that it serves no
-    model (a router host: README, "A fleet")."""
+    model (a router host: docs/fleet.md)."""
     gpus = json.loads(scenarios.hardware_json(scenario))["gpus"]
     if not gpus:
         return {"gpuhost_serving": False}

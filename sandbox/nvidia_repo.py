@@ -26,7 +26,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox.layout import APT_ARCHIVES, CUDA_REPO_DIR, HTTP_PORT, STATE_DIR
+from sandbox import debian_control
+from sandbox import ubuntu_driver
+from sandbox.layout import APT_ARCHIVES, CUDA_REPO_DIR, CUDA_REPO_PATH, HTTP_PORT, STATE_DIR
 
 GNUPG_HOME = STATE_DIR / "gnupg"
 KEY_UID = "gpuhost sandbox CUDA repository (stand-in) <sandbox@gpuhost.invalid>"
@@ -36,9 +38,11 @@ STAMP = Path(".stamps") / "nvidia-repo.json"  # under www: what the repository w
 MAINTAINER = "gpuhost sandbox lab <sandbox@gpuhost.invalid>"
 EPOCH = 1735689600  # 2025-01-01T00:00:00Z: the mtime of every file in a .deb (reproducible builds)
 
-# Driver branches in the repository: two branches, and two releases of one, so that an upgrade
-# (and the reboot it needs) can be tested. Debian revision "-1" as in NVIDIA's debian12 repository.
-DRIVER_VERSIONS = ("570.172.08", "580.95.05", "580.105.08", "590.44.01")
+# Driver branches in the repository: several side by side, as NVIDIA's debian12 repository has
+# them (a pin that misses a package fails only where a newer branch sits beside the pinned one),
+# and two releases of one, so that an upgrade (and the reboot it needs) can be tested. Debian
+# revision "-1" as in NVIDIA's debian12 repository.
+DRIVER_VERSIONS = ("570.172.08", "575.64.05", "580.95.05", "580.105.08", "590.44.01")
 #: Releases whose kernel module installs and "builds" but never loads at boot (its boot-time
 #: loader is standins/nvidia/load-module-unknown-symbol): nvidia-smi then finds no driver, for
 #: the driver rollback's tests. In branch 590, which no host data asks for by default, so that
@@ -90,6 +94,9 @@ CUDA_RELEASES = (
     ),
 )
 
+#: The repository's folders (NVIDIA's layout: <distro>/<arch>), each signed with the same key.
+FOLDERS = ("debian12/x86_64", "ubuntu2404/x86_64")
+
 KEYRING_DEB_VERSION = "1.1-1"
 KEYRING_PATH = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 SOURCES_LIST = "/etc/apt/sources.list.d/cuda-debian12-x86_64.list"
@@ -107,7 +114,10 @@ class Deb:
     version: str
     description: str
     arch: str = "amd64"
+    source: str = ""
+    pre_depends: list[str] = field(default_factory=list)
     depends: list[str] = field(default_factory=list)
+    breaks: list[str] = field(default_factory=list)
     provides: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     replaces: list[str] = field(default_factory=list)
@@ -124,11 +134,14 @@ class Deb:
         size = max(1, sum(len(c) for c, _ in self.files.values()) // 1024)
         fields = [
             ("Package", self.name),
+            ("Source", self.source),
             ("Version", self.version),
             ("Architecture", self.arch),
             ("Maintainer", MAINTAINER),
             ("Installed-Size", str(size)),
+            ("Pre-Depends", ", ".join(self.pre_depends)),
             ("Depends", ", ".join(self.depends)),
+            ("Breaks", ", ".join(self.breaks)),
             ("Provides", ", ".join(self.provides)),
             ("Conflicts", ", ".join(self.conflicts)),
             ("Replaces", ", ".join(self.replaces)),
@@ -168,7 +181,7 @@ def build(
         if shutil.which(tool) is None:
             raise RepoError(f"{tool} is not installed (Debian packages: dpkg, apt-utils, gnupg)")
     www = Path(www)
-    repo = www / CUDA_REPO_DIR.strip("/")
+    repos = {folder: www / CUDA_REPO_PATH.strip("/") / folder for folder in FOLDERS}
     try:
         fingerprint = _signing_key(Path(gnupg_home))
         keyring = _run(
@@ -176,24 +189,26 @@ def build(
         ).stdout
         stamp = {"inputs": _inputs_digest(kernel_release, keyring)}
         stamp_path = www / STAMP
-        if (repo / "InRelease").exists() and _read_json(stamp_path) == stamp:
-            return {"keyring_sha256": _sha256(repo / "cuda-archive-keyring.gpg")}
-        repo.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=repo.parent, prefix=".build-") as tmp:
-            new = Path(tmp) / "x86_64"
-            new.mkdir()
-            (new / "cuda-archive-keyring.gpg").write_bytes(keyring)
-            with tempfile.TemporaryDirectory(prefix="gpuhost-debs-") as work:
-                for deb in packages(kernel_release, keyring):
-                    _build_deb(deb, Path(work), new)
-            _index(new)
-            _sign(new, Path(gnupg_home), fingerprint)
-            old = Path(tmp) / "old"
-            if repo.exists():
-                repo.rename(old)
-            new.rename(repo)
-        if apt_archives is not None:
-            _drop_stale(Path(apt_archives), repo)
+        if all((r / "InRelease").exists() for r in repos.values()) and (
+                _read_json(stamp_path) == stamp):
+            return {"keyring_sha256": hashlib.sha256(keyring).hexdigest()}
+        for folder, repo in repos.items():
+            repo.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=repo.parent, prefix=".build-") as tmp:
+                new = Path(tmp) / repo.name
+                new.mkdir()
+                (new / "cuda-archive-keyring.gpg").write_bytes(keyring)
+                with tempfile.TemporaryDirectory(prefix="gpuhost-debs-") as work:
+                    for deb in packages(kernel_release, keyring, folder):
+                        _build_deb(deb, Path(work), new)
+                _index(new)
+                _sign(new, Path(gnupg_home), fingerprint)
+                old = Path(tmp) / "old"
+                if repo.exists():
+                    repo.rename(old)
+                new.rename(repo)
+            if apt_archives is not None:
+                _drop_stale(Path(apt_archives), repo)
         stamp_path.parent.mkdir(parents=True, exist_ok=True)
         stamp_path.write_text(json.dumps(stamp) + "\n")
     finally:
@@ -206,11 +221,23 @@ def build(
     return {"keyring_sha256": hashlib.sha256(keyring).hexdigest()}
 
 
-def packages(kernel_release: str, keyring: bytes) -> list[Deb]:
-    """Every stand-in package of the repository (names and versions: NVIDIA's debian12 repo)."""
-    debs = [_cuda_keyring(keyring), _linux_headers(kernel_release)]
-    for version in DRIVER_VERSIONS:
-        debs.extend(_driver(version))
+def packages(kernel_release: str, keyring: bytes, folder: str = "debian12/x86_64") -> list[Deb]:
+    """Every stand-in package of the repository folder (names and versions: NVIDIA's debian12
+    repository, or its ubuntu2404 one: sandbox/ubuntu_driver.py)."""
+    debs = [_linux_headers(kernel_release)]
+    if folder.startswith("ubuntu"):
+        branches = sorted({v.split(".")[0] for v in DRIVER_VERSIONS})
+        for version in DRIVER_VERSIONS:
+            debs.extend(_ubuntu_driver(version, branches))
+        for branch in branches:
+            debs.append(_pinning(branch, f"driver branch {branch}", f"{branch}.*",
+                                 revision="1ubuntu1"))
+    else:
+        debs.append(_cuda_keyring(keyring))
+        for version in DRIVER_VERSIONS:
+            debs.extend(_driver(version))
+        for branch in sorted({v.split(".")[0] for v in DRIVER_VERSIONS}):
+            debs.append(_pinning(branch, f"driver branch {branch}", f"{branch}.*"))
     for cuda in CUDA_RELEASES:
         debs.extend(_toolkit(cuda))
     return debs
@@ -270,52 +297,46 @@ def _linux_headers(kernel_release: str) -> Deb:
 
 
 def _driver(version: str) -> list[Deb]:
+    """One driver release's packages: Debian's tree of the driver's source package at this
+    version (sandbox/data/nvidia-graphics-drivers.json, sandbox/debian_control.py) with its
+    exact-version dependencies and virtual packages, NVIDIA's additions (the open kernel module
+    package and the nvidia-open metapackage), and the stand-in files in the packages that carry
+    them in the real tree (nvidia-smi, libnvidia-ml1, libcuda1, the kernel modules)."""
     v = f"{version}-1"
     exact = f"(= {v})"
+    tree = debian_control.load()
     smi = render("nvidia-smi", VERSION=version).encode()
     lib_dir = "/usr/lib/x86_64-linux-gnu/nvidia-sandbox"
     loader = "load-module-unknown-symbol" if version in MODULE_FAILS_TO_LOAD else "load-module"
-    debs = [
-        Deb(
-            "libnvidia-ml1",
-            v,
-            "NVIDIA Management Library (NVML) runtime library",
-            files={f"{lib_dir}/libnvidia-ml1.version": (f"{version}\n".encode(), 0o644)},
-        ),
-        Deb(
-            "libcuda1",
-            v,
-            "NVIDIA CUDA Driver Library",
-            files={f"{lib_dir}/libcuda1.version": (f"{version}\n".encode(), 0o644)},
-        ),
-        Deb(
-            "nvidia-smi",
-            v,
-            "NVIDIA System Management Interface",
-            depends=[f"libnvidia-ml1 {exact}", "python3"],
-            files={"/usr/bin/nvidia-smi": (smi, 0o755)},
-        ),
-        Deb(
-            "nvidia-driver",
-            v,
-            "NVIDIA metapackage",
-            depends=[
-                f"nvidia-smi {exact}",
-                f"libnvidia-ml1 {exact}",
-                f"libcuda1 {exact}",
-                f"nvidia-kernel-open-dkms {exact} | nvidia-kernel-dkms {exact}",
-            ],
-        ),
-        Deb(
-            "nvidia-open",
-            v,
-            "NVIDIA driver with the open kernel modules (metapackage)",
-            depends=[f"nvidia-driver {exact}", f"nvidia-kernel-open-dkms {exact}"],
-        ),
-    ]
-    for name, flavour, other, what in (
-        ("nvidia-kernel-open-dkms", "open", "nvidia-kernel-dkms", "NVIDIA open kernel module"),
-        ("nvidia-kernel-dkms", "proprietary", "nvidia-kernel-open-dkms", "NVIDIA kernel module"),
+    payloads: dict[str, dict[str, tuple[bytes, int]]] = {
+        "nvidia-smi": {"/usr/bin/nvidia-smi": (smi, 0o755)},
+        "libnvidia-ml1": {f"{lib_dir}/libnvidia-ml1.version": (f"{version}\n".encode(), 0o644)},
+        "libcuda1": {f"{lib_dir}/libcuda1.version": (f"{version}\n".encode(), 0o644)},
+    }
+    debs = []
+    for name, fields in tree["packages"].items():
+        if name == "nvidia-kernel-dkms":
+            continue  # below, with the module stand-in
+        rel = {k: debian_control.instantiate(t, v) for k, t in fields.items()}
+        debs.append(Deb(
+            name, v, f"{name} of NVIDIA driver {version}", source=tree["source"],
+            pre_depends=_split(rel.get("Pre-Depends")),
+            # the nvidia-smi stand-in is a Python program
+            depends=_split(rel.get("Depends")) + (["python3"] if name == "nvidia-smi" else []),
+            provides=_split(rel.get("Provides")), conflicts=_split(rel.get("Conflicts")),
+            breaks=_split(rel.get("Breaks")), replaces=_split(rel.get("Replaces")),
+            files=payloads.get(name, {}),
+        ))
+    module = {k: debian_control.instantiate(t, v)
+              for k, t in tree["packages"]["nvidia-kernel-dkms"].items()}
+    upstream = version
+    for name, source, flavour, other, what, extra in (
+        ("nvidia-kernel-dkms", tree["source"], "proprietary", "nvidia-kernel-open-dkms",
+         "NVIDIA kernel module", []),
+        # NVIDIA's name for the open module package (Debian's: nvidia-open-kernel-dkms, from
+        # the source nvidia-open-gpu-kernel-modules), providing what Debian's provides
+        ("nvidia-kernel-open-dkms", "nvidia-open-gpu-kernel-modules", "open",
+         "nvidia-kernel-dkms", "NVIDIA open kernel module", [f"nvidia-open-kernel-{upstream}"]),
     ):
         values = {"PACKAGE": name, "VERSION": v, "DRIVER": version, "FLAVOUR": flavour}
         dkms_conf = (
@@ -327,7 +348,9 @@ def _driver(version: str) -> list[Deb]:
                 name,
                 v,
                 f"{what} (DKMS source)",
-                provides=[f"nvidia-kernel-dkms-any {exact}"],
+                source=source,
+                depends=_split(module.get("Depends")),
+                provides=_split(module.get("Provides")) + extra,
                 conflicts=[other],
                 replaces=[other],
                 files={
@@ -344,7 +367,78 @@ def _driver(version: str) -> list[Deb]:
                 },
             )
         )
+    debs.append(Deb(
+        "nvidia-open", v, "NVIDIA driver with the open kernel modules (metapackage)",
+        source="nvidia-open",
+        depends=[f"nvidia-driver {exact}", f"nvidia-kernel-open-dkms {exact}"],
+    ))
+    debs.append(_pinning(version, f"driver version {version}", f"{version}-*"))
     return debs
+
+
+def _ubuntu_driver(version: str, branches: list[str]) -> list[Deb]:
+    """One driver release's packages in NVIDIA's ubuntu2404 repository (sandbox/ubuntu_driver.py
+    says what is real in it), with the stand-in files where Ubuntu's packages carry them:
+    nvidia-smi in nvidia-utils, the libraries' versions in libnvidia-compute, the module in
+    nvidia-dkms-open."""
+    v = ubuntu_driver.revision(version)
+    n = ubuntu_driver.names(version)
+    rel = ubuntu_driver.relations(version, branches)
+    source = ubuntu_driver.source(version)
+    lib_dir = "/usr/lib/x86_64-linux-gnu/nvidia-sandbox"
+    loader = "load-module"  # every release loads here: the rollback is tested on debian12
+    module = n["nvidia-dkms{b}-open"]
+    payloads: dict[str, dict[str, tuple[bytes, int]]] = {
+        n["nvidia-utils{b}"]: {"/usr/bin/nvidia-smi": (render("nvidia-smi", VERSION=version)
+                                                       .encode(), 0o755)},
+        n["libnvidia-compute{b}"]: {
+            f"{lib_dir}/{lib}.version": (f"{version}\n".encode(), 0o644)
+            for lib in ("libnvidia-ml1", "libcuda1")},
+        module: {
+            f"/usr/src/nvidia-{version}/dkms.conf": (
+                f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{version}"\n'.encode(), 0o644),
+            "/usr/lib/nvidia-sandbox/load-module": (render(loader).encode(), 0o755),
+            "/lib/systemd/system/nvidia-sandbox-module.service": (
+                render("nvidia-sandbox-module.service").encode(), 0o644),
+        },
+    }
+    values = {"PACKAGE": module, "VERSION": v, "DRIVER": version, "FLAVOUR": "open"}
+    debs = [Deb(name, v, f"{name} of NVIDIA driver {version}", source=source,
+                depends=r["Depends"], conflicts=r["Conflicts"], replaces=r["Replaces"],
+                files=payloads.get(name, {}),
+                scripts={s: render(f"kernel-module.{s}", **values)
+                         for s in ("postinst", "prerm", "postrm")} if name == module else {})
+            for name, r in rel.items()]
+    debs.append(Deb(
+        "nvidia-open", v, "NVIDIA driver with the open kernel modules (metapackage)",
+        source="nvidia-open",
+        depends=[f"{n[b]} (= {v})" for b in ("nvidia-dkms{b}-open", "nvidia-utils{b}",
+                                             "libnvidia-compute{b}")],
+    ))
+    debs.append(_pinning(version, f"driver version {version}", f"{version}-*",
+                         revision=v.rsplit("-", 1)[1]))
+    return debs
+
+
+def _pinning(name: str, what: str, pattern: str, revision: str = "1") -> Deb:
+    """NVIDIA's pinning package for a branch or a version ("nvidia-driver-pinning-580",
+    "APT driver pinning file for driver branch 580"; apt-cache search on NVIDIA's repository).
+    The preferences file it installs is this stand-in's own: the product does not read it."""
+    text = (
+        f"# sandbox stand-in of NVIDIA's nvidia-driver-pinning-{name}\n"
+        "Package: src:nvidia-graphics-drivers* src:nvidia-open-gpu-kernel-modules nvidia-open\n"
+        f"Pin: version {pattern}\nPin-Priority: 1000\n"
+    )
+    return Deb(
+        f"nvidia-driver-pinning-{name}", f"{name}-{revision}",
+        f"APT driver pinning file for {what}",
+        arch="all", source="nvidia-driver-pinning",
+        files={f"/etc/apt/preferences.d/nvidia-driver-pinning-{name}": (text.encode(), 0o644)},
+    )
+
+
+def _split(relation: str | None) -> list[str]:
+    return [r.strip() for r in (relation or "").split(",") if r.strip()]
 
 
 def _toolkit(cuda: CudaRelease) -> list[Deb]:
@@ -595,6 +689,8 @@ def _signing_key(home: Path) -> str:
 def _inputs_digest(kernel_release: str, keyring: bytes) -> str:
     h = hashlib.sha256()
     h.update(Path(__file__).read_bytes())
+    h.update(Path(debian_control.__file__).read_bytes() + debian_control.DATA.read_bytes())
+    h.update(Path(ubuntu_driver.__file__).read_bytes())
     for path in sorted(p for p in STANDINS.iterdir() if p.is_file()):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update(kernel_release.encode() + b"\0" + keyring)

@@ -72,6 +72,7 @@ SSHD_CONF = "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
 # Stand-ins for tools that read the machine under the OS (sandbox/standins/virt/): under nspawn
 # the real ones see this machine, not the scenario's.
 VIRT_STANDIN_DIR = Path(__file__).with_name("standins") / "virt"
+DATA_DIR = Path(__file__).with_name("data")
 VIRT_STANDINS: tuple[tuple[str, str], ...] = (
     ("systemd-detect-virt", "usr/local/bin"),
     ("dmidecode", "usr/local/sbin"),
@@ -272,6 +273,14 @@ def personalise(spec: HostSpec, root: Path, authorized_key: str, hardware_json: 
         APT_PROXY_TEMPLATE.format(proxy=spec.proxy_url, gateway=spec.gateway),
     )
     _write(root / "etc/gpuhost-sandbox/hardware.json", hardware_json)
+    release = (json.loads(hardware_json).get("host") or {}).get("os_release")
+    if release:
+        # The distribution the scenario presents (sandbox/scenarios.py OS_RELEASES); Debian's
+        # /etc/os-release is a link to /usr/lib/os-release, which stays Debian's.
+        os_release = root / "etc/os-release"
+        if os_release.is_symlink():
+            os_release.unlink()
+        _write(os_release, (DATA_DIR / f"os-release-{release}").read_text())
     pci.install(root, hardware_json)
     # The scenario's machine as the guest's tools see it; /usr/local comes first on PATH.
     for tool, folder in VIRT_STANDINS:

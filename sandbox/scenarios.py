@@ -15,6 +15,7 @@ stand-ins read (nvidia-smi, the torch stand-in, the flash-attn stand-in's build)
                "dkms_build_seconds": 0,                         # the kernel module's DKMS build
                "flash_attn_build_seconds": 0,                   # flash-attn's compile (default 0)
                "secure_boot": false,                            # what mokutil --sb-state says
+               "os_release": null | "ubuntu-24.04",             # /etc/os-release it presents
                "enrolled_mok": ["<sha256 of a DER cert>"]},     # MOKs the firmware holds ([])
       "gpus": [{"index": 0, "name": "...", "uuid": "GPU-...", "pci_bus_id": "00000000:01:00.0",
                 # [] for a host without GPUs (cpu-only: topology and p2p then default to [])
@@ -77,6 +78,9 @@ SERVING_DEFAULT: dict[str, Any] = {
     },
 }
 SERVING_MODES = ("crash-on-start", "degenerate")
+#: Distributions a host can present: /etc/os-release as read off a real host of each
+#: (ubuntu-24.04: shared/fixtures/h200-1gpu/system.txt), kept in sandbox/data/os-release-<name>.
+OS_RELEASES = ("ubuntu-24.04",)
 
 # Values every GPU gets unless the scenario says otherwise: an idle, healthy GPU.
 GPU_DEFAULTS: dict[str, Any] = {
@@ -215,6 +219,12 @@ def _expand(name: str, raw: dict[str, Any]) -> dict[str, Any]:
     # add it to the host's copy of this document, as an operator at the console would.
     if not isinstance(host.setdefault("secure_boot", False), bool):
         raise fail(f"host.secure_boot must be true or false, not {host['secure_boot']!r}")
+    # The distribution the host presents (/etc/os-release): None keeps the root filesystem's
+    # Debian 12; a name of OS_RELEASES writes that release's os-release (sandbox/data/).
+    release = host.setdefault("os_release", None)
+    if release is not None and release not in OS_RELEASES:
+        raise fail(f"host.os_release must be null or one of {', '.join(OS_RELEASES)}, "
+                   f"not {release!r}")
     enrolled = host.setdefault("enrolled_mok", [])
     if not isinstance(enrolled, list) or not all(
         isinstance(v, str) and _SHA256.match(v) for v in enrolled

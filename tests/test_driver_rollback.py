@@ -138,3 +138,29 @@ def test_the_summary_names_the_version_apt_would_install_for_a_branch():
     exact = DriverPlan(installed=(), target="580.95.05-*", install=True, change=False,
                        toolkit_installed=None, toolkit_target="12.8 (cuda-toolkit-12-8)")
     assert "target 580.95.05;" in exact.summary("580.95.05-1")
+
+
+def test_the_simulation_leaves_nvidias_pinning_files_out(tmp_path):
+    """The simulation answers under gpuhost's pin for the new target: the installed pinning
+    packages' files (dpkg-query -L) are left out of its copy of preferences.d, others stay."""
+    import subprocess
+
+    from operations.driver_lock import drop_pinning_files
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "dpkg-query").write_text(
+        "#!/bin/sh\n"  # dpkg-query as it answers for two installed pinning packages
+        'if [ "$1" = "-W" ]; then printf "nvidia-driver-pinning-580\\n'
+        'nvidia-driver-pinning-580.95.05\\n"; exit 0; fi\n'
+        'if [ "$1" = "-L" ]; then echo /.; echo /etc/apt/preferences.d; '
+        'echo "/etc/apt/preferences.d/$2"; echo "/usr/share/doc/$2"; fi\n')
+    (bin_ / "dpkg-query").chmod(0o755)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for name in ("nvidia-driver-pinning-580", "nvidia-driver-pinning-580.95.05",
+                 "gpuhost-nvidia-driver", "local-pins"):
+        (parts / name).write_text("Package: x\n")
+    subprocess.run(["sh", "-c", drop_pinning_files(f"'{parts}'")], check=True,
+                   env={"PATH": f"{bin_}:/usr/bin:/bin"})
+    assert sorted(p.name for p in parts.iterdir()) == ["gpuhost-nvidia-driver", "local-pins"]

@@ -70,7 +70,12 @@ def test_announced_facts_are_read_in_one_command_as_each_alone(local, tree):
     assert len(local.commands) == 1
     fact_cache.forget(local)
     alone = [local.get_fact(cls, **kwargs) for cls, kwargs in wanted]
-    assert [values[i] for i in range(len(wanted))] == alone
+
+    def timeless(value):  # reading a file or folder may move its access time (relatime)
+        return {k: v for k, v in value.items() if k != "atime"} if isinstance(value, dict) \
+            else value
+
+    assert [timeless(values[i]) for i in range(len(wanted))] == [timeless(v) for v in alone]
     assert alone[3] is not None and alone[2]["mode"] == 600 and alone[5] is None
 
 

@@ -203,24 +203,32 @@ def test_pin_and_unattended_exclusions_cover_the_same_packages():
     from operations import REPO_ROOT
     pin = jinja2.Template((REPO_ROOT / "templates/apt-nvidia-pin.j2").read_text()).render(
         version_glob="580.95.05-*")
-    stanza = [line for line in pin.splitlines() if line and not line.startswith("#")]
+    stanza = [line for line in pin.split("\n\n")[-1].splitlines()
+              if line and not line.startswith("#")]
     assert stanza[0].startswith("Package: ") and stanza[1:] == [
         "Pin: version 580.95.05-*", "Pin-Priority: 1000"]
-    pinned = stanza[0].split()[1:]
+    pinned = [g for g in stanza[0].split()[1:] if not g.startswith("src:")]
     excluded = re.findall(r'"([^"]+)";', (REPO_ROOT / "templates/51gpuhost-unattended-upgrades")
                           .read_text())
     for glob in pinned:
         assert any(glob.rstrip("*").startswith(e) for e in excluded), glob
     assert "cuda-" in excluded
+    from sandbox import debian_control
+    for name in debian_control.load()["packages"]:  # Debian's real tree of the driver
+        assert any(name.startswith(e) for e in excluded), name
+        assert any(re.fullmatch(g.replace("*", ".*"), name) for g in pinned), name
 
 
 @pytest.mark.parametrize(
     ("folder", "flavour", "names"),
-    [("debian12/x86_64", "open", (["nvidia-open"], "nvidia-kernel-open-dkms")),
+    [("debian12/x86_64", "open",
+      (["nvidia-open", "nvidia-smi", "libcuda1"], "nvidia-kernel-open-dkms")),
      ("debian12/x86_64", "proprietary",
-      (["nvidia-driver", "nvidia-kernel-dkms"], "nvidia-kernel-dkms")),
-     ("ubuntu2404/x86_64", "open", (["nvidia-open"], "nvidia-dkms-580-open")),
-     ("ubuntu2204/sbsa", "proprietary", (["nvidia-driver-580"], "nvidia-dkms-580"))],
+      (["nvidia-driver", "nvidia-smi", "libcuda1"], "nvidia-kernel-dkms")),
+     ("ubuntu2404/x86_64", "open",
+      (["nvidia-open", "nvidia-utils-580", "libnvidia-compute-580"], "nvidia-dkms-580-open")),
+     ("ubuntu2204/sbsa", "proprietary",
+      (["nvidia-driver-580", "nvidia-utils-580", "libnvidia-compute-580"], "nvidia-dkms-580"))],
 )
 def test_driver_package_names(folder, flavour, names):
     from operations.nvidia import driver_package_names
@@ -286,3 +294,41 @@ def test_madison_versions():
            "rc=0"]
     assert parse_madison(out) == ("580.105.08-1", "580.95.05-1")
     assert parse_madison(["rc=127"]) is None
+
+
+def test_a_missing_compute_package_installs_without_a_reboot():
+    """Debian's nvidia-driver only recommends nvidia-smi (sandbox/data/nvidia-graphics-drivers.
+    json): a host converged without it gets it at the pinned version, not a reboot."""
+    p = plan(debs={**CONVERGED})
+    assert "nvidia-smi" not in CONVERGED
+    assert not p.install and not p.reboot_reasons
+
+
+def test_debian_names_the_compute_packages_and_ubuntu_drops_the_branch_from_590():
+    from operations.nvidia import MODULE_PACKAGE_NAMES, driver_package_names
+
+    assert driver_package_names("debian12/x86_64", "open", "580") == (
+        ["nvidia-open", "nvidia-smi", "libcuda1"], "nvidia-kernel-open-dkms")
+    assert driver_package_names("ubuntu2404/x86_64", "open", "580") == (
+        ["nvidia-open", "nvidia-utils-580", "libnvidia-compute-580"], "nvidia-dkms-580-open")
+    assert driver_package_names("ubuntu2404/x86_64", "open", "590") == (
+        ["nvidia-open", "nvidia-utils", "libnvidia-compute"], "nvidia-dkms-open")
+    assert driver_package_names("ubuntu2204/x86_64", "proprietary", "595")[1] == "nvidia-dkms"
+    for name in ("nvidia-dkms-open", "nvidia-dkms-580-open", "nvidia-kernel-open-dkms"):
+        assert MODULE_PACKAGE_NAMES["open"].fullmatch(name)
+        assert not MODULE_PACKAGE_NAMES["proprietary"].fullmatch(name)
+
+
+def test_ubuntus_rename_removes_the_branch_named_packages_in_the_same_transaction():
+    from operations.nvidia import renamed_packages
+
+    debs = {"nvidia-open": ["580.95.05-0ubuntu1"], "nvidia-utils-580": ["580.95.05-0ubuntu1"],
+            "libnvidia-compute-580": ["580.95.05-0ubuntu1"],
+            "nvidia-dkms-580-open": ["580.95.05-0ubuntu1"]}
+    wanted = ["nvidia-open", "nvidia-utils", "libnvidia-compute", "nvidia-dkms-open"]
+    assert renamed_packages("ubuntu2404/x86_64", "open", ("580.95.05-0ubuntu1",), debs,
+                            wanted) == ["nvidia-utils-580", "libnvidia-compute-580",
+                                        "nvidia-dkms-580-open"]
+    same = ["nvidia-open", "nvidia-smi", "libcuda1", "nvidia-kernel-open-dkms"]
+    assert renamed_packages("debian12/x86_64", "open", ("580.95.05-1",),
+                            {n: ["580.95.05-1"] for n in same}, same) == []

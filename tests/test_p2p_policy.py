@@ -91,15 +91,15 @@ def test_env_file_splits_flags_into_one_variable():
     assert "GPUHOST_P2P_SERVER_ARGS=\n" in text
 
 
-def test_readme_table_mirrors_the_policy():
-    """The README's "P2P decision table" is the one place people read it: it must say what
-    decide() does."""
+def test_manual_table_mirrors_the_policy():
+    """The manual's "P2P decision table" (docs/first-deploy.md) is the one place people read it:
+    it must say what decide() does."""
     from pathlib import Path
 
     from operations.p2p_policy import BASE_ENV, NO_P2P_FLAGS
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    table = readme.split("### P2P decision table", 1)[1].split("\n\n", 3)[2]
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "first-deploy.md").read_text()
+    table = readme.split("## P2P decision table", 1)[1].split("\n\n", 3)[2]
     rows = [r for r in table.splitlines() if r.startswith("| ") and "---" not in r][1:]
     assert len(rows) == 4
     cells = [[c.strip() for c in r.strip("|").split("|")] for r in rows]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run on the lent GPU machine (see the README, "On a real GPU host"): every fact of ours on real
+# Run on the lent GPU machine (docs/development.md): every fact of ours on real
 # outputs, the P2P check, and a dry run of the whole deploy with pyinfra's @local connector.
 # Expects .whl/ from tools/device_wheels.sh beside it; writes what it read under $OUT (or
 # ./device-out).

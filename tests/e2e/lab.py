@@ -80,6 +80,19 @@ class Host:
         return self.ssh(f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
 
 
+def driver_by_hand(host: "Host", version: str) -> None:
+    """Install driver ``version`` ("580.95.05") by hand, without a reboot, as an operator would:
+    every installed package of the driver's tree (sandbox/data/nvidia-graphics-drivers.json,
+    whose exact-version dependencies want them all at one version) at that version."""
+    host.ssh(
+        "set -e; p=$(dpkg-query -W -f='${Package} ${Status}\\n' | awk '$NF == \"installed\" "
+        "{print $1}' | grep -E '^(nvidia-|libnvidia-|libcuda1|libgl1-nvidia-|libegl-nvidia|"
+        "libglx-nvidia|firmware-nvidia-|xserver-xorg-video-nvidia)' "
+        "| grep -v '^nvidia-driver-pinning-' | sed 's/$/=" + version + "-1/'); "
+        "DEBIAN_FRONTEND=noninteractive apt-get -y -q install --allow-downgrades "
+        "--allow-change-held-packages $p >/dev/null")
+
+
 def inventory_data(listed: dict) -> dict:
     """A host's data as inventory/sandbox.py gives it, from its ``sandbox status --json`` entry:
     the operator's login with sudo, the stand-ins' URLs and lock, the scenario's data."""

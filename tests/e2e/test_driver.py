@@ -89,10 +89,7 @@ def test_driver_change_dry_refused_then_allowed_and_mismatch_rebooted(one_gpu_ho
     assert {"nvidia-open", "nvidia-kernel-open-dkms", "cuda-toolkit-12-8"} <= set(held)
 
     # Back to X by hand, without a reboot: the libraries are X, the loaded module still Y.
-    host.ssh("DEBIAN_FRONTEND=noninteractive apt-get -y -q install --allow-downgrades "
-             f"--allow-change-held-packages nvidia-open={X}-1 nvidia-driver={X}-1 "
-             f"nvidia-smi={X}-1 libnvidia-ml1={X}-1 libcuda1={X}-1 "
-             f"nvidia-kernel-open-dkms={X}-1 >/dev/null")
+    lab.driver_by_hand(host, X)
     mismatch = host.ssh("nvidia-smi; echo rc=$?", check=False)
     assert "Driver/library version mismatch" in mismatch and "rc=18" in mismatch
     # The server does not start on a mismatched driver (the nvidia stage's drop-in).

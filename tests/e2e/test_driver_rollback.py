@@ -93,10 +93,7 @@ def test_interrupted_rollback_is_finished_then_a_good_upgrade_goes_through(host_
     host = host_on_x
     # As a run cut off in its rollback leaves the host: the broken driver's packages installed
     # (the loaded module still the old one: no reboot yet), the change recorded as rolling back.
-    host.ssh("DEBIAN_FRONTEND=noninteractive apt-get -y -q install --allow-downgrades "
-             f"--allow-change-held-packages nvidia-open={BROKEN}-1 nvidia-driver={BROKEN}-1 "
-             f"nvidia-smi={BROKEN}-1 libnvidia-ml1={BROKEN}-1 libcuda1={BROKEN}-1 "
-             f"nvidia-kernel-open-dkms={BROKEN}-1 >/dev/null")
+    lab.driver_by_hand(host, BROKEN)
     kept = host.ssh("cd /var/lib/gpuhost/driver-kept && for f in *.deb; do "
                     "echo \"$(dpkg-deb -f $f Package) $(dpkg-deb -f $f Version) $PWD/$f "
                     "$(sha256sum < $f | cut -d' ' -f1)\"; done").split("\n")
