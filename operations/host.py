@@ -299,6 +299,10 @@ class HostAddresses(FactBase[list[str]]):
         return "ip -o addr show"
 
     @override
+    def default(self) -> list[str]:
+        return []
+
+    @override
     def process(self, output: list[str]) -> list[str]:
         found = []
         for line in output:

@@ -176,6 +176,10 @@ class VenvFolders(FactBase[list[str]]):
                 "echo \"$d\"; fi; done")
 
     @override
+    def default(self) -> list[str]:
+        return []  # no output (an empty folder): pyinfra gives the default, not process([])
+
+    @override
     def process(self, output: list[str]) -> list[str]:
         return sorted(line for line in output
                       if VENV_NAME.fullmatch(line.rstrip("/").rsplit("/", 1)[-1]))

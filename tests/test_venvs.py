@@ -205,3 +205,9 @@ def test_the_unit_and_the_record_name_their_venvs():
     for bad in ("{", "5", '{"server": 5}', None):
         assert recorded_venv(bad) is None
     assert digest_of_venv(B) == digest_of_venv(A) == "0123456789abcdef"
+
+
+def test_an_empty_venvs_folder_is_no_venv_not_none():
+    from operations.venvs import VenvFolders
+    assert VenvFolders().default() == []
+    assert VenvFolders().process([f"{A}", f"{B}", "/opt/gpuhost/venvs/other"]) == [A, B]
