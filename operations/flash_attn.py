@@ -548,8 +548,13 @@ def _converge(host, plan: BuildPlan) -> None:
         wheel, digest = found
     stamp = {**asdict(key), "source": source, "wheel": wheel.name, "sha256": digest,
              "max_jobs": plan.max_jobs, "nvcc_threads": plan.nvcc_threads}
+    # whole or not at all, mode 0644 whatever the umask: a temporary file, synced, renamed
+    # (named as gpuhost's stamps are, venv_path.GPUHOST_ENTRY, should it be left behind)
+    path, tmp = (shlex.quote(f"{plan.venv}/{name}")
+                 for name in (STAMP_NAME, STAMP_NAME.replace(".json", "-new.json")))
     on_host.put(StringIO(json.dumps(stamp, indent=2, sort_keys=True) + "\n"),
-                f"{plan.venv}/{STAMP_NAME}")
+                f"{plan.venv}/{STAMP_NAME.replace('.json', '-new.json')}")
+    on_host.run(f"chmod 644 {tmp} && sync {tmp} && mv -f {tmp} {path}", "writing the build stamp")
 
 
 @operation()

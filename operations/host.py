@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 from dataclasses import dataclass
 from typing import Final
@@ -278,3 +279,58 @@ def back_with_new_boot(host, before: str, timeout: float = 600, interval: float 
         remote.close(host)
         sleep(interval)
     raise OperationError(f"host did not come back with a new boot id within {timeout} s")
+
+
+class HostAddresses(FactBase[list[str]]):
+    """The IP addresses of the host's own interfaces (``ip -o addr show``: iproute2's one line
+    per address, ``<n>: <dev> inet|inet6 <address>/<prefix> ...``), without their prefix.
+
+    .. code:: python
+
+        ["127.0.0.1", "10.213.1.2", "::1"]
+    """
+
+    @override
+    def requires_command(self) -> str:
+        return "ip"
+
+    @override
+    def command(self) -> str:
+        return "ip -o addr show"
+
+    @override
+    def default(self) -> list[str]:
+        return []
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        found = []
+        for line in output:
+            words = line.split()
+            if len(words) > 3 and words[2] in ("inet", "inet6"):
+                found.append(words[3].split("/", 1)[0])
+        return found
+
+
+def address_problem(key: str, address: str, own: list[str], what: str) -> str | None:
+    """Why ``address`` (host data's ``key``) cannot be used on this host, or None: it is
+    neither a wildcard (0.0.0.0, ::), a loopback address, nor one of the host's own
+    (:class:`HostAddresses` ``own``); ``what`` says what the address is for."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return None  # settings.py refuses what is no IP address
+    if ip.is_unspecified or ip.is_loopback or any(
+            ipaddress.ip_address(a) == ip for a in own if _is_ip(a)):
+        return None
+    return (f"{key} = {address!r} is not allowed: it is not an address of this host ({what}); "
+            f"allowed: one of its own addresses ({', '.join(own) or 'none found'}), a "
+            "loopback address or a wildcard")
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

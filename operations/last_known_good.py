@@ -53,12 +53,18 @@ MARKER: Final = "/var/lib/gpuhost/rollback.json"
 SCRIPT: Final = f"{LIB_DIR}/last_known_good.py"
 
 
+#: The shipped script's exit status for a write that failed (ENOSPC): one line said.
+WRITE_FAILED: Final = 7
+
+
 def record_command(venv: str, lock_digest: str, model: str, revision: str,
                    files: list[str], folders: list[str], keep: int = 1,
-                   venvs_dir: str | None = None) -> str:
+                   venvs_dir: str | None = None, action: str = "record") -> str:
     """The command that records the server's last known good (run once the gate passed) and,
-    with ``venvs_dir``, removes the venvs there beyond the ``keep`` verified last."""
-    argv = ["python3", SCRIPT, "record", "--venv", venv, "--lock-digest", lock_digest,
+    with ``venvs_dir``, removes the venvs there beyond the ``keep`` verified last; with
+    ``action="check"``, the one that says whether the record is "fresh", "stale: <why>" or
+    "unverified" (operations/files/last_known_good.py)."""
+    argv = ["python3", SCRIPT, action, "--venv", venv, "--lock-digest", lock_digest,
             "--model", model, "--revision", revision, "--keep", str(keep)]
     if venvs_dir:
         argv += ["--venvs-dir", venvs_dir]
@@ -98,3 +104,13 @@ def roll_back(host, why: str, gate, restart: str) -> bool:
                         f"known good again ({restored}), verified; the run fails for this host "
                         "so that the change is looked at (above)")
     return False
+
+
+def prune_command(venvs_dir: str, keep: int, venvs: list[str]) -> str:
+    """The command that removes the venvs under ``venvs_dir`` that the record does not keep
+    and ``venvs`` (the one serving, the one this run converges) do not name: a failed lock
+    change's venv goes with the rest, not only once a restart passed its gate."""
+    argv = ["python3", SCRIPT, "prune", "--keep", str(keep), "--venvs-dir", venvs_dir]
+    for venv in venvs:
+        argv += ["--venv", venv]
+    return " ".join(shlex.quote(a) for a in argv)

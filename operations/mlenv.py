@@ -22,17 +22,20 @@ from typing_extensions import override
 from operations import REPO_ROOT, locked_wheels
 from operations.cuda_compat import driver_problem, venv_cuda
 from operations.disk import NO_SPACE, no_space_named
+from operations.folders import top_folders
 from operations.flash_attn import STAMP_NAME, BuildPlan, built_wheel, read_stamp, stale_reasons
 from operations.gpu import NvidiaDriver
 from operations.host import FileText, HostResources
+from operations.last_known_good import RECORD as LAST_GOOD_RECORD
 from operations.lock import Lock, read_lock
 from operations.p2p import LIB_DIR
 from operations.pip_index import pip_index_args
 from operations.plan import fact, is_dry_run, refuse
 from operations.settings import Settings
 from operations.venv_path import MAX_ENTRIES, VenvHealth, venv_path_problem
-from operations.venvs import (VENVS_DIR, VenvRoom, link_problem, room_problem, stack_changes,
-                              stack_venv, venv_checked)
+from operations.venvs import (VENVS_DIR, VenvRoom, choose_venv, link_problem, recorded_venv,
+                              remember, room_problem, slots, stack_changes, stack_venv,
+                              unit_venv, venv_checked)
 
 #: Memory one nvcc thread takes while compiling flash-attn's kernels, in GiB (flash-attn's
 #: README: "ninja ... without ... enough RAM ... MAX_JOBS"; about 5 GiB per thread is what the
@@ -45,6 +48,9 @@ DEFAULT_NVCC_THREADS: Final = 4
 
 FLASH_ATTN: Final = "flash-attn"
 LOCK_DIR: Final = "/opt/gpuhost/lock"
+#: The server's unit (operations/server.py UNIT_PATH, which imports this module): the venv it
+#: names, and the last known good record's, are never cleared.
+SERVER_UNIT_PATH: Final = "/etc/systemd/system/sglang.service"
 #: Debian/Ubuntu packages a venv and a CUDA extension build need.
 BUILD_PACKAGES: Final = ("python3-venv", "python3-dev", "build-essential")
 
@@ -559,8 +565,25 @@ def mlenv(settings: Settings):
                                      settings.max_jobs, settings.nvcc_threads)
     except BuildError as exc:
         raise BuildError(f"host {host.name}: {exc}") from None
-    venv = stack_venv(settings.lock_path)
-    health = fact(VenvRuns, venv=venv)
+    lock_venv = stack_venv(settings.lock_path)
+    pair = slots(lock_venv)
+    healths = {path: fact(VenvRuns, venv=path) for path in pair}
+    choice = choose_venv(lock_venv, unit_venv(fact(FileText, path=SERVER_UNIT_PATH)),
+                         recorded_venv(fact(FileText, path=LAST_GOOD_RECORD)),
+                         {path: h["state"] for path, h in healths.items()})
+    if choice.problem:
+        refuse("ML venv", choice.problem)
+        return []
+    venv = choice.venv
+    remember(lock_venv, venv)
+    health = healths[venv]
+    if choice.replaces:
+        logger.warning(f"{host.print_prefix}venv at {choice.replaces} does not run "
+                       f"({healths[choice.replaces]['why']}), and it serves or is the last known "
+                       f"good: kept as it is; a replacement "
+                       + ("will be built" if is_dry_run() else "is built")
+                       + f" beside it, at {venv}, and the server moved to it once it passes "
+                       "its checks")
     problem = (venv_path_problem(venv, health)
                or link_problem(settings.venv_path,
                                fact(VenvAt, venv=settings.venv_path)))
@@ -568,7 +591,7 @@ def mlenv(settings: Settings):
         # nothing of the stage is planned: its operations would make or fill that venv
         refuse("ML venv", problem)
         return []
-    if health["found"] == "missing":
+    if health["found"] == "missing" or choice.replaces:
         problem = room_problem(fact(VenvRoom, venv_path=settings.venv_path), venv)
         if problem:
             refuse("ML venv", problem)
@@ -587,6 +610,7 @@ def mlenv(settings: Settings):
 
     apt.packages(name="Python venv and build tools", packages=list(BUILD_PACKAGES),
                  no_recommends=True)
+    top_folders()
     files.directory(name="Lock folder", path=LOCK_DIR, mode="755")
     files.directory(name="Venvs folder", path=VENVS_DIR, mode="755")
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")

@@ -54,10 +54,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from pyinfra import host, logger
-from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.api import FactBase, StringCommand, deploy, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, server
+from typing_extensions import override
 
 from operations import model_copy_direct, remote
 from operations.host import PasswdEntry
@@ -75,8 +76,9 @@ STAGING: Final = Path("~/.cache/gpuhost/models").expanduser()
 PROGRESS_EVERY: Final = 10
 #: rsync's flags for both legs (rsync(1)): archive, keep partial files in a folder of their own
 #: for the next run to resume, never the Hub client's local cache or the stamp (model_fetch.py
-#: writes the stamp once it verified every file), progress of the whole transfer on stdout.
-RSYNC_FLAGS: Final = ("-a", "--partial", "--partial-dir=.rsync-partial", "--exclude=/.cache",
+#: writes the stamp once it verified every file), progress of the whole transfer on stdout;
+#: modes set, not copied (a peer's 0600 files, left by a hardened umask, stay no one's copy).
+RSYNC_FLAGS: Final = ("-a", "--chmod=D755,F644", "--partial", "--partial-dir=.rsync-partial", "--exclude=/.cache",
                       "--exclude=/.gpuhost-model.json*", "--no-owner", "--no-group", "--info=progress2",
                       "--no-inc-recursive")
 STAMP: Final = ".gpuhost-model.json"
@@ -171,6 +173,11 @@ def copy_access(settings: Settings):
     apt.packages(name="rsync and ssh (the model copy)", packages=["rsync", "openssh-client"],
                  update=not {"rsync", "openssh-client"} <= set(installed))
     copy_user(name=f"User {COPY_USER} (reads the model folder for peers)")
+    said = reach_message(settings.model_dir, host.get_fact(ModelFolderReach,
+                                                           path=settings.model_dir,
+                                                           user=COPY_USER))
+    if said:
+        logger.warning(f"{host.print_prefix}model copy: {said}")
     files.directory(name=f"{COPY_USER}'s .ssh", path=f"{COPY_HOME}/.ssh", user=COPY_USER,
                     group=COPY_USER, mode="700")
 
@@ -187,8 +194,53 @@ def copy_user():
         yield from files.directory._inner(path=COPY_HOME, user=COPY_USER, group=COPY_USER,
                                           _no_fail_on_link=True)
         return
-    yield from server.user._inner(user=COPY_USER, home=COPY_HOME, shell="/bin/sh", system=True,
-                                  create_home=True)
+    # its own group made first and named: useradd makes one of the user's name only where
+    # login.defs says USERGROUPS_ENAB yes (a hardened host's is no: useradd(8), login.defs(5))
+    yield from server.group._inner(group=COPY_USER, system=True)
+    yield from server.user._inner(user=COPY_USER, group=COPY_USER, home=COPY_HOME,
+                                  shell="/bin/sh", system=True, create_home=True)
+
+
+#: rrsync's words (rsync 3.2.7's /usr/bin/rrsync) where its restricted folder fails
+#: ``os.path.isdir``: missing, or not reachable by the user it runs as.
+RRSYNC_NO_DIR: Final = "Restricted directory does not exist!"
+
+
+class ModelFolderReach(FactBase[str]):
+    """Whether the copy user can read ``path`` (gpuhost_model_dir), as rrsync, which runs as it,
+    would: "readable", "missing", "no user" (the copy user not made yet), or "blocked <folder>
+    <mode>": the first folder on the way it cannot pass, and that folder's mode.
+
+    .. code:: python
+
+        "blocked /opt/gpuhost 700"
+    """
+
+    @override
+    def command(self, path: str, user: str) -> str:
+        d, u = shlex.quote(path), shlex.quote(user)
+        return (f"if ! id -u {u} >/dev/null 2>&1; then echo 'no user'; "
+                f"elif [ ! -d {d} ]; then echo missing; "
+                f"elif runuser -u {u} -- test -r {d} -a -x {d}; then echo readable; "
+                f"else p=; for part in $(printf '%s' {d} | tr / ' '); do p=\"$p/$part\"; "
+                f"if ! runuser -u {u} -- test -x \"$p\" -a -r \"$p\"; then "
+                "echo \"blocked $p $(stat -c %a \"$p\")\"; exit 0; fi; done; "
+                f"echo \"blocked {d} $(stat -c %a {d})\"; fi")
+
+    @override
+    def process(self, output: list[str]) -> str:
+        return output[-1].strip() if output else "missing"
+
+
+def reach_message(model_dir: str, reach: str) -> str | None:
+    """What the source host's run says where its model folder exists but the copy user cannot
+    read it (:class:`ModelFolderReach`), None otherwise."""
+    if not reach.startswith("blocked "):
+        return None
+    folder, _, mode = reach.removeprefix("blocked ").rpartition(" ")
+    return (f"{model_dir} exists but the copy user {COPY_USER} cannot read it ({folder} is "
+            f"mode {mode}, a hardened umask's): peers cannot copy the model from this host "
+            "until it can; gpuhost sets its folders' modes (0755) in this run")
 
 
 def copy_key(settings: Settings):
@@ -352,6 +404,15 @@ def _peer_stamp(peer: Peer, repo: str, prefix: str) -> dict | None:
         ok, err = rsync(["rsync", "-e", _peer_rsh(peer),
                          f"{COPY_USER}@{peer.address}:{repo}/{STAMP}", f"{tmp}/stamp"],
                         prefix, "stamp")
+        if not ok and RRSYNC_NO_DIR in err:
+            # rrsync's words where os.path.isdir() is False: the folder missing, or there and
+            # not reachable by the copy user (a folder above it 0700): the peer's own run says
+            # which (ModelFolderReach)
+            logger.info(f"{prefix}model copy: {peer.name}'s copy user cannot reach "
+                        f"{peer.model_dir} (rrsync: {RRSYNC_NO_DIR!r}: the folder is missing "
+                        f"there, or exists but is not readable by {COPY_USER}; {peer.name}'s "
+                        "own run says which)")
+            return None
         if not ok:
             # the usual case on a fresh fleet (no peer has a copy, nor the copy key yet): one
             # plain line for all of them follows (copy); rsync's words only with -v

@@ -25,7 +25,7 @@ from operations.gpu import NvidiaDriver
 from operations.node_group import GroupError, NodeRole, env_file, role_of, shared_network
 from operations.plan import _key, fact, refuse
 from operations.settings import Settings
-from operations.venvs import stack_venv
+from operations.venvs import host_venv
 
 NODES_ENV_FILE: Final = "/etc/gpuhost/nodes.env"
 #: The all-reduce across the nodes, shipped beside p2p_check.py (operations/p2p.py LIB_DIR).
@@ -222,7 +222,7 @@ def internode_argv(settings: Settings, role: NodeRole, env_files: tuple[str, ...
     stopped, so rank 0's rendezvous port is free for it)."""
     # the lock's venv, the one the servers start from (gpuhost_venv_path links to it only once
     # the health gate passed: operations/venvs.py)
-    argv = [f"{stack_venv(settings.lock_path)}/bin/python", INTERNODE_CHECK, "--nnodes",
+    argv = [f"{host_venv(settings.lock_path)}/bin/python", INTERNODE_CHECK, "--nnodes",
             str(role.nnodes),
             "--node-rank", str(role.node_rank), "--gpus", str(settings.gpu_count),
             "--dist-init-addr", role.dist_init_addr,

@@ -20,7 +20,7 @@ from operations.host import FileText
 from operations.plan import fact
 from operations.settings import Settings
 from operations.virt import Platform, VirtInfo
-from operations.venvs import stack_venv
+from operations.venvs import host_venv
 
 ENV_FILE: Final = "/etc/gpuhost/p2p.env"
 RECORD: Final = "/var/lib/gpuhost/p2p.json"
@@ -200,7 +200,7 @@ def p2p(settings: Settings):
                   create_remote_dir=False)  # the folder is the operation above
 
     def measure(when=None):
-        return measured(name="Measure P2P between GPUs", venv=stack_venv(settings.lock_path),
+        return measured(name="Measure P2P between GPUs", venv=host_venv(settings.lock_path),
                         override=settings.p2p_override, remeasure=settings.p2p_remeasure,
                         timeout=settings.p2p_check_timeout, hints=tuple(platform_hints(
                             platform, {"p2p": "off", "warnings": ["?"]})),

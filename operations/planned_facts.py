@@ -208,6 +208,8 @@ def _write(host: Host) -> None:
                                          suffix=".tmp") as out:
             json.dump({"format": FORMAT, "facts": vars(host).get(_READ, []),
                        "executing": executing}, out, indent=1)
+            out.flush()
+            os.fsync(out.fileno())  # whole or not at all: never a renamed, empty file
         os.replace(out.name, path)
     except OSError as error:  # only the next run's speed depends on it
         logger.debug(f"could not write {path}: {error}")

@@ -14,6 +14,7 @@ from pyinfra.api import FunctionCommand, deploy, operation
 from pyinfra.operations import files
 
 from operations import REPO_ROOT, remote
+from operations.folders import top_folders
 from operations.host import FileText
 from operations.last_known_good import MARKER, RECORD, SCRIPT
 from operations.p2p import LIB_DIR
@@ -114,6 +115,7 @@ def rollback(settings: Settings, interrupted: dict | None):
     why = (interrupted or {}).get("why") or "asked for by host data (gpuhost_rollback = True)"
     # this run's own scripts: nothing else of the deploy runs to ship them (a host never
     # deployed has none; one whose rollback cannot go on needs the one that says so)
+    top_folders()
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
     for script in ROLLBACK_SCRIPTS:
         files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),

@@ -41,18 +41,21 @@ from typing_extensions import override
 from operations import REPO_ROOT, remote
 from operations.disk import NO_SPACE
 from operations.fleet import Worker
+from operations.folders import top_folders
 from operations.lock import read_lock
 from operations.mlenv import LOCK_DIR, locked_packages, venv_that_runs
 from operations.p2p import LIB_DIR
-from operations.plan import fact
+from operations.host import HostAddresses, address_problem
+from operations.plan import fact, refuse
 from operations.secret_files import check_secret_file
 from operations.server import (
     GATE_MAX_CONNECTIONS,
     GATE_MEMORY_MAX,
     GATE_TASKS_MAX,
+    PortListeners,
     systemd_quote,
 )
-from operations.settings import ROUTER_METRICS_PORT, Settings
+from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
 
 UNIT: Final = "sglang-router.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
@@ -203,6 +206,32 @@ def workers_registered(router: str, workers: tuple[tuple[str, str], ...], timeou
     yield command
 
 
+def _check_listen(settings: Settings) -> bool:
+    """Refuse the router (and return False) where a port it or its gate would listen on
+    (gpuhost_router_port, gpuhost_router_backend_port behind the gate, its metrics port) has
+    a listener other than the router's own units on the host (sshd's 22, the server's...), or
+    where gpuhost_router_host is not one of the host's addresses: checked while planning, as
+    smg would only crash-loop on EADDRINUSE or EADDRNOTAVAIL."""
+    ports = {f"{PREFIX}router_port": settings.router_port}
+    if settings.router_is_public:
+        ports[f"{PREFIX}router_backend_port"] = settings.router_backend_port
+    ports["the router's metrics port"] = METRICS_PORT
+    listeners = fact(PortListeners, ports=tuple(sorted(set(ports.values()))))
+    ok = True
+    for key, port in ports.items():
+        others = [u for u in listeners.get(str(port), []) if u not in (UNIT, GATE_UNIT)]
+        if others:
+            refuse("Router", f"{key} = {port} is not allowed: a port no other unit listens on "
+                             f"({', '.join(others)} listens on it)")
+            ok = False
+    problem = address_problem(f"{PREFIX}router_host", settings.router_host,
+                              fact(HostAddresses), "the router binds it")
+    if problem:
+        refuse("Router", problem)
+        ok = False
+    return ok
+
+
 def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
     """Converge the router on this host (one of the ``gpuhost_router`` group): its venv from
     ``gpuhost_router_lock``, its unit routing to ``workers``, the API key gate in front for a
@@ -211,10 +240,13 @@ def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
     lock that does not parse. Refuses the stage (nothing of it planned) where the router's key
     file is not a root-only file of one line (operations/secret_files.py), as the server's."""
     lock = read_lock(settings.router_lock_path)
+    if not _check_listen(settings):
+        return None
     if settings.router_is_public and not check_secret_file(
             "Router", "router_api_key_file", settings.router_api_key_file or "", "key file"):
         return None
     venv = settings.router_venv_path
+    top_folders()
     files.directory(name="Lock folder", path=LOCK_DIR, mode="755")
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
     files.put(name=f"Router lock {lock.path.name}", src=StringIO(lock.requirements()),

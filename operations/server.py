@@ -29,7 +29,8 @@ from operations.nvidia import DRIVER_GATE_DROPIN
 from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
 from operations.p2p import RECORD as P2P_RECORD
-from operations.host import FileText
+from operations.folders import folders_down_to, top_folders
+from operations.host import FileText, HostAddresses, address_problem
 from operations.mlenv import VenvAt
 from operations.kernel_cache import (KernelCacheFolders, cache_env, cache_key, kernel_cache,
                                      remove_superseded)
@@ -39,7 +40,8 @@ from operations.secret_files import check_secret_file
 from operations.secret_template import secret_template
 from operations.settings import PREFIX, Settings
 from operations.sglang import server_args
-from operations.venvs import VENVS_DIR, stack_venv, venv_link
+from operations.venvs import (VENVS_DIR, VenvFolders, digest_of_venv, host_venv,
+                              recorded_venvs, unit_venv, venv_link)
 
 UNIT: Final = "sglang.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
@@ -115,18 +117,88 @@ def server_inputs(settings: Settings) -> list[str]:
         paths.append(NODES_ENV_FILE)
     if not settings.model_is_local:
         paths.append(f"{settings.model_path}/{model_ops.STAMP}")
-    return ["--venv", stack_venv(settings.lock_path), *paths]
+    return ["--venv", host_venv(settings.lock_path), *paths]
 
 
-def record_command(settings: Settings) -> str:
+def record_command(settings: Settings, action: str = "record") -> str:
     """The command that records the last known good once the health gate passed: the venv the
-    unit names, the files the server and its gate read (operations/last_known_good.py)."""
-    venv = stack_venv(settings.lock_path)
+    unit names, the files the server and its gate read (operations/last_known_good.py); with
+    ``action="check"``, the one that says whether the record agrees with them."""
+    venv = host_venv(settings.lock_path)
     return last_known_good.record_command(
-        venv=venv, lock_digest=venv.rsplit("/", 1)[1], model=settings.model,
+        venv=venv, lock_digest=digest_of_venv(venv), model=settings.model,
         revision=settings.model_revision,
         files=[UNIT_PATH, SERVER_ENV_FILE, P2P_ENV_FILE, P2P_RECORD, GATE_UNIT_PATH],
-        folders=[DROPIN_DIR], keep=settings.venvs_kept, venvs_dir=VENVS_DIR)
+        folders=[DROPIN_DIR], keep=settings.venvs_kept, venvs_dir=VENVS_DIR, action=action)
+
+
+class LastGoodState(FactBase[str]):
+    """Whether the last known good record agrees with what serves: the first line of
+    ``last_known_good.py check`` ("fresh", "unverified", "stale: <why>"); "stale: ..." where
+    the script is not on the host yet or cannot say.
+
+    .. code:: python
+
+        "stale: /etc/gpuhost/server.env differ from what it recorded"
+    """
+
+    @override
+    def command(self, check: str) -> str:
+        script = shlex.quote(last_known_good.SCRIPT)
+        return (f"if [ -f {script} ]; then {check} 2>/dev/null || echo 'stale: check failed'; "
+                "else echo 'stale: no last_known_good.py on the host'; fi")
+
+    @override
+    def process(self, output) -> str:
+        return output[0].strip() if output and output[0].strip() else "stale: no answer"
+
+
+@remote.callback("recording the last known good", "the server goes on serving")
+def _record_if_stale(state, host, check: str, record: str) -> bool:
+    ok, out = remote.shell(host, check, _success_exit_codes=[0])
+    said = (out.stdout_lines or ["stale"])[0]
+    if ok and not said.startswith("stale"):
+        return True
+    ok, out = remote.shell(host, record, _success_exit_codes=[0, last_known_good.WRITE_FAILED])
+    lines = out.stdout_lines + out.stderr_lines
+    failed = not ok or any(line.startswith("could not write") for line in lines)
+    for line in lines:
+        (logger.error if failed else logger.warning)(
+            f"{host.print_prefix}last known good: {line}")
+    return not failed
+
+
+@operation()
+def last_good_recorded(check: str, record: str, state_now: str):
+    """The last known good record rewritten where it disagrees with what serves, verified (a
+    record a full disk kept from being written, edited by hand, or of another venv): read
+    again when it runs, as the health gate earlier in the run may have recorded it.
+
+    + check, record: last_known_good.py's check and record commands (:func:`record_command`)
+    + state_now: :class:`LastGoodState` while planning
+    """
+    if not state_now.startswith(("fresh", "unverified")):
+        logger.info(f"{host.print_prefix}last known good: {state_now}: recording it again")
+    yield FunctionCommand(_record_if_stale, (check, record), {})
+
+
+@operation()
+def venvs_pruned(venvs_dir: str, keep: int, kept: list[str], remove: list[str]):
+    """Remove the venvs ``remove`` under ``venvs_dir`` (those of failed lock changes, those
+    retention no longer keeps), never one of ``kept`` (the one serving, the last known good's,
+    the one this run converges); the shipped script checks the record again when it runs.
+
+    + venvs_dir: VENVS_DIR
+    + keep: gpuhost_venvs_kept
+    + kept: venvs never removed here
+    + remove: what planning found to remove
+    """
+    if not remove:
+        host.noop("no venv to prune")
+        return
+    logger.info(f"{host.print_prefix}ML venv: removing the venvs {', '.join(remove)} "
+                f"(gpuhost_venvs_kept = {keep}; kept: {', '.join(kept)})")
+    yield last_known_good.prune_command(venvs_dir, keep, kept)
 
 
 def gate_inputs() -> list[str]:
@@ -146,7 +218,7 @@ def unit_context(settings: Settings, role: NodeRole | None = None) -> dict:
         "tensor_parallel_size": settings.tensor_parallel_size,
         "server_env_file": SERVER_ENV_FILE,
         "p2p_env_file": P2P_ENV_FILE,
-        "venv": stack_venv(settings.lock_path),
+        "venv": host_venv(settings.lock_path),
         "cuda_home": settings.cuda_home,
         "lib_dir": LIB_DIR,
         "backend_url": backend_url(settings),
@@ -437,6 +509,11 @@ def _check_ports(settings: Settings) -> None:
         if others:
             refuse("SGLang server", f"{PREFIX}{key} = {port} is not allowed: a port no other "
                                     f"unit listens on ({', '.join(others)} listens on it)")
+    if settings.fleet_address is not None:
+        problem = address_problem(f"{PREFIX}fleet_address", settings.fleet_address,
+                                  fact(HostAddresses), "the router reaches the server there")
+        if problem:
+            refuse("SGLang server", problem)
 
 
 @operation()
@@ -498,6 +575,7 @@ def mark_verified(host, units: list[str]) -> bool:
     return remote.shell(
         host, f"mkdir -p {shlex.quote(VERIFIED_FILE.rsplit('/', 1)[0])} && "
         f"systemctl show -p InvocationID --value {names} > {VERIFIED_FILE}.tmp && "
+        f"chmod 644 {VERIFIED_FILE}.tmp && sync {VERIFIED_FILE}.tmp && "
         f"mv {VERIFIED_FILE}.tmp {VERIFIED_FILE}")[0]
 
 
@@ -516,8 +594,14 @@ def _wait_serving(state, host, argv: list[str], timeout: int, units: list[str],
             return False
         if record is None:
             return True
-        ok, out = remote.shell(host, record)
-        for line in out.stdout_lines + out.stderr_lines:
+        ok, out = remote.shell(host, record,
+                               _success_exit_codes=[0, last_known_good.WRITE_FAILED])
+        lines = out.stdout_lines + out.stderr_lines
+        if any(line.startswith("could not write") for line in lines):
+            # the host passed its gate and serves: it goes back in the router; the record is
+            # written again at the end of the stage (last_good_recorded), which says why not
+            return True
+        for line in lines:
             (logger.info if ok else logger.error)(f"{host.print_prefix}last known good: {line}")
         return ok
     if record is None:
@@ -653,6 +737,10 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
     changed: list[OperationMeta] = []
     weights: list[OperationMeta] = []
     if not settings.model_is_local:
+        top_folders()
+        # mode only: gpuhost_model_dir may be a mount whose owner is not root's to set
+        for folder in folders_down_to(settings.model_dir, settings.model_path):
+            files.directory(name=f"Folder {folder}", path=folder, mode="755")
         files.directory(name="Model folder", path=settings.model_path, mode="755")
         model_copy.copy_access(settings)
         sources = (model_copy.peers(host.name, peers, {h.name: h.data.dict()
@@ -661,7 +749,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
         weights.append(model_ops.weights(
             name=f"Model {settings.model}@{settings.model_revision}",
             repo=settings.model, revision=settings.model_revision, dest=settings.model_path,
-            endpoint=settings.hf_endpoint, python=f"{stack_venv(settings.lock_path)}/bin/python",
+            endpoint=settings.hf_endpoint, python=f"{host_venv(settings.lock_path)}/bin/python",
             token_file=settings.hf_token_file, headroom_gib=DISK_HEADROOM_GIB,
             architecture=settings.model_architecture, peers=sources,
             bwlimit_kib=settings.model_copy_bwlimit, mirror=settings.model_mirror,
@@ -781,8 +869,9 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
             and (gate_state.stale or any(op.did_change() for op in gate_ops)),
         ))
         public_url = _public_url(settings)
+    gated_op: OperationMeta | None = None
     if role is None or role.node_rank == 0:
-        serving(
+        gated_op = serving(
             name=f"Wait until {settings.served_model_name} answers",
             url=backend_url(settings),
             model=settings.served_model_name,
@@ -805,6 +894,23 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
     # after the restart: the server that read them is gone
     remove_superseded(kernels, kernel_folders)
     # past the health gate (a failed one ends the host's run before this)
-    venv = stack_venv(settings.lock_path)
+    venv = host_venv(settings.lock_path)
     venv_link(name=f"{settings.venv_path}: the venv that serves", path=settings.venv_path,
               target=venv, health=fact(VenvAt, venv=settings.venv_path))
+    if role is None:
+        check = record_command(settings, action="check")
+        last_good_recorded(name="Last known good: as what serves",
+                           check=check, record=record_command(settings),
+                           state_now=(now := fact(LastGoodState, check=check)),
+                           _if=lambda: not now.startswith(("fresh", "unverified")) or any(
+                               op.did_change() for op in (started, *restarts, *gate_changes,
+                                                          *filter(None, [gated_op]))))
+    record_text = fact(FileText, path=last_known_good.RECORD)
+    recorded = recorded_venvs(record_text)
+    if recorded:
+        kept = sorted({venv, *recorded, *filter(None, [unit_venv(fact(FileText,
+                                                                      path=UNIT_PATH))])})
+        found = fact(VenvFolders, path=VENVS_DIR)
+        venvs_pruned(name="Prune the venvs no longer kept", venvs_dir=VENVS_DIR,
+                     keep=settings.venvs_kept, kept=kept,
+                     remove=[v for v in found if v not in kept])

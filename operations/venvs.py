@@ -26,7 +26,10 @@ planning.
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import shlex
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Final
@@ -63,6 +66,141 @@ def stack_venv(lock_path: Path) -> str:
     """The folder of the venv for the lock at ``lock_path`` on the controller:
     ``/opt/gpuhost/venvs/<digest>``. Raises LockError for a lock that does not parse."""
     return f"{VENVS_DIR}/{_digest_of(lock_path)}"
+
+
+#: The second folder of a lock digest's venv (``<digest>-b``): where the replacement of a venv
+#: that serves, or is the last known good, and does not run is built, beside it (the two take
+#: turns; the one that does not serve is the one cleared and built again).
+REPLACEMENT_SUFFIX: Final = "-b"
+#: The ExecStart line of the server's unit names its venv's python (templates/sglang.service.j2).
+_EXEC_START: Final = re.compile(r"^ExecStart=(/\S+)/bin/python\s", re.MULTILINE)
+
+#: The venv chosen for each host's lock by the ML venv stage in this run, by (host, lock venv).
+_chosen: dict[tuple[str, str], str] = {}
+
+
+def slots(lock_venv: str) -> tuple[str, str]:
+    """A lock's two venv folders: ``<digest>`` and its replacement ``<digest>-b``."""
+    return lock_venv, lock_venv + REPLACEMENT_SUFFIX
+
+
+def unit_venv(unit_text: str | None) -> str | None:
+    """The venv the server's unit names (its ExecStart's python), or None."""
+    found = _EXEC_START.search(unit_text or "")
+    return found.group(1) if found else None
+
+
+def recorded_venv(record_text: str | None) -> str | None:
+    """The venv of the last known good record's "server" entry (operations/last_known_good.py),
+    or None where there is none or it does not parse."""
+    try:
+        server = json.loads(record_text or "").get("server")
+    except (ValueError, AttributeError):
+        return None
+    venv = server.get("venv") if isinstance(server, dict) else None
+    return venv if isinstance(venv, str) else None
+
+
+@dataclass(frozen=True)
+class VenvChoice:
+    """The venv the ML venv stage converges for a lock: ``venv``; ``replaces`` the lock's venv
+    that does not run and is kept as it is (it serves, or is the last known good), None where
+    nothing is replaced; ``problem`` where neither folder may be built."""
+
+    venv: str
+    replaces: str | None = None
+    problem: str | None = None
+
+
+def choose_venv(lock_venv: str, serving: str | None, last_good: str | None,
+                states: dict[str, str]) -> VenvChoice:
+    """Which of the lock's two folders (:func:`slots`) the ML venv stage converges.
+
+    + lock_venv: ``/opt/gpuhost/venvs/<digest>``
+    + serving: the venv the server's unit names now (:func:`unit_venv`), None where none
+    + last_good: the last known good's venv (:func:`recorded_venv`), None where none
+    + states: each folder's VenvRuns state ("absent", "ok", "broken")
+
+    The folder the unit names (else the last known good's, else ``<digest>``) is kept where it
+    runs. A venv that serves or is the last known good is never cleared nor built again in
+    place: where it does not run, the other folder is built (cleared first where it holds a
+    venv that does not run and serves nothing), checked, and the unit then names it.
+    """
+    pair = slots(lock_venv)
+    first = serving if serving in pair else last_good if last_good in pair else pair[0]
+    other = pair[1] if first == pair[0] else pair[0]
+    kept = {serving, last_good}
+    if states.get(first) != "broken" or first not in kept:
+        return VenvChoice(first)
+    if states.get(other) == "broken" and other in kept:
+        return VenvChoice(first, problem=(
+            f"the venvs {first} and {other} of the lock both do not run, and one serves while "
+            "the other is the last known good, so neither is cleared: roll back "
+            "(gpuhost_rollback=true) or remove the one that does not serve"))
+    return VenvChoice(other, replaces=first)
+
+
+def recorded_venvs(record_text: str | None) -> list[str]:
+    """The venvs the last known good record keeps (its "server" entry's venv and "venvs"), []
+    where there is none, it does not parse or has another shape: then no venv is pruned."""
+    try:
+        server = json.loads(record_text or "").get("server")
+    except (ValueError, AttributeError):
+        return []
+    if not isinstance(server, dict) or not isinstance(server.get("venv"), str):
+        return []
+    venvs = server.get("venvs", [])
+    if not isinstance(venvs, list) or not all(isinstance(v, str) for v in venvs):
+        return []
+    return [server["venv"], *(v for v in venvs if v != server["venv"])]
+
+
+#: A venv's folder name under VENVS_DIR: its lock's digest, or its replacement
+#: (operations/files/last_known_good.py DIGEST, the same).
+VENV_NAME: Final = re.compile(r"[0-9a-f]{%d}(%s)?" % (DIGEST_CHARS, re.escape(REPLACEMENT_SUFFIX)))
+
+
+class VenvFolders(FactBase[list[str]]):
+    """The venvs' folders under ``path`` (VENVS_DIR) named as gpuhost names them (a lock
+    digest, or its replacement), not symlinks; [] where there is none.
+
+    .. code:: python
+
+        ["/opt/gpuhost/venvs/5f0c6b0e3c1d2a94", "/opt/gpuhost/venvs/5f0c6b0e3c1d2a94-b"]
+    """
+
+    @override
+    def command(self, path: str) -> str:
+        q = shlex.quote(path)
+        return (f"for d in {q}/*; do if [ -d \"$d\" ] && [ ! -L \"$d\" ]; then "
+                "echo \"$d\"; fi; done")
+
+    @override
+    def default(self) -> list[str]:
+        return []  # no output (an empty folder): pyinfra gives the default, not process([])
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return sorted(line for line in output
+                      if VENV_NAME.fullmatch(line.rstrip("/").rsplit("/", 1)[-1]))
+
+
+def remember(lock_venv: str, venv: str) -> None:
+    """Record the venv the ML venv stage converges on this host for ``lock_venv``."""
+    _chosen[(getattr(host, "name", None), lock_venv)] = venv
+
+
+def host_venv(lock_path: Path) -> str:
+    """The venv this host's server runs from for the lock at ``lock_path``: the folder the ML
+    venv stage chose in this run (:func:`choose_venv`), else :func:`stack_venv`'s."""
+    base = stack_venv(lock_path)
+    # outside a deploy (a template rendered alone) no host is in context
+    return _chosen.get((getattr(host, "name", None), base), base)
+
+
+def digest_of_venv(venv: str) -> str:
+    """The lock digest a venv's folder is named by (``<digest>`` or ``<digest>-b``)."""
+    return venv.rsplit("/", 1)[1].removesuffix(REPLACEMENT_SUFFIX)
 
 
 def link_problem(path: str, health: VenvHealth) -> str | None:

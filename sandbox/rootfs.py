@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -95,6 +96,16 @@ Acquire::http::Proxy::{gateway} "DIRECT";
 """
 
 RESOLV_CONF = "# gpuhost-sandbox: no resolver; apt reaches Debian through its HTTP proxy\n"
+
+#: Root's and every login's umask on the hosts, as a hardened host sets it (CIS Debian
+#: Linux 12 Benchmark, "Ensure default user umask is configured": UMASK 077 in
+#: /etc/login.defs, applied to every PAM session by pam_umask(8), USERGROUPS_ENAB no so that
+#: a user's own group gets no more, and ``umask 077`` in the shells' profile): what gpuhost
+#: makes without an explicit mode comes out 0700/0600, and sudo keeps the login's umask
+#: (sudoers(5) "umask": the union with its 0022).
+UMASK: Final = "077"
+UMASK_PAM_LINE = "session optional\t\t\tpam_umask.so\n"
+UMASK_PROFILE = f"# gpuhost-sandbox: a hardened host's umask\numask {UMASK}\n"
 
 
 class RootfsError(RuntimeError):
@@ -225,6 +236,23 @@ def _fresh_host_keys(root: Path, name: str) -> list[str]:
     return keys
 
 
+def _harden_umask(root: Path) -> None:
+    """Root's and the operator's umask 077 (:data:`UMASK`): login.defs, pam_umask in every
+    session, the profile."""
+    defs = root / "etc/login.defs"
+    text = defs.read_text() if defs.exists() else ""
+    for key, value in (("UMASK", f"UMASK\t\t{UMASK}"), ("USERGROUPS_ENAB", "USERGROUPS_ENAB no")):
+        text, found = re.subn(rf"(?m)^{key}\s+\S+$", value, text)
+        if not found:
+            text += value + "\n"
+    _write(defs, text)
+    session = root / "etc/pam.d/common-session"
+    lines = session.read_text() if session.exists() else ""
+    if "pam_umask.so" not in lines:
+        _write(session, lines + UMASK_PAM_LINE)
+    _write(root / "etc/profile.d/50-gpuhost-sandbox-umask.sh", UMASK_PROFILE)
+
+
 def personalise(spec: HostSpec, root: Path, authorized_key: str, hardware_json: str) -> list[str]:
     """Make an extracted tree into host `spec`; returns its SSH host public keys ("type base64")."""
     _write(root / "etc/hostname", f"{spec.name}\n")
@@ -261,6 +289,7 @@ def personalise(spec: HostSpec, root: Path, authorized_key: str, hardware_json: 
     kernels.install(root)  # the booted kernel, uname and dkms (sandbox/kernels.py)
     for unit in MASKED_UNITS:
         _mask(root, unit)
+    _harden_umask(root)
     return _fresh_host_keys(root, spec.name)
 
 

@@ -4,6 +4,7 @@ recorded, what a rollback puts back, and the entries of other concerns it keeps.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import json
 from argparse import Namespace
 from pathlib import Path
@@ -26,7 +27,17 @@ def lkg(tmp_path, monkeypatch):
     monkeypatch.setattr(mod, "COPIES", str(root / "last-known-good"))
     monkeypatch.setattr(mod, "MARKER", str(root / "rollback.json"))
     reloads = []
-    monkeypatch.setattr(mod.subprocess, "run", lambda argv, check: reloads.append(argv))
+    mod.import_error = None  # what the venv's python says where its stack does not import
+
+    def run(argv, check, **kwargs):
+        if argv[0] == "systemctl":
+            reloads.append(argv)
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        if mod.import_error:
+            return subprocess.CompletedProcess(argv, 1, "", mod.import_error + "\n")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(mod.subprocess, "run", run)
     mod.reloads = reloads
     return mod
 
@@ -172,14 +183,98 @@ def test_a_record_that_does_not_parse_is_no_rollback_and_no_traceback(lkg, tmp_p
     assert not Path(lkg.MARKER).exists() and lkg.reloads == []
 
 
-def test_a_record_that_does_not_parse_is_written_anew_once_the_gate_passed(lkg, tmp_path,
-                                                                          capsys):
+@pytest.mark.parametrize("text", ['{"format": 1, "serv', '{"format": 1, "server": {"venv": '
+                                  '"/v", "recorded_at": "t", "files": {}, "venvs": 5}}'])
+def test_a_record_that_does_not_parse_is_set_aside_and_written_anew_once_the_gate_passed(
+        lkg, tmp_path, capsys, text):
     unit, env, gate, dropins = _files(tmp_path)
     Path(lkg.ROOT).mkdir(parents=True)
-    Path(lkg.RECORD).write_text('{"format": 1, "serv')
+    Path(lkg.RECORD).write_text(text)
     assert _record(lkg, unit, env, gate, dropins) == 0
     assert json.loads(Path(lkg.RECORD).read_text())["server"]["files"][str(unit)]
-    assert f"{lkg.RECORD} did not parse: recorded anew" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"the last known good record {lkg.RECORD} does not parse" in out, out
+    assert "recorded anew" in out and "set aside as" in out, out
+    (aside,) = Path(lkg.ROOT).glob("last-known-good.json.bad-*")
+    assert aside.read_text() == text
+
+
+def test_a_full_disk_is_one_line_and_the_record_as_it_was(lkg, tmp_path, capsys, monkeypatch):
+    unit, env, gate, dropins = _files(tmp_path)
+    assert _record(lkg, unit, env, gate, dropins) == 0
+    before = Path(lkg.RECORD).read_text()
+    unit.write_text("ExecStart=/opt/gpuhost/venvs/cccc/bin/python\n")
+    real = lkg.os.fsync
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(lkg.os, "fsync", full)
+    monkeypatch.setattr(lkg.sys, "argv", ["last_known_good.py", "record", "--venv", "/v",
+                                          "--lock-digest", "d", "--model", "m", "--revision",
+                                          "r", str(unit)])
+    capsys.readouterr()
+    assert lkg.main() == lkg.WRITE_FAILED
+    monkeypatch.setattr(lkg.os, "fsync", real)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("could not write the last known good"), out
+    assert "No space left on device" in out[0]
+    assert Path(lkg.RECORD).read_text() == before
+    assert not list(Path(lkg.ROOT).rglob("*.gpuhost-tmp"))
+
+
+def test_check_says_whether_the_record_agrees_with_what_serves(lkg, tmp_path, capsys,
+                                                              monkeypatch):
+    unit, env, gate, dropins = _files(tmp_path)
+    assert _record(lkg, unit, env, gate, dropins) == 0
+    venv = str(unit.parent.parent / "venvs" / "aaaa")
+    args = Namespace(venv=venv, folder=[str(dropins)], paths=[str(unit), str(env), str(gate)])
+    monkeypatch.setattr(lkg, "_verified", lambda: True)
+    capsys.readouterr()
+    lkg.check(args)
+    assert capsys.readouterr().out == "fresh\n"
+    unit.write_text("changed\n")
+    lkg.check(args)
+    assert capsys.readouterr().out == f"stale: {unit} differ from what it recorded\n"
+    lkg.check(Namespace(**{**vars(args), "venv": "/other"}))
+    assert "stale: it names the venv" in capsys.readouterr().out
+    monkeypatch.setattr(lkg, "_verified", lambda: False)
+    lkg.check(args)
+    assert capsys.readouterr().out == "unverified\n"
+
+
+def test_prune_keeps_the_recorded_and_the_named_venvs_only(lkg, tmp_path, capsys):
+    unit, env, gate, dropins = _files(tmp_path)
+    venvs = tmp_path / "venvs"
+    names = ["0123456789abcdef", "0123456789abcdef-b", "1111111111111111", "2222222222222222",
+             "not-a-venv"]
+    for name in names:
+        (venvs / name).mkdir(parents=True)
+    assert lkg.record(Namespace(venv=str(venvs / names[0]), lock_digest="d", model="m",
+                                revision="r", folder=[], keep=1, venvs_dir=None,
+                                paths=[str(unit)])) == 0
+    assert lkg.prune(Namespace(venvs_dir=str(venvs), keep=1,
+                               venv=[str(venvs / names[2])])) == 0
+    assert sorted(p.name for p in venvs.iterdir()) == [names[0], names[2], "not-a-venv"]
+    # no record: nothing is known good, nothing removed
+    Path(lkg.RECORD).unlink()
+    assert lkg.prune(Namespace(venvs_dir=str(venvs), keep=1, venv=[])) == 0
+    assert len(list(venvs.iterdir())) == 3
+
+
+def test_a_rollback_to_a_venv_that_does_not_import_the_stack_is_refused(lkg, tmp_path, capsys):
+    unit, venv = _recorded_with_a_change(lkg, tmp_path)
+    lkg.import_error = "sglang: ModuleNotFoundError: No module named 'sglang'"
+    capsys.readouterr()
+    assert lkg.restore(Namespace(why="x")) == 6
+    out = capsys.readouterr().out
+    assert (f"the last known good's venv {venv} does not import the serving stack (sglang: "
+            "ModuleNotFoundError: No module named 'sglang'): no rollback") in out, out
+    assert unit.read_text() == "ExecStart=/opt/gpuhost/venvs/bbbb/bin/python\n"
+    # nothing to put back: still said, not "nothing to roll back"
+    unit.write_text("ExecStart=/opt/gpuhost/venvs/aaaa/bin/python\n")
+    assert lkg.restore(Namespace(why="x")) == 6
+    assert "does not import the serving stack" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("damage", ["missing", "changed"])

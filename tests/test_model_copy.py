@@ -325,6 +325,39 @@ def test_a_failed_rsync_names_its_cause_not_only_its_exit(tmp_path):
                    "unexplained error (code 255) at io.c(232) [Receiver=3.2.7])")
 
 
+def test_a_peer_whose_model_folder_the_copy_user_cannot_reach_is_said_as_such(monkeypatch):
+    """rrsync's "Restricted directory does not exist!" is not "no complete copy": the folder
+    may be there and unreadable (a hardened umask); the peer's own run says which."""
+    said = []
+    monkeypatch.setattr(model_copy, "rsync", lambda argv, prefix, what: (
+        False, "Restricted directory does not exist! (rsync error: error in rsync protocol "
+               "data stream (code 12) at io.c(232) [Receiver=3.2.7])"))
+    monkeypatch.setattr(model_copy.logger, "info", said.append)
+    peer = model_copy.Peer("gpu3", "10.0.0.3", 22, None, "yes", "/opt/gpuhost/models")
+    assert model_copy._peer_stamp(peer, "org/m", "[gpu2] ") is None
+    (line,) = said
+    assert "no complete copy" not in line
+    assert ("gpu3's copy user cannot reach /opt/gpuhost/models (rrsync: 'Restricted directory "
+            "does not exist!': the folder is missing there, or exists but is not readable by "
+            "gpuhost-models") in line
+
+
+def test_the_source_host_says_its_model_folder_exists_but_cannot_be_read():
+    reach = model_copy.ModelFolderReach()
+    assert reach.process(["blocked /opt/gpuhost 700"]) == "blocked /opt/gpuhost 700"
+    assert "runuser -u gpuhost-models -- test -r" in reach.command("/opt/gpuhost/models",
+                                                                   "gpuhost-models")
+    line = model_copy.reach_message("/opt/gpuhost/models", "blocked /opt/gpuhost 700")
+    assert line.startswith("/opt/gpuhost/models exists but the copy user gpuhost-models cannot "
+                           "read it (/opt/gpuhost is mode 700")
+    for fine in ("readable", "missing", "no user"):
+        assert model_copy.reach_message("/opt/gpuhost/models", fine) is None
+
+
+def test_the_copy_sets_modes_rather_than_keeping_a_peers():
+    assert "--chmod=D755,F644" in model_copy.RSYNC_FLAGS
+
+
 def test_files_the_revision_does_not_list_and_links_are_removed_before_the_copy_is_verified(
         tmp_path):
     """What a compromised peer planted (issue 29, 4): a ``modeling_*.py`` sglang would run with

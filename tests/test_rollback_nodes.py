@@ -19,6 +19,7 @@ def _plan(monkeypatch, nodes):
         planned.append({"shipped": kw.get("dest") or kw["path"]})
 
     monkeypatch.setattr(rollback, "files", SimpleNamespace(directory=shipped, put=shipped))
+    monkeypatch.setattr(rollback, "top_folders", lambda: planned.append({"shipped": "top"}))
     settings = SimpleNamespace(nodes=nodes, rollback=False, server_is_public=False)
     state = FakeState()
     with ctx_state.use(state), ctx_host.use(create_host(state, name="gpu2")):

@@ -3,6 +3,7 @@ gpuhost_venv_path where the link to the serving venv goes (operations/venvs.py).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from operations.lock import read_lock
@@ -161,3 +162,52 @@ def test_a_venv_whose_torch_sees_other_gpus_or_misses_a_module_fails(tmp_path):
     broken = _check(tmp_path / "b", 8, 8, missing="flash_attn")
     assert broken.returncode == 1
     assert "import flash_attn failed: ModuleNotFoundError" in broken.stderr
+
+
+A = "/opt/gpuhost/venvs/0123456789abcdef"
+B = A + "-b"
+
+
+def test_a_serving_venv_that_does_not_run_gets_a_replacement_beside_it():
+    from operations.venvs import choose_venv
+    choice = choose_venv(A, A, A, {A: "broken", B: "absent"})
+    assert (choice.venv, choice.replaces, choice.problem) == (B, A, None)
+    # the last known good alone is protected too (the unit names another lock's venv)
+    assert choose_venv(A, "/opt/gpuhost/venvs/x", A, {A: "broken", B: "absent"}).venv == B
+
+
+def test_a_venv_that_serves_nothing_is_cleared_in_place_and_a_running_one_kept():
+    from operations.venvs import choose_venv
+    assert choose_venv(A, None, None, {A: "broken", B: "absent"}) == \
+        choose_venv(A, None, None, {A: "absent", B: "absent"})
+    assert choose_venv(A, None, None, {A: "broken", B: "absent"}).venv == A
+    assert choose_venv(A, B, A, {A: "ok", B: "ok"}).venv == B  # the unit's, where it runs
+    # the replacement serves and broke: the old folder is the last known good and runs
+    assert choose_venv(A, B, None, {A: "ok", B: "broken"}).venv == A
+    # a replacement that does not run and serves nothing is cleared and built again
+    assert choose_venv(A, A, A, {A: "broken", B: "broken"}).venv == B
+
+
+def test_both_folders_protected_and_broken_is_refused():
+    from operations.venvs import choose_venv
+    choice = choose_venv(A, B, A, {A: "broken", B: "broken"})
+    assert choice.problem and "both do not run" in choice.problem
+
+
+def test_the_unit_and_the_record_name_their_venvs():
+    from operations.mlenv import SERVER_UNIT_PATH
+    from operations.server import UNIT_PATH
+    from operations.venvs import digest_of_venv, recorded_venv, unit_venv
+    assert SERVER_UNIT_PATH == UNIT_PATH
+    assert unit_venv(f"[Service]\nExecStart={B}/bin/python -m sglang.launch_server\n") == B
+    assert unit_venv("[Service]\n") is None and unit_venv(None) is None
+    assert recorded_venv(json.dumps({"server": {"venv": A}})) == A
+    for bad in ("{", "5", '{"server": 5}', None):
+        assert recorded_venv(bad) is None
+    assert digest_of_venv(B) == digest_of_venv(A) == "0123456789abcdef"
+
+
+def test_an_empty_venvs_folder_is_no_venv_not_none():
+    from operations.venvs import VenvFolders
+    assert VenvFolders().default() == []
+    assert VenvFolders().process([f"{A}", f"{B}", "/opt/gpuhost/venvs/other"]) == [A, B]

@@ -167,7 +167,8 @@ def copy_from_mirror(folder: Path, dest: Path, sha: str) -> bool:
               flush=True)
         return False
     dest.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["rsync", "-a", "--no-owner", "--no-group", "--partial",
+    done = subprocess.run(["rsync", "-a", "--chmod=D755,F644", "--no-owner", "--no-group",
+                           "--partial",
                            "--partial-dir=.rsync-partial", "--exclude=/.cache",
                            f"--exclude=/{STAMP}*", f"{folder}/", f"{dest}/"],
                           capture_output=True, text=True, check=False)
@@ -192,6 +193,9 @@ def no_room(args: argparse.Namespace, sha: str, need: int) -> str | None:
 
 
 def main() -> int:
+    # what it makes is readable by the model copy user and operators whatever root's umask
+    # (a hardened host's 077, from pam_umask and the profile): files 0644, folders 0755
+    os.umask(0o022)
     try:
         return _main()
     except Exception as exc:  # no traceback, and no token, whatever went wrong

@@ -135,6 +135,9 @@ def main(argv: list[str]) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given")
+    # what it makes is readable by the model copy user and operators whatever root's umask
+    # (a hardened host's 077, from pam_umask and the profile): files 0644, folders 0755
+    os.umask(0o022)
     try:
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  stdin=subprocess.DEVNULL)

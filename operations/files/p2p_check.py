@@ -332,6 +332,9 @@ def measure(override: str | None, nbytes: int, timeout: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # what it makes is readable by the model copy user and operators whatever root's umask
+    # (a hardened host's 077, from pam_umask and the profile): files 0644, folders 0755
+    os.umask(0o022)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--override", choices=("on", "off"),
                         help="gpuhost_p2p_override: force the decision, with a warning")

@@ -1,5 +1,6 @@
 """A venv a full disk left half-written, and the full disk itself, on one converged sandbox host:
-a venv whose python or pip does not run is recreated by the next run, and a full file system
+a serving venv whose python or pip does not run is kept as it is and its replacement built
+beside it by the next run, and a full file system
 (a small tmpfs mounted over the venvs' folder) while the lock's venv is created or installed
 into ends the run
 with one line naming ENOSPC, the file system and what is free there. Checked over ssh (the
@@ -12,7 +13,7 @@ import pytest
 import json
 from pathlib import Path
 
-from operations.venvs import VENVS_DIR, stack_venv
+from operations.venvs import REPLACEMENT_SUFFIX, VENVS_DIR, stack_venv
 from tests.e2e import lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -40,13 +41,23 @@ def changed(run: lab.Run) -> list[str]:
             if op["success"] or op["error"]]
 
 
+def served_venv(host: lab.Host) -> str:
+    return host.process_args(host.main_pid())[0].removesuffix("/bin/python")
+
+
 def assert_recreated(host: lab.Host, why: str) -> None:
-    pid = host.main_pid()
+    """The serving venv that does not run is kept as it is: its replacement is built in the
+    lock's other folder (<digest> or <digest>-b, operations/venvs.py) and served."""
+    pid, served = host.main_pid(), served_venv(host)
+    other = (served.removesuffix(REPLACEMENT_SUFFIX) if served.endswith(REPLACEMENT_SUFFIX)
+             else served + REPLACEMENT_SUFFIX)
     run = lab.deploy()
     assert run.returncode == 0, run.output[-6000:]
     assert "Traceback" not in run.output, run.output[-6000:]
-    assert f"venv at {lock_venv()} does not run ({why}): recreated" in run.output, \
+    assert (f"venv at {served} does not run ({why}), and it serves or is the last known good: "
+            f"kept as it is; a replacement is built beside it, at {other}") in run.output, \
         run.output[-6000:]
+    assert served_venv(host) == other
     assert host.ssh(f"{VENV}/bin/python -c 'print(6 * 7)'").strip() == "42"
     assert "No broken requirements" in host.ssh(f"{VENV}/bin/python -m pip check")
     assert "sglang" in host.ssh(f"{VENV}/bin/python -m pip list --disable-pip-version-check")
@@ -63,7 +74,7 @@ def test_a_venv_whose_python_does_not_run_is_recreated(host):
 
 def test_a_venv_whose_pip_does_not_run_is_recreated(host):
     host.ssh(f"rm -rf {VENV}/lib/python3*/site-packages/pip")
-    assert_recreated(host, f"pip exited 1: {lock_venv()}/bin/python: No module named pip")
+    assert_recreated(host, f"pip exited 1: {served_venv(host)}/bin/python: No module named pip")
 
 
 @pytest.fixture
@@ -87,12 +98,18 @@ def test_a_full_disk_while_the_venv_is_created_is_named_and_the_half_venv_recrea
     assert run.returncode != 0, run.output[-6000:]
     assert "Traceback" not in run.output and "ensurepip" not in run.output, run.output[-6000:]
     assert line in run.output and "free of 4.0 MiB (df)" in run.output, run.output[-6000:]
-    # the next run finds the venv half-made (no pip): recreated, and the disk still full
+    # the next run finds the venv the unit names half-made (no pip): kept as it is, its
+    # replacement built beside it, and the disk still full
     again = lab.deploy(*inside)
     assert again.returncode != 0, again.output[-6000:]
     assert (f"venv at {venv} does not run (pip exited 1: {venv}/bin/python: No "
-            "module named pip): recreated") in again.output, again.output[-6000:]
-    assert line in again.output and "Traceback" not in again.output, again.output[-6000:]
+            "module named pip), and it serves or is the last known good: kept as it is"
+            ) in again.output, again.output[-6000:]
+    # the replacement does not fit beside it: refused while planning, or ENOSPC while built
+    assert ("no space left on the device (ENOSPC)" in again.output
+            or f"no room for the new venv {venv}{REPLACEMENT_SUFFIX}" in again.output), \
+        again.output[:6000]
+    assert "Traceback" not in again.output, again.output[-6000:]
     assert host.main_pid() == pid  # the host's own venv and server were left alone
 
 

@@ -128,6 +128,25 @@ def test_a_second_host_pulls_its_weights_from_the_first_over_the_switch(hosts):
     assert refused.returncode != 0 and "uid=" not in refused.stdout
 
 
+def test_with_roots_umask_077_what_gpuhost_makes_has_its_own_modes(hosts):
+    """The sandbox's hosts are hardened (sandbox/rootfs.py: pam_umask, UMASK 077): the copy
+    above went through, and what gpuhost made is readable as its modes say, not 0700/0600."""
+    gpu1, gpu2, _, _ = hosts
+    for host in (gpu1, gpu2):
+        assert host.ssh("umask").strip() == "0077"
+        venv = host.ssh("readlink -f /opt/gpuhost/venv").strip()
+        modes = dict(line.split(" ", 1)[::-1] for line in host.ssh(
+            "stat -c '%a %n' /opt/gpuhost /opt/gpuhost/models /opt/gpuhost/models/gpuhost-sandbox "
+            f"{MODEL_DIR} {MODEL_DIR}/config.json /var/lib/gpuhost /opt/gpuhost/venvs {venv} "
+            f"{venv}/pyvenv.cfg /var/lib/gpuhost/last-known-good.json").splitlines())
+        assert set(modes.values()) == {"755", "644"}, modes
+        assert modes[f"{MODEL_DIR}/config.json"] == "644" and modes[venv] == "755", modes
+        assert host.ssh(f"runuser -u gpuhost-models -- test -r {MODEL_DIR}/config.json && "
+                        "echo readable").strip() == "readable"
+        # the venv's installed files too (pip under no_space.py's umask 022)
+        assert host.ssh(f"find {venv}/lib -type f ! -perm -004 | head -n 3").strip() == ""
+
+
 def restore(gpu1: lab.Host, gpu2: lab.Host, shard: str) -> None:
     """gpu1's shard as gpu2 holds it (verified), over plain ssh through this machine."""
     opts = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",

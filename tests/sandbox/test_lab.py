@@ -210,6 +210,11 @@ def test_personalise_writes_what_a_host_needs(tmp_path):
     )
     assert os.readlink(root / "etc/systemd/system/systemd-networkd.service") == "/dev/null"
     assert (root / "etc/ssh/ssh_host_ed25519_key").read_text() != "old image key"
+    # a hardened host's umask: login.defs, pam_umask in every session, the profile
+    assert "UMASK\t\t077\n" in (root / "etc/login.defs").read_text()
+    assert "USERGROUPS_ENAB no\n" in (root / "etc/login.defs").read_text()
+    assert "pam_umask.so" in (root / "etc/pam.d/common-session").read_text()
+    assert "umask 077" in (root / "etc/profile.d/50-gpuhost-sandbox-umask.sh").read_text()
     assert sorted(k.split()[0] for k in keys) == ["ecdsa-sha2-nistp256", "ssh-ed25519", "ssh-rsa"]
 
 
