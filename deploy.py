@@ -7,7 +7,8 @@ Every host's data is validated before any host is touched. The hosts of the gpuh
 group also run the router in front of every serving host (operations/fleet.py); a router host
 with gpuhost_serving=False (a CPU-only VM) runs only the router, after a preflight of its own.
 Servers that restart then roll, out of the router one position at a time (operations/roll.py).
-The router's worker list is checked last, after every host's server stage. Each host is
+The router's worker list is checked last, after every host's server stage. Loopback ports
+behind the gates admit root's processes only (operations/loopback_guard.py). Each host is
 deployed by one run at a time (its deploy lock). A stage that must not run on a host is refused
 while planning: --dry shows why; a real run takes that host out before any change; both exit
 non-zero. With gpuhost_rollback=true a host is only rolled back to its last known good; a
@@ -20,6 +21,7 @@ from pyinfra import host, inventory, state
 from operations import (call_order, deploy_lock, fact_cache, fleet, global_arguments, link,
                         planned_facts, roll, rollback, shipped_files)
 from operations.driver_rollback import fail_if_rolled_back
+from operations.loopback_guard import loopback_guard
 from operations.mlenv import mlenv
 from operations.nodes import node_role, nodes_env
 from operations.nvidia import nvidia
@@ -50,6 +52,7 @@ if deploy_lock.held(settings):
         rollback.rollback(settings, interrupted)
     else:
         preflight(settings)
+        loopback_guard(fleet.guarded_ports(the_fleet, host.name, settings))
         if settings.serving:  # else a router host with no GPU, driver, ML venv nor server
             known_behaviour(settings)
             nvidia(settings)

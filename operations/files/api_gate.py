@@ -29,10 +29,17 @@ amount of memory, time and threads, and never more than a refusal:
 - the server's answers are streamed through; only /server_info's JSON is held (at most
   MAX_INFO bytes) to remove the keys.
 
+Keys: ``--key-file`` is repeatable: a request passes with the key of any of them (a worker's
+gate: its clients' key and the fleet key the router sends, operations/fleet.py). The client's
+``Authorization`` is never passed on; with ``--backend-key-file`` the gate sends that file's
+key to the server instead (the router's gate: smg's own ``--api-key``, operations/router.py).
+``--allow-path PATH`` (repeatable): only these paths pass, whatever the key; any other answers
+404 before the key is looked at (the router's control plane stays off its public port).
+
 Trusted peers (``--trust-peer ADDRESS``, repeatable; none by default): requests from these
-client addresses pass without the key. gpuhost gives a fleet's workers the router hosts'
-addresses here (operations/fleet.py: the router, smg 1.13.0, sends its workers no key); on a
-network where another machine could take such an address, keep the workers off it.
+client addresses pass without the key. gpuhost adds none itself (the router sends its key);
+an address is no credential: on a network where another machine, or another user of the
+peer, could send from it, do not use it.
 
 The journal gets one line per request: the client's address, the method, the path without
 its query string (a key put there never reaches the log) and the status. No traceback: an
@@ -298,11 +305,12 @@ class Key:
 
 class Gate(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    key: Key
+    keys: list = []
+    backend_key: Key | None = None
+    allowed_paths: frozenset = frozenset()
     backend: urllib.parse.SplitResult
     limits: Limits
-    #: Client addresses admitted without the key: the fleet's router hosts (operations/fleet.py:
-    #: the router sends no key to its workers), each as ipaddress gives it.
+    #: Client addresses admitted without the key (--trust-peer), each as ipaddress gives it.
     trusted_peers: frozenset = frozenset()
 
     # --- connection ---------------------------------------------------------------------
@@ -469,16 +477,26 @@ class Gate(BaseHTTPRequestHandler):
         if length is None:
             return
         path = re.split(r"[?#]", self.path, maxsplit=1)[0]
+        if self.allowed_paths and path not in self.allowed_paths:
+            self._error(HTTPStatus.NOT_FOUND, "Not Found", close=length > 0)
+            return
         if path not in OPEN_PATHS and not self._trusted_peer():
             try:
-                key = self.key.get()
+                keys = [k.get() for k in self.keys]
             except SecretFileError:
                 # Logged by Key once; the client learns nothing about the file.
                 self._error(HTTPStatus.SERVICE_UNAVAILABLE, "the API key gate cannot read its "
                             "key file", close=length > 0)
                 return
-            if not self._authorized(key):
+            if not any([self._authorized(k) for k in keys]):
                 self._error(HTTPStatus.UNAUTHORIZED, "Unauthorized", close=length > 0)
+                return
+        if self.backend_key is not None:
+            try:
+                self.backend_key.get()
+            except SecretFileError:
+                self._error(HTTPStatus.SERVICE_UNAVAILABLE, "the API key gate cannot read its "
+                            "backend key file", close=length > 0)
                 return
         if length > self.limits.max_body:
             self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -496,6 +514,8 @@ class Gate(BaseHTTPRequestHandler):
                    and k.lower() not in ("host", "authorization", "content-length", "expect")}
         if length or self.command in ("POST", "PUT", "PATCH"):
             headers["Content-Length"] = str(length)
+        if self.backend_key is not None:
+            headers["Authorization"] = f"Bearer {self.backend_key.get()}"
         return headers
 
     def _forward(self, path: str, length: int) -> None:
@@ -643,7 +663,12 @@ def main() -> int:
     parser.add_argument("--listen", required=True, help="the address to bind")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--backend", required=True, help="the server, e.g. http://127.0.0.1:30000")
-    parser.add_argument("--key-file", required=True, help="root-only file holding the key")
+    parser.add_argument("--key-file", required=True, action="append",
+                        help="root-only file holding a key the gate admits (repeatable)")
+    parser.add_argument("--backend-key-file",
+                        help="root-only file holding the key sent to the server")
+    parser.add_argument("--allow-path", action="append", default=[],
+                        help="a path that passes (repeatable; none: every path)")
     parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS)
     parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY)
     parser.add_argument("--head-timeout", type=float, default=HEAD_TIMEOUT, help="seconds")
@@ -655,7 +680,9 @@ def main() -> int:
     limits = Limits(head_timeout=args.head_timeout, io_timeout=args.io_timeout,
                     max_body=args.max_body_bytes, max_connections=args.max_connections,
                     backend_timeout=args.backend_timeout)
-    Gate.key = Key(args.key_file)
+    Gate.keys = [Key(path) for path in args.key_file]
+    Gate.backend_key = Key(args.backend_key_file) if args.backend_key_file else None
+    Gate.allowed_paths = frozenset(args.allow_path)
     Gate.backend = urllib.parse.urlsplit(args.backend)
     Gate.limits = limits
     Gate.trusted_peers = frozenset(args.trust_peer)
@@ -664,10 +691,11 @@ def main() -> int:
     log(f"gate on {args.listen}:{args.port} -> {args.backend} (at most "
         f"{limits.max_connections} connections, bodies of {limits.max_body} bytes, heads "
         f"within {limits.head_timeout:g} s)")
-    try:
-        Gate.key.get()
-    except SecretFileError:
-        pass  # logged; every request that needs the key gets 503 until the file is fixed
+    for key in [*Gate.keys, *([Gate.backend_key] if Gate.backend_key else [])]:
+        try:
+            key.get()
+        except SecretFileError:
+            pass  # logged; every request that needs the key gets 503 until the file is fixed
     try:
         server.serve_forever()
     except KeyboardInterrupt:
