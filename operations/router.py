@@ -206,7 +206,8 @@ def _workers_listed(state, host, router: str, workers: tuple[tuple[str, str], ..
     ok, out = remote.shell(host, StringCommand("python3", CHECK_SCRIPT,
                                                *_check_args(router, worker_key_file),
                                                "--timeout", str(timeout), "--register",
-                                               "--remove-others", *keep, *urls),
+                                               "--remove-others", "--save", MEMBERS_FILE,
+                                               *keep, *urls),
                            timeout=timeout + 60)
     for line in out.stdout_lines + out.stderr_lines:
         (logger.info if ok else logger.error)(f"{host.print_prefix}Router: {line}")
@@ -353,8 +354,9 @@ def router_check(settings: Settings, workers: tuple[Worker, ...], restarted: boo
     every host's server stage (deploy.py), so that it runs after the run's restarts and reboots
     of the workers: on a router host that serves no model too, whose own operations pyinfra
     would otherwise run as early as its short sequence allows (pyinfra 3.x
-    ``State.get_op_order`` orders by each host's own sequence). Then the list is kept for the
-    router's next start (:data:`MEMBERS_FILE`, the unit's ExecStartPost adds it).
+    ``State.get_op_order`` orders by each host's own sequence). The list it verified is kept for
+    the router's next start (:data:`MEMBERS_FILE`, the unit's ExecStartPost adds it): a host
+    failed or refused in this run keeps its entry there as in the router.
 
     + restarted: what :func:`router` returned: the router starts or restarts in this run
     """
@@ -363,9 +365,6 @@ def router_check(settings: Settings, workers: tuple[Worker, ...], restarted: boo
         router=own_url(settings), workers=tuple((w.name, w.url) for w in workers),
         timeout=settings.router_wait_timeout, restarted=restarted,
         worker_key_file=settings.fleet_key_file)
-    files.put(name="The router's workers, for its next start",
-              src=StringIO(json.dumps([w.url for w in workers]) + "\n"), dest=MEMBERS_FILE,
-              mode="644", create_remote_dir=False)
 
 
 def fact_running(unit: str = UNIT) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import configparser
 import dataclasses
 import ipaddress
+import json
 from pathlib import Path
 
 import jinja2
@@ -329,7 +330,8 @@ def test_the_router_check_does_not_wait_for_workers_whose_host_failed(monkeypatc
                                   "/root/fleet.key")
     assert len(ran) == 1 and ran[0].endswith(
         "--control-key-file /etc/gpuhost/router-control.key --worker-key-file /root/fleet.key "
-        "--timeout 60 --register --remove-others --keep http://10.0.0.2:8000 "
+        "--timeout 60 --register --remove-others --save /etc/gpuhost/router-workers.json --keep "
+        "http://10.0.0.2:8000 "
         "http://127.0.0.1:30000"), ran
     ran.clear()
     state.failed_hosts = [SimpleNamespace(name="gpu1"), SimpleNamespace(name="gpu2")]
@@ -386,11 +388,15 @@ def test_the_router_check_registers_a_worker_the_router_lost(monkeypatch, capsys
             "id": "evil", "url": "http://10.0.0.66:8999", "is_healthy": True, "status": "ready"}
         FakeRouter.workers["http://10.0.0.3:8000"] = {
             "id": "w3", "url": "http://10.0.0.3:8000", "is_healthy": True, "status": "ready"}
+        saved = keys["control"].parent / "workers.json"
         monkeypatch.setattr("sys.argv", [*argv[:9], "--remove-others", "--keep",
-                                         "http://10.0.0.3:22", *argv[9:]])
+                                         "http://10.0.0.3:22", "--save", str(saved), *argv[9:]])
         assert router_workers.main() == 0
         out = capsys.readouterr().out
         assert "removed http://10.0.0.66:8999, which gpuhost did not configure" in out, out
+        # the verified list, the refused host's last good entry kept (issue 30 finding 4)
+        assert json.loads(saved.read_text()) == [
+            "http://10.0.0.2:8000", "http://10.0.0.3:8000", "http://127.0.0.1:30000"]
         assert FakeRouter.workers["http://10.0.0.66:8999"]["status"] == "draining"
         assert FakeRouter.workers["http://10.0.0.3:8000"]["status"] == "ready"
     finally:

@@ -19,6 +19,9 @@ router by that key (operations/fleet.py).
 /workers/{id}``), and said: a worker gpuhost did not configure does not stay. ``--start`` (the
 router unit's ExecStartPost): wait until the router answers, add the workers of ``--members``
 (a JSON list of URLs, the deploy's last verified list), exit 0 whatever they answer.
+``--save FILE``: once every expected worker is listed healthy, the router's list as it is then
+(kept entries included) is written to FILE, whole (a new file renamed over the old): the last
+list the run verified, which ``--start`` adds after the router's next start.
 
 Reads ``GET /workers`` of the router (smg 1.13.0's worker management API: ``{"workers": [{"url",
 "is_healthy", "status", ...}], "total", "stats"}``, as the real router answered it), every
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -131,6 +135,18 @@ def register(router: str, url: str) -> str:
         return f"registering {url} again: no answer ({type(exc).__name__})"
 
 
+def save(path: str, urls: list[str]) -> None:
+    """``urls`` as a JSON list at ``path``, whole: a new file, synced, renamed over the old."""
+    tmp = f"{path}.new"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(urls, f)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
 def start(router: str, members: str | None, timeout: float) -> int:
     """The router unit's ExecStartPost: its workers added as soon as it answers."""
     try:
@@ -183,6 +199,7 @@ def main() -> int:
     parser.add_argument("--start", action="store_true",
                         help="wait for the router, add --members' workers, exit 0")
     parser.add_argument("--members", help="JSON list of the workers' URLs (with --start)")
+    parser.add_argument("--save", help="write the verified list there (JSON list of URLs)")
     parser.add_argument("urls", nargs="*")
     args = parser.parse_args()
     try:
@@ -211,6 +228,9 @@ def main() -> int:
             said = line
         if not seen["error"] and not seen["missing"] and not seen["unhealthy"] \
                 and not seen["others"]:
+            if args.save:
+                save(args.save, sorted(u for u in seen["listed"]
+                                       if u in args.urls or kept(u, args.keep)))
             return 0
         if args.register and not seen["error"]:
             for url in seen["missing"]:

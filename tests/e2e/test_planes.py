@@ -112,10 +112,13 @@ class Fleet:
     keys: dict = field(repr=False)
 
 
-def write_inventory(path: Path) -> str:
+def write_inventory(path: Path, extra: dict | None = None,
+                    leave_out: tuple[str, ...] = ()) -> str:
     listed = json.loads(lab.sandbox("status", "--json").stdout)
     entries = []
     for h in listed:
+        if h["name"] in leave_out:
+            continue
         data = {**lab.inventory_data(h), "gpuhost_fleet_address": h["switch_address"],
                 "gpuhost_fleet_key_file": FLEET_KEY_FILE}
         if h["name"] == ROUTER_HOST:
@@ -123,7 +126,8 @@ def write_inventory(path: Path) -> str:
                         gpuhost_router_api_key_file=ROUTER_KEY_FILE,
                         gpuhost_router_health_check_interval_secs=2)
         else:
-            data.update(gpuhost_server_host=h["switch_address"], gpuhost_api_key_file=KEY_FILE)
+            data.update(gpuhost_server_host=h["switch_address"], gpuhost_api_key_file=KEY_FILE,
+                        **(extra or {}))
         entries.append((h["name"], data))
     literal = json.dumps(json.dumps(entries))
     path.write_text(f"import json\nsandbox = [tuple(e) for e in json.loads({literal})]\n"
@@ -274,6 +278,64 @@ def test_a_converge_removes_a_worker_it_did_not_configure_and_says_so(fleet):
                                                 for n in ("gpu1", "gpu2"))
     finally:
         router.ssh("systemctl stop foreign-worker", check=False)
+
+
+def test_a_refused_worker_keeps_its_router_entry_and_the_router_is_not_rewritten(fleet,
+                                                                              tmp_path):
+    """Issue 30 finding 4: with gpuhost_server_port = 22 both workers were refused, yet the
+    router's unit got their :22 URLs, its list emptied and every client got 404."""
+    router = fleet.hosts[ROUTER_HOST]
+    before = router_workers(router)
+    unit = router.ssh("md5sum /etc/systemd/system/sglang-router.service "
+                      "/etc/gpuhost/router-workers.json")
+    pid = router.main_pid("sglang-router.service")
+    inventory = write_inventory(tmp_path / "port22.py", {"gpuhost_server_port": 22})
+    run = lab.deploy(inventory=inventory)
+    assert run.returncode != 0, run.output[-4000:]
+    assert router_workers(router) == before
+    assert router.ssh("md5sum /etc/systemd/system/sglang-router.service "
+                      "/etc/gpuhost/router-workers.json") == unit
+    assert router.main_pid("sglang-router.service") == pid
+    url = f"http://{fleet.switch[ROUTER_HOST]}:8100"
+    assert probe(router, f"{url}/v1/chat/completions", "POST", ROUTER_KEY_FILE, CHAT) == "200"
+
+
+def test_the_fleet_shrinks_and_grows_under_traffic_without_a_restart_or_a_failed_request(
+        fleet, tmp_path):
+    """Issue 30 finding 6: adding a host restarted the router (11 of 344 requests failed).
+    Membership now changes through the control plane: a worker leaves drained, one joins once
+    healthy, and the router's process stays the same."""
+    from tests.e2e.test_router import CLIENT
+
+    router = fleet.hosts[ROUTER_HOST]
+    pid = router.main_pid("sglang-router.service")
+    url = f"http://{fleet.switch[ROUTER_HOST]}:8100"
+    key = fleet.keys["router API key"]
+    router.ssh(f"rm -f /tmp/client.stop /tmp/client.out; cat > /tmp/client.py <<'EOF'\n{CLIENT}\n"
+               f"EOF\nnohup python3 /tmp/client.py {url} {key} 100000 900 0.02 "
+               "> /tmp/client.out 2>&1 &")
+    try:
+        shrunk = lab.deploy(inventory=write_inventory(tmp_path / "small.py", leave_out=("gpu2",)))
+        assert shrunk.returncode == 0, shrunk.output[-4000:]
+        gpu2 = f"http://{fleet.switch['gpu2']}:8000"
+        assert f"removed {gpu2}, which gpuhost did not configure" in shrunk.output
+        deadline = time.monotonic() + 60
+        while gpu2 in router_workers(router):
+            assert time.monotonic() < deadline
+            time.sleep(1)
+        grown = lab.deploy(inventory=fleet.inventory)
+        assert grown.returncode == 0, grown.output[-4000:]
+        assert router_workers(router) == sorted(f"http://{fleet.switch[n]}:8000"
+                                                for n in ("gpu1", "gpu2"))
+    finally:
+        router.ssh("touch /tmp/client.stop")
+        deadline = time.monotonic() + 60
+        while not router.ssh("cat /tmp/client.out", check=False).strip():
+            assert time.monotonic() < deadline
+            time.sleep(1)
+    result = json.loads(router.ssh("cat /tmp/client.out").strip().splitlines()[-1])
+    assert result["failed"] == 0 and result["ok"] >= 100, result
+    assert router.main_pid("sglang-router.service") == pid
 
 
 def test_no_key_on_a_command_line_in_a_unit_or_in_the_journal(fleet):
