@@ -74,9 +74,7 @@ def benching_routers(the_fleet: Fleet, settings: Mapping[str, Settings],
 def endpoint(settings: Settings) -> tuple[str, str | None]:
     """(URL, API key file or None) of the router's endpoint as its clients reach it: through its
     API key gate where it binds wider than the loopback."""
-    if settings.router_is_public:
-        return _url(settings.router_host, settings.router_port), settings.router_api_key_file
-    return own_url(settings), settings.router_api_key_file
+    return _url(settings.router_host, settings.router_port), settings.router_api_key_file
 
 
 def part(the_fleet: Fleet, settings: Mapping[str, Settings], name: str,

@@ -180,7 +180,8 @@ def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Sett
 def guarded_ports(fleet: Fleet, name: str, s: Settings) -> tuple[int, ...]:
     """The loopback ports on host ``name`` that only root's processes may connect to
     (operations/loopback_guard.py): what answers behind a gate without its key (the server on
-    ``gpuhost_server_backend_port``, the router on ``gpuhost_router_backend_port``), and a
+    ``gpuhost_server_backend_port``, the router on ``gpuhost_router_backend_port``: every
+    router has its gate, operations/router.py), and a
     worker's server bound to the loopback, which the router on the same host reaches without a
     key. Sorted, without repeats; empty where nothing needs it."""
     ports = set()
@@ -188,7 +189,7 @@ def guarded_ports(fleet: Fleet, name: str, s: Settings) -> tuple[int, ...]:
         ports.add(s.server_backend_port)
     elif s.serving and any(name in (w.name for w in fleet.workers_of(r)) for r in fleet.routers):
         ports.add(s.server_port)
-    if name in fleet.routers and s.router_is_public:
+    if name in fleet.routers:
         ports.add(s.router_backend_port)
     return tuple(sorted(ports))
 

@@ -16,19 +16,23 @@ otherwise (seen with ``ss``: so the unit binds them to the loopback).
 
 Three planes, each with its own credential (docs/security.md):
 
-- clients: the client key (``gpuhost_router_api_key_file``, required). A wider bind has the API
-  key gate (operations/files/api_gate.py) on ``gpuhost_router_host:gpuhost_router_port``: it
+- clients: the client key (``gpuhost_router_api_key_file``, required). The API key gate
+  (operations/files/api_gate.py) listens on ``gpuhost_router_host:gpuhost_router_port``, the
+  loopback included (a router on the loopback has its gate too): it
   admits the client key on the inference paths only (:data:`CLIENT_PATHS`; the control plane
   is not among them, whatever the key) and passes them to smg on
-  127.0.0.1:``gpuhost_router_backend_port`` with the router's own backend key
-  (:data:`BACKEND_KEY_FILE`, made on the host), smg's ``--api-key``. A loopback bind is smg
-  itself, its ``--api-key`` the client key.
+  127.0.0.1:``gpuhost_router_backend_port`` with the fleet key (:func:`api_key_file`; the
+  router's own backend key, :data:`BACKEND_KEY_FILE`, where it has no fleet key), smg's
+  ``--api-key``.
 - the control plane (``/workers``: list, add, remove): smg's ``--control-plane-api-keys``, a
   key made on the router host (:data:`CONTROL_KEY_FILE`, root-only) that only the deploy's
   scripts there read; smg refuses the client and backend keys there (seen, 401).
-- router to workers: each worker is added through the control plane with the fleet key
-  (``gpuhost_fleet_key_file``) as its ``api_key``, which smg then sends to it; the workers'
-  gates admit it (operations/fleet.py). No ``--worker-urls``: membership changes at run time
+- router to workers: the fleet key (``gpuhost_fleet_key_file``). smg 1.13.0 sends a worker the
+  ``api_key`` it was added with on its own calls (health checks, loads, registration) but
+  forwards a client's request with the ``Authorization`` the request came with (seen: a worker
+  added with one key got the client's on ``/v1/chat/completions``); so each worker is added
+  with the fleet key, and the gate hands smg the fleet key: every call a worker gets from the
+  router carries it, and the workers' gates admit it (operations/fleet.py). No ``--worker-urls``: membership changes at run time
   (``POST``/``DELETE /workers``), without a restart; the unit's ExecStartPost adds the last
   verified list (:data:`MEMBERS_FILE`) after each start.
 
@@ -38,7 +42,7 @@ them to smg inside its process (smg takes keys only as flags, which ps and the u
 What the router calls on a worker (seen from a worker's side, smg 1.13.0): at registration
 ``GET /health`` (without the key), ``/v1/models``, ``/server_info``, ``/model_info``; then ``GET
 /health`` every interval, ``/v1/loads`` and ``/metrics`` for its load monitor; requests are
-forwarded as they came (``/v1/chat/completions`` ...), each with the worker's key.
+forwarded as they came (``/v1/chat/completions`` ...), with the request's own Authorization.
 """
 
 from __future__ import annotations
@@ -79,8 +83,9 @@ GATE_UNIT_PATH: Final = f"/etc/systemd/system/{GATE_UNIT}"
 METRICS_PORT: Final = ROUTER_METRICS_PORT
 CHECK_SCRIPT: Final = f"{LIB_DIR}/router_workers.py"
 KEY_DIR: Final = "/etc/gpuhost"
-#: smg's ``--api-key`` behind the gate of a wider bind: the gate sends it, clients never see it
-#: (the client key can change without a restart of smg: the gate reads its file again).
+#: smg's ``--api-key`` behind the gate of a wider bind where the host has no fleet key: the gate
+#: sends it, clients never see it (the client key can change without a restart of smg: the
+#: gate reads its file again).
 BACKEND_KEY_FILE: Final = f"{KEY_DIR}/router-backend.key"
 #: The workers' URLs the last run verified (JSON list), added again after each start.
 MEMBERS_FILE: Final = f"{KEY_DIR}/router-workers.json"
@@ -92,25 +97,22 @@ CLIENT_PATHS: Final = ("/v1/chat/completions", "/v1/completions", "/v1/models", 
 
 
 def own_url(settings: Settings) -> str:
-    """Where the router itself answers on its host: behind the gate on the loopback when it is
-    public, else its bind."""
-    if settings.router_is_public:
-        return f"http://127.0.0.1:{settings.router_backend_port}"
-    address = settings.router_host
-    return f"http://{f'[{address}]' if ':' in address else address}:{settings.router_port}"
+    """Where the router itself answers on its host: behind its gate, on the loopback."""
+    return f"http://127.0.0.1:{settings.router_backend_port}"
 
 
 def api_key_file(settings: Settings) -> str:
-    """smg's ``--api-key``: the backend key behind a gate, else the client key."""
-    return BACKEND_KEY_FILE if settings.router_is_public else settings.router_api_key_file or ""
+    """smg's ``--api-key``, what its gate hands it and what it forwards to workers with a
+    request: the fleet key, or without one (no worker behind a gate elsewhere) the backend key
+    made on the host."""
+    return settings.fleet_key_file or BACKEND_KEY_FILE
 
 
 def unit_context(settings: Settings) -> dict:
     """What templates/sglang-router.service.j2 is rendered with."""
-    public = settings.router_is_public
     return {
         "listen": f"{settings.router_host}:{settings.router_port}",
-        "gate_unit": GATE_UNIT if public else None,
+        "gate_unit": GATE_UNIT,
         "venv": settings.router_venv_path,
         "lib_dir": LIB_DIR,
         "own_url": own_url(settings),
@@ -119,8 +121,8 @@ def unit_context(settings: Settings) -> dict:
         "worker_key_args": (f" --worker-key-file {systemd_quote(settings.fleet_key_file)}"
                             if settings.fleet_key_file else ""),
         "members_file": MEMBERS_FILE,
-        "bind_host": "127.0.0.1" if public else settings.router_host,
-        "bind_port": settings.router_backend_port if public else settings.router_port,
+        "bind_host": "127.0.0.1",
+        "bind_port": settings.router_backend_port,
         "policy": settings.router_policy,
         "health_check_interval_secs": settings.router_health_check_interval_secs,
         "health_check_timeout_secs": settings.router_health_check_timeout_secs,
@@ -140,7 +142,7 @@ def gate_context(settings: Settings) -> dict:
         "listen_port": settings.router_port,
         "backend_url": own_url(settings),
         "key_file": systemd_quote(settings.router_api_key_file or ""),
-        "backend_key_file": BACKEND_KEY_FILE,
+        "backend_key_file": systemd_quote(api_key_file(settings)),
         "allow_args": "".join(f" --allow-path {p}" for p in CLIENT_PATHS),
         "max_connections": GATE_MAX_CONNECTIONS,
         "memory_max": GATE_MEMORY_MAX,
@@ -303,7 +305,7 @@ def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
     files.directory(name="gpuhost settings folder", path=KEY_DIR, mode="755")
     keys = [key_made(name="The router's control-plane key", path=CONTROL_KEY_FILE,
                      what="the control-plane key")]
-    if settings.router_is_public:
+    if not settings.fleet_key_file:
         keys.append(key_made(name="The router's backend key", path=BACKEND_KEY_FILE,
                              what="the backend key"))
     files.put(name=f"Router lock {lock.path.name}", src=StringIO(lock.requirements()),
@@ -331,21 +333,18 @@ def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
                           src=str(REPO_ROOT / "templates" / "sglang-router.service.j2"),
                           dest=UNIT_PATH, mode="644", **unit_context(settings))
     changed = [unit, packages, *keys, shipped[3]]
-    gate = None
-    if settings.router_is_public:
-        gate = files.template(name=f"Unit {GATE_UNIT}",
-                              src=str(REPO_ROOT / "templates" / "sglang-router-gate.service.j2"),
-                              dest=GATE_UNIT_PATH, mode="644", **gate_context(settings))
+    gate = files.template(name=f"Unit {GATE_UNIT}",
+                          src=str(REPO_ROOT / "templates" / "sglang-router-gate.service.j2"),
+                          dest=GATE_UNIT_PATH, mode="644", **gate_context(settings))
     restart = any(op.will_change for op in changed)
     running = fact_running()
     systemd.service(name=f"Start {UNIT}", service=UNIT, running=True, enabled=True,
                     restarted=restart and running, daemon_reload=unit.will_change)
-    if gate is not None:
-        # the gate alone restarts for its own changes: the router keeps serving behind it
-        gate_restart = any(op.will_change for op in (gate, *shipped[1:3]))
-        systemd.service(name=f"Start {GATE_UNIT}", service=GATE_UNIT, running=True,
-                        enabled=True, restarted=gate_restart and fact_running(GATE_UNIT),
-                        daemon_reload=gate.will_change)
+    # the gate alone restarts for its own changes: the router keeps serving behind it
+    gate_restart = any(op.will_change for op in (gate, *shipped[1:3]))
+    systemd.service(name=f"Start {GATE_UNIT}", service=GATE_UNIT, running=True,
+                    enabled=True, restarted=gate_restart and fact_running(GATE_UNIT),
+                    daemon_reload=gate.will_change)
     return restart or not running
 
 

@@ -847,7 +847,7 @@ def _check_dist_init_port(host: str, s: Settings) -> None:
 
 def _check_router_exposure(host: str, s: Settings) -> None:
     """The router's bind as the server's: a wider bind needs a key (the API key gate in front,
-    operations/router.py), and the gate's port is not the router's own."""
+    operations/router.py, on the loopback too), and the gate's port is not the router's own."""
     if s.router_is_public and s.router_api_key_file is None:
         raise _fail(
             host, "router_host", s.router_host,
@@ -855,17 +855,18 @@ def _check_router_exposure(host: str, s: Settings) -> None:
             "root-only file holding the API key: a wider bind without a key is open to the "
             "network",
         )
-    if s.router_is_public and s.router_backend_port == s.router_port:
+    if s.router_backend_port == s.router_port:
         raise _fail(
             host, "router_backend_port", s.router_backend_port,
             f"a port other than {PREFIX}router_port ({s.router_port}): the API key gate listens "
             "there and the router behind it on 127.0.0.1",
         )
-    loopback = "router_backend_port" if s.router_is_public else "router_port"
-    if getattr(s, loopback) == ROUTER_METRICS_PORT:
-        raise _fail(host, loopback, ROUTER_METRICS_PORT,
-                    f"a port other than {ROUTER_METRICS_PORT}: the router's own metrics listen "
-                    f"on 127.0.0.1:{ROUTER_METRICS_PORT}, where the router would listen too")
+    for loopback in ("router_backend_port", *(() if s.router_is_public else ("router_port",))):
+        if getattr(s, loopback) == ROUTER_METRICS_PORT:
+            raise _fail(host, loopback, ROUTER_METRICS_PORT,
+                        f"a port other than {ROUTER_METRICS_PORT}: the router's own metrics "
+                        f"listen on 127.0.0.1:{ROUTER_METRICS_PORT}, where the router would "
+                        "listen too")
     taken = {s.server_port: "server_port", s.server_backend_port: "server_backend_port"} \
         if s.serving else {}
     for key in ("router_port", "router_backend_port"):

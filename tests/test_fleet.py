@@ -49,7 +49,8 @@ def test_router_on_a_serving_host_routes_to_every_host_at_its_fleet_address():
     # no address is trusted: the router sends the fleet key (issue 29, finding 2)
     assert all(p.api_gate_trusted_peers == () for p in s.values())
     # behind the gates, the loopback ports admit root only
-    assert [fleet.guarded_ports(planned, n, s[n]) for n in s] == [(30000,)] * 3
+    assert [fleet.guarded_ports(planned, n, s[n]) for n in s] == [
+        (30000, 30100), (30000,), (30000,)]
 
 
 def test_a_node_group_is_one_worker_its_rank_0():
@@ -183,7 +184,7 @@ def test_a_router_without_a_fleet_address_is_planned_its_address_being_no_creden
     planned = fleet.plan([("gpu1", ["gpuhost_router"]), ("gpu2", [])], s)
     assert [w.url for w in planned.workers_of("gpu1")] == ["http://127.0.0.1:8000",
                                                            "http://10.0.0.2:8000"]
-    assert fleet.guarded_ports(planned, "gpu1", s["gpu1"]) == (8000,)
+    assert fleet.guarded_ports(planned, "gpu1", s["gpu1"]) == (8000, 30100)
 
 
 @pytest.mark.parametrize("data, key", [
@@ -223,9 +224,11 @@ def unit(text: str) -> configparser.ConfigParser:
     return parser
 
 
-def test_loopback_router_unit_binds_its_port_names_no_worker_and_no_key():
+def test_loopback_router_has_its_gate_too_and_its_unit_names_no_worker_and_no_key():
     """Keys off the command line (router_launch.py reads them), no worker on it (they join
-    through the control plane: a change of the fleet restarts nothing)."""
+    through the control plane: a change of the fleet restarts nothing). A router on the
+    loopback has its gate too: smg forwards each request with the Authorization it came with,
+    which must be the fleet key the workers admit, never a client's."""
     s = settings("h")
     text = render("sglang-router.service.j2", router.unit_context(s))
     service = unit(text)["Service"]
@@ -233,24 +236,28 @@ def test_loopback_router_unit_binds_its_port_names_no_worker_and_no_key():
     assert start[:2] == ["/opt/gpuhost/router-venv/bin/python",
                          "/opt/gpuhost/lib/router_launch.py"]
     args = " ".join(start)
-    assert ("--api-key-file /root/router.key --control-key-file "
-            "/etc/gpuhost/router-control.key -- --host 127.0.0.1 --port 8100 --policy "
+    assert ("--api-key-file /root/fleet.key --control-key-file "
+            "/etc/gpuhost/router-control.key -- --host 127.0.0.1 --port 30100 --policy "
             "cache_aware") in args
     assert "--worker-urls" not in args and "--api-key " not in args
     assert "--prometheus-host 127.0.0.1" in args  # smg's default is every interface
     assert "--health-check-interval-secs 10" in args
     assert service["ExecStartPost"].split()[1:] == [
-        "/opt/gpuhost/lib/router_workers.py", "--router", "http://127.0.0.1:8100",
+        "/opt/gpuhost/lib/router_workers.py", "--router", "http://127.0.0.1:30100",
         "--control-key-file", "/etc/gpuhost/router-control.key", "--worker-key-file",
         "/root/fleet.key", "--start", "--members", "/etc/gpuhost/router-workers.json",
         "--timeout", "60"]
-    assert "Wants=sglang-router-gate" not in text
+    assert "Wants=sglang-router-gate.service" in text
+    gate = unit(render("sglang-router-gate.service.j2", router.gate_context(s)))
+    assert "--listen 127.0.0.1 --port 8100" in gate["Service"]["ExecStart"]
 
 
 def test_public_router_binds_the_loopback_behind_its_gate_and_the_key_stays_in_its_file():
-    s = settings("h", router_host="10.0.0.1", router_api_key_file="/root/router.key")
+    s = settings("h", router_host="10.0.0.1", router_api_key_file="/root/router.key",
+                 fleet_key_file=None)
     text = render("sglang-router.service.j2", router.unit_context(s))
     assert "--host 127.0.0.1 --port 30100" in text and "/root/router.key" not in text
+    # no fleet key (no gated worker elsewhere): a backend key of its own, made on the host
     assert "--api-key-file /etc/gpuhost/router-backend.key" in text
     assert "Wants=sglang-router-gate.service" in text
     gate = unit(render("sglang-router-gate.service.j2", router.gate_context(s)))
