@@ -337,7 +337,7 @@ def test_heads_too_large(gate):
 
 
 def test_connection_cap(start_gate):
-    gate = start_gate(max_connections=4, head_timeout=10)
+    gate = start_gate(max_connections=4, max_per_address=4, head_timeout=10)
     held = [gate.connect() for _ in range(4)]
     try:
         time.sleep(0.3)
@@ -444,3 +444,23 @@ def test_the_backend_key_replaces_the_clients_and_only_allowed_paths_pass(start_
     assert all(seen["path"] == "/v1/models" for seen in Backend.seen)
     kept.write_text("")
     assert gate.request(get("/v1/models"))[0] == 503
+
+
+def test_one_address_holding_slow_heads_leaves_room_for_a_keyed_client(start_gate):
+    """Issue 29 finding 3: one keyless client holding 300 slow request heads made the gate
+    answer 503 to a client with the key. One address now gets half the connections at most."""
+    gate = start_gate(max_connections=8, head_timeout=10)
+    held = []
+    try:
+        for _ in range(12):  # from another address of the loopback: 127.0.0.2
+            sock = socket.create_connection(("127.0.0.1", gate.port), timeout=5,
+                                            source_address=("127.0.0.2", 0))
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: gpu\r\n")  # never ends
+            held.append(sock)
+        time.sleep(0.3)
+        for _ in range(3):
+            assert gate.request(get("/v1/models"))[0] == 200
+    finally:
+        for sock in held:
+            sock.close()
+    assert "127.0.0.2 refused (503): 4 connections open from this address" in gate.log()

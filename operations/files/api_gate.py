@@ -23,7 +23,8 @@ amount of memory, time and threads, and never more than a refusal:
   body without one (Transfer-Encoding: chunked) gets 411 (RFC 9112 section 6.3); more than
   MAX_BODY bytes gets 413; it is streamed to the server, never held whole;
 - IO_TIMEOUT seconds at most between two reads of a body or two writes of an answer;
-- MAX_CONNECTIONS connections at once (one thread each); one more is answered 503 at once;
+- MAX_CONNECTIONS connections at once (one thread each), MAX_PER_ADDRESS of them from one
+  client address; one more is answered 503 at once;
 - the key file unreadable, vanished or not one line of header-safe text: 503 for every
   request that needs the key, the reason logged once (never the content);
 - the server's answers are streamed through; only /server_info's JSON is held (at most
@@ -94,6 +95,11 @@ IO_TIMEOUT = 60.0
 MAX_BODY = 32 * 1024 * 1024
 #: Connections served at once.
 MAX_CONNECTIONS = 256
+#: Connections served at once for one client address: half of them, so that one client (300
+#: slow request heads, issue 29 finding 3) leaves the other half to everyone else, and the
+#: router, one address with a connection per request in flight, still has room for a server's
+#: gpuhost_max_running_requests (64 by default) and more.
+MAX_PER_ADDRESS = MAX_CONNECTIONS // 2
 #: Seconds the server may take between two reads or writes (a long prefill before the first
 #: byte of an answer).
 BACKEND_TIMEOUT = 600.0
@@ -131,6 +137,7 @@ class Limits:
     io_timeout: float = IO_TIMEOUT
     max_body: int = MAX_BODY
     max_connections: int = MAX_CONNECTIONS
+    max_per_address: int = MAX_PER_ADDRESS
     backend_timeout: float = BACKEND_TIMEOUT
 
 
@@ -611,18 +618,40 @@ class Server(ThreadingHTTPServer):
 
     def __init__(self, address, handler, limits: Limits):
         self.slots = threading.BoundedSemaphore(limits.max_connections)
+        self.per_address: dict[str, int] = {}
+        self._per_address_lock = threading.Lock()
         self.limits = limits
         self._busy_refused, self._busy_logged = 0, 0.0
         super().__init__(address, handler)
 
+    def _take(self, address: str) -> bool:
+        with self._per_address_lock:
+            if self.per_address.get(address, 0) >= self.limits.max_per_address:
+                return False
+            self.per_address[address] = self.per_address.get(address, 0) + 1
+            return True
+
+    def _give_back(self, address: str) -> None:
+        with self._per_address_lock:
+            left = self.per_address.get(address, 1) - 1
+            if left:
+                self.per_address[address] = left
+            else:
+                self.per_address.pop(address, None)
+
     def process_request(self, request, client_address) -> None:
+        if not self._take(client_address[0]):
+            self._refuse_busy(request, client_address, per_address=True)
+            return
         if not self.slots.acquire(blocking=False):
+            self._give_back(client_address[0])
             self._refuse_busy(request, client_address)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self.slots.release()
+            self._give_back(client_address[0])
             raise
 
     def process_request_thread(self, request, client_address) -> None:
@@ -630,8 +659,9 @@ class Server(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self.slots.release()
+            self._give_back(client_address[0])
 
-    def _refuse_busy(self, request, client_address) -> None:
+    def _refuse_busy(self, request, client_address, per_address: bool = False) -> None:
         body = json.dumps({"error": "too many connections: try again"}).encode()
         try:
             request.settimeout(1.0)
@@ -644,8 +674,10 @@ class Server(ThreadingHTTPServer):
         self._busy_refused += 1
         now = time.monotonic()
         if now - self._busy_logged >= 10:
-            log(f"{client_address[0]} refused (503): {self.limits.max_connections} connections "
-                f"open ({self._busy_refused} refused since the last such line)")
+            held = (f"{self.limits.max_per_address} connections open from this address"
+                    if per_address else f"{self.limits.max_connections} connections open")
+            log(f"{client_address[0]} refused (503): {held} ({self._busy_refused} refused "
+                "since the last such line)")
             self._busy_logged, self._busy_refused = now, 0
 
     def handle_error(self, request, client_address) -> None:
@@ -670,6 +702,8 @@ def main() -> int:
     parser.add_argument("--allow-path", action="append", default=[],
                         help="a path that passes (repeatable; none: every path)")
     parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS)
+    parser.add_argument("--max-per-address", type=int, default=None,
+                        help="connections from one client address (default: half the total)")
     parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY)
     parser.add_argument("--head-timeout", type=float, default=HEAD_TIMEOUT, help="seconds")
     parser.add_argument("--io-timeout", type=float, default=IO_TIMEOUT, help="seconds")
@@ -679,7 +713,8 @@ def main() -> int:
     args = parser.parse_args()
     limits = Limits(head_timeout=args.head_timeout, io_timeout=args.io_timeout,
                     max_body=args.max_body_bytes, max_connections=args.max_connections,
-                    backend_timeout=args.backend_timeout)
+                    backend_timeout=args.backend_timeout,
+                    max_per_address=args.max_per_address or max(1, args.max_connections // 2))
     Gate.keys = [Key(path) for path in args.key_file]
     Gate.backend_key = Key(args.backend_key_file) if args.backend_key_file else None
     Gate.allowed_paths = frozenset(args.allow_path)
