@@ -338,6 +338,49 @@ def test_the_fleet_shrinks_and_grows_under_traffic_without_a_restart_or_a_failed
     assert router.main_pid("sglang-router.service") == pid
 
 
+SLOW = r"""
+import socket, sys, time
+host, port, count, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+held = []
+for _ in range(count):
+    try:
+        s = socket.create_connection((host, port), timeout=5)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        held.append(s)
+    except OSError:
+        pass
+print(len(held), flush=True)
+end = time.monotonic() + hold
+while time.monotonic() < end:
+    for s in held:
+        try:
+            s.sendall(b"X-Slow: 1\r\n")
+        except OSError:
+            pass
+    time.sleep(1)
+"""
+
+
+def test_a_keyless_slow_client_does_not_deny_a_keyed_one(fleet):
+    """Issue 29 finding 3: 300 slow request heads from one keyless client made a gate answer
+    503 to a client with the key, six times in a row."""
+    attacker, router = fleet.hosts["gpu2"], fleet.hosts[ROUTER_HOST]
+    attacker.ssh(f"cat > /tmp/slow.py <<'EOF'\n{SLOW}\nEOF\nchmod 644 /tmp/slow.py")
+    attacker.ssh(f"systemd-run --unit slow-client --uid nobody python3 /tmp/slow.py "
+                 f"{fleet.switch['gpu1']} 8000 300 40")
+    try:
+        time.sleep(8)
+        gate = f"http://{fleet.switch['gpu1']}:8000/v1/chat/completions"
+        via_router = f"http://{fleet.switch[ROUTER_HOST]}:8100/v1/chat/completions"
+        answers = [probe(router, gate, "POST", FLEET_KEY_FILE, CHAT) for _ in range(6)]
+        answers += [probe(router, via_router, "POST", ROUTER_KEY_FILE, CHAT) for _ in range(6)]
+        assert answers == ["200"] * 12, answers
+        assert "refused (503): 128 connections open from this address" in fleet.hosts[
+            "gpu1"].ssh("journalctl -u sglang-gate.service --no-pager -o cat | tail -n 400")
+    finally:
+        attacker.ssh("systemctl stop slow-client", check=False)
+
+
 def test_no_key_on_a_command_line_in_a_unit_or_in_the_journal(fleet):
     for h in fleet.hosts.values():
         seen = h.ssh("ps -eo args; cat /etc/systemd/system/sglang*.service; "
