@@ -36,6 +36,9 @@ ROUTER_KEY_FILE = "/root/router-api.key"
 FLEET_KEY_FILE = "/root/fleet.key"
 CONTROL_KEY_FILE = "/etc/gpuhost/router-control.key"
 ROUTER_HOST = "gpu3"
+#: The tests' own scripts on each host, readable by nobody (/tmp is emptied when a host reboots
+#: for its driver)
+SCRIPTS = "/usr/local/lib/planes"
 CHAT = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": "hi"}],
                    "max_tokens": 4})
 
@@ -104,6 +107,30 @@ print(json.dumps(found))
 """
 
 
+#: A keyless client holding slow request heads (sends a header line a second, never ends).
+SLOW = r"""
+import socket, sys, time
+host, port, count, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+held = []
+for _ in range(count):
+    try:
+        s = socket.create_connection((host, port), timeout=5)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        held.append(s)
+    except OSError:
+        pass
+print(len(held), flush=True)
+end = time.monotonic() + hold
+while time.monotonic() < end:
+    for s in held:
+        try:
+            s.sendall(b"X-Slow: 1\r\n")
+        except OSError:
+            pass
+    time.sleep(1)
+"""
+
+
 @dataclass
 class Fleet:
     hosts: dict
@@ -146,9 +173,11 @@ def fleet(tmp_path_factory):
             h.ssh(f"umask 077; printf '%s\\n' {keys['router API key']} > {ROUTER_KEY_FILE}")
         else:
             h.ssh(f"umask 077; printf '%s\\n' {keys['API key']} > {KEY_FILE}")
-        h.ssh(f"cat > /tmp/probe.py <<'EOF'\n{PROBE}\nEOF\nchmod 644 /tmp/probe.py")
-        h.ssh(f"cat > /root/workers.py <<'EOF'\n{WORKERS}\nEOF\n"
-              f"cat > /tmp/foreign.py <<'EOF'\n{FOREIGN}\nEOF\nchmod 644 /tmp/foreign.py")
+        # beside the system's programs (/tmp is emptied when a host reboots for its driver),
+        # readable by nobody
+        h.ssh(f"mkdir -p {SCRIPTS}; cat > /root/workers.py <<'EOF'\n{WORKERS}\nEOF")
+        for name, text in (("probe", PROBE), ("foreign", FOREIGN), ("slow", SLOW)):
+            h.ssh(f"cat > {SCRIPTS}/{name}.py <<'EOF'\n{text}\nEOF\nchmod 644 {SCRIPTS}/{name}.py")
     switch = {h["name"]: h["switch_address"]
               for h in json.loads(lab.sandbox("status", "--json").stdout)}
     inventory = write_inventory(tmp_path_factory.mktemp("planes") / "inventory.py")
@@ -163,7 +192,7 @@ def probe(h, url: str, method: str = "GET", key_file: str = "-", body: str | Non
     run = f"runuser -u {user} -- " if user else ""
     # nobody cannot read root's key files: a key it is given comes through a file of its own
     arg = f" '{body}'" if body else ""
-    return h.ssh(f"{run}python3 /tmp/probe.py {url} {method} {key_file}{arg}").strip()
+    return h.ssh(f"{run}python3 {SCRIPTS}/probe.py {url} {method} {key_file}{arg}").strip()
 
 
 def listening(h) -> dict[int, list[str]]:
@@ -253,7 +282,7 @@ def test_a_converge_removes_a_worker_it_did_not_configure_and_says_so(fleet):
     """Issue 29 finding 1: an attacker's worker stayed in after the next converge."""
     router = fleet.hosts[ROUTER_HOST]
     foreign = f"http://{fleet.switch[ROUTER_HOST]}:8999"
-    router.ssh(f"systemd-run --unit foreign-worker --uid nobody python3 /tmp/foreign.py "
+    router.ssh(f"systemd-run --unit foreign-worker --uid nobody python3 {SCRIPTS}/foreign.py "
                f"{fleet.switch[ROUTER_HOST]} 8999")
     try:
         add = ("import json, urllib.request as u; k = open('/etc/gpuhost/router-control.key')"
@@ -338,35 +367,11 @@ def test_the_fleet_shrinks_and_grows_under_traffic_without_a_restart_or_a_failed
     assert router.main_pid("sglang-router.service") == pid
 
 
-SLOW = r"""
-import socket, sys, time
-host, port, count, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-held = []
-for _ in range(count):
-    try:
-        s = socket.create_connection((host, port), timeout=5)
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
-        held.append(s)
-    except OSError:
-        pass
-print(len(held), flush=True)
-end = time.monotonic() + hold
-while time.monotonic() < end:
-    for s in held:
-        try:
-            s.sendall(b"X-Slow: 1\r\n")
-        except OSError:
-            pass
-    time.sleep(1)
-"""
-
-
 def test_a_keyless_slow_client_does_not_deny_a_keyed_one(fleet):
     """Issue 29 finding 3: 300 slow request heads from one keyless client made a gate answer
     503 to a client with the key, six times in a row."""
     attacker, router = fleet.hosts["gpu2"], fleet.hosts[ROUTER_HOST]
-    attacker.ssh(f"cat > /tmp/slow.py <<'EOF'\n{SLOW}\nEOF\nchmod 644 /tmp/slow.py")
-    attacker.ssh(f"systemd-run --unit slow-client --uid nobody python3 /tmp/slow.py "
+    attacker.ssh(f"systemd-run --unit slow-client --uid nobody python3 {SCRIPTS}/slow.py "
                  f"{fleet.switch['gpu1']} 8000 300 40")
     try:
         time.sleep(8)
