@@ -32,9 +32,10 @@ Three planes, each with its own credential (docs/security.md):
   forwards a client's request with the ``Authorization`` the request came with (seen: a worker
   added with one key got the client's on ``/v1/chat/completions``); so each worker is added
   with the fleet key, and the gate hands smg the fleet key: every call a worker gets from the
-  router carries it, and the workers' gates admit it (operations/fleet.py). No ``--worker-urls``: membership changes at run time
-  (``POST``/``DELETE /workers``), without a restart; the unit's ExecStartPost adds the last
-  verified list (:data:`MEMBERS_FILE`) after each start.
+  router carries it, and the workers' gates admit it (operations/fleet.py). No
+  ``--worker-urls``: membership changes at run time (``POST``/``DELETE /workers``), without a
+  restart; the unit's ExecStartPost adds the last verified list (:data:`MEMBERS_FILE`) after
+  each start.
 
 Every key stays in its root-only file: operations/files/router_launch.py reads them and hands
 them to smg inside its process (smg takes keys only as flags, which ps and the unit would show).
@@ -286,8 +287,8 @@ def key_made(path: str, what: str):
 def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
     """Converge the router on this host (one of the ``gpuhost_router`` group): its venv from
     ``gpuhost_router_lock``, its unit (keys read by router_launch.py, no worker on its command
-    line), the API key gate in front for a wider bind; restarted when the unit, the venv or a
-    key it holds changed; its worker list is kept by :func:`router_check`, without a restart.
+    line), the API key gate in front (the client key, the inference paths only); restarted when
+    the unit, the venv or a key it holds changed (the gate alone for its own changes); its worker list is kept by :func:`router_check`, without a restart.
     Returns whether it starts or restarts in this run, for :func:`router_check` (None where
     refused). Raises LockError for a lock that does not parse. Refuses the stage (nothing of it
     planned) where the client key file or the fleet key file is not a root-only file of one

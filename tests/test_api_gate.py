@@ -416,7 +416,8 @@ def test_garbage_gets_http_answers(gate):
 
 
 def test_a_second_key_file_admits_its_key_too(start_gate, tmp_path):
-    """A worker's gate: its clients' key and the fleet key the router sends (operations/fleet.py)."""
+    """A worker's gate: its clients' key and the fleet key the router sends
+    (operations/fleet.py)."""
     fleet_key = GUARD.register("sk-fleet-" + "5a" * 12, "fleet key (test)")
     second = tmp_path / "fleet.key"
     second.write_text(fleet_key + "\n")

@@ -9,14 +9,15 @@ The router's control plane takes the control-plane key only (smg 1.13.0
 ``--control-plane-api-keys``, router_launch.py): every call here sends it, read from its
 root-only file. A worker is added with ``{"url": URL, "api_key": KEY}``, KEY from
 ``--worker-key-file`` (the fleet key, ``gpuhost_fleet_key_file``): smg then sends it as
-``Authorization: Bearer`` on every call to that worker but its first health probes (seen: the
-first ``/health`` without it, then ``/v1/models``, ``/server_info``, ``/model_info``, the
-health checks, ``/v1/loads`` and forwarded requests with it); the workers' gates admit the
-router by that key (operations/fleet.py).
+``Authorization: Bearer`` on its own calls to that worker but its first health probes (seen:
+the first ``/health`` without it, then ``/v1/models``, ``/server_info``, ``/model_info``, the
+health checks and ``/v1/loads`` with it; a forwarded request keeps the Authorization it came
+with, which the router's gate sets to the same key, operations/router.py); the workers' gates
+admit the router by that key (operations/fleet.py).
 
-``--remove-others``: each listed worker whose URL is neither expected nor on a host of ``--keep``
-(a host that failed or was refused in this run keeps its entry, whatever its port) is removed (``DELETE
-/workers/{id}``), and said: a worker gpuhost did not configure does not stay. ``--start`` (the
+``--remove-others``: each listed worker whose URL is neither expected nor on a host of
+``--keep`` (a host that failed or was refused in this run keeps its entry, whatever its port)
+is removed (``DELETE /workers/{id}``), and said: a worker gpuhost did not configure does not stay. ``--start`` (the
 router unit's ExecStartPost): wait until the router answers, add the workers of ``--members``
 (a JSON list of URLs, the deploy's last verified list), exit 0 whatever they answer.
 ``--save FILE``: once every expected worker is listed healthy, the router's list as it is then
