@@ -17,9 +17,10 @@ admit the router by that key (operations/fleet.py).
 
 ``--remove-others``: each listed worker whose URL is neither expected nor on a host of
 ``--keep`` (a host that failed or was refused in this run keeps its entry, whatever its port)
-is removed (``DELETE /workers/{id}``), and said: a worker gpuhost did not configure does not stay. ``--start`` (the
-router unit's ExecStartPost): wait until the router answers, add the workers of ``--members``
-(a JSON list of URLs, the deploy's last verified list), exit 0 whatever they answer.
+is removed (``DELETE /workers/{id}``), and said: a worker gpuhost did not configure does not
+stay. ``--start`` (the router unit's ExecStartPost): wait until the router answers, add the
+workers of ``--members`` (a JSON list of URLs, the deploy's last verified list), exit 0
+whatever they answer.
 ``--save FILE``: once every expected worker is listed healthy, the router's list as it is then
 (kept entries included) is written to FILE, whole (a new file renamed over the old): the last
 list the run verified, which ``--start`` adds after the router's next start.
