@@ -9,11 +9,12 @@ with gpuhost_serving=False (a CPU-only VM) runs only the router, after a preflig
 Servers that restart then roll, out of the router one position at a time (operations/roll.py).
 The router's worker list is checked after every host's server stage; then come each GPU host's
 node exporter and GPU readings, and Prometheus on a router host (operations/observability.py).
-Each host is deployed by one run at a time (its deploy lock). A stage that must not run on a
-host is refused while planning: --dry shows why; a real run takes that host out before any
-change; both exit non-zero. With gpuhost_rollback=true a host is only rolled back to its last
-known good; a rollback an earlier run did not finish is finished, and nothing else done on that
-host (the run fails saying so; the next run applies host data).
+Loopback ports behind the gates admit root's processes only (operations/loopback_guard.py). Each
+host is deployed by one run at a time (its deploy lock). A stage that must not run on a host is
+refused while planning: --dry shows why; a real run takes that host out before any change; both
+exit non-zero. With gpuhost_rollback=true a host is only rolled back to its last known good; a
+rollback an earlier run did not finish is finished, and nothing else done on that host (the run
+fails saying so; the next run applies host data).
 """
 
 from pyinfra import host, inventory, state
@@ -21,6 +22,7 @@ from pyinfra import host, inventory, state
 from operations import (call_order, deploy_lock, fact_cache, fleet, global_arguments, link,
                         planned_facts, roll, rollback, shipped_files)
 from operations.driver_rollback import fail_if_rolled_back
+from operations.loopback_guard import loopback_guard
 from operations.mlenv import mlenv
 from operations.nodes import node_role, nodes_env
 from operations.nvidia import nvidia
@@ -52,6 +54,7 @@ if deploy_lock.held(settings):
         rollback.rollback(settings, interrupted)
     else:
         preflight(settings)
+        loopback_guard(fleet.guarded_ports(the_fleet, host.name, settings))
         if settings.serving:  # else a router host with no GPU, driver, ML venv nor server
             known_behaviour(settings)
             nvidia(settings)

@@ -40,7 +40,7 @@ from operations import fleet, remote
 from operations.bench import _run_argv, report, run_levels, say
 from operations.fleet import ROUTER_GROUP, Fleet
 from operations.plan import fact, refuse
-from operations.router import CHECK_SCRIPT, UNIT_PATH, own_url
+from operations.router import CHECK_SCRIPT, CONTROL_KEY_FILE, UNIT_PATH, own_url
 from operations.run_exit import end_run
 from operations.server import _url
 from operations.settings import PREFIX, Settings
@@ -74,9 +74,7 @@ def benching_routers(the_fleet: Fleet, settings: Mapping[str, Settings],
 def endpoint(settings: Settings) -> tuple[str, str | None]:
     """(URL, API key file or None) of the router's endpoint as its clients reach it: through its
     API key gate where it binds wider than the loopback."""
-    if settings.router_is_public:
-        return _url(settings.router_host, settings.router_port), settings.router_api_key_file
-    return own_url(settings), None
+    return _url(settings.router_host, settings.router_port), settings.router_api_key_file
 
 
 def part(the_fleet: Fleet, settings: Mapping[str, Settings], name: str,
@@ -132,6 +130,7 @@ def prepare(the_fleet: Fleet, settings: Mapping[str, Settings]) -> bool | None:
 
 def _look(host, router: str, urls: list[str]) -> dict:
     ok, out = remote.shell(host, StringCommand("python3", CHECK_SCRIPT, "--timeout", "0",
+                                               "--control-key-file", CONTROL_KEY_FILE,
                                                "--router", router, *urls),
                            timeout=remote.POLL_TIMEOUT_S)
     try:

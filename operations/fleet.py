@@ -8,16 +8,19 @@ host.
 A serving host is reached at ``http://<gpuhost_fleet_address>:<gpuhost_server_port>``, the
 address on the network the router shares with it. The router on the same host may reach a
 loopback server at its own loopback. A server bound wider than the loopback has the API key
-gate in front (settings: a wider bind needs a key), and the router, smg 1.13.0, sends no key to
-the workers of ``--worker-urls`` (seen: its health checks and forwarded requests carry no
-Authorization header, whatever ``--api-key`` says; that key is the router's own clients'): so
-each such worker's gate admits the router hosts' fleet addresses without the key
-(``gpuhost_api_gate_trusted_peers``, added here) and everyone else only with it.
+gate in front (settings: a wider bind needs a key). The router admits itself by a credential,
+never by its address: the fleet key (``gpuhost_fleet_key_file``, a root-only file of the same
+key on the router hosts and on every worker they reach through a gate), which smg 1.13.0 sends
+to each worker it was given with ``"api_key"`` (operations/router.py) and which each worker's
+gate admits beside its clients' key. Every router host needs its client key
+(``gpuhost_router_api_key_file``): smg's generation paths are never open, not even on the
+loopback, where every local user of the host could use them. Behind every key, the servers'
+and routers' own loopback ports admit root's processes only (:func:`guarded_ports`,
+operations/loopback_guard.py): a local user is a stranger.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -27,6 +30,9 @@ from operations.run_exit import end_run
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
 
 ROUTER_GROUP: Final = "gpuhost_router"
+#: The router's control-plane key on its host (made there by operations/router.py, root-only;
+#: smg's ``--control-plane-api-keys``): read by the deploy's scripts on the router host only.
+CONTROL_KEY_FILE: Final = "/etc/gpuhost/router-control.key"
 
 
 class FleetError(ValueError):
@@ -148,38 +154,53 @@ def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Sett
                             f"inventory has {PREFIX}serving = False; serving hosts are those "
                             f"with {PREFIX}serving = True (the default)")
         workers[router] = tuple(found)
-        remote_gated = [n for n in serving if n != router and settings[n].server_is_public]
-        if remote_gated and settings[router].fleet_address is None:
-            problems.append(f"host {router}: {PREFIX}fleet_address = None is not allowed: the "
+        if own.router_api_key_file is None:
+            problems.append(f"host {router}: {PREFIX}router_api_key_file = None is not allowed "
+                            "on a router host: a root-only file holding the client key (the "
+                            "router's generation paths are never open, not even on the "
+                            "loopback, where every local user could use them)")
+        remote_gated = [n for n in serving if n != router and settings[n].server_is_public
+                        and not (settings[n].nodes and n != settings[n].nodes[0])]
+        if remote_gated and own.fleet_key_file is None:
+            problems.append(f"host {router}: {PREFIX}fleet_key_file = None is not allowed: the "
                             f"API key gates of {', '.join(remote_gated)} admit the router by "
-                            "this address")
+                            "the fleet key it sends (a root-only file holding the same key on "
+                            "the router hosts and their workers)")
+        for name in remote_gated:
+            if settings[name].fleet_key_file is None:
+                problems.append(f"host {name}: {PREFIX}fleet_key_file = None is not allowed: "
+                                f"the router on {router} reaches this host's gate with the "
+                                "fleet key (a root-only file holding the same key as on the "
+                                "router host)")
     if problems:
         raise FleetError(list(dict.fromkeys(problems)))
     return Fleet(routers, workers)
 
 
-def with_router_peers(fleet: Fleet, settings: Mapping[str, Settings]) -> dict[str, Settings]:
-    """Every host's settings, a gated worker's with the router hosts' fleet addresses added to
-    its ``api_gate_trusted_peers`` (the router sends no key: module docstring)."""
-    out = dict(settings)
-    for name, s in settings.items():
-        peers = [settings[r].fleet_address for r in fleet.routers
-                 if r != name and settings[r].fleet_address and s.server_is_public
-                 and s.serving]
-        extra = [p for p in peers if p not in s.api_gate_trusted_peers]
-        if extra:
-            out[name] = dataclasses.replace(
-                s, api_gate_trusted_peers=tuple(s.api_gate_trusted_peers) + tuple(extra))
-    return out
+def guarded_ports(fleet: Fleet, name: str, s: Settings) -> tuple[int, ...]:
+    """The loopback ports on host ``name`` that only root's processes may connect to
+    (operations/loopback_guard.py): what answers behind a gate without its key (the server on
+    ``gpuhost_server_backend_port``, the router on ``gpuhost_router_backend_port``: every
+    router has its gate, operations/router.py), and a
+    worker's server bound to the loopback, which the router on the same host reaches without a
+    key. Sorted, without repeats; empty where nothing needs it."""
+    ports = set()
+    if s.serving and s.server_is_public:
+        ports.add(s.server_backend_port)
+    elif s.serving and any(name in (w.name for w in fleet.workers_of(r)) for r in fleet.routers):
+        ports.add(s.server_port)
+    if name in fleet.routers:
+        ports.add(s.router_backend_port)
+    return tuple(sorted(ports))
 
 
 def for_run(inventory, settings: Mapping[str, Settings]) -> tuple[Fleet, dict[str, Settings]]:
-    """:func:`plan` and :func:`with_router_peers` of pyinfra's inventory; on a problem, exit
-    with every problem listed before any host is touched (as settings.for_run does)."""
+    """:func:`plan` of pyinfra's inventory and the settings; on a problem, exit with every
+    problem listed before any host is touched (as settings.for_run does)."""
     hosts = [(h.name, h.groups) for h in inventory]
     try:
         fleet = plan(hosts, settings)
     except FleetError as exc:
         end_run("gpuhost: fleet refused, no host was touched:\n  - "
                 + "\n  - ".join(exc.problems))
-    return fleet, with_router_peers(fleet, settings)
+    return fleet, dict(settings)

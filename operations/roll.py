@@ -54,7 +54,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import OperationMeta
 
 from operations import LIB_DIR, REPO_ROOT, remote
-from operations.fleet import Fleet
+from operations.fleet import CONTROL_KEY_FILE, Fleet
 
 SCRIPT: Final = f"{LIB_DIR}/router_membership.py"
 
@@ -79,6 +79,8 @@ class Roll:
     hosts: tuple[str, ...] = ()
     routers: dict[str, str] = field(default_factory=dict)
     urls: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: each router host's fleet key file (the key the router sends a worker it adds)
+    worker_keys: dict[str, str | None] = field(default_factory=dict)
     size: int = 1
     drain_timeout: int = 120
     join_timeout: int = 300
@@ -112,6 +114,7 @@ def configure(fleet: Fleet, router_urls: dict[str, str], settings) -> None:
     ROLL.hosts = hosts
     ROLL.routers = dict(router_urls)
     ROLL.urls = {r: {w.name: w.url for w in fleet.workers_of(r)} for r in fleet.routers}
+    ROLL.worker_keys = {r: settings[r].fleet_key_file for r in fleet.routers}
     ROLL.size = settings[first].roll_size
     ROLL.drain_timeout = settings[first].roll_drain_timeout
     ROLL.join_timeout = settings[first].router_wait_timeout
@@ -226,8 +229,11 @@ def _membership(state, host, action: str, timeout: int) -> bool:
         if not url:
             continue
         target = state.inventory.get_host(router)
+        keys = ["--control-key-file", CONTROL_KEY_FILE,
+                *(["--worker-key-file", ROLL.worker_keys[router]]
+                  if ROLL.worker_keys.get(router) else [])]
         command = StringCommand("python3", SCRIPT, action, "--router", own_url, "--url", url,
-                                "--timeout", str(timeout))
+                                "--timeout", str(timeout), *keys)
         try:
             remote.put(target, script, SCRIPT)
             ok, out = remote.shell(target, command, timeout=timeout + remote.POLL_TIMEOUT_S)

@@ -14,15 +14,36 @@ dependencies with hashes. Its flags and defaults are smg 1.13.0's own ``smg laun
 timeout, 3 and 2; host data sets them), and Prometheus metrics on 0.0.0.0:29000 unless told
 otherwise (seen with ``ss``: so the unit binds them to the loopback).
 
-Binding and keys as for the server: the router binds ``gpuhost_router_host``; a wider bind
-needs ``gpuhost_router_api_key_file`` and then the API key gate (operations/files/api_gate.py)
-listens there and the router on 127.0.0.1:``gpuhost_router_backend_port``. smg's own
-``--api-key`` would put the key on its command line (ps, the unit file).
+Three planes, each with its own credential (docs/security.md):
+
+- clients: the client key (``gpuhost_router_api_key_file``, required). The API key gate
+  (operations/files/api_gate.py) listens on ``gpuhost_router_host:gpuhost_router_port``, the
+  loopback included (a router on the loopback has its gate too): it
+  admits the client key on the inference paths only (:data:`CLIENT_PATHS`; the control plane
+  is not among them, whatever the key) and passes them to smg on
+  127.0.0.1:``gpuhost_router_backend_port`` with the fleet key (:func:`api_key_file`; the
+  router's own backend key, :data:`BACKEND_KEY_FILE`, where it has no fleet key), smg's
+  ``--api-key``.
+- the control plane (``/workers``: list, add, remove): smg's ``--control-plane-api-keys``, a
+  key made on the router host (:data:`CONTROL_KEY_FILE`, root-only) that only the deploy's
+  scripts there read; smg refuses the client and backend keys there (seen, 401).
+- router to workers: the fleet key (``gpuhost_fleet_key_file``). smg 1.13.0 sends a worker the
+  ``api_key`` it was added with on its own calls (health checks, loads, registration) but
+  forwards a client's request with the ``Authorization`` the request came with (seen: a worker
+  added with one key got the client's on ``/v1/chat/completions``); so each worker is added
+  with the fleet key, and the gate hands smg the fleet key: every call a worker gets from the
+  router carries it, and the workers' gates admit it (operations/fleet.py). No
+  ``--worker-urls``: membership changes at run time (``POST``/``DELETE /workers``), without a
+  restart; the unit's ExecStartPost adds the last verified list (:data:`MEMBERS_FILE`) after
+  each start.
+
+Every key stays in its root-only file: operations/files/router_launch.py reads them and hands
+them to smg inside its process (smg takes keys only as flags, which ps and the unit would show).
 
 What the router calls on a worker (seen from a worker's side, smg 1.13.0): at registration
-``GET /server_info``, ``/model_info``, ``/v1/models``; then ``GET /health`` every interval,
-``/v1/loads`` and ``/metrics`` for its load monitor; requests are forwarded as they came
-(``/v1/chat/completions`` ...), without an Authorization header.
+``GET /health`` (without the key), ``/v1/models``, ``/server_info``, ``/model_info``; then ``GET
+/health`` every interval, ``/v1/loads`` and ``/metrics`` for its load monitor; requests are
+forwarded as they came (``/v1/chat/completions`` ...), with the request's own Authorization.
 """
 
 from __future__ import annotations
@@ -35,12 +56,13 @@ from typing import Final
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
 from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, systemd
 from typing_extensions import override
 
 from operations import REPO_ROOT, remote
 from operations.disk import NO_SPACE
-from operations.fleet import Worker
+from operations.fleet import CONTROL_KEY_FILE, Worker
 from operations.folders import top_folders
 from operations.lock import read_lock
 from operations.mlenv import LOCK_DIR, locked_packages, venv_that_runs
@@ -64,29 +86,48 @@ GATE_UNIT_PATH: Final = f"/etc/systemd/system/{GATE_UNIT}"
 #: The router's Prometheus metrics, on the loopback (smg's default port, 29000).
 METRICS_PORT: Final = ROUTER_METRICS_PORT
 CHECK_SCRIPT: Final = f"{LIB_DIR}/router_workers.py"
+KEY_DIR: Final = "/etc/gpuhost"
+#: smg's ``--api-key`` behind the gate of a wider bind where the host has no fleet key: the gate
+#: sends it, clients never see it (the client key can change without a restart of smg: the
+#: gate reads its file again).
+BACKEND_KEY_FILE: Final = f"{KEY_DIR}/router-backend.key"
+#: The workers' URLs the last run verified (JSON list), added again after each start.
+MEMBERS_FILE: Final = f"{KEY_DIR}/router-workers.json"
+#: The paths the client key reaches through the gate: OpenAI's and SGLang's native generation
+#: paths, the model list and health (smg 1.13.0 serves them; everything else, /workers first,
+#: answers 404 at the gate).
+CLIENT_PATHS: Final = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/generate",
+                       "/health", "/health_generate", "/readiness", "/liveness")
 
 
 def own_url(settings: Settings) -> str:
-    """Where the router itself answers on its host: behind the gate on the loopback when it is
-    public, else its bind."""
-    if settings.router_is_public:
-        return f"http://127.0.0.1:{settings.router_backend_port}"
-    address = settings.router_host
-    return f"http://{f'[{address}]' if ':' in address else address}:{settings.router_port}"
+    """Where the router itself answers on its host: behind its gate, on the loopback."""
+    return f"http://127.0.0.1:{settings.router_backend_port}"
 
 
-def unit_context(settings: Settings, workers: tuple[Worker, ...]) -> dict:
+def api_key_file(settings: Settings) -> str:
+    """smg's ``--api-key``, what its gate hands it and what it forwards to workers with a
+    request: the fleet key, or without one (no worker behind a gate elsewhere) the backend key
+    made on the host."""
+    return settings.fleet_key_file or BACKEND_KEY_FILE
+
+
+def unit_context(settings: Settings) -> dict:
     """What templates/sglang-router.service.j2 is rendered with."""
-    public = settings.router_is_public
     return {
-        "workers": workers,
         "listen": f"{settings.router_host}:{settings.router_port}",
-        "gate_unit": GATE_UNIT if public else None,
+        "gate_unit": GATE_UNIT,
         "venv": settings.router_venv_path,
-        "bind_host": "127.0.0.1" if public else settings.router_host,
-        "bind_port": settings.router_backend_port if public else settings.router_port,
+        "lib_dir": LIB_DIR,
+        "own_url": own_url(settings),
+        "api_key_file": systemd_quote(api_key_file(settings)),
+        "control_key_file": CONTROL_KEY_FILE,
+        "worker_key_args": (f" --worker-key-file {systemd_quote(settings.fleet_key_file)}"
+                            if settings.fleet_key_file else ""),
+        "members_file": MEMBERS_FILE,
+        "bind_host": "127.0.0.1",
+        "bind_port": settings.router_backend_port,
         "policy": settings.router_policy,
-        "worker_urls": " ".join(systemd_quote(w.url) for w in workers),
         "health_check_interval_secs": settings.router_health_check_interval_secs,
         "health_check_timeout_secs": settings.router_health_check_timeout_secs,
         "health_failure_threshold": settings.router_health_failure_threshold,
@@ -105,6 +146,8 @@ def gate_context(settings: Settings) -> dict:
         "listen_port": settings.router_port,
         "backend_url": own_url(settings),
         "key_file": systemd_quote(settings.router_api_key_file or ""),
+        "backend_key_file": systemd_quote(api_key_file(settings)),
+        "allow_args": "".join(f" --allow-path {p}" for p in CLIENT_PATHS),
         "max_connections": GATE_MAX_CONNECTIONS,
         "memory_max": GATE_MEMORY_MAX,
         "tasks_max": GATE_TASKS_MAX,
@@ -117,7 +160,8 @@ class RouterWorkers(FactBase[dict]):
 
     .. code:: python
 
-        {"listed": {"http://10.0.0.5:8000": True}, "missing": [], "unhealthy": [], "error": ""}
+        {"listed": {"http://10.0.0.5:8000": True}, "missing": [], "unhealthy": [],
+         "others": [], "error": ""}
     """
 
     @override
@@ -127,7 +171,8 @@ class RouterWorkers(FactBase[dict]):
     @override
     def command(self, router: str, urls: tuple[str, ...]) -> str:
         args = " ".join(shlex.quote(u) for u in urls)
-        return (f"if [ -f {CHECK_SCRIPT} ]; then python3 {CHECK_SCRIPT} --timeout 0 --router "
+        return (f"if [ -f {CHECK_SCRIPT} ] && [ -f {CONTROL_KEY_FILE} ]; then python3 "
+                f"{CHECK_SCRIPT} --timeout 0 --control-key-file {CONTROL_KEY_FILE} --router "
                 f"{shlex.quote(router)} {args}; else echo '{{\"error\": \"not installed\"}}'; fi")
 
     @override
@@ -138,25 +183,37 @@ class RouterWorkers(FactBase[dict]):
             return {"error": f"cannot read {output[:2]!r}"}
 
 
-def _expected(state, workers: tuple[tuple[str, str], ...]) -> tuple[list[str], list[str]]:
-    """(URLs to check, names left out): a worker whose host failed in this run (a failed roll,
-    a refused host) is left out: it stays out of the router until a run converges it."""
+def _expected(state, workers: tuple[tuple[str, str], ...]) -> tuple[list[str], list[str],
+                                                                    list[str]]:
+    """(URLs to check, names left out, their URLs): a worker whose host failed in this run (a
+    failed roll, a refused host) is left out and its entry kept as it is, neither added nor
+    removed: the run could not verify it."""
     failed = {h.name for h in state.failed_hosts}
     return ([url for name, url in workers if name not in failed],
-            [name for name, _ in workers if name in failed])
+            [name for name, _ in workers if name in failed],
+            [url for name, url in workers if name in failed])
+
+
+def _check_args(router: str, worker_key_file: str | None) -> list[str]:
+    return ["--router", router, "--control-key-file", CONTROL_KEY_FILE,
+            *(["--worker-key-file", worker_key_file] if worker_key_file else [])]
 
 
 @remote.callback("the router's worker check")
 def _workers_listed(state, host, router: str, workers: tuple[tuple[str, str], ...],
-                    timeout: int) -> bool:
-    urls, left = _expected(state, workers)
+                    timeout: int, worker_key_file: str | None) -> bool:
+    urls, left, kept = _expected(state, workers)
     if left:
         logger.warning(f"{host.print_prefix}Router: not waiting for {', '.join(left)}, which "
-                       "failed in this run")
+                       "failed in this run: its entry stays as it was")
     if not urls:
-        return True
-    ok, out = remote.shell(host, StringCommand("python3", CHECK_SCRIPT, "--router", router,
-                                               "--timeout", str(timeout), "--register", *urls),
+        return True  # nothing this run verified: the list stays as it is
+    keep = [a for url in kept for a in ("--keep", url)]
+    ok, out = remote.shell(host, StringCommand("python3", CHECK_SCRIPT,
+                                               *_check_args(router, worker_key_file),
+                                               "--timeout", str(timeout), "--register",
+                                               "--remove-others", "--save", MEMBERS_FILE,
+                                               *keep, *urls),
                            timeout=timeout + 60)
     for line in out.stdout_lines + out.stderr_lines:
         (logger.info if ok else logger.error)(f"{host.print_prefix}Router: {line}")
@@ -165,43 +222,48 @@ def _workers_listed(state, host, router: str, workers: tuple[tuple[str, str], ..
 
 def _look_now(router: str, workers: tuple[tuple[str, str], ...]) -> bool:
     """Whether the router, looked at now (the run's restarts and reboots before it done), lists
-    a worker missing or unhealthy, or gives no list."""
-    urls, _ = _expected(state, workers)
+    a worker missing or unhealthy, one gpuhost did not configure, or gives no list."""
+    urls, _, kept = _expected(state, workers)
     if not urls:
-        return False
-    ok, out = remote.shell(host, StringCommand("python3", CHECK_SCRIPT, "--timeout", "0",
-                                               "--router", router, *urls),
+        return True  # nothing this run verified: the list stays as it is
+    keep = [a for url in kept for a in ("--keep", url)]
+    ok, out = remote.shell(host, StringCommand("python3", CHECK_SCRIPT, *_check_args(router, None),
+                                               "--timeout", "0", *keep, *urls),
                            timeout=remote.POLL_TIMEOUT_S)
     seen = RouterWorkers().process(out.stdout_lines) if ok else {"error": "no look"}
-    return bool(seen.get("error") or seen.get("missing") or seen.get("unhealthy"))
+    return bool(seen.get("error") or seen.get("missing") or seen.get("unhealthy")
+                or seen.get("others"))
 
 
 @operation()
 def workers_registered(router: str, workers: tuple[tuple[str, str], ...], timeout: int,
-                       restarted: bool):
-    """The router lists every worker of ``workers`` (name, URL as its unit names it) as
-    healthy, read from its own ``/workers``; a worker it does not list is registered again
-    (router_workers.py ``--register``), and all are waited for (up to ``timeout`` seconds).
-    Planned where the router (re)starts in this run or a look while planning found one missing
-    or unhealthy; otherwise looked at again when the operation runs, after the run's restarts and
-    reboots of servers (a worker rebooted for a driver, or the router host itself), and done
-    then only where that look finds one missing or unhealthy (so a run that changes nothing
-    reports no change). Workers whose host failed earlier in this run are left out.
+                       restarted: bool, worker_key_file: str | None = None):
+    """The router lists every worker of ``workers`` (name, URL) as healthy and no other, read
+    from its own ``/workers`` with the control-plane key; a worker it does not list is added
+    (router_workers.py ``--register``, with the fleet key as the key the router sends it), one
+    it lists that gpuhost did not configure is removed, and said (``--remove-others``); all are
+    waited for (up to ``timeout`` seconds). Planned where the router (re)starts in this run or
+    a look while planning found one missing, unhealthy or foreign; otherwise looked at again
+    when the operation runs, after the run's restarts and reboots of servers (a worker rebooted
+    for a driver, or the router host itself), and done then only where that look finds a
+    difference (so a run that changes nothing reports no change). Workers whose host failed
+    earlier in this run keep their entries as they are.
 
     + router: the router's own URL on its host
     + workers: (host name, URL) of each worker
     + timeout: seconds
     + restarted: the router starts or restarts in this run
+    + worker_key_file: the fleet key's file on the router host (the key sent to workers)
     """
-    command = FunctionCommand(_workers_listed, (router, workers, timeout), {})
+    command = FunctionCommand(_workers_listed, (router, workers, timeout, worker_key_file), {})
     urls = [url for _, url in workers]
     seen = host.get_fact(RouterWorkers, router=router, urls=urls)
     healthy = not seen.get("error") and not seen.get("missing") and not seen.get("unhealthy")
-    if healthy and not restarted:
+    if healthy and not seen.get("others") and not restarted:
         if state.is_executing and _look_now(router, workers):
             yield command
             return
-        host.noop(f"the router lists all {len(urls)} worker(s), healthy")
+        host.noop(f"the router lists all {len(urls)} worker(s), healthy, and no other")
         return
     yield command
 
@@ -232,28 +294,60 @@ def _check_listen(settings: Settings) -> bool:
     return ok
 
 
+@operation()
+def key_made(path: str, what: str):
+    """A root-only file at ``path`` holding a new random key (32 bytes of Python's
+    ``secrets.token_urlsafe``), made on the host where missing: the key never leaves it.
+
+    + path: absolute path
+    + what: for messages
+    """
+    info = host.get_fact(File, path=path)
+    if info:
+        host.noop(f"{what} exists")
+        return
+    tmp = f"{path}.new"
+    yield StringCommand(
+        "sh", "-c", f"umask 077 && python3 -c 'import secrets; print(secrets.token_urlsafe(32))' "
+        f"> {shlex.quote(tmp)} && chown root:root {shlex.quote(tmp)} && chmod 600 "
+        f"{shlex.quote(tmp)} && mv {shlex.quote(tmp)} {shlex.quote(path)}")
+
+
 def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
     """Converge the router on this host (one of the ``gpuhost_router`` group): its venv from
-    ``gpuhost_router_lock``, its unit routing to ``workers``, the API key gate in front for a
-    wider bind; restarted when the unit or the venv changed. Returns whether it starts or
-    restarts in this run, for :func:`router_check` (None where refused). Raises LockError for a
-    lock that does not parse. Refuses the stage (nothing of it planned) where the router's key
-    file is not a root-only file of one line (operations/secret_files.py), as the server's."""
+    ``gpuhost_router_lock``, its unit (keys read by router_launch.py, no worker on its command
+    line), the API key gate in front (the client key, the inference paths only); restarted when
+    the unit, the venv or a key it holds changed (the gate alone for its own changes); its
+    worker list is kept by :func:`router_check`, without a restart. Returns whether it starts
+    or restarts in this run, for :func:`router_check` (None where refused). Raises LockError
+    for a lock that does not parse. Refuses the stage (nothing of it planned) where the client
+    key file or the fleet key file is not a root-only file of one line
+    (operations/secret_files.py), as the server's."""
     lock = read_lock(settings.router_lock_path)
     if not _check_listen(settings):
         return None
-    if settings.router_is_public and not check_secret_file(
-            "Router", "router_api_key_file", settings.router_api_key_file or "", "key file"):
+    if not check_secret_file("Router", "router_api_key_file",
+                             settings.router_api_key_file or "", "key file"):
+        return None
+    if settings.fleet_key_file and not check_secret_file(
+            "Router", "fleet_key_file", settings.fleet_key_file, "key file"):
         return None
     venv = settings.router_venv_path
     top_folders()
     files.directory(name="Lock folder", path=LOCK_DIR, mode="755")
     files.directory(name="gpuhost library folder", path=LIB_DIR, mode="755")
+    files.directory(name="gpuhost settings folder", path=KEY_DIR, mode="755")
+    keys = [key_made(name="The router's control-plane key", path=CONTROL_KEY_FILE,
+                     what="the control-plane key")]
+    if not settings.fleet_key_file:
+        keys.append(key_made(name="The router's backend key", path=BACKEND_KEY_FILE,
+                             what="the backend key"))
     files.put(name=f"Router lock {lock.path.name}", src=StringIO(lock.requirements()),
               dest=f"{LOCK_DIR}/router.txt", mode="644", create_remote_dir=False)
     shipped = [files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),
                          dest=f"{LIB_DIR}/{script}", mode="644", create_remote_dir=False)
-               for script in ("router_workers.py", "api_gate.py", "secret_file.py")]
+               for script in ("router_workers.py", "api_gate.py", "secret_file.py",
+                              "router_launch.py")]
     # venv_that_runs and locked_packages run through no_space.py, and python3 -m venv needs
     # Debian's and Ubuntu's python3-venv (ensurepip): on a serving host the ML venv stage ships
     # and installs them, a router host that serves no model has no such stage. apt's lists
@@ -271,40 +365,43 @@ def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
         remove_unlocked=[p.name for p in lock.pins])
     unit = files.template(name=f"Unit {UNIT}",
                           src=str(REPO_ROOT / "templates" / "sglang-router.service.j2"),
-                          dest=UNIT_PATH, mode="644", **unit_context(settings, workers))
-    changed = [unit, packages]
-    if settings.router_is_public:
-        gate = files.template(name=f"Unit {GATE_UNIT}",
-                              src=str(REPO_ROOT / "templates" / "sglang-router-gate.service.j2"),
-                              dest=GATE_UNIT_PATH, mode="644", **gate_context(settings))
-        changed += [gate, *shipped[1:]]
+                          dest=UNIT_PATH, mode="644", **unit_context(settings))
+    changed = [unit, packages, *keys, shipped[3]]
+    gate = files.template(name=f"Unit {GATE_UNIT}",
+                          src=str(REPO_ROOT / "templates" / "sglang-router-gate.service.j2"),
+                          dest=GATE_UNIT_PATH, mode="644", **gate_context(settings))
     restart = any(op.will_change for op in changed)
     running = fact_running()
     systemd.service(name=f"Start {UNIT}", service=UNIT, running=True, enabled=True,
                     restarted=restart and running, daemon_reload=unit.will_change)
-    if settings.router_is_public:
-        systemd.service(name=f"Start {GATE_UNIT}", service=GATE_UNIT, running=True,
-                        enabled=True, restarted=restart and running,
-                        daemon_reload=changed[2].will_change)
+    # the gate alone restarts for its own changes: the router keeps serving behind it
+    gate_restart = any(op.will_change for op in (gate, *shipped[1:3]))
+    systemd.service(name=f"Start {GATE_UNIT}", service=GATE_UNIT, running=True,
+                    enabled=True, restarted=gate_restart and fact_running(GATE_UNIT),
+                    daemon_reload=gate.will_change)
     return restart or not running
 
 
 def router_check(settings: Settings, workers: tuple[Worker, ...], restarted: bool) -> None:
-    """The router's own worker list checked (:func:`workers_registered`), planned after every
-    host's server stage (deploy.py), so that it runs after the run's restarts and reboots of
-    the workers: on a router host that serves no model too, whose own operations pyinfra would
-    otherwise run as early as its short sequence allows (pyinfra 3.x ``State.get_op_order``
-    orders by each host's own sequence).
+    """The router's own worker list checked and kept (:func:`workers_registered`), planned after
+    every host's server stage (deploy.py), so that it runs after the run's restarts and reboots
+    of the workers: on a router host that serves no model too, whose own operations pyinfra
+    would otherwise run as early as its short sequence allows (pyinfra 3.x
+    ``State.get_op_order`` orders by each host's own sequence). The list it verified is kept for
+    the router's next start (:data:`MEMBERS_FILE`, the unit's ExecStartPost adds it): a host
+    failed or refused in this run keeps its entry there as in the router.
 
     + restarted: what :func:`router` returned: the router starts or restarts in this run
     """
-    workers_registered(name=f"The router lists its {len(workers)} worker(s), healthy",
-                       router=own_url(settings), workers=tuple((w.name, w.url) for w in workers),
-                       timeout=settings.router_wait_timeout, restarted=restarted)
+    workers_registered(
+        name=f"The router lists its {len(workers)} worker(s), healthy, and no other",
+        router=own_url(settings), workers=tuple((w.name, w.url) for w in workers),
+        timeout=settings.router_wait_timeout, restarted=restarted,
+        worker_key_file=settings.fleet_key_file)
 
 
-def fact_running() -> bool:
-    """Whether the router's unit runs now (systemd's ActiveState)."""
+def fact_running(unit: str = UNIT) -> bool:
+    """Whether ``unit`` runs now (systemd's ActiveState)."""
     from pyinfra.facts.systemd import SystemdStatus
 
-    return bool(fact(SystemdStatus, services=UNIT).get(UNIT))
+    return bool(fact(SystemdStatus, services=unit).get(unit))

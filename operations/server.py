@@ -244,6 +244,9 @@ def gate_context(settings: Settings) -> dict:
         "listen_port": settings.server_port,
         "backend_url": backend_url(settings),
         "key_file": systemd_quote(settings.api_key_file or ""),
+        # the fleet key: what the router sends (operations/router.py), a credential of its own
+        "key_args": (f" --key-file {systemd_quote(settings.fleet_key_file)}"
+                     if settings.fleet_key_file else ""),
         "runtime_dir": RUNTIME_DIRS[GATE_UNIT],
         "inputs_args": " ".join(systemd_quote(a) for a in gate_inputs()),
         "max_connections": GATE_MAX_CONNECTIONS,
@@ -495,7 +498,7 @@ def _check_secret_file(key: str, path: str) -> bool:
     """Refuse (and return False) unless ``path`` on the host is a regular file owned by root
     that neither its group nor others can read or write, holding one line of header-safe text
     (operations/secret_files.py)."""
-    what = "key file" if key == "api_key_file" else "token file"
+    what = "token file" if key == "hf_token_file" else "key file"
     return check_secret_file("SGLang server", key, path, what)
 
 
@@ -696,6 +699,8 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
         if settings.hf_token_file else True,
         _check_secret_file("api_key_file", settings.api_key_file)
         if settings.api_key_file else True,
+        _check_secret_file("fleet_key_file", settings.fleet_key_file)
+        if settings.fleet_key_file and settings.server_is_public else True,
     ])
     _check_ports(settings)
     if not secrets_ok:

@@ -194,6 +194,8 @@ class Settings:
     #: False: the host serves no model (a CPU-only router VM of the gpuhost_router group)
     serving: bool = True
     fleet_address: str | None = None
+    #: The key the router sends its workers and their gates admit it by (operations/fleet.py)
+    fleet_key_file: str | None = None
     api_gate_trusted_peers: tuple[str, ...] = ()
     router_host: str = "127.0.0.1"
     router_port: int = 8100
@@ -561,6 +563,8 @@ RULES: Final[Mapping[str, _Rule]] = {
                            "this host's IP address on the network the fleet shares, such as "
                            "10.0.0.5 (where the router and peers on other hosts reach it: not "
                            "loopback, 0.0.0.0, ::, multicast or IPv6 link-local), or None"),
+    "fleet_key_file": _text(_PATH, f"an absolute path on the host, root-only {_PATH_DETAIL}",
+                            optional=True),
     "api_gate_trusted_peers": _Rule(
         lambda v: isinstance(v, (list, tuple)) and all(_is_peer_address(a) for a in v),
         "a list of other hosts' IP addresses (the router hosts' gpuhost_fleet_address; not "
@@ -1069,6 +1073,30 @@ def _check_server_exposure(host: str, s: Settings) -> None:
         )
 
 
+def _check_trusted_peers(host: str, s: Settings) -> None:
+    """Each trusted peer once, and none of this host's own addresses (its fleet address, its
+    server's and router's binds): every process of the host, every local user included, would
+    pass the gate without the key from there. An IPv4-mapped IPv6 address is its IPv4 one."""
+    def same(address: str) -> str:
+        ip = ipaddress.ip_address(address)
+        return (getattr(ip, "ipv4_mapped", None) or ip).compressed
+
+    seen: set[str] = set()
+    own = {same(a): key for key, a in (("fleet_address", s.fleet_address),
+                                        ("server_host", s.server_host),
+                                        ("router_host", s.router_host)) if a}
+    for peer in s.api_gate_trusted_peers:
+        if same(peer) in seen:
+            raise _fail(host, "api_gate_trusted_peers", list(s.api_gate_trusted_peers),
+                        f"each address once ({peer} is listed twice)")
+        seen.add(same(peer))
+        if same(peer) in own:
+            raise _fail(host, "api_gate_trusted_peers", list(s.api_gate_trusted_peers),
+                        f"other hosts' addresses only ({peer} is this host's own "
+                        f"{PREFIX}{own[same(peer)]}: every local user would pass without the "
+                        "key)")
+
+
 def _check_dist_init_port(host: str, s: Settings) -> None:
     """The rendezvous port on rank 0 is torch.distributed's TCP store there (sglang 0.5.9,
     ``--dist-init-addr``): it cannot be a port the server or its gate listens on."""
@@ -1085,7 +1113,7 @@ def _check_dist_init_port(host: str, s: Settings) -> None:
 
 def _check_router_exposure(host: str, s: Settings) -> None:
     """The router's bind as the server's: a wider bind needs a key (the API key gate in front,
-    operations/router.py), and the gate's port is not the router's own."""
+    operations/router.py, on the loopback too), and the gate's port is not the router's own."""
     if s.router_is_public and s.router_api_key_file is None:
         raise _fail(
             host, "router_host", s.router_host,
@@ -1093,17 +1121,18 @@ def _check_router_exposure(host: str, s: Settings) -> None:
             "root-only file holding the API key: a wider bind without a key is open to the "
             "network",
         )
-    if s.router_is_public and s.router_backend_port == s.router_port:
+    if s.router_backend_port == s.router_port:
         raise _fail(
             host, "router_backend_port", s.router_backend_port,
             f"a port other than {PREFIX}router_port ({s.router_port}): the API key gate listens "
             "there and the router behind it on 127.0.0.1",
         )
-    loopback = "router_backend_port" if s.router_is_public else "router_port"
-    if getattr(s, loopback) == ROUTER_METRICS_PORT:
-        raise _fail(host, loopback, ROUTER_METRICS_PORT,
-                    f"a port other than {ROUTER_METRICS_PORT}: the router's own metrics listen "
-                    f"on 127.0.0.1:{ROUTER_METRICS_PORT}, where the router would listen too")
+    for loopback in ("router_backend_port", *(() if s.router_is_public else ("router_port",))):
+        if getattr(s, loopback) == ROUTER_METRICS_PORT:
+            raise _fail(host, loopback, ROUTER_METRICS_PORT,
+                        f"a port other than {ROUTER_METRICS_PORT}: the router's own metrics "
+                        f"listen on 127.0.0.1:{ROUTER_METRICS_PORT}, where the router would "
+                        "listen too")
     taken = {s.server_port: "server_port", s.server_backend_port: "server_backend_port"} \
         if s.serving else {}
     for key in ("router_port", "router_backend_port"):
@@ -1294,7 +1323,8 @@ def _check_venv_path(host: str, s: Settings) -> None:
     theirs[s.model_dir] = f"the model weights' folder, {PREFIX}model_dir"
     if s.model_is_local:
         theirs[s.model] = f"the served model's folder, {PREFIX}model"
-    for key in ("api_key_file", "hf_token_file", "mok_signing_key", "mok_certificate"):
+    for key in ("api_key_file", "hf_token_file", "mok_signing_key", "mok_certificate",
+                "fleet_key_file"):
         value = getattr(s, key)
         if value is not None:
             theirs[value] = f"the file {PREFIX}{key} names"
@@ -1339,7 +1369,7 @@ def _check_observability_ports(host: str, s: Settings) -> None:
 #: The checks of settings against each other: each runs, so that every problem is reported.
 _TOGETHER: Final = (_check_bench, _check_tensor_parallel, _check_flavour, _check_driver,
                     _check_mok, _check_server_exposure, _check_router_exposure,
-                    _check_dist_init_port, _check_venv_path, _check_lock,
+                    _check_trusted_peers, _check_dist_init_port, _check_venv_path, _check_lock,
                     _check_sweep, _check_serving, _check_observability_ports)
 #: The checks of the host's GPUs, driver, ML venv and server: a host that serves no model
 #: (``gpuhost_serving = False``) skips them, and those keys have no effect there (group data

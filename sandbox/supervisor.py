@@ -27,6 +27,8 @@ def nspawn_command(spec: HostSpec) -> list[str]:
     --console=read-only: the console goes to our stdout (console.log) without a terminal.
     --resolv-conf/--timezone=off: the image's own files stay, as on a VM.
     --link-journal=no: the host's journal stays inside it.
+    --capability=CAP_NET_ADMIN: a VM's root may set its own firewall (nft); the capability
+    reaches no further than the host's own network namespace, which nspawn joins.
     No bind of the shared .deb cache: see rootfs.seed_apt_archives.
     """
     return [
@@ -44,6 +46,7 @@ def nspawn_command(spec: HostSpec) -> list[str]:
         "--timezone=off",
         "--link-journal=no",
         "--console=read-only",
+        "--capability=CAP_NET_ADMIN",
     ]
 
 

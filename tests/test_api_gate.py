@@ -149,7 +149,8 @@ def start_gate(tmp_path, backend):
         argv = [sys.executable, str(FILES / "api_gate.py"), "--listen", "127.0.0.1",
                 "--port", str(port), "--backend", backend, "--key-file", str(key_file)]
         for name, value in {"head_timeout": 1, "io_timeout": 2, **flags}.items():
-            argv += [f"--{name.replace('_', '-')}", str(value)]
+            for one in value if isinstance(value, (list, tuple)) else [value]:
+                argv += [f"--{name.replace('_', '-')}", str(one)]
         with open(log_file, "w") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=log)
         gate = Gate(proc, port, key_file, log_file)
@@ -336,7 +337,7 @@ def test_heads_too_large(gate):
 
 
 def test_connection_cap(start_gate):
-    gate = start_gate(max_connections=4, head_timeout=10)
+    gate = start_gate(max_connections=4, max_per_address=4, head_timeout=10)
     held = [gate.connect() for _ in range(4)]
     try:
         time.sleep(0.3)
@@ -412,3 +413,55 @@ def test_garbage_gets_http_answers(gate):
         status, _ = gate.request(raw)
         assert status in (400, 501, 505), raw[:20]
     assert gate.request(get("/v1/models"))[0] == 200
+
+
+def test_a_second_key_file_admits_its_key_too(start_gate, tmp_path):
+    """A worker's gate: its clients' key and the fleet key the router sends
+    (operations/fleet.py)."""
+    fleet_key = GUARD.register("sk-fleet-" + "5a" * 12, "fleet key (test)")
+    second = tmp_path / "fleet.key"
+    second.write_text(fleet_key + "\n")
+    second.chmod(0o600)
+    gate = start_gate(key_file=str(second))
+    assert gate.request(get("/v1/models"))[0] == 200
+    assert gate.request(get("/v1/models", key=fleet_key))[0] == 200
+    assert gate.request(get("/v1/models", key="sk-neither-" + "0" * 16))[0] == 401
+
+
+def test_the_backend_key_replaces_the_clients_and_only_allowed_paths_pass(start_gate, tmp_path):
+    """The router's gate: the client key admits the inference paths only; smg gets the gate's
+    backend key, never the client's."""
+    backend_key = GUARD.register("sk-backend-" + "3c" * 12, "backend key (test)")
+    kept = tmp_path / "backend.key"
+    kept.write_text(backend_key + "\n")
+    kept.chmod(0o600)
+    gate = start_gate(backend_key_file=str(kept), allow_path="/v1/models")
+    Backend.seen.clear()
+    assert gate.request(get("/v1/models"))[0] == 200
+    assert Backend.seen[-1]["auth"] == f"Bearer {backend_key}"
+    for path in ("/workers", "/workers/x", "/v1/models/../../workers", "/health"):
+        assert gate.request(get(path))[0] == 404, path
+    assert gate.request(get("/v1/models", key=backend_key))[0] == 401
+    assert all(seen["path"] == "/v1/models" for seen in Backend.seen)
+    kept.write_text("")
+    assert gate.request(get("/v1/models"))[0] == 503
+
+
+def test_one_address_holding_slow_heads_leaves_room_for_a_keyed_client(start_gate):
+    """Issue 29 finding 3: one keyless client holding 300 slow request heads made the gate
+    answer 503 to a client with the key. One address now gets half the connections at most."""
+    gate = start_gate(max_connections=8, head_timeout=10)
+    held = []
+    try:
+        for _ in range(12):  # from another address of the loopback: 127.0.0.2
+            sock = socket.create_connection(("127.0.0.1", gate.port), timeout=5,
+                                            source_address=("127.0.0.2", 0))
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: gpu\r\n")  # never ends
+            held.append(sock)
+        time.sleep(0.3)
+        for _ in range(3):
+            assert gate.request(get("/v1/models"))[0] == 200
+    finally:
+        for sock in held:
+            sock.close()
+    assert "127.0.0.2 refused (503): 4 connections open from this address" in gate.log()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import configparser
 import dataclasses
 import ipaddress
+import json
 from pathlib import Path
 
 import jinja2
@@ -19,6 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def settings(name: str, **data):
+    """A host's settings; every host holds the fleet key and a client key file unless told
+    (a fleet needs both: operations/fleet.py)."""
+    data = {"fleet_key_file": "/root/fleet.key", "router_api_key_file": "/root/router.key",
+            **data}
     return from_host_data(name, {f"gpuhost_{k}": v for k, v in data.items()})
 
 
@@ -41,11 +46,11 @@ def test_router_on_a_serving_host_routes_to_every_host_at_its_fleet_address():
     # its own server behind the gate on the loopback, the others at their fleet address
     assert [w.url for w in planned.workers_of("gpu1")] == [
         "http://127.0.0.1:30000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"]
-    peered = fleet.with_router_peers(planned, s)
-    # every other gated worker's gate admits the router's address (the router sends no key);
-    # the router host's own gate trusts nobody (its health gate checks a refusal from there)
-    assert {n: p.api_gate_trusted_peers for n, p in peered.items()} == {
-        "gpu1": (), "gpu2": ("10.0.0.1",), "gpu3": ("10.0.0.1",)}
+    # no address is trusted: the router sends the fleet key (issue 29, finding 2)
+    assert all(p.api_gate_trusted_peers == () for p in s.values())
+    # behind the gates, the loopback ports admit root only
+    assert [fleet.guarded_ports(planned, n, s[n]) for n in s] == [
+        (30000, 30100), (30000,), (30000,)]
 
 
 def test_a_node_group_is_one_worker_its_rank_0():
@@ -60,10 +65,13 @@ def test_a_node_group_is_one_worker_its_rank_0():
     assert [w.name for w in fleet.plan(hosts, s).workers_of("gpu1")] == ["gpu1", "gpu2"]
 
 
-def test_no_router_group_is_no_fleet_and_changes_no_settings():
+def test_no_router_group_is_no_fleet():
     s = {"gpu1": gated("10.0.0.1")}
     planned = fleet.plan([("gpu1", ["sandbox"])], s)
-    assert planned.routers == () and fleet.with_router_peers(planned, s) == s
+    assert planned.routers == ()
+    assert fleet.guarded_ports(planned, "gpu1", s["gpu1"]) == (30000,)
+    loop = settings("gpu1")
+    assert fleet.guarded_ports(fleet.plan([("gpu1", [])], {"gpu1": loop}), "gpu1", loop) == ()
 
 
 def cpu_router(address: str, **extra):
@@ -82,9 +90,25 @@ def test_a_cpu_only_router_host_is_no_worker_and_routes_to_every_serving_host():
     assert [(w.name, w.url) for w in planned.workers_of("router")] == [
         ("gpu1", "http://10.0.0.1:8000"), ("gpu2", "http://10.0.0.2:8000"),
         ("gpu3", "http://10.0.0.3:8000")]
-    peered = fleet.with_router_peers(planned, s)
-    assert {n: p.api_gate_trusted_peers for n, p in peered.items()} == {
-        "gpu1": ("10.0.0.9",), "gpu2": ("10.0.0.9",), "gpu3": ("10.0.0.9",), "router": ()}
+    assert fleet.guarded_ports(planned, "router", s["router"]) == (30100,)
+
+
+@pytest.mark.parametrize("where, key, words", [
+    ("router", "router_api_key_file", "the client key"),
+    ("router", "fleet_key_file", "admit the router by the fleet key"),
+    ("gpu2", "fleet_key_file", "reaches this host's gate with the fleet key"),
+])
+def test_a_fleet_without_its_keys_is_refused(where, key, words):
+    """No plane is open: the router needs its client key, and the router and every worker it
+    reaches through a gate the fleet key (the router is admitted by a credential, never by its
+    address alone)."""
+    s = {"gpu1": gated("10.0.0.1"), "gpu2": gated("10.0.0.2"), "router": cpu_router("10.0.0.9")}
+    s[where] = dataclasses.replace(s[where], **{key: None})
+    with pytest.raises(fleet.FleetError) as caught:
+        fleet.plan([("gpu1", []), ("gpu2", []), ("router", ["gpuhost_router"])], s)
+    (problem,) = caught.value.problems
+    assert problem.startswith(f"host {where}: gpuhost_{key} = None is not allowed") \
+        and words in problem, problem
 
 
 def test_a_host_that_serves_no_model_outside_the_router_group_is_refused():
@@ -113,7 +137,7 @@ def test_a_host_that_serves_no_model_skips_the_gpu_and_server_checks():
         settings("gpu1", tensor_parallel_size=3)
     # the router's own rules still hold
     with pytest.raises(SettingsError, match="gpuhost_router_host = '10.0.0.9' is not allowed"):
-        settings("cpu", serving=False, router_host="10.0.0.9")
+        settings("cpu", serving=False, router_host="10.0.0.9", router_api_key_file=None)
 
 
 @pytest.mark.parametrize(("data", "message"), [
@@ -153,14 +177,18 @@ def test_a_worker_the_router_cannot_reach_is_refused_naming_the_key():
     ]
 
 
-def test_a_router_without_a_fleet_address_for_gated_workers_is_refused():
+def test_a_router_without_a_fleet_address_is_planned_its_address_being_no_credential():
+    """Main before issue 29 refused it: the workers' gates trusted the router's address. Now
+    the router is admitted by the fleet key it sends."""
     s = {"gpu1": settings("gpu1"), "gpu2": gated("10.0.0.2")}
-    with pytest.raises(fleet.FleetError, match="host gpu1: gpuhost_fleet_address = None"):
-        fleet.plan([("gpu1", ["gpuhost_router"]), ("gpu2", [])], s)
+    planned = fleet.plan([("gpu1", ["gpuhost_router"]), ("gpu2", [])], s)
+    assert [w.url for w in planned.workers_of("gpu1")] == ["http://127.0.0.1:8000",
+                                                           "http://10.0.0.2:8000"]
+    assert fleet.guarded_ports(planned, "gpu1", s["gpu1"]) == (8000, 30100)
 
 
 @pytest.mark.parametrize("data, key", [
-    ({"router_host": "0.0.0.0"}, "gpuhost_router_host"),
+    ({"router_host": "0.0.0.0", "router_api_key_file": None}, "gpuhost_router_host"),
     ({"router_policy": "fastest"}, "gpuhost_router_policy"),
     ({"router_port": 8000}, "gpuhost_router_port"),
     ({"router_backend_port": 30000}, "gpuhost_router_backend_port"),
@@ -196,31 +224,58 @@ def unit(text: str) -> configparser.ConfigParser:
     return parser
 
 
-def test_loopback_router_unit_binds_its_port_with_the_workers_and_no_gate():
+def test_loopback_router_has_its_gate_too_and_its_unit_names_no_worker_and_no_key():
+    """Keys off the command line (router_launch.py reads them), no worker on it (they join
+    through the control plane: a change of the fleet restarts nothing). A router on the
+    loopback has its gate too: smg forwards each request with the Authorization it came with,
+    which must be the fleet key the workers admit, never a client's."""
     s = settings("h")
-    workers = (fleet.Worker("gpu1", "http://127.0.0.1:8000"),
-               fleet.Worker("gpu2", "http://10.0.0.2:8000"))
-    text = render("sglang-router.service.j2", router.unit_context(s, workers))
-    start = unit(text)["Service"]["ExecStart"].split()
-    assert start[:2] == ["/opt/gpuhost/router-venv/bin/smg", "launch"]
+    text = render("sglang-router.service.j2", router.unit_context(s))
+    service = unit(text)["Service"]
+    start = service["ExecStart"].split()
+    assert start[:2] == ["/opt/gpuhost/router-venv/bin/python",
+                         "/opt/gpuhost/lib/router_launch.py"]
     args = " ".join(start)
-    assert "--host 127.0.0.1 --port 8100 --policy cache_aware" in args
-    assert "--worker-urls http://127.0.0.1:8000 http://10.0.0.2:8000 --health-check" in args
+    assert ("--api-key-file /root/fleet.key --control-key-file "
+            "/etc/gpuhost/router-control.key -- --host 127.0.0.1 --port 30100 --policy "
+            "cache_aware") in args
+    assert "--worker-urls" not in args and "--api-key " not in args
     assert "--prometheus-host 127.0.0.1" in args  # smg's default is every interface
-    assert "--health-check-interval-secs 10" in args and "--api-key" not in args
-    assert "Wants=sglang-router-gate" not in text
+    assert "--health-check-interval-secs 10" in args
+    assert service["ExecStartPost"].split()[1:] == [
+        "/opt/gpuhost/lib/router_workers.py", "--router", "http://127.0.0.1:30100",
+        "--control-key-file", "/etc/gpuhost/router-control.key", "--worker-key-file",
+        "/root/fleet.key", "--start", "--members", "/etc/gpuhost/router-workers.json",
+        "--timeout", "60"]
+    assert "Wants=sglang-router-gate.service" in text
+    gate = unit(render("sglang-router-gate.service.j2", router.gate_context(s)))
+    assert "--listen 127.0.0.1 --port 8100" in gate["Service"]["ExecStart"]
 
 
 def test_public_router_binds_the_loopback_behind_its_gate_and_the_key_stays_in_its_file():
-    s = settings("h", router_host="10.0.0.1", router_api_key_file="/root/router.key")
-    text = render("sglang-router.service.j2", router.unit_context(s, ()))
+    s = settings("h", router_host="10.0.0.1", router_api_key_file="/root/router.key",
+                 fleet_key_file=None)
+    text = render("sglang-router.service.j2", router.unit_context(s))
     assert "--host 127.0.0.1 --port 30100" in text and "/root/router.key" not in text
+    # no fleet key (no gated worker elsewhere): a backend key of its own, made on the host
+    assert "--api-key-file /etc/gpuhost/router-backend.key" in text
     assert "Wants=sglang-router-gate.service" in text
     gate = unit(render("sglang-router-gate.service.j2", router.gate_context(s)))
     start = gate["Service"]["ExecStart"]
     assert ("--listen 10.0.0.1 --port 8100 --backend http://127.0.0.1:30100 "
-            "--key-file /root/router.key") in start
+            "--key-file /root/router.key --backend-key-file /etc/gpuhost/router-backend.key "
+            "--allow-path /v1/chat/completions") in start
+    allowed = start.split("--allow-path ")[1:]
+    assert not [p for p in allowed if "worker" in p]
     assert router.own_url(s) == "http://127.0.0.1:30100"
+
+
+def test_a_workers_gate_admits_the_fleet_key_beside_its_own():
+    from operations.server import gate_context
+
+    start = unit(render("sglang-gate.service.j2", gate_context(gated("10.0.0.2"))))
+    assert ("--key-file /root/key --key-file /root/fleet.key --max-connections"
+            in start["Service"]["ExecStart"])
 
 
 def test_server_gate_unit_trusts_the_router_peers():
@@ -278,16 +333,34 @@ def test_the_router_check_does_not_wait_for_workers_whose_host_failed(monkeypatc
     state = SimpleNamespace(failed_hosts=[SimpleNamespace(name="gpu2")])
     host = SimpleNamespace(name="gpu1", print_prefix="[gpu1] ")
     workers = (("gpu1", "http://127.0.0.1:30000"), ("gpu2", "http://10.0.0.2:8000"))
-    assert router._workers_listed(state, host, "http://127.0.0.1:30100", workers, 60)
-    assert len(ran) == 1 and ran[0].endswith("--timeout 60 --register http://127.0.0.1:30000"), \
-        ran
+    assert router._workers_listed(state, host, "http://127.0.0.1:30100", workers, 60,
+                                  "/root/fleet.key")
+    assert len(ran) == 1 and ran[0].endswith(
+        "--control-key-file /etc/gpuhost/router-control.key --worker-key-file /root/fleet.key "
+        "--timeout 60 --register --remove-others --save /etc/gpuhost/router-workers.json --keep "
+        "http://10.0.0.2:8000 "
+        "http://127.0.0.1:30000"), ran
     ran.clear()
     state.failed_hosts = [SimpleNamespace(name="gpu1"), SimpleNamespace(name="gpu2")]
-    assert router._workers_listed(state, host, "http://127.0.0.1:30100", workers, 60)
+    assert router._workers_listed(state, host, "http://127.0.0.1:30100", workers, 60, None)
     assert ran == []
 
 
-def test_the_router_check_registers_a_worker_the_router_lost(monkeypatch, capsys):
+CONTROL_KEY = "control-key-for-the-test-0123456789"
+FLEET_KEY = "fleet-key-for-the-test-0123456789"
+
+
+@pytest.fixture
+def keys(tmp_path):
+    made = {}
+    for name, value in (("control", CONTROL_KEY), ("fleet", FLEET_KEY)):
+        made[name] = tmp_path / f"{name}.key"
+        made[name].write_text(value + "\n")
+        made[name].chmod(0o600)
+    return made
+
+
+def test_the_router_check_registers_a_worker_the_router_lost(monkeypatch, capsys, keys):
     """smg registers its --worker-urls at its start only: a worker it lost (down past its
     startup timeout, taken out) is registered again, then waited for until healthy."""
     import threading
@@ -298,20 +371,41 @@ def test_the_router_check_registers_a_worker_the_router_lost(monkeypatch, capsys
 
     FakeRouter.workers = {"http://127.0.0.1:30000": {"id": "w1", "url": "http://127.0.0.1:30000",
                                                      "is_healthy": True, "status": "ready"}}
+    FakeRouter.auth, FakeRouter.added = set(), []
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeRouter)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         argv = ["x", "--router", url, "--timeout", "5", "--interval", "0.01",
-                "http://127.0.0.1:30000", "http://10.0.0.2:8000"]
+                "--control-key-file", str(keys["control"]), "--worker-key-file",
+                str(keys["fleet"]), "http://127.0.0.1:30000", "http://10.0.0.2:8000"]
         monkeypatch.setattr("sys.argv", argv)
         assert router_workers.main() == 1  # without --register: waited for in vain
         assert "not listed: http://10.0.0.2:8000" in capsys.readouterr().err
-        monkeypatch.setattr("sys.argv", [*argv[:5], "--register", *argv[5:]])
+        monkeypatch.setattr("sys.argv", [*argv[:9], "--register", *argv[9:]])
         assert router_workers.main() == 0
         out = capsys.readouterr().out
         assert "registering http://10.0.0.2:8000 again (202)" in out, out
         assert FakeRouter.workers["http://10.0.0.2:8000"]["is_healthy"]
+        # added with the fleet key, the key the router then sends it
+        assert FakeRouter.added[-1] == {"url": "http://10.0.0.2:8000", "api_key": FLEET_KEY}
+        assert FakeRouter.auth == {f"Bearer {CONTROL_KEY}"}
+        # a worker gpuhost did not configure is removed, and said; a failed host's entry kept
+        FakeRouter.workers["http://10.0.0.66:8999"] = {
+            "id": "evil", "url": "http://10.0.0.66:8999", "is_healthy": True, "status": "ready"}
+        FakeRouter.workers["http://10.0.0.3:8000"] = {
+            "id": "w3", "url": "http://10.0.0.3:8000", "is_healthy": True, "status": "ready"}
+        saved = keys["control"].parent / "workers.json"
+        monkeypatch.setattr("sys.argv", [*argv[:9], "--remove-others", "--keep",
+                                         "http://10.0.0.3:22", "--save", str(saved), *argv[9:]])
+        assert router_workers.main() == 0
+        out = capsys.readouterr().out
+        assert "removed http://10.0.0.66:8999, which gpuhost did not configure" in out, out
+        # the verified list, the refused host's last good entry kept (issue 30 finding 4)
+        assert json.loads(saved.read_text()) == [
+            "http://10.0.0.2:8000", "http://10.0.0.3:8000", "http://127.0.0.1:30000"]
+        assert FakeRouter.workers["http://10.0.0.66:8999"]["status"] == "draining"
+        assert FakeRouter.workers["http://10.0.0.3:8000"]["status"] == "ready"
     finally:
         server.shutdown()
 
@@ -344,7 +438,7 @@ def test_the_router_is_looked_at_again_after_the_runs_restarts(monkeypatch, look
         True, SimpleNamespace(stdout_lines=[json.dumps(look)], stderr_lines=[])))
     planned = list(router.workers_registered._inner(
         router="http://127.0.0.1:30100", workers=workers, timeout=60, restarted=False))
-    assert planned == [] and noops == ["the router lists all 2 worker(s), healthy"]
+    assert planned == [] and noops == ["the router lists all 2 worker(s), healthy, and no other"]
     router.state.is_executing = True
     ran = list(router.workers_registered._inner(
         router="http://127.0.0.1:30100", workers=workers, timeout=60, restarted=False))
@@ -419,7 +513,7 @@ def test_the_router_on_its_own_metrics_port_is_refused(data, key):
 def test_a_public_router_may_listen_on_29000_of_its_own_address():
     s = settings("gpu1", router_host="10.0.0.1", router_api_key_file="/root/r.key",
                  router_port=29000)
-    assert router.unit_context(s, ())["bind_port"] == s.router_backend_port != 29000
+    assert router.unit_context(s)["bind_port"] == s.router_backend_port != 29000
 
 
 def test_a_router_hosts_server_on_the_routers_metrics_port_is_refused():
@@ -431,3 +525,23 @@ def test_a_router_hosts_server_on_the_routers_metrics_port_is_refused():
         "host gpu1: gpuhost_server_backend_port = 29000 is not allowed: a port other than "
         "29000, where the router on this host has its metrics (127.0.0.1)"]
     assert fleet.plan([("gpu1", []), ("gpu2", ["gpuhost_router"])], s).routers == ("gpu2",)
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    ({"fleet_address": "10.0.0.2", "api_gate_trusted_peers": ["10.0.0.2"]},
+     "10.0.0.2 is this host's own gpuhost_fleet_address"),
+    ({"server_host": "10.0.0.7", "api_key_file": "/root/k",
+      "api_gate_trusted_peers": ["::ffff:10.0.0.7"]},
+     "::ffff:10.0.0.7 is this host's own gpuhost_server_host"),
+    ({"api_gate_trusted_peers": ["10.0.0.1", "10.0.0.3", "10.0.0.1"]},
+     "each address once (10.0.0.1 is listed twice)"),
+    ({"api_gate_trusted_peers": ["10.0.0.1", "::ffff:10.0.0.1"]},
+     "each address once (::ffff:10.0.0.1 is listed twice)"),
+])
+def test_a_hosts_own_address_or_a_repeated_one_is_no_trusted_peer(data, words):
+    """Issue 29 finding 2: every local user of a host would pass its own gate from its own
+    address; a repeated peer is a typo hiding another."""
+    with pytest.raises(SettingsError) as err:
+        settings("gpu2", **data)
+    message = str(err.value)
+    assert message.startswith("host gpu2: gpuhost_api_gate_trusted_peers = ") and words in message

@@ -18,6 +18,10 @@ from operations.settings import from_host_data
 
 
 def settings(name: str, **data):
+    """A host's settings; every host holds the fleet key and a client key file unless told
+    (a fleet needs both: operations/fleet.py)."""
+    data = {"fleet_key_file": "/root/fleet.key", "router_api_key_file": "/root/router.key",
+            **data}
     return from_host_data(name, {f"gpuhost_{k}": v for k, v in data.items()})
 
 
@@ -120,6 +124,9 @@ class FakeRouter(BaseHTTPRequestHandler):
 
     workers: dict[str, dict] = {}
     drain_polls = 2
+    #: Authorization headers seen, and the bodies of the workers added
+    auth: set = set()
+    added: list = []
 
     def _send(self, code: int, body: dict) -> None:
         data = json.dumps(body).encode()
@@ -130,6 +137,7 @@ class FakeRouter(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):  # noqa: N802
+        FakeRouter.auth.add(self.headers.get("Authorization"))
         for url, w in list(self.workers.items()):
             if w["status"] == "draining":
                 w["polls"] -= 1
@@ -139,6 +147,7 @@ class FakeRouter(BaseHTTPRequestHandler):
                                      for w in self.workers.values()]})
 
     def do_DELETE(self):  # noqa: N802
+        FakeRouter.auth.add(self.headers.get("Authorization"))
         wid = self.path.rsplit("/", 1)[-1]
         for w in self.workers.values():
             if w["id"] == wid:
@@ -147,7 +156,10 @@ class FakeRouter(BaseHTTPRequestHandler):
         self._send(400, {"error": f"Invalid worker_id '{wid}'"})
 
     def do_POST(self):  # noqa: N802
-        url = json.loads(self.rfile.read(int(self.headers["content-length"])))["url"]
+        FakeRouter.auth.add(self.headers.get("Authorization"))
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        FakeRouter.added.append(body)
+        url = body["url"]
         if url in self.workers:
             return self._send(409, {"code": "WORKER_ALREADY_EXISTS"})
         self.workers[url] = {"id": f"id-{len(url)}", "url": url, "is_healthy": True,
@@ -186,9 +198,13 @@ def test_a_drain_past_its_timeout_goes_on(router_url, capsys, monkeypatch):
     assert "still draining after 0 s: going on" in capsys.readouterr().err
 
 
-def test_a_router_not_running_routes_nothing(capsys, monkeypatch):
+def test_a_router_not_running_routes_nothing(capsys, monkeypatch, tmp_path):
+    control = tmp_path / "control.key"
+    control.write_text("control-key-0123456789\n")
+    control.chmod(0o600)
     monkeypatch.setattr("sys.argv", ["x", "leave", "--router", "http://127.0.0.1:9",
-                                     "--url", "http://10.0.0.2:8000", "--timeout", "1"])
+                                     "--url", "http://10.0.0.2:8000", "--timeout", "1",
+                                     "--control-key-file", str(control)])
     assert router_membership.main() == 0
     assert "not running" in capsys.readouterr().out
 
@@ -320,7 +336,8 @@ def test_leave_runs_on_the_router_host_over_its_own_connection(monkeypatch, capl
     assert sent[0] == ("put", router_host, roll.SCRIPT)
     assert sent[1] == ("shell", router_host, "python3 /opt/gpuhost/lib/router_membership.py "
                        "leave --router http://127.0.0.1:30100 --url http://10.0.0.3:8000 "
-                       "--timeout 30")
+                       "--timeout 30 --control-key-file /etc/gpuhost/router-control.key "
+                       "--worker-key-file /root/fleet.key")
     assert "[gpu3] Roll: on gpu1: router: http://10.0.0.3:8000 drained and out" in caplog.text
 
 

@@ -23,16 +23,24 @@ amount of memory, time and threads, and never more than a refusal:
   body without one (Transfer-Encoding: chunked) gets 411 (RFC 9112 section 6.3); more than
   MAX_BODY bytes gets 413; it is streamed to the server, never held whole;
 - IO_TIMEOUT seconds at most between two reads of a body or two writes of an answer;
-- MAX_CONNECTIONS connections at once (one thread each); one more is answered 503 at once;
+- MAX_CONNECTIONS connections at once (one thread each), MAX_PER_ADDRESS of them from one
+  client address; one more is answered 503 at once;
 - the key file unreadable, vanished or not one line of header-safe text: 503 for every
   request that needs the key, the reason logged once (never the content);
 - the server's answers are streamed through; only /server_info's JSON is held (at most
   MAX_INFO bytes) to remove the keys.
 
+Keys: ``--key-file`` is repeatable: a request passes with the key of any of them (a worker's
+gate: its clients' key and the fleet key the router sends, operations/fleet.py). The client's
+``Authorization`` is never passed on; with ``--backend-key-file`` the gate sends that file's
+key to the server instead (the router's gate: smg's own ``--api-key``, operations/router.py).
+``--allow-path PATH`` (repeatable): only these paths pass, whatever the key; any other answers
+404 before the key is looked at (the router's control plane stays off its public port).
+
 Trusted peers (``--trust-peer ADDRESS``, repeatable; none by default): requests from these
-client addresses pass without the key. gpuhost gives a fleet's workers the router hosts'
-addresses here (operations/fleet.py: the router, smg 1.13.0, sends its workers no key); on a
-network where another machine could take such an address, keep the workers off it.
+client addresses pass without the key. gpuhost adds none itself (the router sends its key);
+an address is no credential: on a network where another machine, or another user of the
+peer, could send from it, do not use it.
 
 The journal gets one line per request: the client's address, the method, the path without
 its query string (a key put there never reaches the log) and the status. No traceback: an
@@ -87,6 +95,11 @@ IO_TIMEOUT = 60.0
 MAX_BODY = 32 * 1024 * 1024
 #: Connections served at once.
 MAX_CONNECTIONS = 256
+#: Connections served at once for one client address: half of them, so that one client (300
+#: slow request heads, issue 29 finding 3) leaves the other half to everyone else, and the
+#: router, one address with a connection per request in flight, still has room for a server's
+#: gpuhost_max_running_requests (64 by default) and more.
+MAX_PER_ADDRESS = MAX_CONNECTIONS // 2
 #: Seconds the server may take between two reads or writes (a long prefill before the first
 #: byte of an answer).
 BACKEND_TIMEOUT = 600.0
@@ -124,6 +137,7 @@ class Limits:
     io_timeout: float = IO_TIMEOUT
     max_body: int = MAX_BODY
     max_connections: int = MAX_CONNECTIONS
+    max_per_address: int = MAX_PER_ADDRESS
     backend_timeout: float = BACKEND_TIMEOUT
 
 
@@ -298,11 +312,12 @@ class Key:
 
 class Gate(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    key: Key
+    keys: list = []
+    backend_key: Key | None = None
+    allowed_paths: frozenset = frozenset()
     backend: urllib.parse.SplitResult
     limits: Limits
-    #: Client addresses admitted without the key: the fleet's router hosts (operations/fleet.py:
-    #: the router sends no key to its workers), each as ipaddress gives it.
+    #: Client addresses admitted without the key (--trust-peer), each as ipaddress gives it.
     trusted_peers: frozenset = frozenset()
 
     # --- connection ---------------------------------------------------------------------
@@ -469,16 +484,26 @@ class Gate(BaseHTTPRequestHandler):
         if length is None:
             return
         path = re.split(r"[?#]", self.path, maxsplit=1)[0]
+        if self.allowed_paths and path not in self.allowed_paths:
+            self._error(HTTPStatus.NOT_FOUND, "Not Found", close=length > 0)
+            return
         if path not in OPEN_PATHS and not self._trusted_peer():
             try:
-                key = self.key.get()
+                keys = [k.get() for k in self.keys]
             except SecretFileError:
                 # Logged by Key once; the client learns nothing about the file.
                 self._error(HTTPStatus.SERVICE_UNAVAILABLE, "the API key gate cannot read its "
                             "key file", close=length > 0)
                 return
-            if not self._authorized(key):
+            if not any([self._authorized(k) for k in keys]):
                 self._error(HTTPStatus.UNAUTHORIZED, "Unauthorized", close=length > 0)
+                return
+        if self.backend_key is not None:
+            try:
+                self.backend_key.get()
+            except SecretFileError:
+                self._error(HTTPStatus.SERVICE_UNAVAILABLE, "the API key gate cannot read its "
+                            "backend key file", close=length > 0)
                 return
         if length > self.limits.max_body:
             self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -496,6 +521,8 @@ class Gate(BaseHTTPRequestHandler):
                    and k.lower() not in ("host", "authorization", "content-length", "expect")}
         if length or self.command in ("POST", "PUT", "PATCH"):
             headers["Content-Length"] = str(length)
+        if self.backend_key is not None:
+            headers["Authorization"] = f"Bearer {self.backend_key.get()}"
         return headers
 
     def _forward(self, path: str, length: int) -> None:
@@ -591,18 +618,40 @@ class Server(ThreadingHTTPServer):
 
     def __init__(self, address, handler, limits: Limits):
         self.slots = threading.BoundedSemaphore(limits.max_connections)
+        self.per_address: dict[str, int] = {}
+        self._per_address_lock = threading.Lock()
         self.limits = limits
         self._busy_refused, self._busy_logged = 0, 0.0
         super().__init__(address, handler)
 
+    def _take(self, address: str) -> bool:
+        with self._per_address_lock:
+            if self.per_address.get(address, 0) >= self.limits.max_per_address:
+                return False
+            self.per_address[address] = self.per_address.get(address, 0) + 1
+            return True
+
+    def _give_back(self, address: str) -> None:
+        with self._per_address_lock:
+            left = self.per_address.get(address, 1) - 1
+            if left:
+                self.per_address[address] = left
+            else:
+                self.per_address.pop(address, None)
+
     def process_request(self, request, client_address) -> None:
+        if not self._take(client_address[0]):
+            self._refuse_busy(request, client_address, per_address=True)
+            return
         if not self.slots.acquire(blocking=False):
+            self._give_back(client_address[0])
             self._refuse_busy(request, client_address)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self.slots.release()
+            self._give_back(client_address[0])
             raise
 
     def process_request_thread(self, request, client_address) -> None:
@@ -610,8 +659,9 @@ class Server(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self.slots.release()
+            self._give_back(client_address[0])
 
-    def _refuse_busy(self, request, client_address) -> None:
+    def _refuse_busy(self, request, client_address, per_address: bool = False) -> None:
         body = json.dumps({"error": "too many connections: try again"}).encode()
         try:
             request.settimeout(1.0)
@@ -624,8 +674,10 @@ class Server(ThreadingHTTPServer):
         self._busy_refused += 1
         now = time.monotonic()
         if now - self._busy_logged >= 10:
-            log(f"{client_address[0]} refused (503): {self.limits.max_connections} connections "
-                f"open ({self._busy_refused} refused since the last such line)")
+            held = (f"{self.limits.max_per_address} connections open from this address"
+                    if per_address else f"{self.limits.max_connections} connections open")
+            log(f"{client_address[0]} refused (503): {held} ({self._busy_refused} refused "
+                "since the last such line)")
             self._busy_logged, self._busy_refused = now, 0
 
     def handle_error(self, request, client_address) -> None:
@@ -643,8 +695,15 @@ def main() -> int:
     parser.add_argument("--listen", required=True, help="the address to bind")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--backend", required=True, help="the server, e.g. http://127.0.0.1:30000")
-    parser.add_argument("--key-file", required=True, help="root-only file holding the key")
+    parser.add_argument("--key-file", required=True, action="append",
+                        help="root-only file holding a key the gate admits (repeatable)")
+    parser.add_argument("--backend-key-file",
+                        help="root-only file holding the key sent to the server")
+    parser.add_argument("--allow-path", action="append", default=[],
+                        help="a path that passes (repeatable; none: every path)")
     parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS)
+    parser.add_argument("--max-per-address", type=int, default=None,
+                        help="connections from one client address (default: half the total)")
     parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY)
     parser.add_argument("--head-timeout", type=float, default=HEAD_TIMEOUT, help="seconds")
     parser.add_argument("--io-timeout", type=float, default=IO_TIMEOUT, help="seconds")
@@ -654,8 +713,11 @@ def main() -> int:
     args = parser.parse_args()
     limits = Limits(head_timeout=args.head_timeout, io_timeout=args.io_timeout,
                     max_body=args.max_body_bytes, max_connections=args.max_connections,
-                    backend_timeout=args.backend_timeout)
-    Gate.key = Key(args.key_file)
+                    backend_timeout=args.backend_timeout,
+                    max_per_address=args.max_per_address or max(1, args.max_connections // 2))
+    Gate.keys = [Key(path) for path in args.key_file]
+    Gate.backend_key = Key(args.backend_key_file) if args.backend_key_file else None
+    Gate.allowed_paths = frozenset(args.allow_path)
     Gate.backend = urllib.parse.urlsplit(args.backend)
     Gate.limits = limits
     Gate.trusted_peers = frozenset(args.trust_peer)
@@ -664,10 +726,11 @@ def main() -> int:
     log(f"gate on {args.listen}:{args.port} -> {args.backend} (at most "
         f"{limits.max_connections} connections, bodies of {limits.max_body} bytes, heads "
         f"within {limits.head_timeout:g} s)")
-    try:
-        Gate.key.get()
-    except SecretFileError:
-        pass  # logged; every request that needs the key gets 503 until the file is fixed
+    for key in [*Gate.keys, *([Gate.backend_key] if Gate.backend_key else [])]:
+        try:
+            key.get()
+        except SecretFileError:
+            pass  # logged; every request that needs the key gets 503 until the file is fixed
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -1,7 +1,13 @@
 """Take one worker out of the router, or put it back, through the router's worker API.
 
     python3 router_membership.py leave --router http://127.0.0.1:8100 --url URL --timeout 120
+        --control-key-file F
     python3 router_membership.py join --router http://127.0.0.1:8100 --url URL --timeout 300
+        --control-key-file F [--worker-key-file W]
+
+Every call carries the router's control-plane key (router_launch.py: smg's
+``--control-plane-api-keys``); ``join`` adds the worker with ``"api_key"``, the key the router
+sends it (the fleet key; router_workers.py).
 
 smg 1.13.0's worker management API, as the real router answered it on this machine:
 ``GET /workers`` lists ``{"workers": [{"id", "url", "is_healthy", "status", ...}]}``;
@@ -27,10 +33,18 @@ import time
 import urllib.error
 import urllib.request
 
+try:
+    from secret_file import SecretFileError, read_secret
+except ImportError:  # imported as operations.files.<this module> (the unit tests)
+    from operations.files.secret_file import SecretFileError, read_secret
+
+KEYS = {"control": "", "worker": None}
+
 
 def call(method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data, {"content-type": "application/json"},
+    request = urllib.request.Request(url, data, {"content-type": "application/json",
+                                                 "Authorization": f"Bearer {KEYS['control']}"},
                                      method=method)
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
@@ -69,7 +83,8 @@ def leave(router: str, url: str, timeout: float, interval: float) -> int:
 
 
 def join(router: str, url: str, timeout: float, interval: float) -> int:
-    status, body = call("POST", router + "/workers", {"url": url})
+    status, body = call("POST", router + "/workers",
+                        {"url": url, **({"api_key": KEYS["worker"]} if KEYS["worker"] else {})})
     if status not in (200, 201, 202, 409):
         print(f"router: adding {url} answered {status} {body}", file=sys.stderr)
         return 1
@@ -91,7 +106,16 @@ def main() -> int:
     parser.add_argument("--url", required=True, help="the worker's URL, as the router lists it")
     parser.add_argument("--timeout", type=float, required=True, help="seconds")
     parser.add_argument("--interval", type=float, default=1, help="seconds")
+    parser.add_argument("--control-key-file", required=True)
+    parser.add_argument("--worker-key-file")
     args = parser.parse_args()
+    try:
+        KEYS["control"] = read_secret(args.control_key_file, "control-plane key file")
+        if args.worker_key_file:
+            KEYS["worker"] = read_secret(args.worker_key_file, "fleet key file")
+    except SecretFileError as exc:
+        print(f"router: {exc}", file=sys.stderr)
+        return 1
     router = args.router.rstrip("/")
     try:
         return (leave if args.action == "leave" else join)(router, args.url, args.timeout,

@@ -1,6 +1,29 @@
-"""Check the router's own worker list: every expected worker listed and healthy.
+"""Check the router's own worker list: every expected worker listed and healthy, and no other.
 
-    python3 router_workers.py --router http://127.0.0.1:8100 --timeout 300 [--register] URL ...
+    python3 router_workers.py --router http://127.0.0.1:8100 --control-key-file F
+        [--worker-key-file W] --timeout 300 [--register] [--remove-others [--keep URL ...]] URL ...
+    python3 router_workers.py --router ... --control-key-file F --worker-key-file W
+        --start --members FILE
+
+The router's control plane takes the control-plane key only (smg 1.13.0
+``--control-plane-api-keys``, router_launch.py): every call here sends it, read from its
+root-only file. A worker is added with ``{"url": URL, "api_key": KEY}``, KEY from
+``--worker-key-file`` (the fleet key, ``gpuhost_fleet_key_file``): smg then sends it as
+``Authorization: Bearer`` on its own calls to that worker but its first health probes (seen:
+the first ``/health`` without it, then ``/v1/models``, ``/server_info``, ``/model_info``, the
+health checks and ``/v1/loads`` with it; a forwarded request keeps the Authorization it came
+with, which the router's gate sets to the same key, operations/router.py); the workers' gates
+admit the router by that key (operations/fleet.py).
+
+``--remove-others``: each listed worker whose URL is neither expected nor on a host of
+``--keep`` (a host that failed or was refused in this run keeps its entry, whatever its port)
+is removed (``DELETE /workers/{id}``), and said: a worker gpuhost did not configure does not
+stay. ``--start`` (the router unit's ExecStartPost): wait until the router answers, add the
+workers of ``--members`` (a JSON list of URLs, the deploy's last verified list), exit 0
+whatever they answer.
+``--save FILE``: once every expected worker is listed healthy, the router's list as it is then
+(kept entries included) is written to FILE, whole (a new file renamed over the old): the last
+list the run verified, which ``--start`` adds after the router's next start.
 
 Reads ``GET /workers`` of the router (smg 1.13.0's worker management API: ``{"workers": [{"url",
 "is_healthy", "status", ...}], "total", "stats"}``, as the real router answered it), every
@@ -28,31 +51,81 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
+try:
+    from secret_file import SecretFileError, read_secret
+except ImportError:  # imported as operations.files.<this module> (the unit tests)
+    from operations.files.secret_file import SecretFileError, read_secret
 
-def look(router: str, expected: list[str]) -> dict:
-    """The router's worker list against ``expected``; ``error`` says why there is no list."""
+
+class Keys:
+    """The control-plane key and the key the router sends its workers, read once."""
+
+    control: str = ""
+    worker: str | None = None
+
+
+def _request(router: str, path: str, body: dict | None = None,
+             method: str = "GET") -> urllib.request.Request:
+    data = json.dumps(body).encode() if body is not None else None
+    return urllib.request.Request(router.rstrip("/") + path, data,
+                                  {"content-type": "application/json",
+                                   "Authorization": f"Bearer {Keys.control}"}, method=method)
+
+
+def workers(router: str) -> list[dict]:
+    """The router's ``/workers`` list; raises OSError, ValueError, KeyError or TypeError."""
+    with urllib.request.urlopen(_request(router, "/workers"), timeout=10) as answer:
+        body = json.loads(answer.read())
+    return [w for w in body["workers"] if isinstance(w.get("url"), str)]
+
+
+def look(router: str, expected: list[str], keep: list[str] = ()) -> dict:
+    """The router's worker list against ``expected``; ``error`` says why there is no list;
+    ``others``: listed workers neither expected nor in ``keep``."""
     try:
-        with urllib.request.urlopen(router.rstrip("/") + "/workers", timeout=10) as answer:
-            body = json.loads(answer.read())
-        listed = {w["url"]: bool(w.get("is_healthy")) for w in body["workers"]}
+        listed = {w["url"]: bool(w.get("is_healthy")) for w in workers(router)}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         reason = getattr(exc, "reason", None) or exc
-        return {"listed": {}, "missing": list(expected), "unhealthy": [],
+        return {"listed": {}, "missing": list(expected), "unhealthy": [], "others": [],
                 "error": f"{type(exc).__name__}: {reason}"}
     return {"listed": listed, "missing": [u for u in expected if u not in listed],
-            "unhealthy": [u for u in expected if u in listed and not listed[u]], "error": ""}
+            "unhealthy": [u for u in expected if u in listed and not listed[u]],
+            "others": [u for u in listed if u not in expected and not kept(u, keep)], "error": ""}
+
+
+def kept(url: str, keep: list[str]) -> bool:
+    """Whether ``url`` is the entry of a host ``keep`` names (one of its URLs: the same host,
+    whatever the port, so that a host refused for a new port keeps its last good entry)."""
+    host = urllib.parse.urlsplit(url).hostname
+    return any(urllib.parse.urlsplit(k).hostname == host for k in keep)
+
+
+def remove(router: str, url: str) -> str:
+    """Remove every entry of ``url``; what the router answered, in words."""
+    said = []
+    try:
+        for w in [w for w in workers(router) if w["url"] == url]:
+            request = _request(router, f"/workers/{w['id']}", method="DELETE")
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                said.append(f"removed {url}, which gpuhost did not configure ({answer.status})")
+    except urllib.error.HTTPError as exc:
+        said.append(f"removing {url} was refused ({exc.code})")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        said.append(f"removing {url}: no answer ({type(exc).__name__})")
+    return "; ".join(said) or f"{url} is gone"
 
 
 def register(router: str, url: str) -> str:
     """Ask the router to register ``url``; what it answered, in words."""
-    request = urllib.request.Request(router.rstrip("/") + "/workers",
-                                     json.dumps({"url": url}).encode(),
-                                     {"content-type": "application/json"}, method="POST")
+    body = {"url": url, **({"api_key": Keys.worker} if Keys.worker else {})}
+    request = _request(router, "/workers", body, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return f"registering {url} again ({answer.status})"
@@ -64,6 +137,40 @@ def register(router: str, url: str) -> str:
         return f"registering {url} again: no answer ({type(exc).__name__})"
 
 
+def save(path: str, urls: list[str]) -> None:
+    """``urls`` as a JSON list at ``path``, whole: a new file, synced, renamed over the old."""
+    tmp = f"{path}.new"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(urls, f)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def start(router: str, members: str | None, timeout: float) -> int:
+    """The router unit's ExecStartPost: its workers added as soon as it answers."""
+    try:
+        with open(members or "", encoding="utf-8") as f:
+            urls = [u for u in json.load(f) if isinstance(u, str)]
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"router: no worker list to add ({type(exc).__name__})", flush=True)
+        return 0
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = look(router, urls)
+        if not seen["error"]:
+            break
+        if time.monotonic() >= deadline:
+            print(f"router: no answer after {timeout:.0f} s ({seen['error']})", flush=True)
+            return 0
+        time.sleep(0.5)
+    for url in seen["missing"]:
+        print(f"router: {register(router, url)}", flush=True)
+    return 0
+
+
 def describe(seen: dict) -> str:
     if seen["error"]:
         return f"no worker list from the router ({seen['error']})"
@@ -72,6 +179,8 @@ def describe(seen: dict) -> str:
         parts.append("not listed: " + ", ".join(seen["missing"]))
     if seen["unhealthy"]:
         parts.append("unhealthy: " + ", ".join(seen["unhealthy"]))
+    if seen.get("others"):
+        parts.append("not configured by gpuhost: " + ", ".join(seen["others"]))
     return "; ".join(parts) or f"all {len(seen['listed'])} worker(s) listed and healthy"
 
 
@@ -82,20 +191,48 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=2, help="seconds")
     parser.add_argument("--register", action="store_true",
                         help="register each expected worker the router does not list")
-    parser.add_argument("urls", nargs="+")
+    parser.add_argument("--control-key-file", required=True,
+                        help="root-only file: the router's control-plane key")
+    parser.add_argument("--worker-key-file", help="root-only file: the key sent to workers")
+    parser.add_argument("--remove-others", action="store_true",
+                        help="remove every listed worker not expected nor kept")
+    parser.add_argument("--keep", action="append", default=[],
+                        help="a listed URL left as it is (a host failed in this run)")
+    parser.add_argument("--start", action="store_true",
+                        help="wait for the router, add --members' workers, exit 0")
+    parser.add_argument("--members", help="JSON list of the workers' URLs (with --start)")
+    parser.add_argument("--save", help="write the verified list there (JSON list of URLs)")
+    parser.add_argument("urls", nargs="*")
     args = parser.parse_args()
+    try:
+        Keys.control = read_secret(args.control_key_file, "control-plane key file")
+        if args.worker_key_file:
+            Keys.worker = read_secret(args.worker_key_file, "fleet key file")
+    except SecretFileError as exc:
+        print(f"router: {exc}", file=sys.stderr)
+        return 1
+    if args.start:
+        return start(args.router, args.members, args.timeout)
     if args.timeout == 0:
-        print(json.dumps(look(args.router, args.urls)))
+        print(json.dumps(look(args.router, args.urls, args.keep)))
         return 0
     deadline = time.monotonic() + args.timeout
     said = ""
     while True:
-        seen = look(args.router, args.urls)
+        seen = look(args.router, args.urls, args.keep)
+        if args.remove_others and not seen["error"]:
+            for url in seen["others"]:
+                print(f"router: {remove(args.router, url)}", flush=True)
+            seen["others"] = []
         line = describe(seen)
         if line != said:
             print(f"router: {line}", flush=True)
             said = line
-        if not seen["error"] and not seen["missing"] and not seen["unhealthy"]:
+        if not seen["error"] and not seen["missing"] and not seen["unhealthy"] \
+                and not seen["others"]:
+            if args.save:
+                save(args.save, sorted(u for u in seen["listed"]
+                                       if u in args.urls or kept(u, args.keep)))
             return 0
         if args.register and not seen["error"]:
             for url in seen["missing"]:

@@ -26,6 +26,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 KEY_FILE = "/root/sglang-api.key"
 ROUTER_KEY_FILE = "/root/router-api.key"
+FLEET_KEY_FILE = "/root/fleet.key"
+CONTROL_KEY_FILE = "/etc/gpuhost/router-control.key"
 ROUTER = "sglang-router.service"
 ROUTER_GATE = "sglang-router-gate.service"
 ROUTER_PORT = 8100
@@ -50,7 +52,7 @@ def write_inventory(path: Path, key_file: str, router_key_file: str,
     entries = []
     for h in listed:
         data = {**lab.inventory_data(h), "gpuhost_fleet_address": h["switch_address"],
-                **(extra or {})}
+                "gpuhost_fleet_key_file": FLEET_KEY_FILE, **(extra or {})}
         if h["name"] == ROUTER_HOST:  # gpuhost_serving = False from the sandbox's host data
             data.update(gpuhost_router_host=h["switch_address"],
                         gpuhost_router_api_key_file=router_key_file,
@@ -69,6 +71,9 @@ def fleet(tmp_path_factory):
     hosts = lab.up(hosts=4, scenario="reference-lab", host_scenarios={ROUTER_HOST: "cpu-only"})
     key = lab.GUARD.register("sk-" + secrets.token_hex(24), "API key")
     router_key = lab.GUARD.register("sk-" + secrets.token_hex(24), "router API key")
+    fleet_key = lab.GUARD.register("sk-" + secrets.token_hex(24), "fleet key")
+    for h in hosts:
+        h.ssh(f"umask 077; printf '%s\\n' {fleet_key} > {FLEET_KEY_FILE}")
     for h in hosts[:3]:
         h.ssh(f"umask 077; printf '%s\\n' {key} > {KEY_FILE}")
     hosts[3].ssh(f"umask 077; printf '%s\\n' {router_key} > {ROUTER_KEY_FILE}")
@@ -84,11 +89,14 @@ def fleet(tmp_path_factory):
 
 def router_api(fleet: Fleet, path: str, method: str = "GET", check: bool = True) -> str:
     """The router's own API on the router host's loopback, with its python3 (a CPU-only VM
-    left as the deploy leaves it has no curl)."""
-    script = ("import sys, urllib.request as u; r = u.Request(sys.argv[1], method=sys.argv[2]); "
+    left as the deploy leaves it has no curl) and the control-plane key the deploy made there
+    (root's only)."""
+    script = ("import sys, urllib.request as u; k = open(sys.argv[3]).read().strip(); "
+              "r = u.Request(sys.argv[1], method=sys.argv[2], "
+              "headers={'Authorization': 'Bearer ' + k}); "
               "print(u.urlopen(r, timeout=10).read().decode())")
-    return fleet.hosts[3].ssh(f"python3 -c {json.dumps(script)} {ROUTER_OWN}{path} {method}",
-                              check=check)
+    return fleet.hosts[3].ssh(f"python3 -c {json.dumps(script)} {ROUTER_OWN}{path} {method} "
+                              f"{CONTROL_KEY_FILE}", check=check)
 
 
 def router_workers(fleet: Fleet) -> dict[str, bool]:

@@ -135,6 +135,7 @@ def test_nspawn_command_line_is_the_readme_one():
         "--keep-unit",
         "--resolv-conf=off",
         "--link-journal=no",
+        "--capability=CAP_NET_ADMIN",  # its own firewall, as a VM's root (loopback guard)
     ):
         assert flag in cmd
     assert cmd[cmd.index("-D") + 1] == f"{STATE}/hosts/gpu2/root"

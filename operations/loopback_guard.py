@@ -1,0 +1,94 @@
+"""Keep the loopback ports behind the gates to root's processes: nftables from the distribution.
+
+What listens on the loopback behind a gate answers without the gate's key: sglang (it keeps no
+key of its own: it logs its arguments, the journal, and returns them from /server_info), and
+smg's own port. Every process of the host reaches the loopback, a local user's (``nobody``)
+included; so the host's firewall refuses those ports to every socket not owned by root (uid 0),
+the owner of the gates, the router and the deploy's checks. Its rule, in nft(8)'s words:
+
+    oifname "lo" tcp dport { 30000, 30100 } meta skuid != 0 reject with tcp reset
+
+``meta skuid`` is the owner of the sending socket (nft(8), META EXPRESSIONS; output hook:
+locally generated packets only), ``lo`` carries every packet to one of the host's own
+addresses. One table of gpuhost's own (``inet gpuhost_loopback_guard``, IPv4 and IPv6),
+loaded by a oneshot unit (gpuhost-loopback-guard.service) before the servers and the router
+start, replaced as a whole at each load (``nft -f`` applies a file atomically), left alone by
+everything else: Debian's and Ubuntu's nftables.service (disabled by default) flushes the
+whole ruleset when it starts, so the unit is PartOf it and loads again after it.
+
+Needs CAP_NET_ADMIN in the host's network namespace (a VM's root has it).
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+from typing import Final
+
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import apt, files, systemd
+
+from operations.plan import fact
+
+TABLE: Final = "gpuhost_loopback_guard"
+RULES_PATH: Final = "/etc/gpuhost/loopback-guard.nft"
+UNIT: Final = "gpuhost-loopback-guard.service"
+UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
+#: Units that start only once the guard is loaded.
+GUARDED_UNITS: Final = ("sglang.service", "sglang-router.service")
+
+
+def rules(ports: tuple[int, ...]) -> str:
+    """The nft file for ``ports``: the table created if missing, deleted, and defined anew
+    (so that a load replaces it whole)."""
+    listed = ", ".join(str(p) for p in ports)
+    return (f"# Managed by gpuhost from host data (operations/loopback_guard.py).\n"
+            f"table inet {TABLE}\n"
+            f"delete table inet {TABLE}\n"
+            f"table inet {TABLE} {{\n"
+            f"\tchain output {{\n"
+            f"\t\ttype filter hook output priority filter; policy accept;\n"
+            f"\t\toifname \"lo\" tcp dport {{ {listed} }} meta skuid != 0 reject with tcp reset\n"
+            f"\t}}\n"
+            f"}}\n")
+
+
+def unit() -> str:
+    """The oneshot unit that loads (and on stop removes) the table."""
+    before = " ".join(GUARDED_UNITS)
+    return ("# Managed by gpuhost from host data (operations/loopback_guard.py).\n"
+            "[Unit]\n"
+            "Description=gpuhost: loopback ports behind the gates for root's processes only\n"
+            "DefaultDependencies=no\n"
+            "After=nftables.service\n"
+            f"Before=network-pre.target {before}\n"
+            "Wants=network-pre.target\n"
+            "PartOf=nftables.service\n\n"
+            "[Service]\n"
+            "Type=oneshot\n"
+            "RemainAfterExit=yes\n"
+            f"ExecStart=/usr/sbin/nft -f {RULES_PATH}\n"
+            f"ExecReload=/usr/sbin/nft -f {RULES_PATH}\n"
+            f"ExecStop=/usr/sbin/nft delete table inet {TABLE}\n\n"
+            "[Install]\n"
+            "WantedBy=multi-user.target\n"
+            f"RequiredBy={before}\n")
+
+
+def loopback_guard(ports: tuple[int, ...]) -> None:
+    """nftables from the distribution, the table for ``ports`` loaded now and at each boot,
+    reloaded (never restarted: the servers require it) when the ports change. Nothing planned
+    for no port."""
+    if not ports:
+        return
+    installed = fact(DebPackages) or {}
+    apt.packages(name="nftables for the loopback guard", packages=["nftables"],
+                 no_recommends=True, update="nftables" not in installed)
+    files.directory(name="gpuhost settings folder", path="/etc/gpuhost", mode="755")
+    table = files.put(name=f"Loopback guard {RULES_PATH}", src=StringIO(rules(ports)),
+                      dest=RULES_PATH, mode="644", create_remote_dir=False)
+    service = files.put(name=f"Unit {UNIT}", src=StringIO(unit()), dest=UNIT_PATH, mode="644",
+                        create_remote_dir=False)
+    # reloaded, never restarted: a restart would stop and start the servers that require it
+    systemd.service(name=f"Load {UNIT}", service=UNIT, running=True, enabled=True,
+                    reloaded=table.will_change or service.will_change,
+                    daemon_reload=service.will_change)
