@@ -623,6 +623,10 @@ assert _FIELDS == set(RULES), "every setting needs exactly one rule"
 #: What each key does, for the host-data reference (docs/reference.md: tools/docs_gen.py makes
 #: it from the fields, RULES and this; tests/test_docs.py fails when a key has no entry here).
 HELP: Final[Mapping[str, str]] = {
+    "fleet_key_file": (
+        "secret file holding the fleet key, the same key on the router hosts and every worker "
+        "they reach through a gate (required there): the router sends it to its workers, their "
+        "gates admit it (security.md)"),
     "gpu_count": "GPUs the host must have; checked against nvidia-smi when the driver answers",
     "compute_capability": (
         "the GPUs' compute capability (\"12.0\" is Blackwell SM120); gives the build architecture "
