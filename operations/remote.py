@@ -5,6 +5,7 @@ instead of a traceback."""
 from __future__ import annotations
 
 import functools
+import shlex
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -104,15 +105,43 @@ def put(host, src: Any, dest: str, *, timeout: float = TRANSFER_TIMEOUT_S) -> No
 
 
 def get(host, src: str, dest: Any, *, timeout: float = TRANSFER_TIMEOUT_S) -> None:
-    """``host.get_file`` as :func:`shell` runs commands; OperationError when it fails."""
-    if not _transfer(host, host.get_file, src, dest, timeout):
-        raise OperationError(f"could not fetch {src}")
+    """``host.get_file`` as :func:`shell` runs commands; OperationError when it fails.
+
+    Where the login reads root's files through sudo, the file is first copied to a temporary
+    file of mode 0644, which the login then reads itself: pyinfra's own copy (its SSH
+    connector's get_file) makes its temporary file readable with ``chmod +r``, which a root
+    umask of 077 (a hardened host) turns into u+r alone, and the login's SFTP read then fails
+    with "[Errno 13] Permission denied" (seen on the sandbox's hardened hosts)."""
+    arguments = connector_arguments(host)
+    if not any(arguments.get(k) for k in ("_sudo", "_su_user", "_doas", "_dzdo")):
+        if not _transfer(host, host.get_file, src, dest, timeout, arguments):
+            raise OperationError(f"could not fetch {src}")
+        return
+    ok, out = shell(host, "t=$(mktemp /tmp/gpuhost-get.XXXXXX) && cp " + shlex.quote(src)
+                    + ' "$t" && chmod 0644 "$t" && echo "$t"')
+    copy = out.stdout_lines[-1].strip() if ok and out.stdout_lines else ""
+    if not copy.startswith("/tmp/gpuhost-get."):
+        raise OperationError(f"could not fetch {src}: "
+                             + " ".join(out.stderr_lines[-2:] or ["its copy failed"]))
+    try:
+        plain = {k: v for k, v in arguments.items() if not k.startswith(_ELEVATION)}
+        if not _transfer(host, host.get_file, copy, dest, timeout, plain):
+            raise OperationError(f"could not fetch {src}")
+    finally:
+        shell(host, "rm -f " + shlex.quote(copy))
 
 
-def _transfer(host, method: Callable, src: Any, dest: Any, timeout: float) -> bool:
+#: The connector arguments that read as another user (pyinfra 3.10 ConnectorArguments).
+_ELEVATION: Final = ("_sudo", "_use_sudo", "_preserve_sudo", "_su_", "_use_su", "_preserve_su",
+                     "_doas", "_dzdo")
+
+
+def _transfer(host, method: Callable, src: Any, dest: Any, timeout: float,
+              arguments: dict[str, Any] | None = None) -> bool:
     try:
         with gevent.Timeout(timeout):
-            return method(src, dest, **connector_arguments(host))
+            return method(src, dest, **(connector_arguments(host) if arguments is None
+                                        else arguments))
     except _DROPPED as exc:
         raise _lost_or_slow(host, exc, timeout) from None
 

@@ -173,3 +173,34 @@ def test_host_data_env_adds_to_the_c_locale():
     with ctx_state.use(run_state), ctx_config.use(run_state.config):
         assert remote.connector_arguments(gpu1)["_env"] == {
             "LC_ALL": "C", "HTTP_PROXY": "http://proxy:3128"}
+
+
+def test_a_file_fetched_through_sudo_is_read_from_a_copy_of_mode_0644(monkeypatch):
+    """pyinfra's get_file makes its sudo copy readable with `chmod +r`, which root's umask 077
+    turns into u+r: the login's SFTP read failed with Errno 13 on the hardened sandbox hosts.
+    gpuhost copies the file itself, mode 0644, reads that copy without sudo and removes it."""
+    from pyinfra.connectors.util import CommandOutput, OutputLine
+
+    ran, fetched = [], []
+    monkeypatch.setattr(remote, "connector_arguments",
+                        lambda host: {"_sudo": True, "_sudo_user": None, "_env": {"LC_ALL": "C"}})
+
+    def shell(host, command, **_):
+        ran.append(str(command))
+        return True, CommandOutput([OutputLine("stdout", "/tmp/gpuhost-get.Ab12Cd")])
+
+    monkeypatch.setattr(remote, "shell", shell)
+    host = FakeHost()
+    host.get_file = lambda src, dest, **kw: fetched.append((src, dest, kw)) or True
+    remote.get(host, "/opt/gpuhost/build/flash-attn/wheels/x.whl", "/tmp/local.whl")
+    assert ran[0] == ('t=$(mktemp /tmp/gpuhost-get.XXXXXX) && cp '
+                      '/opt/gpuhost/build/flash-attn/wheels/x.whl "$t" && chmod 0644 "$t" '
+                      '&& echo "$t"')
+    assert fetched == [("/tmp/gpuhost-get.Ab12Cd", "/tmp/local.whl", {"_env": {"LC_ALL": "C"}})]
+    assert ran[-1] == "rm -f /tmp/gpuhost-get.Ab12Cd"
+
+    monkeypatch.setattr(remote, "connector_arguments", lambda host: {"_env": {"LC_ALL": "C"}})
+    ran.clear()
+    fetched.clear()
+    remote.get(host, "/var/lib/x.json", "/tmp/x.json")
+    assert ran == [] and fetched == [("/var/lib/x.json", "/tmp/x.json", {"_env": {"LC_ALL": "C"}})]

@@ -81,11 +81,14 @@ def test_an_entry_added_by_hand_is_refused_before_any_change(fresh_host):
 
 def test_an_entry_adopted_with_host_data_is_used_as_nvidias_repository(fresh_host):
     host, url = fresh_host, repo_url()
-    # The operator's entry and its keyring, as NVIDIA's manual setup would leave them.
+    # The operator's entry and its keyring, as NVIDIA's manual setup would leave them: the
+    # keyring readable by apt's own user (_apt verifies signatures; under the sandbox's root
+    # umask 077 a keyring of mode 0600 reads as NO_PUBKEY)
     host.ssh(f"rm -f {DEB822} {MANUAL} && mkdir -p /etc/apt/keyrings && python3 -c "
              f"\"import urllib.request; open('{MANUAL_KEYRING}', 'wb').write(urllib.request."
              f"urlopen('{url}cuda-archive-keyring.gpg').read())\" && "
-             f"echo 'deb [signed-by={MANUAL_KEYRING}] {url} /' > {MANUAL}")
+             f"chmod 644 {MANUAL_KEYRING} && "
+             f"echo 'deb [signed-by={MANUAL_KEYRING}] {url} /' > {MANUAL} && chmod 644 {MANUAL}")
     dry = lab.deploy("--dry", "--data", "gpuhost_cuda_repo_adopt=true")
     assert dry.returncode == 0, dry.output[-6000:]
     assert f"NVIDIA's repository is used as listed in {MANUAL} line 1" in dry.output
