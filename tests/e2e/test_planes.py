@@ -175,7 +175,9 @@ def fleet(tmp_path_factory):
             h.ssh(f"umask 077; printf '%s\\n' {keys['API key']} > {KEY_FILE}")
         # beside the system's programs (/tmp is emptied when a host reboots for its driver),
         # readable by nobody
-        h.ssh(f"mkdir -p {SCRIPTS}; cat > /root/workers.py <<'EOF'\n{WORKERS}\nEOF")
+        # mode 0755: the hosts' root umask is 077, and nobody runs these
+        h.ssh(f"mkdir -p {SCRIPTS} && chmod 755 {SCRIPTS} && chmod 755 $(dirname {SCRIPTS}); "
+              f"cat > /root/workers.py <<'EOF'\n{WORKERS}\nEOF")
         for name, text in (("probe", PROBE), ("foreign", FOREIGN), ("slow", SLOW)):
             h.ssh(f"cat > {SCRIPTS}/{name}.py <<'EOF'\n{text}\nEOF\nchmod 644 {SCRIPTS}/{name}.py")
     switch = {h["name"]: h["switch_address"]
