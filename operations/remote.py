@@ -93,9 +93,25 @@ def shell(host, command: str | StringCommand, *, timeout: float = DEFAULT_TIMEOU
     merged = {**connector_arguments(host), **arguments}
     try:
         with gevent.Timeout(timeout):
-            return host.run_shell_command(command, **merged)
+            ok, out = host.run_shell_command(command, **merged)
     except _DROPPED as exc:
         raise _lost_or_slow(host, exc, timeout) from None
+    if not ok and not out.stdout_lines and not out.stderr_lines and _link_closed(host):
+        # a link that dropped can also end a command with no word at all: the link watch
+        # (operations/link.py) closed the transport under it, before this call's timeout
+        raise ConnectionLost("the connection closed under the command")
+    return ok, out
+
+
+def _link_closed(host) -> bool:
+    """Whether the host's SSH transport is gone (paramiko's Transport.is_active); False for a
+    connector without one (pyinfra's @local)."""
+    connector = getattr(host, "connector", None)
+    if connector is None or not hasattr(connector, "client"):
+        return False
+    client = connector.client
+    transport = client.get_transport() if client is not None else None
+    return transport is None or not transport.is_active()
 
 
 def put(host, src: Any, dest: str, *, timeout: float = TRANSFER_TIMEOUT_S) -> None:

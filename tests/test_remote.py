@@ -10,6 +10,8 @@ from pyinfra.api.arguments import generate_env
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_config
 
+import pytest
+
 from operations import remote
 
 
@@ -204,3 +206,32 @@ def test_a_file_fetched_through_sudo_is_read_from_a_copy_of_mode_0644(monkeypatc
     fetched.clear()
     remote.get(host, "/var/lib/x.json", "/tmp/x.json")
     assert ran == [] and fetched == [("/var/lib/x.json", "/tmp/x.json", {"_env": {"LC_ALL": "C"}})]
+
+
+def test_a_command_ended_by_a_closed_link_is_a_lost_connection(monkeypatch):
+    """The link watch (operations/link.py) may close the transport under a running command,
+    which then ends not ok and without a word: that is a lost connection, not a failed command
+    (seen under load: "watching the build failed:" with nothing after it)."""
+    from pyinfra.connectors.util import CommandOutput
+
+    class Transport:
+        active = True
+
+        def is_active(self):
+            return self.active
+
+    class Client:
+        transport = Transport()
+
+        def get_transport(self):
+            return self.transport
+
+    host = FakeHost()
+    host.client = Client()
+    host.run_shell_command = lambda command, **kw: (False, CommandOutput([]))
+    monkeypatch.setattr(remote, "connector_arguments", lambda host: {})
+    ok, _out = remote.shell(host, "systemctl show x")
+    assert ok is False  # the link is up: a failed command
+    Client.transport.active = False
+    with pytest.raises(remote.ConnectionLost):
+        remote.shell(host, "systemctl show x")
