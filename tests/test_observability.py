@@ -19,7 +19,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def settings(name: str, **data):
+    data.setdefault("fleet_key_file", "/root/fleet.key")  # the fleet's planes (security.md)
     return from_host_data(name, {f"gpuhost_{k}": v for k, v in data.items()})
+
+
+def router(name: str, **data):
+    return settings(name, router_api_key_file="/root/router.key", **data)
 
 
 def gated(address: str, **extra):
@@ -33,7 +38,8 @@ def render(template: str, context: dict) -> str:
 
 
 def three_hosts(**router_data):
-    s = {"gpu1": gated("10.0.0.1", **router_data), "gpu2": gated("10.0.0.2"),
+    s = {"gpu1": gated("10.0.0.1", router_api_key_file="/root/router.key", **router_data),
+         "gpu2": gated("10.0.0.2"),
          "gpu3": gated("10.0.0.3")}
     hosts = [("gpu1", ["gpuhost_router"]), ("gpu2", []), ("gpu3", [])]
     return fleet.plan(hosts, s), s
@@ -41,8 +47,8 @@ def three_hosts(**router_data):
 
 def cpu_router_fleet():
     s = {"gpu1": gated("10.0.0.1"), "gpu2": gated("10.0.0.2"),
-         "r1": settings("r1", serving=False, fleet_address="10.0.0.9"),
-         "r2": settings("r2", serving=False, fleet_address="10.0.0.10")}
+         "r1": router("r1", serving=False, fleet_address="10.0.0.9"),
+         "r2": router("r2", serving=False, fleet_address="10.0.0.10")}
     hosts = [("gpu1", []), ("gpu2", []), ("r1", ["gpuhost_router"]), ("r2", ["gpuhost_router"])]
     return fleet.plan(hosts, s), s
 
@@ -50,10 +56,10 @@ def cpu_router_fleet():
 def test_prometheus_runs_on_the_first_router_host_by_default():
     planned, s = cpu_router_fleet()
     assert observability.prometheus_hosts(planned, s) == ("r1",)
-    s["r1"] = settings("r1", serving=False, fleet_address="10.0.0.9", prometheus=False)
+    s["r1"] = router("r1", serving=False, fleet_address="10.0.0.9", prometheus=False)
     assert observability.prometheus_hosts(planned, s) == ("r2",)
-    s["r2"] = settings("r2", serving=False, fleet_address="10.0.0.10", prometheus=True)
-    s["r1"] = settings("r1", serving=False, fleet_address="10.0.0.9")
+    s["r2"] = router("r2", serving=False, fleet_address="10.0.0.10", prometheus=True)
+    s["r1"] = router("r1", serving=False, fleet_address="10.0.0.9")
     assert observability.prometheus_hosts(planned, s) == ("r2",)
     # no router host: no Prometheus (the node exporters still read the GPUs, on the loopback)
     alone = {"gpu1": settings("gpu1")}
