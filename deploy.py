@@ -9,7 +9,8 @@ with gpuhost_serving=False (a CPU-only VM) runs only the router, after a preflig
 Servers that restart then roll, out of the router one position at a time (operations/roll.py).
 The router's worker list is checked after every host's server stage; then come each GPU host's
 node exporter and GPU readings, and Prometheus on a router host (operations/observability.py).
-Loopback ports behind the gates admit root's processes only (operations/loopback_guard.py). Each
+Loopback ports behind the gates, and a server on the loopback, admit root's processes only
+(operations/loopback_guard.py; gpuhost_server_local_users may name more for the latter). Each
 host is deployed by one run at a time (its deploy lock). A stage that must not run on a host is
 refused while planning: --dry shows why; a real run takes that host out before any change; both
 exit non-zero. With gpuhost_rollback=true a host is only rolled back to its last known good; a
@@ -54,7 +55,8 @@ if deploy_lock.held(settings):
         rollback.rollback(settings, interrupted)
     else:
         preflight(settings)
-        loopback_guard(fleet.guarded_ports(the_fleet, host.name, settings))
+        loopback_guard(fleet.guarded_ports(the_fleet, host.name, settings),
+                       fleet.admitted_users(settings))
         if settings.serving:  # else a router host with no GPU, driver, ML venv nor server
             known_behaviour(settings)
             nvidia(settings)

@@ -181,17 +181,25 @@ def guarded_ports(fleet: Fleet, name: str, s: Settings) -> tuple[int, ...]:
     """The loopback ports on host ``name`` that only root's processes may connect to
     (operations/loopback_guard.py): what answers behind a gate without its key (the server on
     ``gpuhost_server_backend_port``, the router on ``gpuhost_router_backend_port``: every
-    router has its gate, operations/router.py), and a
-    worker's server bound to the loopback, which the router on the same host reaches without a
-    key. Sorted, without repeats; empty where nothing needs it."""
+    router has its gate, operations/router.py), and a server bound to the loopback, which keeps
+    no key either (a router on the same host reaches it so; :func:`admitted_users` may name
+    local users who may too: any other local user is a stranger). Sorted, without repeats;
+    empty where nothing needs it."""
     ports = set()
     if s.serving and s.server_is_public:
         ports.add(s.server_backend_port)
-    elif s.serving and any(name in (w.name for w in fleet.workers_of(r)) for r in fleet.routers):
+    elif s.serving:
         ports.add(s.server_port)
     if name in fleet.routers:
         ports.add(s.router_backend_port)
     return tuple(sorted(ports))
+
+
+def admitted_users(s: Settings) -> dict[int, tuple[str, ...]]:
+    """The local users, besides root, whose processes the loopback guard lets connect to a
+    port of :func:`guarded_ports`: ``gpuhost_server_local_users`` to a loopback server (the
+    settings refuse them for a wider bind)."""
+    return {s.server_port: s.server_local_users} if s.serving and s.server_local_users else {}
 
 
 def for_run(inventory, settings: Mapping[str, Settings]) -> tuple[Fleet, dict[str, Settings]]:

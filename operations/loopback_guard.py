@@ -21,13 +21,18 @@ Needs CAP_NET_ADMIN in the host's network namespace (a VM's root has it).
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Mapping
 from io import StringIO
 from typing import Final
 
+from pyinfra.api import FactBase
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, systemd
+from typing_extensions import override
 
-from operations.plan import fact
+from operations.plan import fact, refuse
+from operations.settings import PREFIX
 
 TABLE: Final = "gpuhost_loopback_guard"
 RULES_PATH: Final = "/etc/gpuhost/loopback-guard.nft"
@@ -37,19 +42,29 @@ UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
 GUARDED_UNITS: Final = ("sglang.service", "sglang-router.service")
 
 
-def rules(ports: tuple[int, ...]) -> str:
+def rules(ports: tuple[int, ...], uids: Mapping[int, tuple[int, ...]] | None = None) -> str:
     """The nft file for ``ports``: the table created if missing, deleted, and defined anew
-    (so that a load replaces it whole)."""
-    listed = ", ".join(str(p) for p in ports)
+    (so that a load replaces it whole). ``uids`` names, per port, the users besides root
+    whose sockets may connect (an anonymous set: ``meta skuid != { 0, 1001 }``, nft(8)'s
+    SETS)."""
+    uids = uids or {}
+    root_only = ", ".join(str(p) for p in ports if not uids.get(p))
+    lines = [f'\t\toifname "lo" tcp dport {{ {root_only} }} meta skuid != 0 reject with tcp reset\n']
+    lines = lines if root_only else []
+    for port in ports:
+        if uids.get(port):
+            admitted = ", ".join(str(u) for u in (0, *sorted(set(uids[port]))))
+            lines.append(f'\t\toifname "lo" tcp dport {port} meta skuid != {{ {admitted} }} '
+                         "reject with tcp reset\n")
     return (f"# Managed by gpuhost from host data (operations/loopback_guard.py).\n"
             f"table inet {TABLE}\n"
             f"delete table inet {TABLE}\n"
             f"table inet {TABLE} {{\n"
             f"\tchain output {{\n"
             f"\t\ttype filter hook output priority filter; policy accept;\n"
-            f"\t\toifname \"lo\" tcp dport {{ {listed} }} meta skuid != 0 reject with tcp reset\n"
-            f"\t}}\n"
-            f"}}\n")
+            + "".join(lines)
+            + "\t}\n"
+            "}\n")
 
 
 def unit() -> str:
@@ -74,17 +89,23 @@ def unit() -> str:
             f"RequiredBy={before}\n")
 
 
-def loopback_guard(ports: tuple[int, ...]) -> None:
+def loopback_guard(ports: tuple[int, ...],
+                   users: Mapping[int, tuple[str, ...]] | None = None) -> None:
     """nftables from the distribution, the table for ``ports`` loaded now and at each boot,
-    reloaded (never restarted: the servers require it) when the ports change. Nothing planned
-    for no port."""
+    reloaded (never restarted: the servers require it) when the ports change. ``users``: per
+    port, the local users besides root who may connect; each must exist on the host (its uid
+    goes in the table, so that a user renamed or removed later admits nobody new), else the
+    host is refused while planning. Nothing planned for no port."""
     if not ports:
+        return
+    uids = _uids(users or {})
+    if uids is None:
         return
     installed = fact(DebPackages) or {}
     apt.packages(name="nftables for the loopback guard", packages=["nftables"],
                  no_recommends=True, update="nftables" not in installed)
     files.directory(name="gpuhost settings folder", path="/etc/gpuhost", mode="755")
-    table = files.put(name=f"Loopback guard {RULES_PATH}", src=StringIO(rules(ports)),
+    table = files.put(name=f"Loopback guard {RULES_PATH}", src=StringIO(rules(ports, uids)),
                       dest=RULES_PATH, mode="644", create_remote_dir=False)
     service = files.put(name=f"Unit {UNIT}", src=StringIO(unit()), dest=UNIT_PATH, mode="644",
                         create_remote_dir=False)
@@ -92,3 +113,46 @@ def loopback_guard(ports: tuple[int, ...]) -> None:
     systemd.service(name=f"Load {UNIT}", service=UNIT, running=True, enabled=True,
                     reloaded=table.will_change or service.will_change,
                     daemon_reload=service.will_change)
+
+
+def _uids(users: Mapping[int, tuple[str, ...]]) -> dict[int, tuple[int, ...]] | None:
+    """The uids of ``users`` (pyinfra's Users fact: /etc/passwd), or None after refusing the
+    host for a user it does not have."""
+    if not any(users.values()):
+        return {}
+    names = tuple(sorted({u for listed in users.values() for u in listed}))
+    known = fact(UserIds, names=names) or {}
+    missing = [u for u in names if u not in known]
+    if missing:
+        refuse("Loopback guard",
+               f"{PREFIX}server_local_users names {', '.join(missing)}, not a user of this host "
+               f"(getent passwd): create the user first, or leave it out")
+        return None
+    return {port: tuple(known[u] for u in listed) for port, listed in users.items()}
+
+
+class UserIds(FactBase[dict[str, int]]):
+    """The uid of each of ``names`` that the host knows (``getent passwd``: its passwd
+    database through NSS, directory users included), by name.
+
+    Not pyinfra's Users fact: that one reads every account's password hash from /etc/shadow
+    into the controller, and runs lastlog for each account.
+
+    .. code:: python
+
+        {"alice": 1001}
+    """
+
+    @override
+    def command(self, names: tuple[str, ...]) -> str:
+        # getent exits 2 when a key is not found: the names found are still printed
+        return f"getent passwd {' '.join(shlex.quote(n) for n in names)} || true"
+
+    @override
+    def process(self, output: list[str]) -> dict[str, int]:
+        found = {}
+        for line in output:
+            fields = line.split(":")
+            if len(fields) >= 3 and fields[2].isdigit():
+                found[fields[0]] = int(fields[2])
+        return found

@@ -165,6 +165,9 @@ class Settings:
     enable_flashinfer_allreduce_fusion: bool = True
     server_host: str = "127.0.0.1"
     server_port: int = 8000
+    #: Local users whose processes may connect to a loopback server (root's always may;
+    #: operations/loopback_guard.py)
+    server_local_users: tuple[str, ...] = ()
     server_extra_args: tuple[str, ...] = ()
     server_env: Mapping[str, str] = field(
         default_factory=lambda: {"OMP_NUM_THREADS": "8", "SAFETENSORS_FAST_GPU": "1"}
@@ -443,6 +446,11 @@ DROPIN_NAME: Final = r"[A-Za-z0-9][A-Za-z0-9._+@-]*\.conf"
 
 _BOOL = _Rule(lambda v: isinstance(v, bool), "True or False")
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.\-]*"
+#: A user name as Debian 12's adduser 3.134 accepts one (/etc/adduser.conf: NAME_REGEX
+#: ``^[a-z][-a-z0-9_]*\$?$``, SYS_NAME_REGEX ``^[a-z_][-a-z0-9_]*\$?$``; a trailing '$' is for
+#: Samba's machine accounts, left out), at most 32 characters (useradd(8) of passwd 4.13:
+#: "Usernames may only be up to 32 characters long")
+_USER_NAME = r"[a-z_][a-z0-9_-]{0,31}"
 
 RULES: Final[Mapping[str, _Rule]] = {
     "gpu_count": _int_between(1, 64),
@@ -522,6 +530,11 @@ RULES: Final[Mapping[str, _Rule]] = {
     "enable_flashinfer_allreduce_fusion": _BOOL,
     "server_host": _Rule(_is_host, "an IP address such as 127.0.0.1"),
     "server_port": _int_between(1, 65535),
+    "server_local_users": _Rule(
+        lambda v: isinstance(v, (list, tuple)) and len(set(v)) == len(v)
+        and all(isinstance(u, str) and re.fullmatch(_USER_NAME, u) and u != "root" for u in v),
+        "a list of local user names, each once (lower-case letters, digits, '_' and '-', "
+        "starting with a letter or '_', at most 32 characters; not root, who always may)"),
     "server_extra_args": _Rule(
         lambda v: isinstance(v, (list, tuple)) and all(isinstance(a, str) for a in v),
         "a list of strings",
@@ -743,6 +756,11 @@ HELP: Final[Mapping[str, str]] = {
     "enable_flashinfer_allreduce_fusion": "`--enable-flashinfer-allreduce-fusion`",
     "server_host": "`--host`: the address the server binds",
     "server_port": "`--port`",
+    "server_local_users": (
+        "local users (besides root) whose processes may connect to a server bound to the "
+        "loopback, e.g. the account you run clients or an SSH tunnel from; everyone else's are "
+        "refused by the host's firewall (docs/security.md); only with a loopback "
+        "`gpuhost_server_host` (a wider bind is reached through its gate, with the API key)"),
     "server_extra_args": "more sglang flags, appended as given",
     "server_env": "more environment for the server",
     "health_timeout": "seconds the deploy waits for the server to serve the model",
@@ -904,7 +922,8 @@ def from_host_data(host: str, data: Mapping[str, Any],
             value = str(value)
         values[name] = tuple(value) if name in ("server_extra_args", "allowed_dropins",
                                                 "bench_levels", "nodes",
-                                                "api_gate_trusted_peers") \
+                                                "api_gate_trusted_peers",
+                                                "server_local_users") \
             else value
 
     if "bench_levels" not in values:
@@ -1063,6 +1082,11 @@ def _check_mok(host: str, s: Settings) -> None:
 
 
 def _check_server_exposure(host: str, s: Settings) -> None:
+    if s.server_is_public and s.server_local_users:
+        raise _fail(
+            host, "server_local_users", list(s.server_local_users),
+            f"no users with {PREFIX}server_host = {s.server_host!r}: a server bound wider than the "
+            "loopback is reached through its gate with the API key, never past it")
     if s.server_is_public and s.api_key_file is None:
         raise _fail(
             host, "server_host", s.server_host,

@@ -71,7 +71,11 @@ def test_no_router_group_is_no_fleet():
     assert planned.routers == ()
     assert fleet.guarded_ports(planned, "gpu1", s["gpu1"]) == (30000,)
     loop = settings("gpu1")
-    assert fleet.guarded_ports(fleet.plan([("gpu1", [])], {"gpu1": loop}), "gpu1", loop) == ()
+    # a server on the loopback keeps no key: its port is root's too (a local user is a stranger)
+    assert fleet.guarded_ports(fleet.plan([("gpu1", [])], {"gpu1": loop}), "gpu1", loop) == (8000,)
+    assert fleet.admitted_users(loop) == {}
+    named = dataclasses.replace(loop, server_local_users=("alice",))
+    assert fleet.admitted_users(named) == {8000: ("alice",)}
 
 
 def cpu_router(address: str, **extra):

@@ -23,3 +23,19 @@ def test_the_unit_loads_before_the_servers_and_is_reloaded_not_restarted():
     assert "RequiredBy=sglang.service sglang-router.service" in unit
     assert "ExecReload=/usr/sbin/nft -f /etc/gpuhost/loopback-guard.nft" in unit
     assert "PartOf=nftables.service" in unit  # its flush of the ruleset loads the table again
+
+
+def test_named_users_pass_to_their_port_only_and_roots_always():
+    text = loopback_guard.rules((8000, 30100), {8000: (1001, 1000)})
+    lines = [line.strip() for line in text.splitlines()]
+    assert 'oifname "lo" tcp dport { 30100 } meta skuid != 0 reject with tcp reset' in lines
+    assert ('oifname "lo" tcp dport 8000 meta skuid != { 0, 1000, 1001 } reject with tcp reset'
+            in lines)
+    assert sum("8000" in line for line in lines) == 1
+
+
+def test_the_user_ids_fact_reads_getent_lines_and_skips_the_rest():
+    fact = loopback_guard.UserIds()
+    assert fact.command(("alice", "bob")) == "getent passwd alice bob || true"
+    assert fact.process(["alice:x:1001:1001:Alice,,,:/home/alice:/bin/bash", "",
+                         "broken line"]) == {"alice": 1001}

@@ -89,6 +89,18 @@ def test_pyinfra_keys_are_left_alone(lock):
          "gpuhost_compute_capability = 'sm120' is not allowed: a compute capability"),
         ({"gpuhost_server_host": "everywhere"},
          "gpuhost_server_host = 'everywhere' is not allowed: an IP address"),
+        ({"gpuhost_server_local_users": ["root"]},
+         "gpuhost_server_local_users = ['root'] is not allowed: a list of local user names"),
+        ({"gpuhost_server_local_users": ["alice", "alice"]},
+         "gpuhost_server_local_users = ['alice', 'alice'] is not allowed: a list of local user "
+         "names, each once"),
+        ({"gpuhost_server_local_users": ["Alice; rm -rf /"]}, "gpuhost_server_local_users"),
+        ({"gpuhost_server_local_users": "alice"},
+         "gpuhost_server_local_users = 'alice' is not allowed: a list of local user names"),
+        ({"gpuhost_server_local_users": ["alice"], "gpuhost_server_host": "10.0.0.5",
+          "gpuhost_api_key_file": "/etc/gpuhost/api.key"},
+         "gpuhost_server_local_users = ['alice'] is not allowed: no users with "
+         "gpuhost_server_host = '10.0.0.5'"),
         ({"gpuhost_server_env": {"nccl_debug": "INFO"}},
          "gpuhost_server_env = {'nccl_debug': 'INFO'} is not allowed"),
         ({"gpuhost_p2p_override": "maybe"},
@@ -103,6 +115,11 @@ def test_bad_host_data(lock, data, message):
         settings(lock, **data)
     assert str(err.value).startswith("host gpu1: ")
     assert message in str(err.value)
+
+
+def test_local_users_of_a_loopback_server(lock):
+    s = settings(lock, gpuhost_server_local_users=["alice", "_svc-bench"])
+    assert s.server_local_users == ("alice", "_svc-bench")
 
 
 def test_driver_version_of_the_branch(lock):

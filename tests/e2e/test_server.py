@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shlex
 import time
 import urllib.error
 import urllib.request
@@ -142,6 +143,40 @@ def test_noop_keeps_pid_and_one_flag_restarts_once(host, deploy):
     settled = deploy("--json", gpuhost_max_running_requests=32)
     assert changed(settled) == [] and host.main_pid() == new_pid
     assert starts(host, since) == 1
+
+
+def answer_as(host: lab.Host, user: str, url: str) -> str:
+    """The status of a GET of ``url`` made on the host by ``user``'s process, or the error's
+    last line (a refused connection: ``ConnectionRefusedError``)."""
+    code = (f"import urllib.request as r\nprint(r.urlopen({url!r}, timeout=10).status)")
+    return host.ssh(f"cd / && runuser -u {user} -- python3 -c {shlex.quote(code)} 2>&1 | tail -1",
+                    check=False).strip()
+
+
+def test_a_loopback_server_admits_root_and_named_local_users_only(host, deploy):
+    """A server on the loopback keeps no key: the host's firewall admits root's processes and
+    those of gpuhost_server_local_users, refuses every other local user's (``nobody``), and a
+    change of the list reloads the firewall, never restarts the server."""
+    url = "http://127.0.0.1:8000/v1/models"
+    same = {"gpuhost_max_running_requests": 32}  # as the test before left the server
+    pid = host.main_pid()
+    assert answer_as(host, "root", url) == "200"
+    assert "Connection refused" in answer_as(host, "nobody", url)
+
+    host.ssh("id -u alice >/dev/null 2>&1 || useradd --no-create-home alice")
+    missing = deploy("--dry", **same, gpuhost_server_local_users=["alice", "bob"])
+    assert missing.returncode != 0
+    assert ("gpuhost_server_local_users names bob, not a user of this host (getent passwd)"
+            in missing.output), missing.output[-4000:]
+    named = deploy("--json", **same, gpuhost_server_local_users=["alice"])
+    assert named.returncode == 0, named.output[-6000:]
+    assert answer_as(host, "alice", url) == "200"
+    assert "Connection refused" in answer_as(host, "nobody", url)
+    assert host.main_pid() == pid
+    back = deploy(**same)
+    assert back.returncode == 0, back.output[-6000:]
+    assert "Connection refused" in answer_as(host, "alice", url)
+    assert host.main_pid() == pid
 
 
 def test_api_key_and_no_secret_anywhere(host, deploy):
