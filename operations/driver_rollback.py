@@ -20,7 +20,12 @@ yet) or "rolling-back" (it failed: ``failure`` says how, the kept packages are g
      "restore": [{"package": "nvidia-open", "version": "580.95.05-1",
                   "file": "/var/lib/gpuhost/driver-kept/nvidia-open_580.95.05-1_amd64.deb",
                   "sha256": "..."}, ...],
-     "remove": ["a-package-the-new-driver-added"], "failure": null}
+     "remove": ["a-package-the-new-driver-added"],
+     "module_package": "nvidia-kernel-open-dkms", "failure": null}
+
+``module_package`` is the kept driver's kernel-module package: a rollback checks the loaded
+driver against it once reinstalled (on Ubuntu, 580's "nvidia-dkms-580-open" is not 590's
+"nvidia-dkms-open"; a record without it, from an older gpuhost, means the new driver's name).
 
 ``driver-kept/``: the .deb files of ``restore``, each checked against the SHA256 apt's lists give
 for that version (``apt-cache show``) when kept and against the recorded hash before reinstall.
@@ -214,7 +219,8 @@ def _keep_script(restore: list[tuple[str, str]]) -> str:
 
 
 @operation(is_idempotent=False)
-def kept(packages: list[str], module_package: str, version_glob: str):
+def kept(packages: list[str], module_package: str, version_glob: str,
+         kept_module_package: str | None = None):
     """Keep the installed packages a driver change replaces, as .deb files whose hashes are
     checked (see the module docstring), and record the change in driver-change.json before it
     starts; raises OperationError (nothing changed yet) when a package cannot be kept.
@@ -222,10 +228,15 @@ def kept(packages: list[str], module_package: str, version_glob: str):
     + packages: the driver packages the change installs ("nvidia-open")
     + module_package: the kernel-module package ("nvidia-kernel-open-dkms")
     + version_glob: the wanted version pattern (the pin already written: "590.*")
+    + kept_module_package: the kernel-module package installed now, where its name is not
+      ``module_package`` (Ubuntu across 590's rename: "nvidia-dkms-580-open"); recorded, so
+      that a rollback checks the loaded driver against the package it reinstalled
 
     A change already recorded and not verified keeps what it kept: that is the driver last
     verified, not the one being replaced now.
     """
+
+    kept_module = kept_module_package or module_package
 
     @remote.callback("keeping the installed driver's packages")
     def keep(state, host):
@@ -248,11 +259,12 @@ def kept(packages: list[str], module_package: str, version_glob: str):
                                  f"changed: {' '.join(out.stderr_lines[-3:])}")
         entries = [dict(zip(("package", "version", "file", "sha256"), line.split()[1:]))
                    for line in out.stdout_lines if line.startswith("kept ")]
-        old = dict(restore).get(module_package)
+        old = dict(restore).get(kept_module)
         new = simulation.version_of(module_package)
         _write(host, CHANGE, {
             "phase": "upgrading", "from": upstream(old) if old else None,
             "to": upstream(new) if new else None, "started_at": _now(), "restore": entries,
+            "module_package": kept_module,
             "remove": [c.package for c in simulation.changes if c.installed is None],
             "failure": None,
         })
@@ -270,6 +282,8 @@ def _roll_back(host_, change: dict, failure: str, module_package: str, gpu_count
     driver fails its checks too."""
     change = {**change, "phase": "rolling-back", "failure": failure}
     _write(host_, CHANGE, change)
+    # what the kept driver's module package is called (its name may not be the new one's)
+    module_package = str(change.get("module_package") or module_package)
     restore = change.get("restore") or []
     files = [r["file"] for r in restore]
     check = " && ".join(f"echo {shlex.quote(r['sha256'] + '  ' + r['file'])} | sha256sum -c "

@@ -155,6 +155,18 @@ def renamed_packages(folder: str, flavour: str, installed: tuple[str, ...],
     return gone
 
 
+def installed_module_package(flavour: str, debs: dict[str, list[str]],
+                             module_package: str) -> str:
+    """The kernel-module package installed now: ``module_package`` where it is, else the
+    installed one of another name (on Ubuntu, a branch before 590's rename:
+    "nvidia-dkms-580-open" when "nvidia-dkms-open" comes); ``module_package`` when none is.
+    What a rollback checks the loaded driver against, once it has reinstalled that one."""
+    if module_package in debs:
+        return module_package
+    return next((name for name in sorted(debs)
+                 if MODULE_PACKAGE_NAMES[flavour].fullmatch(name)), module_package)
+
+
 def upstream(version: str) -> str:
     """A Debian package version without epoch and revision: "580.95.05-1" gives "580.95.05"."""
     return version.split(":", 1)[-1].rsplit("-", 1)[0]
@@ -1277,7 +1289,9 @@ def nvidia(settings: Settings):
                 name="Keep the installed driver's packages for a rollback",
                 packages=[*packages, *(f"{r}-" for r in removals)],
                 module_package=module_package,
-                version_glob=plan.target)
+                version_glob=plan.target,
+                kept_module_package=installed_module_package(settings.driver_flavour, debs,
+                                                             module_package))
         name = host.name
         pinning = driver_lock.pinning_package(settings.driver_branch, settings.driver_version)
         offered = (bool(fact(AptVersions, package=pinning))

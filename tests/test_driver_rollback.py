@@ -164,3 +164,40 @@ def test_the_simulation_leaves_nvidias_pinning_files_out(tmp_path):
     subprocess.run(["sh", "-c", drop_pinning_files(f"'{parts}'")], check=True,
                    env={"PATH": f"{bin_}:/usr/bin:/bin"})
     assert sorted(p.name for p in parts.iterdir()) == ["gpuhost-nvidia-driver", "local-pins"]
+
+
+def test_the_rollback_checks_the_kept_module_package_named_in_its_record(monkeypatch):
+    """Across Ubuntu's 590 rename: the record names the kept driver's kernel-module package
+    (nvidia-dkms-580-open); the reinstalled driver is checked and recorded against that one,
+    not against the new driver's name, which the rollback has just removed."""
+    from types import SimpleNamespace
+
+    commands: list[str] = []
+    checked: list[str] = []
+
+    def sh(host_, command, **kwargs):
+        commands.append(command)
+        return True, SimpleNamespace(stdout="boot-1", stdout_lines=[], stderr_lines=[])
+
+    def verified(host_, module_package, names, gpu_count, failed):
+        checked.append(f"recorded {module_package}")
+        return {"version": "580.95.05"}
+
+    monkeypatch.setattr(dr, "_sh", sh)
+    monkeypatch.setattr(dr, "_write", lambda *a: None)
+    monkeypatch.setattr(dr, "back_with_new_boot", lambda *a: None)
+    monkeypatch.setattr(dr, "_record_verified", verified)
+    change = {"from": "580.95.05", "to": "590.44.01", "module_package": "nvidia-dkms-580-open",
+              "restore": [{"package": "nvidia-dkms-580-open", "version": "580.95.05-0ubuntu1",
+                           "file": "/var/lib/gpuhost/driver-kept/a.deb", "sha256": "0" * 64}],
+              "remove": ["nvidia-dkms-open"]}
+    host_ = SimpleNamespace(name="gpu1", print_prefix="[gpu1] ")
+    dr._roll_back(host_, change, "nvidia-smi fails", "nvidia-dkms-open", 1,
+                  lambda h, module, n: checked.append(f"checked {module}"))
+    assert checked == ["checked nvidia-dkms-580-open", "recorded nvidia-dkms-580-open"]
+    assert any("nvidia-dkms-open-" in c for c in commands)  # the new driver's name removed
+    old_record = {k: v for k, v in change.items() if k != "module_package"}
+    checked.clear()
+    dr._roll_back(host_, old_record, "nvidia-smi fails", "nvidia-kernel-open-dkms", 1,
+                  lambda h, module, n: checked.append(f"checked {module}"))
+    assert checked == ["checked nvidia-kernel-open-dkms", "recorded nvidia-kernel-open-dkms"]

@@ -494,3 +494,18 @@ def test_ubuntus_rename_removes_the_branch_named_packages_in_the_same_transactio
     same = ["nvidia-open", "nvidia-smi", "libcuda1", "nvidia-kernel-open-dkms"]
     assert renamed_packages("debian12/x86_64", "open", ("580.95.05-1",),
                             {n: ["580.95.05-1"] for n in same}, same) == []
+
+
+def test_a_rollback_checks_the_driver_against_the_module_package_it_reinstalls():
+    """Across Ubuntu's 590 rename the kept driver's kernel-module package has another name than
+    the new one's: the rollback record names the kept one (a check against the new name would
+    find it removed, and call the restored driver broken)."""
+    from operations.nvidia import installed_module_package
+
+    ubuntu = {"nvidia-open": ["580.95.05-0ubuntu1"], "nvidia-utils-580": ["580.95.05-0ubuntu1"],
+              "nvidia-dkms-580-open": ["580.95.05-0ubuntu1"]}
+    assert installed_module_package("open", ubuntu, "nvidia-dkms-open") == "nvidia-dkms-580-open"
+    debian = {"nvidia-open": ["580.95.05-1"], "nvidia-kernel-open-dkms": ["580.95.05-1"]}
+    assert installed_module_package("open", debian,
+                                    "nvidia-kernel-open-dkms") == "nvidia-kernel-open-dkms"
+    assert installed_module_package("open", {}, "nvidia-dkms-open") == "nvidia-dkms-open"
