@@ -36,7 +36,9 @@ stops its rsync when the deploy's SSH session ends (model_copy_direct.py).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import re
@@ -601,12 +603,46 @@ def _direct(host, peer: Peer, repo: str, dest: str, limit: list[str], what: str,
 
 
 
+@contextlib.contextmanager
+def staging_lock(staging: Path, prefix: str):
+    """Hold ``<staging>.lock`` (flock(2), exclusive) while a copy stages there: two hosts of one
+    run rebuilt at once, or two runs from this controller, never write the same staged files,
+    nor remove them under each other. Polled without blocking (LOCK_NB), so that the run's
+    other hosts (gevent greenlets in one thread) go on while this one waits; the kernel lets go
+    of the lock when the holder dies."""
+    STAGING.mkdir(parents=True, exist_ok=True)
+    fd = os.open(f"{staging}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        said = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not said:
+                    logger.info(f"{prefix}model copy: waiting for another copy staging "
+                                f"{staging.name} on this controller")
+                    said = True
+                time.sleep(1)  # gevent's, in a pyinfra run
+        yield
+    finally:
+        os.close(fd)
+
+
 def relay(host, peer: Peer, repo: str, sha: str, dest: str, limit: list[str], what: str,
           why: str, good: list[str]) -> bool:
     """Copy the files ``good`` of ``repo`` from ``peer`` into ``dest`` on ``host`` through the
-    controller (``why``: why not directly); whether the host has them all now."""
-    prefix = host.print_prefix
+    controller (``why``: why not directly), one copy at a time per staging folder
+    (:func:`staging_lock`); whether the host has them all now."""
     staging = STAGING / f"{repo.replace('/', '--')}@{sha}"
+    with staging_lock(staging, host.print_prefix):
+        return _relay(host, peer, repo, staging, dest, limit, what, why, good)
+
+
+def _relay(host, peer: Peer, repo: str, staging: Path, dest: str, limit: list[str], what: str,
+           why: str, good: list[str]) -> bool:
+    prefix = host.print_prefix
+    sha = staging.name.rsplit("@", 1)[1]
     staging.mkdir(parents=True, exist_ok=True)
     listed = STAGING / f"{staging.name}.files"
     listed.write_text("".join(f"{name}\n" for name in good))

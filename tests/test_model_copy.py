@@ -445,3 +445,35 @@ def test_a_model_folder_holding_what_the_revision_does_not_list_is_not_complete(
     (tmp_path / "elsewhere.json").write_bytes(CONFIG)
     found = snapshot()
     assert found["complete"] is False and found["wrong"] == ["config.json"]
+
+
+def test_one_copy_at_a_time_stages_in_a_folder(tmp_path, monkeypatch):
+    """A second copy into the same staging folder (another host of the run, another run) waits
+    until the first lets go; the lock goes with its holder."""
+    import threading
+    import time as time_
+
+    monkeypatch.setattr(model_copy, "STAGING", tmp_path)
+    staging = tmp_path / "org--model@abc"
+    order: list[str] = []
+    first_in = threading.Event()
+
+    def first():
+        with model_copy.staging_lock(staging, "[gpu1] "):
+            order.append("first in")
+            first_in.set()
+            time_.sleep(1.5)
+            order.append("first out")
+
+    def second():
+        first_in.wait()
+        with model_copy.staging_lock(staging, "[gpu2] "):
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert order == ["first in", "first out", "second in"]
+    assert oct((tmp_path / "org--model@abc.lock").stat().st_mode & 0o777) == "0o600"
