@@ -1,7 +1,7 @@
 """The ML venv end to end on two fresh sandbox hosts: GPUs other than host data says stop the hosts
 before any build, then one flash-attn build between them, a second
-run that changes nothing, a venv changed by hand replaced by one built beside it (a superseded kernel cache removed), a
-rebuilt VM served from the cache.
+run that changes nothing, a venv changed by hand replaced by one built beside it (a superseded
+kernel cache removed), a rebuilt VM served from the cache.
 Checked with ssh on the hosts (the build log systemd wrote, pip list), not through pyinfra."""
 
 import json
