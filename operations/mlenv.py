@@ -598,8 +598,9 @@ def mlenv(settings: Settings):
         why = {"broken": f"does not run ({healths[replaced]['why']})",
                "drifted": "differs from its lock:\n    " + "\n    ".join(differs.get(replaced, [])),
                }.get(states[replaced], "is missing (its files deleted under the server)")
+        kept_as_is = "" if states[replaced] == "absent" else " kept as it is;"
         logger.warning(f"{host.print_prefix}venv at {replaced} {why}\n"
-                       "  and it serves or is the last known good: kept as it is; a replacement "
+                       f"  and it serves or is the last known good:{kept_as_is} a replacement "
                        + ("will be built" if is_dry_run() else "is built")
                        + f" beside it, at {venv}, and the server moved to it once it passes "
                        "its checks")
