@@ -595,8 +595,9 @@ def mlenv(settings: Settings):
     health = healths[venv]
     if choice.replaces:
         replaced = choice.replaces
+        lines = "\n    ".join(differs.get(replaced, []))
         why = {"broken": f"does not run ({healths[replaced]['why']})",
-               "drifted": "differs from its lock:\n    " + "\n    ".join(differs.get(replaced, [])),
+               "drifted": f"differs from its lock:\n    {lines}",
                }.get(states[replaced], "is missing (its files deleted under the server)")
         kept_as_is = "" if states[replaced] == "absent" else " kept as it is;"
         logger.warning(f"{host.print_prefix}venv at {replaced} {why}\n"
@@ -629,8 +630,8 @@ def mlenv(settings: Settings):
         stack = {p.name: p.version for p in lock.pins if p.name != FLASH_ATTN}
         if set(left) - ENSUREPIP and (drift(left, stack)
                                       or unlocked(left, [p.name for p in lock.pins])):
-            problem = venv_path_problem(venv, {**health, "state": "broken",
-                                               "why": "it serves nothing and differs from its lock"})
+            problem = venv_path_problem(venv, {
+                **health, "state": "broken", "why": "it serves nothing and differs from its lock"})
             if problem:
                 refuse("ML venv", problem)
                 return []
