@@ -152,8 +152,11 @@ def up_converged(scenario: str = "reference-lab") -> Host:
 
 def up_converged_fleet(hosts: int, scenario: str = "reference-lab") -> list[Host]:
     """``hosts`` hosts of ``scenario`` from the suite run's image of a converged host (made as
-    :func:`up_converged` makes it, where none is there yet), without a first deploy: the
-    module's own first deploy is its fleet's; without $GPUHOST_E2E_IMAGES, bare hosts."""
+    :func:`up_converged` makes it, where none is there yet), each converged alone by a first
+    deploy of the default inventory, as :func:`up_converged` does (a host from an image made in
+    another lab still has that lab's NVIDIA repository, which a fleet's first deploy would
+    fetch from before its NVIDIA stage: the loopback guard installs nftables first); without
+    $GPUHOST_E2E_IMAGES, bare hosts, not deployed."""
     folder = os.environ.get(IMAGES_ENV)
     if not folder:
         return up(hosts=hosts, scenario=scenario)
@@ -165,7 +168,9 @@ def up_converged_fleet(hosts: int, scenario: str = "reference-lab") -> list[Host
             _first_deploy()
             sandbox("image", "gpu1", str(tar))
             sandbox("down", check=False)
-    return up(hosts=hosts, scenario=scenario, from_image=tar)
+    found = up(hosts=hosts, scenario=scenario, from_image=tar)
+    _first_deploy()
+    return found
 
 
 #: Where the fleet's keys go on the hosts (docs/security.md, the fleet's three planes).
