@@ -33,9 +33,9 @@ from operations.pip_index import pip_index_args
 from operations.plan import fact, is_dry_run, refuse
 from operations.settings import Settings
 from operations.venv_path import MAX_ENTRIES, VenvHealth, venv_path_problem
-from operations.venvs import (VENVS_DIR, VenvRoom, choose_venv, link_problem, recorded_venv,
-                              remember, room_problem, slots, stack_changes, stack_venv,
-                              unit_venv, venv_checked)
+from operations.venvs import (VENVS_DIR, VenvRoom, choose_venv, kept_drift, link_problem,
+                              recorded_venv, remember, room_problem, slots, stack_changes,
+                              stack_venv, unit_venv, venv_checked)
 
 #: Memory one nvcc thread takes while compiling flash-attn's kernels, in GiB (flash-attn's
 #: README: "ninja ... without ... enough RAM ... MAX_JOBS"; about 5 GiB per thread is what the
@@ -386,7 +386,7 @@ def locked_packages(venv: str, requirements: str, wanted: dict[str, str], index_
 
 
 @operation()
-def venv_that_runs(path: str, python: str = "python3"):
+def venv_that_runs(path: str, python: str = "python3", clear: bool = False):
     """A venv at ``path`` whose python and pip run: created where there is none (or where
     its bin/activate is missing, as pyinfra's pip.venv does), cleared and created again
     (``python -m venv --clear``) where its python or pip does not run (half-written by a full
@@ -395,16 +395,19 @@ def venv_that_runs(path: str, python: str = "python3"):
 
     + path: the venv's folder
     + python: the interpreter that creates it
+    + clear: clear and create it again even where it runs (a venv that serves nothing, left
+      half-installed: the ML venv stage decides it while planning)
 
     The creation runs through no_space.py: a full disk is said in one line. Raises
     OperationError where no venv may be made or cleared there (planning refuses it first).
     """
     health = host.get_fact(VenvRuns, venv=path)
-    problem = venv_path_problem(path, health)
+    problem = venv_path_problem(path, {**health, "state": "broken"} if clear and
+                                health["state"] == "ok" else health)
     if problem:
         raise OperationError(f"{problem}: left alone")
     command = [python, "-m", "venv", "--without-pip"]
-    if health["state"] == "broken":
+    if health["state"] == "broken" or clear and health["state"] == "ok":
         command.append("--clear")
     elif health["state"] == "ok" and host.get_fact(File, path=f"{path}/bin/activate"):
         host.noop(f"venv {path} runs")
@@ -546,8 +549,12 @@ def mlenv(settings: Settings):
 
     + settings: the host's validated settings
 
-    A venv whose python or pip does not run (half-written by a full disk, say) is said so and
-    recreated; refused while planning (nothing of the stage planned): a file, a symlink or a
+    A venv that serves or is the last known good is never installed into: where it does not
+    run, differs from its lock (changed by hand) or is gone, the lock's other folder is built
+    beside it and checked, and the unit then names it (:func:`operations.venvs.choose_venv`).
+    A venv that serves nothing and does not run (half-written by a full disk, say), or was
+    left half-installed (a run cut off in pip), is said so, cleared and built again from
+    empty; refused while planning (nothing of the stage planned): a file, a symlink or a
     non-empty folder without pyvenv.cfg there, and a venv to recreate that holds anything a
     venv does not (:func:`operations.venv_path.venv_path_problem`). The venv's
     creation and pip run through no_space.py: a full disk ends the host's run with one line.
@@ -568,9 +575,18 @@ def mlenv(settings: Settings):
     lock_venv = stack_venv(settings.lock_path)
     pair = slots(lock_venv)
     healths = {path: fact(VenvRuns, venv=path) for path in pair}
-    choice = choose_venv(lock_venv, unit_venv(fact(FileText, path=SERVER_UNIT_PATH)),
-                         recorded_venv(fact(FileText, path=LAST_GOOD_RECORD)),
-                         {path: h["state"] for path, h in healths.items()})
+    serving = unit_venv(fact(FileText, path=SERVER_UNIT_PATH))
+    last_good = recorded_venv(fact(FileText, path=LAST_GOOD_RECORD))
+    states = {path: h["state"] for path, h in healths.items()}
+    differs: dict[str, list[str]] = {}
+    for path in pair:
+        # a venv that serves or is the last known good is never installed into: one changed
+        # by hand gets a replacement beside it, as one that does not run
+        if path in (serving, last_good) and states[path] == "ok":
+            differs[path] = kept_drift(fact(VenvPackages, venv=path), lock)
+            if differs[path]:
+                states[path] = "drifted"
+    choice = choose_venv(lock_venv, serving, last_good, states)
     if choice.problem:
         refuse("ML venv", choice.problem)
         return []
@@ -578,9 +594,14 @@ def mlenv(settings: Settings):
     remember(lock_venv, venv)
     health = healths[venv]
     if choice.replaces:
-        logger.warning(f"{host.print_prefix}venv at {choice.replaces} does not run "
-                       f"({healths[choice.replaces]['why']}), and it serves or is the last known "
-                       f"good: kept as it is; a replacement "
+        replaced = choice.replaces
+        lines = "\n    ".join(differs.get(replaced, []))
+        why = {"broken": f"does not run ({healths[replaced]['why']})",
+               "drifted": f"differs from its lock:\n    {lines}",
+               }.get(states[replaced], "is missing (its files deleted under the server)")
+        kept_as_is = "" if states[replaced] == "absent" else " kept as it is;"
+        logger.warning(f"{host.print_prefix}venv at {replaced} {why}\n"
+                       f"  and it serves or is the last known good:{kept_as_is} a replacement "
                        + ("will be built" if is_dry_run() else "is built")
                        + f" beside it, at {venv}, and the server moved to it once it passes "
                        "its checks")
@@ -601,6 +622,24 @@ def mlenv(settings: Settings):
     if recreated:
         logger.warning(f"{host.print_prefix}venv at {venv} does not run ({health['why']}): "
                        + ("it will be recreated" if is_dry_run() else "recreated"))
+    elif health["state"] == "ok" and venv not in (serving, last_good):
+        # a venv that serves nothing and was left half-installed (a run cut off in pip, which
+        # leaves its temporary files in the distributions it was writing) is built again from
+        # empty, never repaired: a venv holds only what one install from its lock put there
+        left = fact(VenvPackages, venv=venv)
+        stack = {p.name: p.version for p in lock.pins if p.name != FLASH_ATTN}
+        if set(left) - ENSUREPIP and (drift(left, stack)
+                                      or unlocked(left, [p.name for p in lock.pins])):
+            problem = venv_path_problem(venv, {
+                **health, "state": "broken", "why": "it serves nothing and differs from its lock"})
+            if problem:
+                refuse("ML venv", problem)
+                return []
+            recreated = True
+            logger.warning(f"{host.print_prefix}venv at {venv} serves nothing and differs from "
+                           "its lock (an install cut off, or changed by hand): "
+                           + ("it will be cleared and built again" if is_dry_run()
+                              else "cleared and built again"))
     installed = {} if recreated else fact(VenvPackages, venv=venv)
     check_driver_for_venv(settings, lock, installed, venv)
     problem = python_problem(lock, settings.lock, fact(VenvPython, venv=venv), venv,
@@ -618,7 +657,7 @@ def mlenv(settings: Settings):
               dest=NO_SPACE, mode="644", create_remote_dir=False)
     files.put(name=f"Lock {lock.path.name}", src=StringIO(lock.requirements((FLASH_ATTN,))),
               dest=f"{LOCK_DIR}/stack.txt", mode="644", create_remote_dir=False)
-    venv_that_runs(name=f"venv {venv}", path=venv, python="python3")
+    venv_that_runs(name=f"venv {venv}", path=venv, python="python3", clear=recreated)
     stack = locked_packages(
         name="Locked ML stack",
         venv=venv,
@@ -633,7 +672,7 @@ def mlenv(settings: Settings):
     flash = lock.get(FLASH_ATTN)
     if flash is None:
         venv_checked(name=f"Check {venv}", venv=venv, gpu_count=settings.gpu_count,
-                     flash_attn=False, _if=stack.did_change)
+                     flash_attn=False, _if=lambda: bool(choice.replaces) or stack.did_change())
         return [stack]
     files.put(name="Lock flash-attn", src=StringIO(flash.line + "\n"),
               dest=f"{LOCK_DIR}/flash-attn.txt", mode="644", create_remote_dir=False)
@@ -658,7 +697,8 @@ def mlenv(settings: Settings):
             cache_root=settings.wheel_cache),
         reasons=reasons,
     )
+    # a replacement is checked before the unit names it, even where it was built earlier
     venv_checked(name=f"Check {venv}: imports, torch sees {settings.gpu_count} GPUs",
                  venv=venv, gpu_count=settings.gpu_count, flash_attn=True,
-                 _if=lambda: stack.did_change() or built.did_change())
+                 _if=lambda: bool(choice.replaces) or stack.did_change() or built.did_change())
     return [stack, built]

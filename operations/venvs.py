@@ -104,8 +104,9 @@ def recorded_venv(record_text: str | None) -> str | None:
 @dataclass(frozen=True)
 class VenvChoice:
     """The venv the ML venv stage converges for a lock: ``venv``; ``replaces`` the lock's venv
-    that does not run and is kept as it is (it serves, or is the last known good), None where
-    nothing is replaced; ``problem`` where neither folder may be built."""
+    that serves or is the last known good and is kept as it is (it does not run, differs from
+    its lock, or is missing), None where nothing is replaced; ``problem`` where neither folder
+    may be built."""
 
     venv: str
     replaces: str | None = None
@@ -119,25 +120,54 @@ def choose_venv(lock_venv: str, serving: str | None, last_good: str | None,
     + lock_venv: ``/opt/gpuhost/venvs/<digest>``
     + serving: the venv the server's unit names now (:func:`unit_venv`), None where none
     + last_good: the last known good's venv (:func:`recorded_venv`), None where none
-    + states: each folder's VenvRuns state ("absent", "ok", "broken")
+    + states: each folder's VenvRuns state ("absent", "ok", "broken"), or "drifted" for a
+      venv that runs and whose distributions differ from the lock (:func:`kept_drift`)
 
     The folder the unit names (else the last known good's, else ``<digest>``) is kept where it
-    runs. A venv that serves or is the last known good is never cleared nor built again in
-    place: where it does not run, the other folder is built (cleared first where it holds a
-    venv that does not run and serves nothing), checked, and the unit then names it.
+    runs and holds its lock. A venv that serves or is the last known good is never cleared,
+    installed into nor built again in place: where it does not run, differs from its lock or
+    is gone (its files deleted under a server that still runs from them), the other folder is
+    built (cleared first where it holds a venv that serves nothing), checked, and the unit then
+    names it.
     """
     pair = slots(lock_venv)
     first = serving if serving in pair else last_good if last_good in pair else pair[0]
     other = pair[1] if first == pair[0] else pair[0]
     kept = {serving, last_good}
-    if states.get(first) != "broken" or first not in kept:
+    if first not in kept or states.get(first) == "ok":
         return VenvChoice(first)
-    if states.get(other) == "broken" and other in kept:
+    if other in kept and states.get(other) in ("broken", "drifted"):
+        said = (f"both {_said(states[first])}" if states[first] == states[other] else
+                f"{_said(states[first])} and {_said(states[other])}")
         return VenvChoice(first, problem=(
-            f"the venvs {first} and {other} of the lock both do not run, and one serves while "
-            "the other is the last known good, so neither is cleared: roll back "
+            f"the venvs {first} and {other} of the lock {said}, and one serves while the other "
+            "is the last known good, so neither is cleared nor installed into: roll back "
             "(gpuhost_rollback=true) or remove the one that does not serve"))
     return VenvChoice(other, replaces=first)
+
+
+def _said(state: str) -> str:
+    return {"broken": "do not run", "drifted": "differ from the lock",
+            "absent": "are missing", "ok": "run"}.get(state, state)
+
+
+def kept_drift(installed: dict[str, str], lock: Lock) -> list[str]:
+    """How a venv that serves or is the last known good differs from ``lock``, one line per
+    distribution (``sglang 0.5.9 -> 0.5.10 (lock)``, ``foo 1.0 not in the lock``), [] where
+    it holds the lock: a locked distribution missing or at another version (flash-attn
+    included: a changed one is not installed into the serving venv either), one the lock does
+    not name (pip aside, which installs the lock). Versions compare as
+    :func:`operations.mlenv.drift` compares them (a local part such as ``+cu128`` matches its
+    locked base)."""
+    lines = []
+    for pin in lock.pins:
+        have = installed.get(pin.name)
+        if have != pin.version and (have or "").split("+")[0] != pin.version:
+            lines.append(f"{pin.name} {have or 'missing'} -> {pin.version} (lock)")
+    names = {p.name for p in lock.pins} | {"pip"}
+    lines += [f"{name} {version} not in the lock" for name, version in sorted(installed.items())
+              if name not in names]
+    return lines
 
 
 def recorded_venvs(record_text: str | None) -> list[str]:

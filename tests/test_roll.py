@@ -209,6 +209,25 @@ def test_a_router_not_running_routes_nothing(capsys, monkeypatch, tmp_path):
     assert "not running" in capsys.readouterr().out
 
 
+def test_a_router_not_set_up_yet_routes_nothing(capsys, monkeypatch, tmp_path):
+    """A fleet's first run on a router host that serves too: its server rolls before the
+    router stage makes the control-plane key and starts the router."""
+    argv = ["x", "leave", "--router", "http://127.0.0.1:9", "--url", "http://10.0.0.2:8000",
+            "--timeout", "1", "--control-key-file", str(tmp_path / "none.key")]
+    monkeypatch.setattr("sys.argv", argv)
+    assert router_membership.main() == 0
+    assert "not set up on this host yet" in capsys.readouterr().out
+
+
+def test_a_missing_control_key_where_a_router_answers_fails(capsys, monkeypatch, tmp_path,
+                                                             router_url):
+    monkeypatch.setattr("sys.argv", ["x", "leave", "--router", router_url, "--url",
+                                     "http://10.0.0.2:8000", "--timeout", "1",
+                                     "--control-key-file", str(tmp_path / "none.key")])
+    assert router_membership.main() == 1
+    assert "control-plane key file" in capsys.readouterr().err
+
+
 # --- what earlier stages leave to a host's turn (roll.in_turn) -------------------------------
 
 def _on(name: str):

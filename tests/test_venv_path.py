@@ -234,3 +234,110 @@ def test_the_stage_refuses_and_plans_nothing_for_a_path_it_may_not_use(tmp_path,
     assert stage == "ML venv" and why == link_problem(str(tmp_path), health)
     assert "gpuhost replaces it with a link to the serving venv" in why
     assert (tmp_path / "important.txt").read_text() == "keep me"
+
+
+def _plan_stage(monkeypatch, packages: dict, states: dict) -> tuple[list, list, list]:
+    """Plan the ML venv stage (no host) where the unit and the record name the lock's first
+    folder: ``packages`` what each folder holds (VenvPackages), ``states`` each folder's
+    VenvRuns state; returns (venvs made, venvs installed into, refusals)."""
+    from operations.lock import read_lock
+    from operations.venvs import slots, stack_venv
+
+    s = settings()
+    first, second = slots(stack_venv(s.lock_path))
+    made, filled, refused = [], [], []
+
+    class Resources:
+        cores, mem_available_gib = 2, 22.5
+
+    def health(state):
+        return {"found": "folder" if state != "absent" else "missing", "target": "",
+                "target_found": "", "above": "/opt/gpuhost/venvs", "above_found": "folder",
+                "entries": ["bin", "lib", "pyvenv.cfg"], "entry_count": 3, "is_venv": True,
+                "state": state, "why": "pip exited 1" if state == "broken" else ""}
+
+    def fact(cls, **kwargs):
+        name = cls.__name__
+        if name == "VenvRuns":  # the link at gpuhost_venv_path: the first folder's
+            return health(states.get(kwargs["venv"], states[first]))
+        if name == "VenvAt":
+            return {**health("unchecked"), "found": "link", "target": first}
+        if name == "HostResources":
+            return Resources()
+        if name == "FileText":
+            if kwargs["path"] == mlenv.SERVER_UNIT_PATH:
+                return f"ExecStart={first}/bin/python -m sglang.launch_server\n"
+            if kwargs["path"] == mlenv.LAST_GOOD_RECORD:
+                return '{"server": {"venv": "%s", "venvs": ["%s"]}}' % (first, first)
+            return None
+        if name == "VenvPackages":
+            return dict(packages.get(kwargs["venv"], {}))
+        if name == "VenvRoom":
+            return {"serving_kib": 1024, "free_kib": 50 * 2**20, "mount": "/"}
+        if name in ("VenvTorchCuda", "VenvPython"):
+            return None
+        if name == "NvidiaDriver":
+            raise AssertionError("no CUDA to compare")
+        raise AssertionError(f"unexpected fact {name}")
+
+    class Op:
+        def did_change(self):
+            return True
+
+    monkeypatch.setattr(mlenv, "fact", fact)
+    monkeypatch.setattr(mlenv, "refuse", lambda stage, why: refused.append(why))
+    monkeypatch.setattr(mlenv, "check_driver_for_venv", lambda *a: None)
+    monkeypatch.setattr(mlenv, "top_folders", lambda: None)
+    monkeypatch.setattr(mlenv.apt, "packages", lambda **kw: None)
+    monkeypatch.setattr(mlenv.files, "directory", lambda **kw: None)
+    monkeypatch.setattr(mlenv.files, "put", lambda **kw: None)
+    monkeypatch.setattr(mlenv, "venv_that_runs", lambda **kw: made.append(
+        (kw["path"], kw.get("clear", False))))
+    monkeypatch.setattr(mlenv, "locked_packages", lambda **kw: filled.append(
+        (kw["venv"], kw["recreated"])) or Op())
+    monkeypatch.setattr(mlenv, "built_wheel", lambda **kw: filled.append(
+        (kw["plan"].venv, "flash-attn")) or Op())
+    monkeypatch.setattr(mlenv, "venv_checked", lambda **kw: None)
+    monkeypatch.setattr(mlenv, "read_stamp", lambda text: None)
+    mlenv.mlenv._inner(s)
+    assert read_lock(s.lock_path)  # the lock the stage read
+    return made, filled, refused
+
+
+def test_a_serving_venv_changed_by_hand_is_never_installed_into(monkeypatch):
+    """Issue 30: sglang changed by hand in the venv the server runs from: the stage builds the
+    lock's other folder beside it (the unit then names it), and plans nothing into the serving
+    one."""
+    from operations.lock import read_lock
+    from operations.venvs import slots, stack_venv
+
+    s = settings()
+    first, second = slots(stack_venv(s.lock_path))
+    locked = read_lock(s.lock_path).versions()
+    drifted = {**locked, "sglang": "0.0.1", "pip": "25.0"}
+    made, filled, refused = _plan_stage(monkeypatch, {first: drifted},
+                                        {first: "ok", second: "absent"})
+    assert refused == []
+    assert made == [(second, False)]
+    assert {venv for venv, _ in filled} == {second}
+    # as it was locked, nothing is replaced and the serving venv is the one converged
+    made, filled, refused = _plan_stage(monkeypatch, {first: {**locked, "pip": "25.0"}},
+                                        {first: "ok", second: "absent"})
+    assert made == [(first, False)] and {venv for venv, _ in filled} == {first}
+
+
+def test_a_half_installed_venv_that_serves_nothing_is_cleared_and_built_again(monkeypatch):
+    """A run cut off in pip left the replacement half-installed (pip's temporary files in
+    it): the next run clears it and installs from empty, never repairs it."""
+    from operations.lock import read_lock
+    from operations.venvs import slots, stack_venv
+
+    s = settings()
+    first, second = slots(stack_venv(s.lock_path))
+    locked = read_lock(s.lock_path).versions()
+    half = dict(list(locked.items())[:3], pip="25.0")
+    made, filled, refused = _plan_stage(monkeypatch, {first: {}, second: half},
+                                        {first: "absent", second: "ok"})
+    assert refused == []
+    assert made == [(second, True)]
+    assert (second, True) in filled

@@ -211,3 +211,34 @@ def test_an_empty_venvs_folder_is_no_venv_not_none():
     from operations.venvs import VenvFolders
     assert VenvFolders().default() == []
     assert VenvFolders().process([f"{A}", f"{B}", "/opt/gpuhost/venvs/other"]) == [A, B]
+
+
+def test_a_serving_venv_that_differs_from_its_lock_or_is_gone_gets_a_replacement():
+    from operations.venvs import choose_venv
+    # changed by hand while it serves: never installed into, the other folder is built
+    assert choose_venv(A, A, A, {A: "drifted", B: "absent"}) == \
+        choose_venv(A, A, A, {A: "broken", B: "absent"})
+    assert choose_venv(A, A, A, {A: "drifted", B: "absent"}).replaces == A
+    # its files deleted under a server that still runs from them: not built again at its path
+    assert choose_venv(A, A, A, {A: "absent", B: "absent"}).venv == B
+    # the replacement, left half-installed by an earlier run, is the one built again
+    assert choose_venv(A, A, A, {A: "absent", B: "ok"}).venv == B
+    # a venv nothing names is built where it is
+    assert choose_venv(A, None, None, {A: "ok", B: "absent"}).venv == A
+    # the last known good that differs while another folder serves: not installed into
+    choice = choose_venv(A, B, A, {A: "drifted", B: "broken"})
+    assert choice.problem and "do not run and differ from the lock" in choice.problem
+
+
+
+
+def test_kept_drift_names_every_difference_from_the_lock(tmp_path):
+    from operations.venvs import kept_drift
+    lock = read_lock(_lock(tmp_path, "k.txt", PIN + "flash-attn==2.8.3 --hash=sha256:"
+                           + "c" * 64 + "\n"))
+    same = {"torch": "2.9.1+cu128", "sglang": "0.5.9", "flash-attn": "2.8.3", "pip": "25.0"}
+    assert kept_drift(same, lock) == []
+    assert kept_drift({**same, "sglang": "0.5.8", "foo": "1.0"}, lock) == [
+        "sglang 0.5.8 -> 0.5.9 (lock)", "foo 1.0 not in the lock"]
+    del same["flash-attn"]
+    assert kept_drift(same, lock) == ["flash-attn missing -> 2.8.3 (lock)"]

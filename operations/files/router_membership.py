@@ -21,13 +21,17 @@ is listed) and the worker is listed once the router checked it.
 requests drained), up to ``--timeout`` seconds; past that the drain is cut short (exit 0, said
 on stderr): the bound the user set. ``join``: add the worker (already listed: kept) and wait
 until it is listed healthy, up to ``--timeout`` (exit 1 past it). A router that refuses the
-connection is not running: nothing routes to the worker, exit 0, said. Standard library only.
+connection is not running: nothing routes to the worker, exit 0, said; so too where the
+control-plane key file does not exist yet and nothing answers at the router's URL (a fleet's
+first run, on a router host that serves too: its server rolls before the router stage makes the
+key and starts the router). Standard library only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -99,6 +103,17 @@ def join(router: str, url: str, timeout: float, interval: float) -> int:
     return 0
 
 
+def _answers(router: str) -> bool:
+    """Whether anything accepts a connection at the router's URL."""
+    try:
+        call("GET", router + "/workers")
+    except urllib.error.URLError as exc:
+        return not isinstance(exc.reason, ConnectionRefusedError)
+    except OSError:
+        return True
+    return True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("leave", "join"))
@@ -109,14 +124,20 @@ def main() -> int:
     parser.add_argument("--control-key-file", required=True)
     parser.add_argument("--worker-key-file")
     args = parser.parse_args()
+    router = args.router.rstrip("/")
     try:
         KEYS["control"] = read_secret(args.control_key_file, "control-plane key file")
         if args.worker_key_file:
             KEYS["worker"] = read_secret(args.worker_key_file, "fleet key file")
     except SecretFileError as exc:
+        if not os.path.lexists(args.control_key_file) and not _answers(router):
+            # the router stage, later in the run, makes the key and starts the router (a
+            # fleet's first run on a router host that serves too): nothing routes there yet
+            print(f"router: not set up on this host yet (no {args.control_key_file}, nothing "
+                  f"at {router}): nothing routes to {args.url}")
+            return 0
         print(f"router: {exc}", file=sys.stderr)
         return 1
-    router = args.router.rstrip("/")
     try:
         return (leave if args.action == "leave" else join)(router, args.url, args.timeout,
                                                            args.interval)

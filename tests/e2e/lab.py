@@ -7,8 +7,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,6 +148,74 @@ def up_converged(scenario: str = "reference-lab") -> Host:
         (host,) = up(hosts=1, scenario=scenario)
     _first_deploy()
     return host
+
+
+def up_converged_fleet(hosts: int, scenario: str = "reference-lab") -> list[Host]:
+    """``hosts`` hosts of ``scenario`` from the suite run's image of a converged host (made as
+    :func:`up_converged` makes it, where none is there yet), each converged alone by a first
+    deploy of the default inventory, as :func:`up_converged` does (a host from an image made in
+    another lab still has that lab's NVIDIA repository, which a fleet's first deploy would
+    fetch from before its NVIDIA stage: the loopback guard installs nftables first); without
+    $GPUHOST_E2E_IMAGES, bare hosts, not deployed."""
+    folder = os.environ.get(IMAGES_ENV)
+    if not folder:
+        return up(hosts=hosts, scenario=scenario)
+    tar = Path(folder) / f"converged-{scenario}.tar"
+    with open(Path(folder) / f".{scenario}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not tar.is_file():
+            up(hosts=1, scenario=scenario)
+            _first_deploy()
+            sandbox("image", "gpu1", str(tar))
+            sandbox("down", check=False)
+    found = up(hosts=hosts, scenario=scenario, from_image=tar)
+    _first_deploy()
+    return found
+
+
+#: Where the fleet's keys go on the hosts (docs/security.md, the fleet's three planes).
+FLEET_KEY_FILE = "/root/fleet.key"
+API_KEY_FILE = "/root/sglang-api.key"
+ROUTER_KEY_FILE = "/root/router-api.key"
+
+
+def fleet_keys(hosts: Iterable[Host], routers: Iterable[str],
+               serving: Iterable[str] | None = None) -> dict[str, str]:
+    """The fleet's three keys, made here and known to the secret guard, in root-only files on
+    the hosts: the fleet key on every host (:data:`FLEET_KEY_FILE`), the servers' client key on
+    each serving host (:data:`API_KEY_FILE`; ``serving``: their names, default every host
+    that is no router), the router's client key on each router host
+    (:data:`ROUTER_KEY_FILE`). Returns them by kind: "API key", "router API key", "fleet
+    key"."""
+    keys = {what: GUARD.register("sk-" + secrets.token_hex(24), what)
+            for what in ("API key", "router API key", "fleet key")}
+    routers = set(routers)
+    for h in hosts:
+        files = [(FLEET_KEY_FILE, keys["fleet key"])]
+        if h.name in routers:
+            files.append((ROUTER_KEY_FILE, keys["router API key"]))
+        if (h.name not in routers) if serving is None else (h.name in set(serving)):
+            files.append((API_KEY_FILE, keys["API key"]))
+        h.ssh("umask 077; " + "; ".join(f"printf '%s\\n' {key} > {path}"
+                                        for path, key in files))
+    return keys
+
+
+def fleet_data(listed: dict, router: bool) -> dict:
+    """A host's data in a fleet on the lab switch (``listed``: its ``sandbox status --json``
+    entry): :func:`inventory_data`, its switch address as its fleet address and the fleet key;
+    a serving host's server bound there behind its gate with the client key; a router host's
+    router bound there with the router's client key (the keys as :func:`fleet_keys` wrote
+    them)."""
+    data = {**inventory_data(listed), "gpuhost_fleet_address": listed["switch_address"],
+            "gpuhost_fleet_key_file": FLEET_KEY_FILE}
+    if data.get("gpuhost_serving", True):
+        data.update(gpuhost_server_host=listed["switch_address"],
+                    gpuhost_api_key_file=API_KEY_FILE)
+    if router:
+        data.update(gpuhost_router_host=listed["switch_address"],
+                    gpuhost_router_api_key_file=ROUTER_KEY_FILE)
+    return data
 
 
 def _first_deploy() -> None:

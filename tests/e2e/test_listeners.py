@@ -7,7 +7,6 @@ refused too (an address of no host of the lab's switch). Checked over ssh (what 
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from pathlib import Path
 
@@ -15,25 +14,14 @@ import pytest
 
 from tests.e2e import lab
 
-pytestmark = [
-    pytest.mark.e2e, pytest.mark.slow,
-    # the fleet's keys were added when the planes were merged (issue #29) and not yet run end
-    # to end with them: not strict until one green run (issue #30 stays open for it)
-    pytest.mark.xfail(reason="fleet keys added at the merge, not yet run end to end",
-                      strict=False),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def hosts():
     found = lab.up(hosts=2, scenario="reference-lab", host_scenarios={"gpu2": "cpu-only"})
-    # the fleet's planes (docs/security.md): the fleet key on both, the client key on the router
-    fleet_key = lab.GUARD.register("sk-" + secrets.token_hex(24), "fleet key")
-    router_key = lab.GUARD.register("sk-" + secrets.token_hex(24), "router key")
-    for h in found:
-        h.ssh(f"umask 077; printf '%s\\n' {fleet_key} > {FLEET_KEY_FILE}")
-        if h.name == "gpu2":
-            h.ssh(f"umask 077; printf '%s\\n' {router_key} > {ROUTER_KEY_FILE}")
+    # the fleet's planes (docs/security.md): the fleet key on both, the client keys
+    lab.fleet_keys(found, routers=["gpu2"])
     yield found
     lab.sandbox("down", check=False)
 
@@ -43,9 +31,9 @@ def switch(name: str) -> str:
                 if h["name"] == name)
 
 
-KEY_FILE = "/root/sglang-api.key"
-FLEET_KEY_FILE = "/root/fleet.key"
-ROUTER_KEY_FILE = "/root/router-api.key"
+KEY_FILE = lab.API_KEY_FILE
+FLEET_KEY_FILE = lab.FLEET_KEY_FILE
+ROUTER_KEY_FILE = lab.ROUTER_KEY_FILE
 
 
 def deploy_with(tmp_path: Path, *extra: str, gpu1: dict | None = None,

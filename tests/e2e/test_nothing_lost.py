@@ -183,3 +183,48 @@ def test_venvs_of_failed_lock_changes_are_pruned_by_the_next_run(host, sandbox_l
     assert run.returncode == 0, run.output[-6000:]
     assert host.ssh(f"ls -d {VENVS_DIR}/*").split() == [serving]
     assert served_venv(host) == serving and serves(host)
+
+
+def pip_list(host: lab.Host, venv: str) -> dict[str, str]:
+    listed = json.loads(host.ssh(f"{venv}/bin/python -m pip list --format=json "
+                                 "--disable-pip-version-check 2>/dev/null"))
+    return {d["name"].lower().replace("_", "-"): d["version"] for d in listed}
+
+
+def test_a_serving_venv_changed_by_hand_is_replaced_never_installed_into(host, tmp_path):
+    """A locked distribution at another version and one the lock lacks, installed by hand in
+    the venv the server runs from: the run builds the lock's other folder beside it, checks
+    it and moves the server to it; the changed venv is never repaired in place (kept as it
+    was by gpuhost_venvs_kept = 2, for the look afterwards)."""
+    venv = served_venv(host)
+    other = venv.removesuffix(REPLACEMENT_SUFFIX) if venv.endswith(REPLACEMENT_SUFFIX) \
+        else venv + REPLACEMENT_SUFFIX
+    locked = pip_list(host, venv)
+    for name, version in (("flashinfer-cubin", "0.6.2"), ("gpuhost-e2e-extra", "1.0")):
+        host.ssh(f"rm -rf /tmp/{name} && mkdir -p /tmp/{name} && printf '%s' "
+                 f"\"from setuptools import setup; setup(name='{name}', version='{version}')\" "
+                 f"> /tmp/{name}/setup.py && {venv}/bin/python -m pip install -q --no-deps "
+                 f"--no-index --no-build-isolation /tmp/{name}")
+    changed = pip_list(host, venv)
+    assert changed["flashinfer-cubin"] == "0.6.2" and "gpuhost-e2e-extra" in changed
+    pid = host.main_pid()
+    dry = lab.deploy("--dry")
+    assert dry.returncode == 0, dry.output[-6000:]
+    assert f"venv at {venv} differs from its lock" in dry.output, dry.output[-6000:]
+    assert "flashinfer-cubin 0.6.2 -> 0.6.3 (lock)" in dry.output
+    assert f"a replacement will be built beside it, at {other}" in dry.output
+    assert host.main_pid() == pid and host.ssh(f"test -e {other} || echo none").strip() == \
+        "none"
+    run = deploy_with(tmp_path, gpuhost_venvs_kept=2)
+    assert run.returncode == 0, run.output[-6000:]
+    assert f"a replacement is built beside it, at {other}" in run.output, run.output[-6000:]
+    assert "\nTraceback" not in run.output
+    assert served_venv(host) == other and serves(host)
+    assert pip_list(host, other) == locked and imports_stack(host, other)
+    assert record(host)["server"]["venv"] == other
+    assert host.ssh("readlink /opt/gpuhost/venv").strip() == other
+    assert pip_list(host, venv) == changed  # never installed into
+    quiet = deploy_with(tmp_path, "--json", gpuhost_venvs_kept=2)
+    assert quiet.returncode == 0 and quiet.results is not None, quiet.output[-3000:]
+    assert [op["name"] for op in quiet.results["results"]["operations"]
+            if op["success"] or op["error"]] == [], quiet.output[-3000:]

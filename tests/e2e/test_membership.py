@@ -1,0 +1,137 @@
+"""A fleet grows and shrinks under client traffic (issue 30, "Done when"): three hosts from the
+suite run's image of a converged host (lab.up_converged_fleet), the router on gpu1 (which
+serves too) in front of gpu1 and gpu2; gpu3 joins the fleet and leaves it again while a client
+on gpu2 sends at least 1000 requests through the router, over the lab switch: none fails, and
+the router's process is the same throughout (workers join and leave through its control plane,
+operations/files/router_membership.py). Checked through ssh (the router's own /workers with
+the control key on gpu1, the client's counts), not through pyinfra."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import lab
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROUTER_HOST = "gpu1"
+ROUTER = "sglang-router.service"
+REQUESTS = 1000
+
+#: Sends chat completions through the router until it has sent at least ``minimum`` and the
+#: stop file is there (or ``limit`` seconds passed); prints its counts and seconds.
+CLIENT = r"""
+import json, os, sys, time, urllib.request
+url, key_file, minimum, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+key = open(key_file).read().strip()
+ok = failed = 0; errors = []; start = time.monotonic()
+while time.monotonic() - start < limit:
+    if ok + failed >= minimum and os.path.exists("/tmp/client.stop"):
+        break
+    body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content":
+                       f"q{ok + failed} {time.time()}"}], "max_tokens": 4}).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", body,
+                                 {"content-type": "application/json",
+                                  "Authorization": "Bearer " + key})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            json.loads(r.read())["choices"][0]; ok += 1
+    except Exception as exc:
+        failed += 1; errors.append(type(exc).__name__ + ": " + str(getattr(exc, "code", exc)))
+    time.sleep(0.05)
+print(json.dumps({"requests": ok + failed, "ok": ok, "failed": failed, "errors": errors[:5],
+                  "seconds": round(time.monotonic() - start, 1)}))
+"""
+
+#: The router's worker URLs, read on its loopback with the control key (root only).
+WORKERS = r"""
+import json, urllib.request as u
+key = open("/etc/gpuhost/router-control.key").read().strip()
+r = u.Request("http://127.0.0.1:30100/workers", headers={"Authorization": "Bearer " + key})
+print(json.dumps(sorted(w["url"] for w in json.load(u.urlopen(r, timeout=10))["workers"])))
+"""
+
+
+def write_inventory(path: Path, members: tuple[str, ...]) -> str:
+    """The fleet of ``members`` (host names), the router on :data:`ROUTER_HOST`."""
+    entries = [(h["name"], lab.fleet_data(h, router=h["name"] == ROUTER_HOST))
+               for h in json.loads(lab.sandbox("status", "--json").stdout)
+               if h["name"] in members]
+    for _, data in entries:
+        data["gpuhost_router_health_check_interval_secs"] = 2
+    path.write_text("import json\nsandbox = [tuple(e) for e in json.loads("
+                    f"{json.dumps(json.dumps(entries))})]\ngpuhost_router = [{ROUTER_HOST!r}]\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    hosts = {h.name: h for h in lab.up_converged_fleet(hosts=3)}
+    lab.fleet_keys(hosts.values(), routers=[ROUTER_HOST], serving=hosts)
+    for h in hosts.values():
+        h.ssh(f"cat > /root/workers.py <<'EOF'\n{WORKERS}\nEOF\n"
+              f"cat > /root/client.py <<'EOF'\n{CLIENT}\nEOF")
+    work = tmp_path_factory.mktemp("membership")
+    two = write_inventory(work / "two.py", ("gpu1", "gpu2"))
+    first = lab.deploy(inventory=two)
+    assert first.returncode == 0, first.output[-8000:]
+    # gpu3: converged on its own (the image's), serving, not yet in the fleet
+    yield hosts, work
+    lab.sandbox("down", check=False)
+
+
+def switch() -> dict[str, str]:
+    return {h["name"]: h["switch_address"]
+            for h in json.loads(lab.sandbox("status", "--json").stdout)}
+
+
+def router_workers(router: lab.Host) -> list[str]:
+    return json.loads(router.ssh("python3 /root/workers.py"))
+
+
+def expected(names: tuple[str, ...]) -> list[str]:
+    """The router's worker URLs for ``names``: its own host's server on the loopback, behind
+    the gate (operations/fleet.py worker_url), the others at their switch address."""
+    addresses = switch()
+    return sorted("http://127.0.0.1:30000" if n == ROUTER_HOST
+                  else f"http://{addresses[n]}:8000" for n in names)
+
+
+def test_the_fleet_grows_to_three_and_shrinks_back_without_a_failed_request(fleet):
+    hosts, work = fleet
+    router, client = hosts[ROUTER_HOST], hosts["gpu2"]
+    assert router_workers(router) == expected(("gpu1", "gpu2"))
+    pid = router.main_pid(ROUTER)
+    url = f"http://{switch()[ROUTER_HOST]}:8100"
+    client.ssh(f"rm -f /tmp/client.stop /tmp/client.out; nohup python3 /root/client.py {url} "
+               f"{lab.ROUTER_KEY_FILE} {REQUESTS} 1500 > /tmp/client.out 2>&1 < /dev/null &")
+    try:
+        time.sleep(3)
+        grown = lab.deploy(inventory=write_inventory(work / "three.py", ("gpu1", "gpu2", "gpu3")))
+        assert grown.returncode == 0, grown.output[-6000:]
+        assert router_workers(router) == expected(("gpu1", "gpu2", "gpu3"))
+        shrunk = lab.deploy(inventory=write_inventory(work / "two-again.py", ("gpu1", "gpu2")))
+        assert shrunk.returncode == 0, shrunk.output[-6000:]
+        gpu3 = f"http://{switch()['gpu3']}:8000"
+        assert f"removed {gpu3}, which gpuhost did not configure" in shrunk.output, \
+            shrunk.output[-6000:]
+        deadline = time.monotonic() + 60  # drained, then gone
+        while gpu3 in router_workers(router):
+            assert time.monotonic() < deadline, router_workers(router)
+            time.sleep(1)
+        assert router_workers(router) == expected(("gpu1", "gpu2"))
+    finally:
+        client.ssh("touch /tmp/client.stop")
+        deadline = time.monotonic() + 900  # the client sends its 1000 before it stops
+        while not client.ssh("cat /tmp/client.out", check=False).strip():
+            assert time.monotonic() < deadline
+            time.sleep(2)
+    result = json.loads(client.ssh("cat /tmp/client.out").strip().splitlines()[-1])
+    print(f"\nthrough the router while the fleet grew to 3 and shrank to 2: "
+          f"{result['requests']} requests, {result['failed']} failed, {result['seconds']} s")
+    assert result["failed"] == 0 and result["requests"] >= REQUESTS, result
+    assert router.main_pid(ROUTER) == pid
