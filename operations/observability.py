@@ -5,15 +5,29 @@ server, the router and every node exporter.
 What is measured where (docs/observability.md):
 
 - each SGLang server: its own ``/metrics`` (``--enable-metrics``, operations/sglang.py), on the
-  bind the router reaches it at (the router's worker URL, operations/fleet.py): the API key gate
-  in front admits the router hosts' fleet addresses, so the Prometheus on a router host scrapes
-  it as the router does, and anyone else needs the key; a loopback server only from its host;
-- the router (smg 1.13.0): its metrics on 127.0.0.1:29000 of its host (operations/router.py);
+  bind the router reaches it at (the router's worker URL, operations/fleet.py), through the API
+  key gate in front, which admits the router by the fleet key (``gpuhost_fleet_key_file``) and
+  everyone else by the clients' key: Prometheus sends the fleet key as the router does
+  (prometheus.yml's ``authorization: {type: Bearer, credentials_file: ...}``, Prometheus 2.42's
+  scrape_config, read at each scrape), from its own copy on its host (:data:`PROMETHEUS_KEY`,
+  root:prometheus 0640: the fleet key file is root's alone, and Prometheus runs as
+  ``prometheus``);
+- the router (smg 1.13.0): its metrics on 127.0.0.1:29000 of its host (operations/router.py):
+  no other host reaches the loopback, and on the host the loopback guard admits root's and the
+  ``prometheus`` user's sockets only (operations/loopback_guard.py);
 - each GPU host: Debian's and Ubuntu's ``prometheus-node-exporter`` (1.5.0 in Debian 12), with
   its textfile collector reading what operations/files/gpu_metrics.py writes from nvidia-smi
   every ``gpuhost_gpu_metrics_interval`` seconds (a systemd timer), and its systemd collector
   the server's units (failed: the health gate refused a start). It listens on the host's
-  ``gpuhost_fleet_address`` where the Prometheus host is another, else on the loopback;
+  ``gpuhost_fleet_address`` where the Prometheus host is another, else on the loopback, and
+  answers only with its credential: HTTP basic auth from its own web configuration
+  (``--web.config.file``, exporter-toolkit's ``basic_auth_users`` with a bcrypt hash, in the
+  1.5.0 package; read again at each request), whose password is derived from the fleet key
+  (operations/files/metrics_credentials.py), and which Prometheus sends from a file
+  (``basic_auth: password_file:``). Why that rather than the loopback and a gate in front:
+  it is the exporter's own feature, one file and no process more, and the same on the loopback
+  (where every local user reaches it) as on the fleet address. Hosts without a fleet key use a
+  key made on the host (:data:`METRICS_KEY_FILE`);
 - Prometheus (the ``prometheus`` package, 2.42 in Debian 12, 2.45 in Ubuntu 24.04): on the
   loopback of its host (``gpuhost_prometheus_port``; its UI through an SSH tunnel), data kept
   ``gpuhost_prometheus_retention_days`` days and at most ``gpuhost_prometheus_retention_gib``
@@ -46,7 +60,9 @@ from pyinfra.operations import apt, files, server, systemd
 
 from operations import LIB_DIR, REPO_ROOT
 from operations.fleet import Fleet
+from operations.metrics_auth import credential
 from operations.plan import fact
+from operations.router import key_made
 from operations.run_exit import end_run
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
 
@@ -64,6 +80,26 @@ PROMETHEUS_CONFIG: Final = "/etc/prometheus/prometheus.yml"
 RULES_DIR: Final = "/etc/prometheus/gpuhost-rules"
 TARGETS_DIR: Final = "/etc/prometheus/gpuhost-targets"
 JOBS: Final = ("sglang", "smg", "node")
+#: The group that may read the metrics credentials: the node exporter and Prometheus run as
+#: ``prometheus`` (the packages' units, ``User=prometheus``).
+CREDENTIAL_GROUP: Final = "prometheus"
+#: The user name the node exporters admit (basic auth).
+NODE_EXPORTER_USER: Final = "prometheus"
+#: The node exporter's web configuration (root:prometheus 0640).
+NODE_EXPORTER_WEB_CONFIG: Final = "/etc/gpuhost/node-exporter-web.yml"
+#: The key the metrics credentials come from where host data names no fleet key: made on the
+#: host, root's alone (a host whose node exporter no other host scrapes).
+METRICS_KEY_FILE: Final = "/etc/gpuhost/metrics.key"
+#: Prometheus' copy of the fleet key, sent to the servers' gates, and the node exporters'
+#: password (root:prometheus 0640).
+PROMETHEUS_KEY: Final = "/etc/prometheus/gpuhost-fleet.key"
+PROMETHEUS_PASSWORD: Final = "/etc/prometheus/gpuhost-node-exporter.password"
+
+
+def metrics_key_file(settings: Settings) -> str:
+    """The root-only key the host's metrics credentials are made from: the fleet key where
+    host data names one, else :data:`METRICS_KEY_FILE`."""
+    return settings.fleet_key_file or METRICS_KEY_FILE
 
 
 def prometheus_hosts(fleet: Fleet, settings: Mapping[str, Settings]) -> tuple[str, ...]:
@@ -121,6 +157,7 @@ def node_exporter_args(listen: str, settings: Settings) -> str:
     EnvironmentFile reads backslashes in quotes."""
     units = "|".join(WATCHED_UNITS)
     return (f"--web.listen-address={_hostport(listen, settings.node_exporter_port)} "
+            f"--web.config.file={NODE_EXPORTER_WEB_CONFIG} "
             f"--collector.textfile.directory={TEXTFILE_DIR} "
             f"--collector.systemd --collector.systemd.unit-include=({units})[.]service "
             "--collector.systemd.enable-start-time-metrics")
@@ -143,7 +180,8 @@ def thresholds_context(settings: Settings) -> dict:
 def prometheus_context(prom: str, settings: Settings) -> dict:
     """What templates/prometheus.yml.j2 is rendered with."""
     return {"host": prom, "port": settings.prometheus_port, "rules_dir": RULES_DIR,
-            "targets_dir": TARGETS_DIR, "jobs": JOBS}
+            "targets_dir": TARGETS_DIR, "jobs": JOBS, "key_file": PROMETHEUS_KEY,
+            "node_user": NODE_EXPORTER_USER, "password_file": PROMETHEUS_PASSWORD}
 
 
 def _installed_quietly(package: str, unit: str, defaults: str, args: str):
@@ -181,8 +219,16 @@ def node_exporter(name: str, settings: Mapping[str, Settings],
                for src, dest in (("operations/telemetry.py", "telemetry.py"),
                                  ("operations/files/gpu_metrics.py", "gpu_metrics.py"))]
     listen = node_listen(name, settings, prometheus)
+    installed = fact(DebPackages) or {}
+    apt.packages(name="bcrypt for the node exporter's credential (python3-bcrypt)",
+                 packages=["python3-bcrypt"], no_recommends=True,
+                 update="python3-bcrypt" not in installed)
     defaults = _installed_quietly(NODE_EXPORTER, NODE_EXPORTER, NODE_EXPORTER_DEFAULTS,
                                   node_exporter_args(listen, s))
+    # after the package, which makes the prometheus user; read again at each request
+    credential(name=f"The node exporter's credential {NODE_EXPORTER_WEB_CONFIG}",
+               mode="web-config", key_file=metrics_key_file(s), dest=NODE_EXPORTER_WEB_CONFIG,
+               group=CREDENTIAL_GROUP, user=NODE_EXPORTER_USER)
     context = {"lib_dir": LIB_DIR, "output": GPU_METRICS_FILE, "textfile_dir": TEXTFILE_DIR,
                "interval": s.gpu_metrics_interval}
     units = [files.template(name=f"Unit {GPU_METRICS_UNIT}.{kind}",
@@ -209,6 +255,11 @@ def prometheus(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
                                   prometheus_args(s))
     for folder in (RULES_DIR, TARGETS_DIR):
         files.directory(name=f"{folder}", path=folder, mode="755")
+    # read at each scrape: a new key needs no reload
+    credential(name=f"Prometheus' copy of the fleet key {PROMETHEUS_KEY}", mode="copy",
+               key_file=metrics_key_file(s), dest=PROMETHEUS_KEY, group=CREDENTIAL_GROUP)
+    credential(name=f"The node exporters' password {PROMETHEUS_PASSWORD}", mode="password",
+               key_file=metrics_key_file(s), dest=PROMETHEUS_PASSWORD, group=CREDENTIAL_GROUP)
     config = files.template(name=f"{PROMETHEUS_CONFIG}: gpuhost's jobs",
                             src=str(REPO_ROOT / "templates" / "prometheus.yml.j2"),
                             dest=PROMETHEUS_CONFIG, mode="644", **prometheus_context(prom, s))
@@ -239,7 +290,12 @@ def observability(settings: Mapping[str, Settings], fleet: Fleet) -> None:
     except ValueError as exc:
         end_run("gpuhost: observability refused, no host was touched:\n  - "
                 + str(exc).replace("\n", "\n  - "))
-    if settings[host.name].serving:
+    s = settings[host.name]
+    if s.serving or host.name in prometheus_on:
+        files.directory(name="gpuhost settings folder", path="/etc/gpuhost", mode="755")
+        if not s.fleet_key_file:
+            key_made(name="The metrics key", path=METRICS_KEY_FILE, what="the metrics key")
+    if s.serving:
         node_exporter(host.name, settings, prometheus_on)
     if host.name in prometheus_on:
         prometheus(host.name, fleet, settings, prometheus_on)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jinja2
 import pytest
+import yaml
 
 from operations import fleet, observability
 from operations.settings import SettingsError, from_host_data
@@ -113,6 +114,7 @@ def test_command_lines():
         "--storage.tsdb.retention.time=30d --storage.tsdb.retention.size=50GB")
     assert observability.node_exporter_args("10.0.0.2", s) == (
         "--web.listen-address=10.0.0.2:9101 "
+        "--web.config.file=/etc/gpuhost/node-exporter-web.yml "
         "--collector.textfile.directory=/var/lib/prometheus/node-exporter --collector.systemd "
         "--collector.systemd.unit-include=(sglang|sglang-gate|gpuhost-gpu-metrics)[.]service "
         "--collector.systemd.enable-start-time-metrics")
@@ -188,13 +190,33 @@ def test_prometheus_config_passes_promtool_check_config(promtool, tmp_path):
     for job, groups in observability.scrape_targets("gpu1", planned, s, ("gpu1",)).items():
         (targets / f"{job}.json").write_text(json.dumps(groups))
     context = {**observability.prometheus_context("gpu1", s["gpu1"]),
-               "rules_dir": str(rules), "targets_dir": str(targets)}
-    (tmp_path / "prometheus.yml").write_text(render("prometheus.yml.j2", context))
+               "rules_dir": str(rules), "targets_dir": str(targets),
+               "key_file": str(tmp_path / "fleet.key"),
+               "password_file": str(tmp_path / "node.password")}
+    text = render("prometheus.yml.j2", context)
+    (tmp_path / "prometheus.yml").write_text(text)
     (rules / "gpuhost-alerts-test.yml").unlink()  # not a rule file
-    done = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
-                          capture_output=True, text=True, check=False)
+
+    def check():
+        return subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                              capture_output=True, text=True, check=False)
+
+    # promtool 2.42 checks that the credential files exist: the fields are its own
+    first = check()
+    assert first.returncode == 1 and "fleet.key: no such file" in first.stdout + first.stderr
+    (tmp_path / "fleet.key").write_text("sk-fleet\n")
+    (tmp_path / "node.password").write_text("derived\n")
+    done = check()
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 2 rule files found" in done.stdout
+    # the servers' job sends the fleet key, the node exporters' the password; smg's neither
+    jobs = {j["job_name"]: j for j in yaml.safe_load(text)["scrape_configs"]}
+    assert jobs["sglang"]["authorization"] == {"type": "Bearer",
+                                               "credentials_file": context["key_file"]}
+    assert jobs["node"]["basic_auth"] == {"username": "prometheus",
+                                          "password_file": context["password_file"]}
+    assert "authorization" not in jobs["smg"] and "basic_auth" not in jobs["smg"]
+    assert "sk-" not in text
 
 
 def test_gpu_metrics_units():

@@ -19,15 +19,7 @@ import pytest
 from tests.e2e import lab
 from tests.e2e.test_server import changed
 
-pytestmark = [
-    pytest.mark.e2e, pytest.mark.slow,
-    # Known open (issue #32, found when the fleet's planes were merged): Prometheus scrapes each
-    # server's /metrics through its API key gate, which admitted the router hosts' addresses;
-    # the gates now admit the router by the fleet key only, so those scrapes get 401 until
-    # Prometheus sends the fleet key (a credentials file its own user can read).
-    pytest.mark.xfail(reason="Prometheus does not send the fleet key to the workers' gates yet",
-                      strict=False),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 KEY_FILE = "/root/sglang-api.key"
 SERVING = ("gpu1", "gpu2")
@@ -80,8 +72,10 @@ def fleet(tmp_path_factory):
     lab.sandbox("down", check=False)
 
 
-def get(host: lab.Host, url: str) -> tuple[str, str]:
-    out = host.ssh(f"python3 - '{url}' <<'EOF'\n{GET}EOF", check=False)
+def get(host: lab.Host, url: str, user: str = "root") -> tuple[str, str]:
+    """The status of a GET of ``url`` from ``host`` (and the body), as ``user`` there."""
+    run = "python3" if user == "root" else f"runuser -u {user} -- python3"
+    out = host.ssh(f"cd / && {run} - '{url}' <<'EOF'\n{GET}EOF", check=False)
     status, _, body = out.partition("\n")
     return status.strip(), body
 
@@ -144,11 +138,26 @@ def test_gpu_metrics_under_dcgm_names_and_server_metrics(fleet):
 
 
 def test_no_metrics_endpoint_answers_a_stranger(fleet):
-    """From gpu2 (a worker, not a router host): gpu1's server /metrics through its gate without
-    the key is refused; Prometheus and its UI are not on gpu3's fleet address; the router's
-    metrics neither."""
-    gpu2, sw = fleet["hosts"]["gpu2"], fleet["switch"]
-    assert get(gpu2, f"http://{sw['gpu1']}:8000/metrics")[0] == "401"
+    """From gpu2 (a worker, not a router host) and from a local user of gpu1 (nobody): gpu1's
+    server /metrics through its gate and its node exporter without the fleet's credentials are
+    refused (401), the server's loopback port behind the gate too (the loopback guard's reset);
+    Prometheus and its UI are not on gpu3's fleet address; the router's metrics neither. Yet
+    Prometheus, with the credentials, has every one of them up."""
+    gpu1, gpu2, sw = fleet["hosts"]["gpu1"], fleet["hosts"]["gpu2"], fleet["switch"]
+    for host, user in ((gpu2, "root"), (gpu1, "nobody")):
+        for url in (f"http://{sw['gpu1']}:8000/metrics", f"http://{sw['gpu1']}:9100/metrics",
+                    f"http://{sw['gpu1']}:9100/"):
+            assert get(host, url, user)[0] == "401", (host.name, user, url)
+    assert get(gpu1, "http://127.0.0.1:30000/metrics", "nobody")[0].startswith("refused")
+    # the credentials on the hosts: root and the prometheus group alone
+    for host, path in ((gpu1, "/etc/gpuhost/node-exporter-web.yml"),
+                       (fleet["hosts"][ROUTER_HOST], "/etc/prometheus/gpuhost-fleet.key"),
+                       (fleet["hosts"][ROUTER_HOST],
+                        "/etc/prometheus/gpuhost-node-exporter.password")):
+        assert host.ssh(f"stat -c '%U:%G %a' {path}").strip() == "root:prometheus 640", path
+    assert "sk-" not in fleet["hosts"][ROUTER_HOST].ssh("cat /etc/prometheus/prometheus.yml")
+    up = targets(fleet)
+    assert all(up[(job, n)] == "up" for job in ("sglang", "node") for n in SERVING), up
     assert get(gpu2, f"http://{sw[ROUTER_HOST]}:9090/api/v1/targets")[0].startswith("refused")
     assert get(gpu2, f"http://{sw[ROUTER_HOST]}:29000/metrics")[0].startswith("refused")
     listening = fleet["hosts"][ROUTER_HOST].ssh("ss -Hltn")
