@@ -23,16 +23,19 @@ ANSWERS = {
     "gpus": {"gpu1": 8.0, "gpu2": 8.0},
     "reason_sw_power_cap": {"gpu1": 0.0, "gpu2": 1.0},
     "reason_hw_thermal_slowdown": {"gpu1": 0.0, "gpu2": 0.0},
+    "version": {"gpu1": "0.5.9"},
 }
 
 
 def test_host_and_fleet_lines():
     assert status.host_line("gpu1", ANSWERS) == (
-        "gpu1: serving; up 2 h 5 min; 1.50 req/s, 225.0 output tok/s (5 min); 64 running, "
+        "gpu1: serving; sglang 0.5.9; up 2 h 5 min; 1.50 req/s, 225.0 output tok/s (5 min); 64 running, "
         "3 queued; 8 GPUs at 2620 W of 4800 W (55 %); no throttling")
     assert status.host_line("gpu2", ANSWERS).startswith("gpu2: NOT SERVING; 0.00 req/s")
     assert status.host_line("gpu2", ANSWERS).endswith("held back: sw_power_cap")
     assert status.host_line("r1", ANSWERS) == "r1: no server target"
+    assert status.host_line("gpu2", ANSWERS, "last bench T: 1.0 output tok/s").endswith(
+        "held back: sw_power_cap; last bench T: 1.0 output tok/s")
     assert status.fleet_line(["gpu1", "gpu2", "r1"], ANSWERS) == (
         "fleet: 1 of 2 server(s) serving; 1.50 req/s, 225.0 output tok/s (5 min); "
         "GPUs at 3260 W of 9600 W (34 %)")
@@ -44,7 +47,9 @@ class _Prometheus(BaseHTTPRequestHandler):
     def do_GET(self):
         query = parse_qs(urlsplit(self.path).query)["query"][0]
         result = [{"metric": {"host": "gpu1"}, "value": [1764000000.0, "1"]}] \
-            if "up{" in query else []
+            if "up{" in query else \
+            [{"metric": {"host": "gpu1", "sglang": "0.5.9"}, "value": [1764000000.0, "1"]}] \
+            if "gpuhost_server_info" in query else []
         body = json.dumps({"status": "success",
                            "data": {"resultType": "vector", "result": result}}).encode()
         self.send_response(200)
@@ -54,6 +59,28 @@ class _Prometheus(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def _results(levels):
+    return {"levels": [
+        {"concurrency": c, "bench": {"output_throughput": tps, "p99_ttft_ms": ttft},
+         "gpus": [{"power_mean_pct": p} for p in power]} for c, tps, ttft, power in levels]}
+
+
+def test_the_last_bench_is_the_newest_results_best_level(tmp_path):
+    assert status.last_bench(tmp_path, "gpu1") is None
+    old = tmp_path / "gpu1" / "2026-12-03T11-47-16Z"
+    new = tmp_path / "gpu1" / "2026-12-03T12-22-06Z"
+    for folder in (old, new, tmp_path / "gpu1" / "2026-12-03T12-30-00Z"):
+        folder.mkdir(parents=True)
+    (old / "results.json").write_text(json.dumps(_results([(1, 500.0, 1.0, [90])])))
+    (new / "results.json").write_text(json.dumps(_results(
+        [(1, 10.8, 99.54, [40, 40]), (4, 63.6, 95.7, [44, 46]), (16, 50.0, 300.0, [50])])))
+    # the newest folder has no results (a bench that failed): the one before it counts
+    assert status.last_bench(tmp_path, "gpu1") == (
+        "last bench 2026-12-03T12-22-06Z: 63.6 output tok/s at 4 concurrent, p99 TTFT 96 ms, "
+        "power 45 % of limit")
+    assert status.last_bench(tmp_path, "gpu2") is None
 
 
 def test_the_fact_asks_every_query_and_reads_the_answers():
@@ -69,6 +96,7 @@ def test_the_fact_asks_every_query_and_reads_the_answers():
         server.shutdown()
     assert set(answers) == set(status.QUERIES)
     assert answers["up"] == {"gpu1": 1.0} and answers["tokens_per_s"] == {}
+    assert answers["version"] == {"gpu1": "0.5.9"}
 
 
 def test_no_prometheus_says_so():
