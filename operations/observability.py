@@ -60,6 +60,8 @@ from pyinfra.operations import apt, files, server, systemd
 
 from operations import LIB_DIR, REPO_ROOT
 from operations.fleet import Fleet
+from operations.lock import read_lock
+from operations.loopback_guard import metrics_guard
 from operations.metrics_auth import credential
 from operations.plan import fact
 from operations.router import key_made
@@ -71,6 +73,8 @@ NODE_EXPORTER_DEFAULTS: Final = "/etc/default/prometheus-node-exporter"
 #: Debian's build of the node exporter reads this folder by default (its --help).
 TEXTFILE_DIR: Final = "/var/lib/prometheus/node-exporter"
 GPU_METRICS_FILE: Final = f"{TEXTFILE_DIR}/gpuhost-gpu.prom"
+#: The deploy's info series of the server (status.py's version).
+SERVER_INFO_FILE: Final = f"{TEXTFILE_DIR}/gpuhost-server.prom"
 GPU_METRICS_UNIT: Final = "gpuhost-gpu-metrics"
 #: The units the node exporter's systemd collector reports (the server, its gate, the readings).
 WATCHED_UNITS: Final = ("sglang", "sglang-gate", GPU_METRICS_UNIT)
@@ -149,6 +153,26 @@ def scrape_targets(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
         nodes.append({"targets": [_hostport(listen, s.node_exporter_port)],
                       "labels": {"host": name}})
     return {"sglang": servers, "smg": router, "node": nodes}
+
+
+def _label(value: str) -> str:
+    """A label value in Prometheus' text format: backslash, double quote and newline escaped
+    (its exposition_formats.md)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def server_info(settings: Settings) -> str:
+    """The textfile collector's file of the server's info series: value 1, labelled with the
+    lock's sglang version and the served model name (status.py's version, as node_uname_info
+    carries the kernel's)."""
+    pin = read_lock(settings.lock_path).get("sglang")
+    labels = {"served_model_name": settings.served_model_name,
+              "sglang": pin.version if pin else "unknown"}
+    listed = ",".join(f'{k}="{_label(v)}"' for k, v in sorted(labels.items()))
+    return ("# HELP gpuhost_server_info The SGLang server gpuhost deployed here: the lock's "
+            "sglang version and the served model name.\n"
+            "# TYPE gpuhost_server_info gauge\n"
+            f"gpuhost_server_info{{{listed}}} 1\n")
 
 
 def node_exporter_args(listen: str, settings: Settings) -> str:
@@ -236,6 +260,8 @@ def node_exporter(name: str, settings: Mapping[str, Settings],
                             dest=f"/etc/systemd/system/{GPU_METRICS_UNIT}.{kind}", mode="644",
                             **context)
              for kind in ("service", "timer")]
+    files.put(name=f"The server's info series {SERVER_INFO_FILE}", src=StringIO(server_info(s)),
+              dest=SERVER_INFO_FILE, mode="644", create_remote_dir=False)
     running = _running(NODE_EXPORTER)
     systemd.service(name=f"Start {NODE_EXPORTER}", service=f"{NODE_EXPORTER}.service",
                     running=True, enabled=True, restarted=defaults.will_change and running)
@@ -274,6 +300,7 @@ def prometheus(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
         files.put(name=f"Scrape targets: {job}",
                   src=StringIO(json.dumps(groups, indent=2, sort_keys=True) + "\n"),
                   dest=f"{TARGETS_DIR}/{job}.json", mode="644", create_remote_dir=False)
+    metrics_guard(ROUTER_METRICS_PORT, (PROMETHEUS,))  # the user the package made
     running = _running(PROMETHEUS)
     systemd.service(name=f"Start {PROMETHEUS}", service=f"{PROMETHEUS}.service", running=True,
                     enabled=True, restarted=defaults.will_change and running,
@@ -299,3 +326,5 @@ def observability(settings: Mapping[str, Settings], fleet: Fleet) -> None:
         node_exporter(host.name, settings, prometheus_on)
     if host.name in prometheus_on:
         prometheus(host.name, fleet, settings, prometheus_on)
+    elif host.name in fleet.routers:
+        metrics_guard(ROUTER_METRICS_PORT, ())

@@ -227,3 +227,14 @@ def test_gpu_metrics_units():
             "/var/lib/prometheus/node-exporter/gpuhost-gpu.prom") in service
     assert "ReadWritePaths=/var/lib/prometheus/node-exporter" in service
     assert "OnUnitActiveSec=15s" in render("gpuhost-gpu-metrics.timer.j2", context)
+
+
+def test_the_servers_info_series_names_the_locks_sglang(promtool):
+    from tests.conftest import promtool_check_metrics
+
+    s = settings("gpu1", served_model_name='glm-5.x')
+    text = observability.server_info(s)
+    assert 'gpuhost_server_info{served_model_name="glm-5.x",sglang="0.5.9"} 1\n' in text
+    assert promtool_check_metrics(promtool, text) == []
+    # Prometheus' text format escapes (exposition_formats.md): backslash, quote, newline
+    assert observability._label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
