@@ -141,7 +141,8 @@ def test_gpu_metrics_under_dcgm_names_and_server_metrics(fleet):
 def test_no_metrics_endpoint_answers_a_stranger(fleet):
     """From gpu2 (a worker, not a router host) and from a local user of gpu1 (nobody): gpu1's
     server /metrics through its gate and its node exporter without the fleet's credentials are
-    refused (401), the server's loopback port behind the gate too (the loopback guard's reset);
+    refused (401), the server's loopback port behind the gate too (the loopback guard's reset),
+    and the router's metrics to a local user of gpu3;
     Prometheus and its UI are not on gpu3's fleet address; the router's metrics neither. Yet
     Prometheus, with the credentials, has every one of them up."""
     gpu1, gpu2, sw = fleet["hosts"]["gpu1"], fleet["hosts"]["gpu2"], fleet["switch"]
@@ -150,6 +151,10 @@ def test_no_metrics_endpoint_answers_a_stranger(fleet):
                     f"http://{sw['gpu1']}:9100/"):
             assert get(host, url, user)[0] == "401", (host.name, user, url)
     assert get(gpu1, "http://127.0.0.1:30000/metrics", "nobody")[0].startswith("refused")
+    # the router's metrics: the loopback, and there root's and Prometheus' sockets alone
+    router = fleet["hosts"][ROUTER_HOST]
+    assert get(router, "http://127.0.0.1:29000/metrics", "nobody")[0].startswith("refused")
+    assert get(router, "http://127.0.0.1:29000/metrics")[0] == "200"
     # the credentials on the hosts: root and the prometheus group alone
     for host, path in ((gpu1, "/etc/gpuhost/node-exporter-web.yml"),
                        (fleet["hosts"][ROUTER_HOST], "/etc/prometheus/gpuhost-fleet.key"),
