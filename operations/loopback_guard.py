@@ -103,9 +103,12 @@ def loopback_guard(ports: tuple[int, ...]) -> None:
                     daemon_reload=service.will_change)
 
 
-def metrics_rules(port: int, users: tuple[str, ...]) -> str:
-    """The nft file of the router's metrics ``port``: refused on the loopback to every socket
-    but root's and ``users``' (names, resolved by nft when it loads the file)."""
+def metrics_rules(ports: tuple[int, ...], users: tuple[str, ...]) -> str:
+    """The nft file of the router's metrics port (and Alertmanager's, where it runs):
+    ``ports`` refused on the loopback to every socket but root's and ``users``' (names,
+    resolved by nft when it loads the file)."""
+    listed = ", ".join(str(p) for p in ports)
+    dport = f"{{ {listed} }}" if len(ports) > 1 else listed
     allowed = ", ".join(("0", *users))
     owners = f"{{ {allowed} }}" if users else "0"
     return (f"# Managed by gpuhost from host data (operations/loopback_guard.py).\n"
@@ -114,7 +117,8 @@ def metrics_rules(port: int, users: tuple[str, ...]) -> str:
             f"table inet {METRICS_TABLE} {{\n"
             f"\tchain output {{\n"
             f"\t\ttype filter hook output priority filter; policy accept;\n"
-            f"\t\toifname \"lo\" tcp dport {port} meta skuid != {owners} reject with tcp reset\n"
+            f"\t\toifname \"lo\" tcp dport {dport} meta skuid != {owners} "
+            "reject with tcp reset\n"
             f"\t}}\n"
             f"}}\n")
 
@@ -124,7 +128,7 @@ def metrics_unit() -> str:
     router (its table loads after the router's first start, see the module's docstring)."""
     return ("# Managed by gpuhost from host data (operations/loopback_guard.py).\n"
             "[Unit]\n"
-            "Description=gpuhost: the router's metrics port for root and Prometheus only\n"
+            "Description=gpuhost: the router's metrics and Alertmanager for root and Prometheus\n"
             "DefaultDependencies=no\n"
             "After=nftables.service\n"
             "Before=network-pre.target sglang-router.service\n"
@@ -140,16 +144,15 @@ def metrics_unit() -> str:
             "WantedBy=multi-user.target\n")
 
 
-def metrics_guard(port: int, users: tuple[str, ...]) -> None:
-    """The router's metrics ``port`` on the loopback for root's and ``users``' sockets only,
-    now and at each boot; reloaded when that changes. Plan it after the package that makes
-    ``users``."""
+def metrics_guard(ports: tuple[int, ...], users: tuple[str, ...]) -> None:
+    """``ports`` on the loopback for root's and ``users``' sockets only, now and at each boot;
+    reloaded when that changes. Plan it after the package that makes ``users``."""
     installed = fact(DebPackages) or {}
     apt.packages(name="nftables for the metrics guard", packages=["nftables"],
                  no_recommends=True, update="nftables" not in installed)
     files.directory(name="gpuhost settings folder", path="/etc/gpuhost", mode="755")
     table = files.put(name=f"Metrics guard {METRICS_RULES_PATH}",
-                      src=StringIO(metrics_rules(port, users)), dest=METRICS_RULES_PATH,
+                      src=StringIO(metrics_rules(ports, users)), dest=METRICS_RULES_PATH,
                       mode="644", create_remote_dir=False)
     service = files.put(name=f"Unit {METRICS_UNIT}", src=StringIO(metrics_unit()),
                         dest=f"/etc/systemd/system/{METRICS_UNIT}", mode="644",

@@ -66,6 +66,7 @@ from operations.metrics_auth import credential
 from operations.plan import fact
 from operations.router import key_made
 from operations.run_exit import end_run
+from operations.secret_template import secret_template
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
 
 NODE_EXPORTER: Final = "prometheus-node-exporter"
@@ -81,6 +82,10 @@ WATCHED_UNITS: Final = ("sglang", "sglang-gate", GPU_METRICS_UNIT)
 PROMETHEUS: Final = "prometheus"
 PROMETHEUS_DEFAULTS: Final = "/etc/default/prometheus"
 PROMETHEUS_CONFIG: Final = "/etc/prometheus/prometheus.yml"
+ALERTMANAGER: Final = "prometheus-alertmanager"
+ALERTMANAGER_DEFAULTS: Final = "/etc/default/prometheus-alertmanager"
+#: gpuhost's own file beside the package's alertmanager.yml (a conffile, left as shipped).
+ALERTMANAGER_CONFIG: Final = "/etc/prometheus/gpuhost-alertmanager.yml"
 RULES_DIR: Final = "/etc/prometheus/gpuhost-rules"
 TARGETS_DIR: Final = "/etc/prometheus/gpuhost-targets"
 JOBS: Final = ("sglang", "smg", "node")
@@ -195,6 +200,16 @@ def prometheus_args(settings: Settings) -> str:
             f"--storage.tsdb.retention.size={settings.prometheus_retention_gib}GB")
 
 
+def alertmanager_args(settings: Settings) -> str:
+    """Alertmanager's command line (its ARGS in /etc/default/prometheus-alertmanager): its
+    API and UI on the loopback (the package's default is every interface, ``:9093``), and no
+    cluster (``--cluster.listen-address`` empty: its default gossips on 0.0.0.0:9094;
+    Alertmanager 0.25's --help)."""
+    return (f"--config.file={ALERTMANAGER_CONFIG} "
+            f"--web.listen-address=127.0.0.1:{settings.alertmanager_port} "
+            "--cluster.listen-address=")
+
+
 def thresholds_context(settings: Settings) -> dict:
     """What templates/gpuhost-thresholds.yml.j2 is rendered with."""
     return {"ttft_p99": float(settings.alert_ttft_p99), "itl_p99": float(settings.alert_itl_p99),
@@ -205,7 +220,9 @@ def prometheus_context(prom: str, settings: Settings) -> dict:
     """What templates/prometheus.yml.j2 is rendered with."""
     return {"host": prom, "port": settings.prometheus_port, "rules_dir": RULES_DIR,
             "targets_dir": TARGETS_DIR, "jobs": JOBS, "key_file": PROMETHEUS_KEY,
-            "node_user": NODE_EXPORTER_USER, "password_file": PROMETHEUS_PASSWORD}
+            "node_user": NODE_EXPORTER_USER, "password_file": PROMETHEUS_PASSWORD,
+            "alertmanager": (f"127.0.0.1:{settings.alertmanager_port}"
+                             if settings.alert_webhook_url else None)}
 
 
 def _installed_quietly(package: str, unit: str, defaults: str, args: str):
@@ -271,6 +288,29 @@ def node_exporter(name: str, settings: Mapping[str, Settings],
                     daemon_reload=any(u.will_change for u in units))
 
 
+def alertmanager(prom: str, s: Settings) -> None:
+    """Debian's and Ubuntu's Alertmanager beside the Prometheus on ``prom``, where host data
+    names a webhook (``gpuhost_alert_webhook_url``): every alert to it, firing and resolved
+    (templates/gpuhost-alertmanager.yml.j2); its file root:prometheus 0640 and, under --diff,
+    masked (a webhook URL may hold a token). Where none is named, an Alertmanager an earlier
+    deploy set up is stopped and disabled (Prometheus no longer sends to it)."""
+    if not s.alert_webhook_url:
+        if ALERTMANAGER in (fact(DebPackages) or {}):
+            systemd.service(name=f"Stop {ALERTMANAGER}: no gpuhost_alert_webhook_url",
+                            service=f"{ALERTMANAGER}.service", running=False, enabled=False)
+        return
+    defaults = _installed_quietly(ALERTMANAGER, ALERTMANAGER, ALERTMANAGER_DEFAULTS,
+                                  alertmanager_args(s))
+    config = secret_template(name=f"{ALERTMANAGER_CONFIG}: the webhook",
+                             src=str(REPO_ROOT / "templates" / "gpuhost-alertmanager.yml.j2"),
+                             dest=ALERTMANAGER_CONFIG, mode="640", user="root",
+                             group=CREDENTIAL_GROUP, host=prom, url=s.alert_webhook_url)
+    running = _running(ALERTMANAGER)
+    systemd.service(name=f"Start {ALERTMANAGER}", service=f"{ALERTMANAGER}.service",
+                    running=True, enabled=True, restarted=defaults.will_change and running,
+                    reloaded=running and not defaults.will_change and config.will_change)
+
+
 def prometheus(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
                prometheus_on: tuple[str, ...]) -> None:
     """Prometheus on router host ``prom``: its configuration, gpuhost's alert rules and the
@@ -300,7 +340,9 @@ def prometheus(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
         files.put(name=f"Scrape targets: {job}",
                   src=StringIO(json.dumps(groups, indent=2, sort_keys=True) + "\n"),
                   dest=f"{TARGETS_DIR}/{job}.json", mode="644", create_remote_dir=False)
-    metrics_guard(ROUTER_METRICS_PORT, (PROMETHEUS,))  # the user the package made
+    guarded = (ROUTER_METRICS_PORT, *((s.alertmanager_port,) if s.alert_webhook_url else ()))
+    alertmanager(prom, s)
+    metrics_guard(guarded, (PROMETHEUS,))  # the user the packages made
     running = _running(PROMETHEUS)
     systemd.service(name=f"Start {PROMETHEUS}", service=f"{PROMETHEUS}.service", running=True,
                     enabled=True, restarted=defaults.will_change and running,
@@ -327,4 +369,4 @@ def observability(settings: Mapping[str, Settings], fleet: Fleet) -> None:
     if host.name in prometheus_on:
         prometheus(host.name, fleet, settings, prometheus_on)
     elif host.name in fleet.routers:
-        metrics_guard(ROUTER_METRICS_PORT, ())
+        metrics_guard((ROUTER_METRICS_PORT,), ())

@@ -26,7 +26,7 @@ def test_the_unit_loads_before_the_servers_and_is_reloaded_not_restarted():
 
 
 def test_the_routers_metrics_admit_root_and_prometheus_alone():
-    lines = [line.strip() for line in loopback_guard.metrics_rules(29000, ("prometheus",))
+    lines = [line.strip() for line in loopback_guard.metrics_rules((29000,), ("prometheus",))
              .splitlines()]
     assert lines[1:4] == ["table inet gpuhost_metrics_guard",
                           "delete table inet gpuhost_metrics_guard",
@@ -34,7 +34,9 @@ def test_the_routers_metrics_admit_root_and_prometheus_alone():
     assert ('oifname "lo" tcp dport 29000 meta skuid != { 0, prometheus } reject with tcp reset'
             in lines)
     assert ('oifname "lo" tcp dport 29000 meta skuid != 0 reject with tcp reset'
-            in loopback_guard.metrics_rules(29000, ()))
+            in loopback_guard.metrics_rules((29000,), ()))
+    assert ('oifname "lo" tcp dport { 29000, 9093 } meta skuid != { 0, prometheus } reject with '
+            'tcp reset' in loopback_guard.metrics_rules((29000, 9093), ("prometheus",)))
     unit = loopback_guard.metrics_unit()
     assert "ExecStart=/usr/sbin/nft -f /etc/gpuhost/metrics-guard.nft" in unit
     # loaded after the package made the user: nothing requires it (the router starts before)

@@ -238,3 +238,40 @@ def test_the_servers_info_series_names_the_locks_sglang(promtool):
     assert promtool_check_metrics(promtool, text) == []
     # Prometheus' text format escapes (exposition_formats.md): backslash, quote, newline
     assert observability._label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+
+
+def test_the_webhook_config_passes_amtool_and_prometheus_sends_to_it(amtool, promtool,
+                                                                      tmp_path):
+    s = settings("gpu1", alert_webhook_url="https://hooks.example.org/T0/abc?x=1&y='2'",
+                 alertmanager_port=9193)
+    text = render("gpuhost-alertmanager.yml.j2", {"host": "gpu1", "url": s.alert_webhook_url})
+    (tmp_path / "am.yml").write_text(text)
+    done = subprocess.run([amtool, "check-config", str(tmp_path / "am.yml")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = yaml.safe_load(text)
+    assert config["receivers"][0]["webhook_configs"] == [
+        {"url": s.alert_webhook_url, "send_resolved": True}]
+    assert config["route"]["receiver"] == "webhook"
+    assert observability.alertmanager_args(s) == (
+        "--config.file=/etc/prometheus/gpuhost-alertmanager.yml "
+        "--web.listen-address=127.0.0.1:9193 --cluster.listen-address=")
+    context = observability.prometheus_context("gpu1", s)
+    assert yaml.safe_load(render("prometheus.yml.j2", context))["alerting"] == {
+        "alertmanagers": [{"static_configs": [{"targets": ["127.0.0.1:9193"]}]}]}
+    # no webhook: no Alertmanager for Prometheus
+    plain = observability.prometheus_context("gpu1", settings("gpu1"))
+    assert "alerting" not in yaml.safe_load(render("prometheus.yml.j2", plain))
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"alert_webhook_url": "hooks.example.org/x"},
+     "gpuhost_alert_webhook_url = 'hooks.example.org/x' is not allowed: an http(s) URL"),
+    ({"alertmanager_port": 9100},
+     "gpuhost_alertmanager_port = 9100 is not allowed: a port other than "
+     "gpuhost_node_exporter_port's (9100): Alertmanager listens there"),
+])
+def test_bad_webhook_settings_are_named(data, message):
+    with pytest.raises(SettingsError) as err:
+        settings("gpu1", **data)
+    assert message in str(err.value)

@@ -28,6 +28,18 @@ ROUTER_HOST = "gpu3"
 PROMETHEUS = "http://127.0.0.1:9090"
 ROUTER_KEY_FILE = "/root/router-api.key"
 FLEET_KEY_FILE = "/root/fleet.key"
+#: The webhook receiver on the router host (its loopback): each POST's body, one line each.
+HOOK_LOG = "/root/webhook.jsonl"
+HOOK_URL = "http://127.0.0.1:9999/hook"
+HOOK = ("import http.server\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_POST(self):\n"
+        "        body = self.rfile.read(int(self.headers.get('Content-Length', 0)))\n"
+        f"        with open('{HOOK_LOG}', 'ab') as f:\n"
+        "            f.write(body.replace(b'\\n', b' ') + b'\\n')\n"
+        "        self.send_response(200)\n"
+        "        self.end_headers()\n"
+        "http.server.HTTPServer(('127.0.0.1', 9999), H).serve_forever()\n")
 GET = ("import sys, urllib.request as u\ntry:\n    r = u.urlopen(sys.argv[1], timeout=10)\n"
        "    print(r.status); print(r.read().decode())\nexcept u.HTTPError as e:\n"
        "    print(e.code)\nexcept OSError as e:\n    print('refused', e)\n")
@@ -43,7 +55,8 @@ def write_inventory(path: Path) -> str:
             data.update(gpuhost_server_host=h["switch_address"], gpuhost_api_key_file=KEY_FILE)
         else:
             data.update(gpuhost_router_health_check_interval_secs=2,
-                        gpuhost_router_api_key_file=ROUTER_KEY_FILE)
+                        gpuhost_router_api_key_file=ROUTER_KEY_FILE,
+                        gpuhost_alert_webhook_url=HOOK_URL)
         entries.append((h["name"], data))
     literal = json.dumps(json.dumps(entries))
     path.write_text(f"import json\nsandbox = [tuple(e) for e in json.loads({literal})]\n"
@@ -62,6 +75,9 @@ def fleet(tmp_path_factory):
     for h in hosts:  # the fleet's planes (docs/security.md): the same fleet key everywhere
         h.ssh(f"umask 077; printf '%s\\n' {fleet_key} > {FLEET_KEY_FILE}")
     hosts[2].ssh(f"umask 077; printf '%s\\n' {router_key} > {ROUTER_KEY_FILE}")
+    # a webhook receiver where Alertmanager posts (the router host's loopback, root's)
+    hosts[2].ssh(f"cat > /root/webhook.py <<'EOF'\n{HOOK}EOF\n"
+                 "systemd-run --unit=test-webhook python3 /root/webhook.py")
     switch = {h["name"]: h["switch_address"]
               for h in json.loads(lab.sandbox("status", "--json").stdout)}
     inventory = write_inventory(tmp_path_factory.mktemp("obs") / "inventory.py")
@@ -155,6 +171,11 @@ def test_no_metrics_endpoint_answers_a_stranger(fleet):
     router = fleet["hosts"][ROUTER_HOST]
     assert get(router, "http://127.0.0.1:29000/metrics", "nobody")[0].startswith("refused")
     assert get(router, "http://127.0.0.1:29000/metrics")[0] == "200"
+    # Alertmanager: the loopback, no cluster port, and a local user's connection reset
+    assert get(router, "http://127.0.0.1:9093/api/v2/status", "nobody")[0].startswith("refused")
+    assert get(router, "http://127.0.0.1:9093/api/v2/status")[0] == "200"
+    listening = router.ssh("ss -Hltn")
+    assert "127.0.0.1:9093" in listening and ":9094" not in listening, listening
     # the credentials on the hosts: root and the prometheus group alone
     for host, path in ((gpu1, "/etc/gpuhost/node-exporter-web.yml"),
                        (fleet["hosts"][ROUTER_HOST], "/etc/prometheus/gpuhost-fleet.key"),
@@ -224,6 +245,18 @@ def test_a_stopped_server_fires_its_alert_and_a_restart_clears_it(fleet):
                           timeout=180)
         print(f"SGLangServerDown firing {time.monotonic() - started:.0f} s after the stop")
         assert [a["labels"]["host"] for a in alerts] == ["gpu1"]
+        # and Alertmanager posted it to the webhook host data names
+        router = fleet["hosts"][ROUTER_HOST]
+
+        def posted():
+            out = router.ssh(f"cat {HOOK_LOG} 2>/dev/null || true")
+            return [a for line in out.splitlines() if line.strip()
+                    for a in json.loads(line)["alerts"]
+                    if a["status"] == "firing" and a["labels"]["alertname"] == "SGLangServerDown"
+                    and a["labels"]["host"] == "gpu1"]
+
+        wait_for("the webhook got SGLangServerDown", posted, timeout=180)
+        print(f"webhook got SGLangServerDown {time.monotonic() - started:.0f} s after the stop")
     finally:
         gpu1.ssh("systemctl start sglang.service")
     started = time.monotonic()
