@@ -64,9 +64,9 @@ class MetricsCredential(FactBase[Current]):
 @operation()
 def credential(mode: str, key_file: str, dest: str, group: str, user: str = ""):
     """A root:``group`` 0640 file at ``dest`` made from the root-only ``key_file`` on the host:
-    its copy (``mode="copy"``), the node exporters' password (``"password"``), or the node
-    exporter's web configuration for ``user`` (``"web-config"``); written only where it is not
-    already that (operations/files/metrics_credentials.py).
+    its copy (``mode="copy"``), the metrics password (``"password"``), or a web configuration
+    for ``user`` (``"web-config"``: the node exporter's, Prometheus'); written only where it is
+    not already that (operations/files/metrics_credentials.py).
 
     + mode: copy, password or web-config
     + key_file: the root-only key file on the host

@@ -24,12 +24,14 @@ What is measured where (docs/observability.md):
   (``--web.config.file``, exporter-toolkit's ``basic_auth_users`` with a bcrypt hash, in the
   1.5.0 package; read again at each request), whose password is derived from the fleet key
   (operations/files/metrics_credentials.py), and which Prometheus sends from a file
-  (``basic_auth: password_file:``). Why that rather than the loopback and a gate in front:
-  it is the exporter's own feature, one file and no process more, and the same on the loopback
-  (where every local user reaches it) as on the fleet address. Hosts without a fleet key use a
-  key made on the host (:data:`METRICS_KEY_FILE`);
+  (``basic_auth: password_file:``, :data:`PROMETHEUS_PASSWORD`). Why that rather than the
+  loopback and a gate in front: it is the exporter's own feature, one file and no process
+  more, and the same on the loopback (where every local user reaches it) as on the fleet
+  address. Hosts without a fleet key use a key made on the host (:data:`METRICS_KEY_FILE`);
 - Prometheus (the ``prometheus`` package, 2.42 in Debian 12, 2.45 in Ubuntu 24.04): on the
-  loopback of its host (``gpuhost_prometheus_port``; its UI through an SSH tunnel), data kept
+  loopback of its host (``gpuhost_prometheus_port``; its UI through an SSH tunnel), its API and
+  UI behind the metrics password too (``--web.config.file``, the same exporter-toolkit basic
+  auth as the node exporters': the loopback is every local user's), data kept
   ``gpuhost_prometheus_retention_days`` days and at most ``gpuhost_prometheus_retention_gib``
   GiB (Prometheus' size units are powers of two: its ``--storage.tsdb.retention.size`` help).
 
@@ -99,10 +101,12 @@ NODE_EXPORTER_WEB_CONFIG: Final = "/etc/gpuhost/node-exporter-web.yml"
 #: The key the metrics credentials come from where host data names no fleet key: made on the
 #: host, root's alone (a host whose node exporter no other host scrapes).
 METRICS_KEY_FILE: Final = "/etc/gpuhost/metrics.key"
-#: Prometheus' copy of the fleet key, sent to the servers' gates, and the node exporters'
-#: password (root:prometheus 0640).
+#: Prometheus' copy of the fleet key, sent to the servers' gates, and the metrics password
+#: (the node exporters' and Prometheus' own; root:prometheus 0640).
 PROMETHEUS_KEY: Final = "/etc/prometheus/gpuhost-fleet.key"
-PROMETHEUS_PASSWORD: Final = "/etc/prometheus/gpuhost-node-exporter.password"
+PROMETHEUS_PASSWORD: Final = "/etc/prometheus/gpuhost-metrics.password"
+#: Prometheus' own web configuration: its API and UI admit the metrics password only.
+PROMETHEUS_WEB_CONFIG: Final = "/etc/prometheus/gpuhost-web.yml"
 
 
 def metrics_key_file(settings: Settings) -> str:
@@ -196,6 +200,7 @@ def prometheus_args(settings: Settings) -> str:
     """Prometheus' command line (its ARGS in /etc/default/prometheus)."""
     return (f"--config.file={PROMETHEUS_CONFIG} "
             f"--web.listen-address=127.0.0.1:{settings.prometheus_port} "
+            f"--web.config.file={PROMETHEUS_WEB_CONFIG} "
             f"--storage.tsdb.retention.time={settings.prometheus_retention_days}d "
             f"--storage.tsdb.retention.size={settings.prometheus_retention_gib}GB")
 
@@ -324,8 +329,11 @@ def prometheus(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
     # read at each scrape: a new key needs no reload
     credential(name=f"Prometheus' copy of the fleet key {PROMETHEUS_KEY}", mode="copy",
                key_file=metrics_key_file(s), dest=PROMETHEUS_KEY, group=CREDENTIAL_GROUP)
-    credential(name=f"The node exporters' password {PROMETHEUS_PASSWORD}", mode="password",
+    credential(name=f"The metrics password {PROMETHEUS_PASSWORD}", mode="password",
                key_file=metrics_key_file(s), dest=PROMETHEUS_PASSWORD, group=CREDENTIAL_GROUP)
+    credential(name=f"Prometheus' own credential {PROMETHEUS_WEB_CONFIG}", mode="web-config",
+               key_file=metrics_key_file(s), dest=PROMETHEUS_WEB_CONFIG,
+               group=CREDENTIAL_GROUP, user=NODE_EXPORTER_USER)
     config = files.template(name=f"{PROMETHEUS_CONFIG}: gpuhost's jobs",
                             src=str(REPO_ROOT / "templates" / "prometheus.yml.j2"),
                             dest=PROMETHEUS_CONFIG, mode="644", **prometheus_context(prom, s))

@@ -1367,8 +1367,8 @@ def _check_serving(host: str, s: Settings) -> None:
 
 def _check_observability_ports(host: str, s: Settings) -> None:
     """Prometheus and Alertmanager (on the loopback of their host) and the node exporter (on the
-    fleet address or the loopback) listen beside the server, its gate, the router and the router's metrics: no
-    two of them on one port."""
+    fleet address or the loopback) listen beside the server, its gate, the router and the
+    router's metrics: no two of them on one port."""
     taken = {ROUTER_METRICS_PORT: "the router's metrics (127.0.0.1)"}
     for key in ("server_port", "server_backend_port", "router_port", "router_backend_port"):
         taken.setdefault(getattr(s, key), PREFIX + key)

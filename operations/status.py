@@ -53,10 +53,19 @@ QUERIES: Final = {
 LABELS: Final = {"version": "sglang"}
 
 _SCRIPT: Final = """
-import json, sys, time, urllib.parse, urllib.request
-base, window, out = sys.argv[1], int(sys.argv[2]), {}
+import base64, json, sys, time, urllib.parse, urllib.request
+base, window, user, secret, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], {}
 now = time.time()
-for arg in sys.argv[3:]:
+headers = {}
+if secret:
+    try:
+        with open(secret) as f:
+            pair = (user + ":" + f.read().strip()).encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+    except OSError as exc:
+        print(json.dumps({"up": {"error": "the password file: " + str(exc.strerror)}}))
+        sys.exit(0)
+for arg in sys.argv[5:]:
     name, _, query = arg.partition("=")
     if window:
         url = (base + "/api/v1/query_range?" + urllib.parse.urlencode(
@@ -64,7 +73,8 @@ for arg in sys.argv[3:]:
     else:
         url = base + "/api/v1/query?query=" + urllib.parse.quote(query)
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=10) as r:
             out[name] = json.load(r)["data"]["result"]
     except Exception as exc:
         out[name] = {"error": type(exc).__name__ + ": " + str(exc)}
@@ -85,8 +95,9 @@ WINDOW_S: Final = 3600
 
 
 class PrometheusAnswers(FactBase):
-    """Each of QUERIES answered by the Prometheus on this host's loopback: ``{name: {host:
-    value}}``, or ``{"error": "..."}`` where it does not answer.
+    """Each of QUERIES answered by the Prometheus on this host's loopback, asked with HTTP basic
+    auth as ``user`` with the password in ``password_file`` (read on the host; none without
+    one): ``{name: {host: value}}``, or ``{"error": "..."}`` where it does not answer.
 
     .. code:: python
 
@@ -97,11 +108,11 @@ class PrometheusAnswers(FactBase):
     window = 0
 
     @override
-    def command(self, port: int) -> str:
+    def command(self, port: int, user: str = "", password_file: str = "") -> str:
         args = [f"{name}={query}" for name, query in self.queries.items()]
         return " ".join(shlex.quote(a) for a in
                         ["python3", "-c", _SCRIPT, f"http://127.0.0.1:{port}", str(self.window),
-                         *args])
+                         user, password_file, *args])
 
     @override
     def process(self, output: Iterable[str]) -> dict[str, Any]:

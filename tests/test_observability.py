@@ -111,6 +111,7 @@ def test_command_lines():
                  prometheus_retention_gib=50, node_exporter_port=9101)
     assert observability.prometheus_args(s) == (
         "--config.file=/etc/prometheus/prometheus.yml --web.listen-address=127.0.0.1:9091 "
+        "--web.config.file=/etc/prometheus/gpuhost-web.yml "
         "--storage.tsdb.retention.time=30d --storage.tsdb.retention.size=50GB")
     assert observability.node_exporter_args("10.0.0.2", s) == (
         "--web.listen-address=10.0.0.2:9101 "
@@ -216,6 +217,8 @@ def test_prometheus_config_passes_promtool_check_config(promtool, tmp_path):
     assert jobs["node"]["basic_auth"] == {"username": "prometheus",
                                           "password_file": context["password_file"]}
     assert "authorization" not in jobs["smg"] and "basic_auth" not in jobs["smg"]
+    # Prometheus' own web admits the password alone: it scrapes itself with it
+    assert jobs["prometheus"]["basic_auth"] == jobs["node"]["basic_auth"]
     assert "sk-" not in text
 
 

@@ -3,6 +3,7 @@ command is the query script, run here against a stand-in of Prometheus' /api/v1/
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import threading
@@ -29,8 +30,8 @@ ANSWERS = {
 
 def test_host_and_fleet_lines():
     assert status.host_line("gpu1", ANSWERS) == (
-        "gpu1: serving; sglang 0.5.9; up 2 h 5 min; 1.50 req/s, 225.0 output tok/s (5 min); 64 running, "
-        "3 queued; 8 GPUs at 2620 W of 4800 W (55 %); no throttling")
+        "gpu1: serving; sglang 0.5.9; up 2 h 5 min; 1.50 req/s, 225.0 output tok/s (5 min); "
+        "64 running, 3 queued; 8 GPUs at 2620 W of 4800 W (55 %); no throttling")
     assert status.host_line("gpu2", ANSWERS).startswith("gpu2: NOT SERVING; 0.00 req/s")
     assert status.host_line("gpu2", ANSWERS).endswith("held back: sw_power_cap")
     assert status.host_line("r1", ANSWERS) == "r1: no server target"
@@ -42,9 +43,17 @@ def test_host_and_fleet_lines():
 
 
 class _Prometheus(BaseHTTPRequestHandler):
-    """/api/v1/query as Prometheus answers an instant query (its HTTP API docs)."""
+    """/api/v1/query as Prometheus answers an instant query (its HTTP API docs); with
+    ``password`` set, 401 without that basic auth (its --web.config.file)."""
+
+    password = ""
 
     def do_GET(self):
+        wanted = "Basic " + base64.b64encode(f"prometheus:{self.password}".encode()).decode()
+        if self.password and self.headers.get("Authorization") != wanted:
+            self.send_response(401)
+            self.end_headers()
+            return
         query = parse_qs(urlsplit(self.path).query)["query"][0]
         result = [{"metric": {"host": "gpu1"}, "value": [1764000000.0, "1"]}] \
             if "up{" in query else \
@@ -97,6 +106,29 @@ def test_the_fact_asks_every_query_and_reads_the_answers():
     assert set(answers) == set(status.QUERIES)
     assert answers["up"] == {"gpu1": 1.0} and answers["tokens_per_s"] == {}
     assert answers["version"] == {"gpu1": "0.5.9"}
+
+
+def test_the_fact_sends_the_password_from_its_file(tmp_path):
+    class Locked(_Prometheus):
+        password = "derived-password"
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Locked)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp_path / "pw").write_text("derived-password\n")
+    try:
+        fact = status.PrometheusAnswers()
+        port = server.server_address[1]
+        asked = fact.command(port=port, user="prometheus", password_file=str(tmp_path / "pw"))
+        assert "derived-password" not in asked  # read on the host, never on the command line
+        found = fact.process(subprocess.run(["sh", "-c", asked], capture_output=True, text=True,
+                                            timeout=60, check=True).stdout.splitlines())
+        refused = fact.process(subprocess.run(["sh", "-c", fact.command(port=port)],
+                                              capture_output=True, text=True, timeout=60,
+                                              check=True).stdout.splitlines())
+    finally:
+        server.shutdown()
+    assert found["up"] == {"gpu1": 1.0}
+    assert refused["error"].startswith("Prometheus did not answer up: HTTPError: HTTP Error 401")
 
 
 def test_no_prometheus_says_so():

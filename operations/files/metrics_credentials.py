@@ -7,9 +7,10 @@ units' ``User=prometheus``), mode 0640:
 
 - ``copy KEY DEST GROUP``: DEST holds KEY's secret, one line. The Prometheus host's copy of the
   fleet key, which Prometheus sends to the workers' API key gates (``authorization:
-  credentials_file:`` of prometheus.yml) and, as the node exporters' password, its
-  :func:`password` (``basic_auth: password_file:``).
-- ``web-config KEY DEST USER GROUP``: DEST is the node exporter's web configuration
+  credentials_file:`` of prometheus.yml) and, as the metrics password (the node exporters'
+  and Prometheus' own web), its :func:`password` (``basic_auth: password_file:``).
+- ``web-config KEY DEST USER GROUP``: DEST is the node exporter's (or Prometheus') web
+  configuration
   (exporter-toolkit's ``--web.config.file``, node exporter 1.5.0: ``basic_auth_users``, a
   user name and the bcrypt hash of its password; exporter-toolkit's docs/web-configuration.md),
   with USER and the bcrypt hash of :func:`password`. bcrypt from the distribution's
@@ -42,7 +43,7 @@ import os
 import stat
 import sys
 
-#: The purpose the node exporters' password is derived for (HMAC-SHA256's message).
+#: The purpose the metrics password is derived for (HMAC-SHA256's message).
 PURPOSE = b"gpuhost node exporter basic auth"
 #: bcrypt's cost (exporter-toolkit's docs/web-configuration.md example: cost 10).
 COST = 10
@@ -67,7 +68,7 @@ def read_key(path: str) -> str:
 
 
 def password(key: str) -> str:
-    """The node exporters' password: HMAC-SHA256 of the key, 64 hex characters."""
+    """The metrics password: HMAC-SHA256 of the key, 64 hex characters."""
     return hmac.new(key.encode(), PURPOSE, hashlib.sha256).hexdigest()
 
 

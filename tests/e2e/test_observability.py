@@ -40,9 +40,16 @@ HOOK = ("import http.server\n"
         "        self.send_response(200)\n"
         "        self.end_headers()\n"
         "http.server.HTTPServer(('127.0.0.1', 9999), H).serve_forever()\n")
-GET = ("import sys, urllib.request as u\ntry:\n    r = u.urlopen(sys.argv[1], timeout=10)\n"
+#: A GET (with basic auth as prometheus where a password file is given) as urllib makes it.
+GET = ("import base64, sys, urllib.request as u\nh = {}\nif len(sys.argv) > 2:\n"
+       "    p = open(sys.argv[2]).read().strip()\n"
+       "    b = base64.b64encode(('prometheus:' + p).encode()).decode()\n"
+       "    h['Authorization'] = 'Basic ' + b\n"
+       "try:\n    r = u.urlopen(u.Request(sys.argv[1], headers=h), timeout=10)\n"
        "    print(r.status); print(r.read().decode())\nexcept u.HTTPError as e:\n"
        "    print(e.code)\nexcept OSError as e:\n    print('refused', e)\n")
+#: The metrics password on the Prometheus host (root:prometheus 0640).
+PASSWORD_FILE = "/etc/prometheus/gpuhost-metrics.password"
 
 
 def write_inventory(path: Path) -> str:
@@ -89,16 +96,18 @@ def fleet(tmp_path_factory):
     lab.sandbox("down", check=False)
 
 
-def get(host: lab.Host, url: str, user: str = "root") -> tuple[str, str]:
-    """The status of a GET of ``url`` from ``host`` (and the body), as ``user`` there."""
+def get(host: lab.Host, url: str, user: str = "root", password_file: str = "") -> tuple[str, str]:
+    """The status of a GET of ``url`` from ``host`` (and the body), as ``user`` there, with the
+    metrics password of ``password_file`` (read there) where given."""
     run = "python3" if user == "root" else f"runuser -u {user} -- python3"
-    out = host.ssh(f"cd / && {run} - '{url}' <<'EOF'\n{GET}EOF", check=False)
+    out = host.ssh(f"cd / && {run} - '{url}' {password_file} <<'EOF'\n{GET}EOF", check=False)
     status, _, body = out.partition("\n")
     return status.strip(), body
 
 
 def api(fleet, path: str) -> dict:
-    status, body = get(fleet["hosts"][ROUTER_HOST], PROMETHEUS + path)
+    status, body = get(fleet["hosts"][ROUTER_HOST], PROMETHEUS + path,
+                       password_file=PASSWORD_FILE)
     assert status == "200", (status, body)
     return json.loads(body)["data"]
 
@@ -174,13 +183,17 @@ def test_no_metrics_endpoint_answers_a_stranger(fleet):
     # Alertmanager: the loopback, no cluster port, and a local user's connection reset
     assert get(router, "http://127.0.0.1:9093/api/v2/status", "nobody")[0].startswith("refused")
     assert get(router, "http://127.0.0.1:9093/api/v2/status")[0] == "200"
+    # Prometheus' API: the metrics password, even on its own host's loopback
+    for user in ("root", "nobody"):
+        assert get(router, PROMETHEUS + "/api/v1/targets", user)[0] == "401", user
     listening = router.ssh("ss -Hltn")
     assert "127.0.0.1:9093" in listening and ":9094" not in listening, listening
     # the credentials on the hosts: root and the prometheus group alone
     for host, path in ((gpu1, "/etc/gpuhost/node-exporter-web.yml"),
                        (fleet["hosts"][ROUTER_HOST], "/etc/prometheus/gpuhost-fleet.key"),
                        (fleet["hosts"][ROUTER_HOST],
-                        "/etc/prometheus/gpuhost-node-exporter.password")):
+                        PASSWORD_FILE),
+                      (fleet["hosts"][ROUTER_HOST], "/etc/prometheus/gpuhost-web.yml")):
         assert host.ssh(f"stat -c '%U:%G %a' {path}").strip() == "root:prometheus 640", path
     assert "sk-" not in fleet["hosts"][ROUTER_HOST].ssh("cat /etc/prometheus/prometheus.yml")
     up = targets(fleet)
