@@ -251,6 +251,14 @@ def _installed_quietly(package: str, unit: str, defaults: str, args: str):
     return written
 
 
+def _bcrypt(what: str) -> None:
+    """The distribution's python3-bcrypt, which metrics_credentials.py hashes a web
+    configuration's password with (a CPU-only router host has no other reason for it)."""
+    installed = fact(DebPackages) or {}
+    apt.packages(name=f"bcrypt for {what} (python3-bcrypt)", packages=["python3-bcrypt"],
+                 no_recommends=True, update="python3-bcrypt" not in installed)
+
+
 def _running(unit: str) -> bool:
     return bool(fact(SystemdStatus, services=f"{unit}.service").get(f"{unit}.service"))
 
@@ -265,10 +273,7 @@ def node_exporter(name: str, settings: Mapping[str, Settings],
                for src, dest in (("operations/telemetry.py", "telemetry.py"),
                                  ("operations/files/gpu_metrics.py", "gpu_metrics.py"))]
     listen = node_listen(name, settings, prometheus)
-    installed = fact(DebPackages) or {}
-    apt.packages(name="bcrypt for the node exporter's credential (python3-bcrypt)",
-                 packages=["python3-bcrypt"], no_recommends=True,
-                 update="python3-bcrypt" not in installed)
+    _bcrypt("the node exporter's credential")
     defaults = _installed_quietly(NODE_EXPORTER, NODE_EXPORTER, NODE_EXPORTER_DEFAULTS,
                                   node_exporter_args(listen, s))
     # after the package, which makes the prometheus user; read again at each request
@@ -331,6 +336,7 @@ def prometheus(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
                key_file=metrics_key_file(s), dest=PROMETHEUS_KEY, group=CREDENTIAL_GROUP)
     credential(name=f"The metrics password {PROMETHEUS_PASSWORD}", mode="password",
                key_file=metrics_key_file(s), dest=PROMETHEUS_PASSWORD, group=CREDENTIAL_GROUP)
+    _bcrypt("Prometheus' own credential")
     credential(name=f"Prometheus' own credential {PROMETHEUS_WEB_CONFIG}", mode="web-config",
                key_file=metrics_key_file(s), dest=PROMETHEUS_WEB_CONFIG,
                group=CREDENTIAL_GROUP, user=NODE_EXPORTER_USER)
