@@ -3,10 +3,11 @@ nothing on any host (only the Prometheus host is asked, through its HTTP API on 
 
     pyinfra inventory/lab.py status.py
 
-Per host: serving or not, the server's uptime, requests and output tokens per second over the
-last 5 minutes, requests running and queued, the GPUs' power against their limit, the clock event
-reasons holding them back (operations/status.py says where each figure comes from); and a
-picture of the last hour per host, status-results/fleet-<UTC time>.png.
+Per host: serving or not, the server's sglang version and uptime, requests and output tokens
+per second over the last 5 minutes, requests running and queued, the GPUs' power against their
+limit, the clock event reasons holding them back, the last bench's figures (bench-results/ on
+the controller; operations/status.py says where each figure comes from); and a picture of the
+last hour per host, status-results/fleet-<UTC time>.png.
 """
 
 from datetime import datetime, timezone
@@ -15,10 +16,18 @@ from pathlib import Path
 from pyinfra import host, inventory
 
 from operations import fleet
-from operations.observability import prometheus_hosts
+from operations.bench import RESULTS_ROOT
+from operations.observability import NODE_EXPORTER_USER, PROMETHEUS_PASSWORD, prometheus_hosts
 from operations.run_exit import end_run
 from operations.settings import for_run
-from operations.status import PrometheusAnswers, PrometheusHour, fleet_line, host_line, plot
+from operations.status import (
+    PrometheusAnswers,
+    PrometheusHour,
+    fleet_line,
+    host_line,
+    last_bench,
+    plot,
+)
 
 #: Where the pictures go, on the controller (beside bench.py's bench-results/).
 PICTURES = Path("status-results")
@@ -33,13 +42,16 @@ if not on:
     end_run("gpuhost: no Prometheus in this inventory: it runs on a host of the gpuhost_router "
             "group (docs/observability.md)")
 if host.name == on[0]:
-    answers = host.get_fact(PrometheusAnswers, port=everyone[host.name].prometheus_port)
+    # its API admits the metrics password only (operations/observability.py)
+    asked = {"port": everyone[host.name].prometheus_port, "user": NODE_EXPORTER_USER,
+             "password_file": PROMETHEUS_PASSWORD}
+    answers = host.get_fact(PrometheusAnswers, **asked)
     if "error" in answers:
         end_run(f"gpuhost: the Prometheus on {host.name}: {answers['error']}")
     names = [h.name for h in inventory]
-    print("\n".join([*(host_line(n, answers) for n in names), fleet_line(names, answers)]),
-          flush=True)
-    hour = host.get_fact(PrometheusHour, port=everyone[host.name].prometheus_port)
+    print("\n".join([*(host_line(n, answers, last_bench(RESULTS_ROOT, n)) for n in names),
+                     fleet_line(names, answers)]), flush=True)
+    hour = host.get_fact(PrometheusHour, **asked)
     if "error" not in hour:
         picture = PICTURES / f"fleet-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.png"
         plot(hour, picture)

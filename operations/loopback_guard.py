@@ -16,6 +16,18 @@ start, replaced as a whole at each load (``nft -f`` applies a file atomically), 
 everything else: Debian's and Ubuntu's nftables.service (disabled by default) flushes the
 whole ruleset when it starts, so the unit is PartOf it and loads again after it.
 
+A server bound to the loopback keeps no key either: its port is in the table too, admitting
+root's sockets and those of ``gpuhost_server_local_users`` (by uid, read with ``getent passwd``
+while planning: a user unknown there refuses the host before any change):
+
+    oifname "lo" tcp dport 8000 meta skuid != { 0, 1001 } reject with tcp reset
+
+The router's metrics port (smg's ``127.0.0.1:29000``, no credential of smg's own) has a table of
+its own (``inet gpuhost_metrics_guard``, :func:`metrics_guard`), loaded by the observability
+stage: on the Prometheus host it admits root's and the ``prometheus`` user's sockets, and nft
+resolves a user name when it loads a file ("Error: User does not exist" before the package has
+made the user), so it cannot be part of the table above, which loads before the router starts.
+
 Needs CAP_NET_ADMIN in the host's network namespace (a VM's root has it).
 """
 
@@ -40,6 +52,9 @@ UNIT: Final = "gpuhost-loopback-guard.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
 #: Units that start only once the guard is loaded.
 GUARDED_UNITS: Final = ("sglang.service", "sglang-router.service")
+METRICS_TABLE: Final = "gpuhost_metrics_guard"
+METRICS_RULES_PATH: Final = "/etc/gpuhost/metrics-guard.nft"
+METRICS_UNIT: Final = "gpuhost-metrics-guard.service"
 
 
 def rules(ports: tuple[int, ...], uids: Mapping[int, tuple[int, ...]] | None = None) -> str:
@@ -156,3 +171,62 @@ class UserIds(FactBase[dict[str, int]]):
             if len(fields) >= 3 and fields[2].isdigit():
                 found[fields[0]] = int(fields[2])
         return found
+
+
+def metrics_rules(ports: tuple[int, ...], users: tuple[str, ...]) -> str:
+    """The nft file of the router's metrics port (and Alertmanager's, where it runs):
+    ``ports`` refused on the loopback to every socket but root's and ``users``' (names,
+    resolved by nft when it loads the file)."""
+    listed = ", ".join(str(p) for p in ports)
+    dport = f"{{ {listed} }}" if len(ports) > 1 else listed
+    allowed = ", ".join(("0", *users))
+    owners = f"{{ {allowed} }}" if users else "0"
+    return (f"# Managed by gpuhost from host data (operations/loopback_guard.py).\n"
+            f"table inet {METRICS_TABLE}\n"
+            f"delete table inet {METRICS_TABLE}\n"
+            f"table inet {METRICS_TABLE} {{\n"
+            f"\tchain output {{\n"
+            f"\t\ttype filter hook output priority filter; policy accept;\n"
+            f"\t\toifname \"lo\" tcp dport {dport} meta skuid != {owners} "
+            "reject with tcp reset\n"
+            f"\t}}\n"
+            f"}}\n")
+
+
+def metrics_unit() -> str:
+    """The oneshot unit that loads (and on stop removes) the metrics table; not required by the
+    router (its table loads after the router's first start, see the module's docstring)."""
+    return ("# Managed by gpuhost from host data (operations/loopback_guard.py).\n"
+            "[Unit]\n"
+            "Description=gpuhost: the router's metrics and Alertmanager for root and Prometheus\n"
+            "DefaultDependencies=no\n"
+            "After=nftables.service\n"
+            "Before=network-pre.target sglang-router.service\n"
+            "Wants=network-pre.target\n"
+            "PartOf=nftables.service\n\n"
+            "[Service]\n"
+            "Type=oneshot\n"
+            "RemainAfterExit=yes\n"
+            f"ExecStart=/usr/sbin/nft -f {METRICS_RULES_PATH}\n"
+            f"ExecReload=/usr/sbin/nft -f {METRICS_RULES_PATH}\n"
+            f"ExecStop=/usr/sbin/nft delete table inet {METRICS_TABLE}\n\n"
+            "[Install]\n"
+            "WantedBy=multi-user.target\n")
+
+
+def metrics_guard(ports: tuple[int, ...], users: tuple[str, ...]) -> None:
+    """``ports`` on the loopback for root's and ``users``' sockets only, now and at each boot;
+    reloaded when that changes. Plan it after the package that makes ``users``."""
+    installed = fact(DebPackages) or {}
+    apt.packages(name="nftables for the metrics guard", packages=["nftables"],
+                 no_recommends=True, update="nftables" not in installed)
+    files.directory(name="gpuhost settings folder", path="/etc/gpuhost", mode="755")
+    table = files.put(name=f"Metrics guard {METRICS_RULES_PATH}",
+                      src=StringIO(metrics_rules(ports, users)), dest=METRICS_RULES_PATH,
+                      mode="644", create_remote_dir=False)
+    service = files.put(name=f"Unit {METRICS_UNIT}", src=StringIO(metrics_unit()),
+                        dest=f"/etc/systemd/system/{METRICS_UNIT}", mode="644",
+                        create_remote_dir=False)
+    systemd.service(name=f"Load {METRICS_UNIT}", service=METRICS_UNIT, running=True,
+                    enabled=True, reloaded=table.will_change or service.will_change,
+                    daemon_reload=service.will_change)

@@ -5,17 +5,33 @@ server, the router and every node exporter.
 What is measured where (docs/observability.md):
 
 - each SGLang server: its own ``/metrics`` (``--enable-metrics``, operations/sglang.py), on the
-  bind the router reaches it at (the router's worker URL, operations/fleet.py): the API key gate
-  in front admits the router hosts' fleet addresses, so the Prometheus on a router host scrapes
-  it as the router does, and anyone else needs the key; a loopback server only from its host;
-- the router (smg 1.13.0): its metrics on 127.0.0.1:29000 of its host (operations/router.py);
+  bind the router reaches it at (the router's worker URL, operations/fleet.py), through the API
+  key gate in front, which admits the router by the fleet key (``gpuhost_fleet_key_file``) and
+  everyone else by the clients' key: Prometheus sends the fleet key as the router does
+  (prometheus.yml's ``authorization: {type: Bearer, credentials_file: ...}``, Prometheus 2.42's
+  scrape_config, read at each scrape), from its own copy on its host (:data:`PROMETHEUS_KEY`,
+  root:prometheus 0640: the fleet key file is root's alone, and Prometheus runs as
+  ``prometheus``);
+- the router (smg 1.13.0): its metrics on 127.0.0.1:29000 of its host (operations/router.py):
+  no other host reaches the loopback, and on the host the loopback guard admits root's and the
+  ``prometheus`` user's sockets only (operations/loopback_guard.py);
 - each GPU host: Debian's and Ubuntu's ``prometheus-node-exporter`` (1.5.0 in Debian 12), with
   its textfile collector reading what operations/files/gpu_metrics.py writes from nvidia-smi
   every ``gpuhost_gpu_metrics_interval`` seconds (a systemd timer), and its systemd collector
   the server's units (failed: the health gate refused a start). It listens on the host's
-  ``gpuhost_fleet_address`` where the Prometheus host is another, else on the loopback;
+  ``gpuhost_fleet_address`` where the Prometheus host is another, else on the loopback, and
+  answers only with its credential: HTTP basic auth from its own web configuration
+  (``--web.config.file``, exporter-toolkit's ``basic_auth_users`` with a bcrypt hash, in the
+  1.5.0 package; read again at each request), whose password is derived from the fleet key
+  (operations/files/metrics_credentials.py), and which Prometheus sends from a file
+  (``basic_auth: password_file:``, :data:`PROMETHEUS_PASSWORD`). Why that rather than the
+  loopback and a gate in front: it is the exporter's own feature, one file and no process
+  more, and the same on the loopback (where every local user reaches it) as on the fleet
+  address. Hosts without a fleet key use a key made on the host (:data:`METRICS_KEY_FILE`);
 - Prometheus (the ``prometheus`` package, 2.42 in Debian 12, 2.45 in Ubuntu 24.04): on the
-  loopback of its host (``gpuhost_prometheus_port``; its UI through an SSH tunnel), data kept
+  loopback of its host (``gpuhost_prometheus_port``; its UI through an SSH tunnel), its API and
+  UI behind the metrics password too (``--web.config.file``, the same exporter-toolkit basic
+  auth as the node exporters': the loopback is every local user's), data kept
   ``gpuhost_prometheus_retention_days`` days and at most ``gpuhost_prometheus_retention_gib``
   GiB (Prometheus' size units are powers of two: its ``--storage.tsdb.retention.size`` help).
 
@@ -46,8 +62,13 @@ from pyinfra.operations import apt, files, server, systemd
 
 from operations import LIB_DIR, REPO_ROOT
 from operations.fleet import Fleet
+from operations.lock import read_lock
+from operations.loopback_guard import metrics_guard
+from operations.metrics_auth import credential
 from operations.plan import fact
+from operations.router import key_made
 from operations.run_exit import end_run
+from operations.secret_template import secret_template
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
 
 NODE_EXPORTER: Final = "prometheus-node-exporter"
@@ -55,15 +76,43 @@ NODE_EXPORTER_DEFAULTS: Final = "/etc/default/prometheus-node-exporter"
 #: Debian's build of the node exporter reads this folder by default (its --help).
 TEXTFILE_DIR: Final = "/var/lib/prometheus/node-exporter"
 GPU_METRICS_FILE: Final = f"{TEXTFILE_DIR}/gpuhost-gpu.prom"
+#: The deploy's info series of the server (status.py's version).
+SERVER_INFO_FILE: Final = f"{TEXTFILE_DIR}/gpuhost-server.prom"
 GPU_METRICS_UNIT: Final = "gpuhost-gpu-metrics"
 #: The units the node exporter's systemd collector reports (the server, its gate, the readings).
 WATCHED_UNITS: Final = ("sglang", "sglang-gate", GPU_METRICS_UNIT)
 PROMETHEUS: Final = "prometheus"
 PROMETHEUS_DEFAULTS: Final = "/etc/default/prometheus"
 PROMETHEUS_CONFIG: Final = "/etc/prometheus/prometheus.yml"
+ALERTMANAGER: Final = "prometheus-alertmanager"
+ALERTMANAGER_DEFAULTS: Final = "/etc/default/prometheus-alertmanager"
+#: gpuhost's own file beside the package's alertmanager.yml (a conffile, left as shipped).
+ALERTMANAGER_CONFIG: Final = "/etc/prometheus/gpuhost-alertmanager.yml"
 RULES_DIR: Final = "/etc/prometheus/gpuhost-rules"
 TARGETS_DIR: Final = "/etc/prometheus/gpuhost-targets"
 JOBS: Final = ("sglang", "smg", "node")
+#: The group that may read the metrics credentials: the node exporter and Prometheus run as
+#: ``prometheus`` (the packages' units, ``User=prometheus``).
+CREDENTIAL_GROUP: Final = "prometheus"
+#: The user name the node exporters admit (basic auth).
+NODE_EXPORTER_USER: Final = "prometheus"
+#: The node exporter's web configuration (root:prometheus 0640).
+NODE_EXPORTER_WEB_CONFIG: Final = "/etc/gpuhost/node-exporter-web.yml"
+#: The key the metrics credentials come from where host data names no fleet key: made on the
+#: host, root's alone (a host whose node exporter no other host scrapes).
+METRICS_KEY_FILE: Final = "/etc/gpuhost/metrics.key"
+#: Prometheus' copy of the fleet key, sent to the servers' gates, and the metrics password
+#: (the node exporters' and Prometheus' own; root:prometheus 0640).
+PROMETHEUS_KEY: Final = "/etc/prometheus/gpuhost-fleet.key"
+PROMETHEUS_PASSWORD: Final = "/etc/prometheus/gpuhost-metrics.password"
+#: Prometheus' own web configuration: its API and UI admit the metrics password only.
+PROMETHEUS_WEB_CONFIG: Final = "/etc/prometheus/gpuhost-web.yml"
+
+
+def metrics_key_file(settings: Settings) -> str:
+    """The root-only key the host's metrics credentials are made from: the fleet key where
+    host data names one, else :data:`METRICS_KEY_FILE`."""
+    return settings.fleet_key_file or METRICS_KEY_FILE
 
 
 def prometheus_hosts(fleet: Fleet, settings: Mapping[str, Settings]) -> tuple[str, ...]:
@@ -115,12 +164,33 @@ def scrape_targets(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
     return {"sglang": servers, "smg": router, "node": nodes}
 
 
+def _label(value: str) -> str:
+    """A label value in Prometheus' text format: backslash, double quote and newline escaped
+    (its exposition_formats.md)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def server_info(settings: Settings) -> str:
+    """The textfile collector's file of the server's info series: value 1, labelled with the
+    lock's sglang version and the served model name (status.py's version, as node_uname_info
+    carries the kernel's)."""
+    pin = read_lock(settings.lock_path).get("sglang")
+    labels = {"served_model_name": settings.served_model_name,
+              "sglang": pin.version if pin else "unknown"}
+    listed = ",".join(f'{k}="{_label(v)}"' for k, v in sorted(labels.items()))
+    return ("# HELP gpuhost_server_info The SGLang server gpuhost deployed here: the lock's "
+            "sglang version and the served model name.\n"
+            "# TYPE gpuhost_server_info gauge\n"
+            f"gpuhost_server_info{{{listed}}} 1\n")
+
+
 def node_exporter_args(listen: str, settings: Settings) -> str:
     """The node exporter's command line (its ARGS in /etc/default/prometheus-node-exporter):
     the units' start times too (status.py's uptime). ``[.]`` rather than ``\\.``: systemd's
     EnvironmentFile reads backslashes in quotes."""
     units = "|".join(WATCHED_UNITS)
     return (f"--web.listen-address={_hostport(listen, settings.node_exporter_port)} "
+            f"--web.config.file={NODE_EXPORTER_WEB_CONFIG} "
             f"--collector.textfile.directory={TEXTFILE_DIR} "
             f"--collector.systemd --collector.systemd.unit-include=({units})[.]service "
             "--collector.systemd.enable-start-time-metrics")
@@ -130,8 +200,19 @@ def prometheus_args(settings: Settings) -> str:
     """Prometheus' command line (its ARGS in /etc/default/prometheus)."""
     return (f"--config.file={PROMETHEUS_CONFIG} "
             f"--web.listen-address=127.0.0.1:{settings.prometheus_port} "
+            f"--web.config.file={PROMETHEUS_WEB_CONFIG} "
             f"--storage.tsdb.retention.time={settings.prometheus_retention_days}d "
             f"--storage.tsdb.retention.size={settings.prometheus_retention_gib}GB")
+
+
+def alertmanager_args(settings: Settings) -> str:
+    """Alertmanager's command line (its ARGS in /etc/default/prometheus-alertmanager): its
+    API and UI on the loopback (the package's default is every interface, ``:9093``), and no
+    cluster (``--cluster.listen-address`` empty: its default gossips on 0.0.0.0:9094;
+    Alertmanager 0.25's --help)."""
+    return (f"--config.file={ALERTMANAGER_CONFIG} "
+            f"--web.listen-address=127.0.0.1:{settings.alertmanager_port} "
+            "--cluster.listen-address=")
 
 
 def thresholds_context(settings: Settings) -> dict:
@@ -143,7 +224,10 @@ def thresholds_context(settings: Settings) -> dict:
 def prometheus_context(prom: str, settings: Settings) -> dict:
     """What templates/prometheus.yml.j2 is rendered with."""
     return {"host": prom, "port": settings.prometheus_port, "rules_dir": RULES_DIR,
-            "targets_dir": TARGETS_DIR, "jobs": JOBS}
+            "targets_dir": TARGETS_DIR, "jobs": JOBS, "key_file": PROMETHEUS_KEY,
+            "node_user": NODE_EXPORTER_USER, "password_file": PROMETHEUS_PASSWORD,
+            "alertmanager": (f"127.0.0.1:{settings.alertmanager_port}"
+                             if settings.alert_webhook_url else None)}
 
 
 def _installed_quietly(package: str, unit: str, defaults: str, args: str):
@@ -167,6 +251,14 @@ def _installed_quietly(package: str, unit: str, defaults: str, args: str):
     return written
 
 
+def _bcrypt(what: str) -> None:
+    """The distribution's python3-bcrypt, which metrics_credentials.py hashes a web
+    configuration's password with (a CPU-only router host has no other reason for it)."""
+    installed = fact(DebPackages) or {}
+    apt.packages(name=f"bcrypt for {what} (python3-bcrypt)", packages=["python3-bcrypt"],
+                 no_recommends=True, update="python3-bcrypt" not in installed)
+
+
 def _running(unit: str) -> bool:
     return bool(fact(SystemdStatus, services=f"{unit}.service").get(f"{unit}.service"))
 
@@ -181,8 +273,13 @@ def node_exporter(name: str, settings: Mapping[str, Settings],
                for src, dest in (("operations/telemetry.py", "telemetry.py"),
                                  ("operations/files/gpu_metrics.py", "gpu_metrics.py"))]
     listen = node_listen(name, settings, prometheus)
+    _bcrypt("the node exporter's credential")
     defaults = _installed_quietly(NODE_EXPORTER, NODE_EXPORTER, NODE_EXPORTER_DEFAULTS,
                                   node_exporter_args(listen, s))
+    # after the package, which makes the prometheus user; read again at each request
+    credential(name=f"The node exporter's credential {NODE_EXPORTER_WEB_CONFIG}",
+               mode="web-config", key_file=metrics_key_file(s), dest=NODE_EXPORTER_WEB_CONFIG,
+               group=CREDENTIAL_GROUP, user=NODE_EXPORTER_USER)
     context = {"lib_dir": LIB_DIR, "output": GPU_METRICS_FILE, "textfile_dir": TEXTFILE_DIR,
                "interval": s.gpu_metrics_interval}
     units = [files.template(name=f"Unit {GPU_METRICS_UNIT}.{kind}",
@@ -190,6 +287,8 @@ def node_exporter(name: str, settings: Mapping[str, Settings],
                             dest=f"/etc/systemd/system/{GPU_METRICS_UNIT}.{kind}", mode="644",
                             **context)
              for kind in ("service", "timer")]
+    files.put(name=f"The server's info series {SERVER_INFO_FILE}", src=StringIO(server_info(s)),
+              dest=SERVER_INFO_FILE, mode="644", create_remote_dir=False)
     running = _running(NODE_EXPORTER)
     systemd.service(name=f"Start {NODE_EXPORTER}", service=f"{NODE_EXPORTER}.service",
                     running=True, enabled=True, restarted=defaults.will_change and running)
@@ -197,6 +296,29 @@ def node_exporter(name: str, settings: Mapping[str, Settings],
                     running=True, enabled=True,
                     restarted=any(op.will_change for op in [*units, *shipped]),
                     daemon_reload=any(u.will_change for u in units))
+
+
+def alertmanager(prom: str, s: Settings) -> None:
+    """Debian's and Ubuntu's Alertmanager beside the Prometheus on ``prom``, where host data
+    names a webhook (``gpuhost_alert_webhook_url``): every alert to it, firing and resolved
+    (templates/gpuhost-alertmanager.yml.j2); its file root:prometheus 0640 and, under --diff,
+    masked (a webhook URL may hold a token). Where none is named, an Alertmanager an earlier
+    deploy set up is stopped and disabled (Prometheus no longer sends to it)."""
+    if not s.alert_webhook_url:
+        if ALERTMANAGER in (fact(DebPackages) or {}):
+            systemd.service(name=f"Stop {ALERTMANAGER}: no gpuhost_alert_webhook_url",
+                            service=f"{ALERTMANAGER}.service", running=False, enabled=False)
+        return
+    defaults = _installed_quietly(ALERTMANAGER, ALERTMANAGER, ALERTMANAGER_DEFAULTS,
+                                  alertmanager_args(s))
+    config = secret_template(name=f"{ALERTMANAGER_CONFIG}: the webhook",
+                             src=str(REPO_ROOT / "templates" / "gpuhost-alertmanager.yml.j2"),
+                             dest=ALERTMANAGER_CONFIG, mode="640", user="root",
+                             group=CREDENTIAL_GROUP, host=prom, url=s.alert_webhook_url)
+    running = _running(ALERTMANAGER)
+    systemd.service(name=f"Start {ALERTMANAGER}", service=f"{ALERTMANAGER}.service",
+                    running=True, enabled=True, restarted=defaults.will_change and running,
+                    reloaded=running and not defaults.will_change and config.will_change)
 
 
 def prometheus(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
@@ -209,6 +331,15 @@ def prometheus(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
                                   prometheus_args(s))
     for folder in (RULES_DIR, TARGETS_DIR):
         files.directory(name=f"{folder}", path=folder, mode="755")
+    # read at each scrape: a new key needs no reload
+    credential(name=f"Prometheus' copy of the fleet key {PROMETHEUS_KEY}", mode="copy",
+               key_file=metrics_key_file(s), dest=PROMETHEUS_KEY, group=CREDENTIAL_GROUP)
+    credential(name=f"The metrics password {PROMETHEUS_PASSWORD}", mode="password",
+               key_file=metrics_key_file(s), dest=PROMETHEUS_PASSWORD, group=CREDENTIAL_GROUP)
+    _bcrypt("Prometheus' own credential")
+    credential(name=f"Prometheus' own credential {PROMETHEUS_WEB_CONFIG}", mode="web-config",
+               key_file=metrics_key_file(s), dest=PROMETHEUS_WEB_CONFIG,
+               group=CREDENTIAL_GROUP, user=NODE_EXPORTER_USER)
     config = files.template(name=f"{PROMETHEUS_CONFIG}: gpuhost's jobs",
                             src=str(REPO_ROOT / "templates" / "prometheus.yml.j2"),
                             dest=PROMETHEUS_CONFIG, mode="644", **prometheus_context(prom, s))
@@ -223,6 +354,9 @@ def prometheus(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
         files.put(name=f"Scrape targets: {job}",
                   src=StringIO(json.dumps(groups, indent=2, sort_keys=True) + "\n"),
                   dest=f"{TARGETS_DIR}/{job}.json", mode="644", create_remote_dir=False)
+    guarded = (ROUTER_METRICS_PORT, *((s.alertmanager_port,) if s.alert_webhook_url else ()))
+    alertmanager(prom, s)
+    metrics_guard(guarded, (PROMETHEUS,))  # the user the packages made
     running = _running(PROMETHEUS)
     systemd.service(name=f"Start {PROMETHEUS}", service=f"{PROMETHEUS}.service", running=True,
                     enabled=True, restarted=defaults.will_change and running,
@@ -239,7 +373,14 @@ def observability(settings: Mapping[str, Settings], fleet: Fleet) -> None:
     except ValueError as exc:
         end_run("gpuhost: observability refused, no host was touched:\n  - "
                 + str(exc).replace("\n", "\n  - "))
-    if settings[host.name].serving:
+    s = settings[host.name]
+    if s.serving or host.name in prometheus_on:
+        files.directory(name="gpuhost settings folder", path="/etc/gpuhost", mode="755")
+        if not s.fleet_key_file:
+            key_made(name="The metrics key", path=METRICS_KEY_FILE, what="the metrics key")
+    if s.serving:
         node_exporter(host.name, settings, prometheus_on)
     if host.name in prometheus_on:
         prometheus(host.name, fleet, settings, prometheus_on)
+    elif host.name in fleet.routers:
+        metrics_guard((ROUTER_METRICS_PORT,), ())

@@ -225,6 +225,9 @@ class Settings:
     alert_ttft_p99: float = 10.0
     alert_itl_p99: float = 0.5
     alert_kv_cache_usage: float = 0.95
+    #: Where Alertmanager posts the alerts (its webhook receiver); None: no Alertmanager
+    alert_webhook_url: str | None = None
+    alertmanager_port: int = 9093
 
     @property
     def model_is_local(self) -> bool:
@@ -617,6 +620,9 @@ RULES: Final[Mapping[str, _Rule]] = {
     "alert_kv_cache_usage": _Rule(lambda v: isinstance(v, float) and 0.0 < v <= 1.0,
                                   "a float above 0, at most 1 (the share of the KV cache's "
                                   "tokens in use, sglang:token_usage)"),
+    "alert_webhook_url": _text(_URL, "an http(s) URL that takes Alertmanager's webhook POSTs "
+                               "(its webhook_config url)", optional=True),
+    "alertmanager_port": _int_between(1024, 65535),
     "bench_input_len": _int_between(1, 1 << 20),
     "bench_output_len": _int_between(1, 1 << 20),
     "bench_prompts": _int_between(1, 1 << 20),
@@ -873,6 +879,11 @@ HELP: Final[Mapping[str, str]] = {
     "alert_itl_p99": "seconds: a p99 inter-token latency above this fires SGLangITLHigh",
     "alert_kv_cache_usage": (
         "share of the KV cache in use above which SGLangKVCacheNearFull fires"),
+    "alert_webhook_url": (
+        "on the Prometheus host: Debian's Alertmanager posts every alert, firing and resolved, "
+        "to this URL (a webhook receiver); None: no Alertmanager, the alerts stay in "
+        "Prometheus' UI and API"),
+    "alertmanager_port": "Alertmanager's port on the Prometheus host's loopback",
 }
 
 
@@ -1379,18 +1390,19 @@ def _check_serving(host: str, s: Settings) -> None:
 
 
 def _check_observability_ports(host: str, s: Settings) -> None:
-    """Prometheus (on the loopback of its host) and the node exporter (on the fleet address or
-    the loopback) listen beside the server, its gate, the router and the router's metrics: no
-    two of them on one port."""
+    """Prometheus and Alertmanager (on the loopback of their host) and the node exporter (on the
+    fleet address or the loopback) listen beside the server, its gate, the router and the
+    router's metrics: no two of them on one port."""
     taken = {ROUTER_METRICS_PORT: "the router's metrics (127.0.0.1)"}
     for key in ("server_port", "server_backend_port", "router_port", "router_backend_port"):
         taken.setdefault(getattr(s, key), PREFIX + key)
-    for key in ("prometheus_port", "node_exporter_port"):
+    names = {"prometheus_port": "Prometheus", "node_exporter_port": "the node exporter",
+             "alertmanager_port": "Alertmanager"}
+    for key in ("prometheus_port", "node_exporter_port", "alertmanager_port"):
         port = getattr(s, key)
         if port in taken:
             raise _fail(host, key, port, f"a port other than {taken[port]}'s ({port}): "
-                        f"{'Prometheus' if key == 'prometheus_port' else 'the node exporter'} "
-                        "listens there")
+                        f"{names[key]} listens there")
         taken[port] = PREFIX + key
 
 

@@ -3,11 +3,15 @@ the fleet. Nothing on any host changes: the Prometheus host is asked through its
 loopback (``/api/v1/query``, one instant query per figure), with the host's python3.
 
 Figures, each per host (the ``host`` label every target has, operations/observability.py):
-serving (``up`` of the server's target), the server's uptime (the node exporter's
+serving (``up`` of the server's target), the server's sglang version (``gpuhost_server_info``, the
+deploy's info series in the node exporter's textfile collector, operations/observability.py),
+its uptime (the node exporter's
 ``node_systemd_unit_start_time_seconds`` of sglang.service), requests and output tokens per
 second over the last 5 minutes (sglang's ``num_requests_total`` and ``generation_tokens_total``),
 the GPUs' power against their limit (DCGM_FI_DEV_POWER_USAGE over DCGM_FI_DEV_POWER_MGMT_LIMIT,
 all GPUs of the host together) and the clock event reasons seen on any GPU (NVML's bits).
+Beside them, from the controller's bench-results/ (bench.py), the host's last bench: its best
+level's output tokens per second, p99 time to first token and power against the limit.
 """
 
 from __future__ import annotations
@@ -43,13 +47,25 @@ QUERIES: Final = {
     "queued": "sum by (host) (sglang:num_queue_reqs)",
     **{f"reason_{name}": f"max by (host) (floor(DCGM_FI_DEV_CLOCKS_EVENT_REASONS / {bit}) % 2)"
        for name, bit in REASON_BITS.items()},
+    "version": "max by (host, sglang) (gpuhost_server_info)",
 }
+#: Queries whose answer is a label's value, not the sample's: name -> label.
+LABELS: Final = {"version": "sglang"}
 
 _SCRIPT: Final = """
-import json, sys, time, urllib.parse, urllib.request
-base, window, out = sys.argv[1], int(sys.argv[2]), {}
+import base64, json, sys, time, urllib.parse, urllib.request
+base, window, user, secret, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], {}
 now = time.time()
-for arg in sys.argv[3:]:
+headers = {}
+if secret:
+    try:
+        with open(secret) as f:
+            pair = (user + ":" + f.read().strip()).encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+    except OSError as exc:
+        print(json.dumps({"up": {"error": "the password file: " + str(exc.strerror)}}))
+        sys.exit(0)
+for arg in sys.argv[5:]:
     name, _, query = arg.partition("=")
     if window:
         url = (base + "/api/v1/query_range?" + urllib.parse.urlencode(
@@ -57,7 +73,8 @@ for arg in sys.argv[3:]:
     else:
         url = base + "/api/v1/query?query=" + urllib.parse.quote(query)
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=10) as r:
             out[name] = json.load(r)["data"]["result"]
     except Exception as exc:
         out[name] = {"error": type(exc).__name__ + ": " + str(exc)}
@@ -78,8 +95,9 @@ WINDOW_S: Final = 3600
 
 
 class PrometheusAnswers(FactBase):
-    """Each of QUERIES answered by the Prometheus on this host's loopback: ``{name: {host:
-    value}}``, or ``{"error": "..."}`` where it does not answer.
+    """Each of QUERIES answered by the Prometheus on this host's loopback, asked with HTTP basic
+    auth as ``user`` with the password in ``password_file`` (read on the host; none without
+    one): ``{name: {host: value}}``, or ``{"error": "..."}`` where it does not answer.
 
     .. code:: python
 
@@ -90,11 +108,11 @@ class PrometheusAnswers(FactBase):
     window = 0
 
     @override
-    def command(self, port: int) -> str:
+    def command(self, port: int, user: str = "", password_file: str = "") -> str:
         args = [f"{name}={query}" for name, query in self.queries.items()]
         return " ".join(shlex.quote(a) for a in
                         ["python3", "-c", _SCRIPT, f"http://127.0.0.1:{port}", str(self.window),
-                         *args])
+                         user, password_file, *args])
 
     @override
     def process(self, output: Iterable[str]) -> dict[str, Any]:
@@ -107,6 +125,10 @@ class PrometheusAnswers(FactBase):
         for name, result in raw.items():
             if isinstance(result, dict):
                 return {"error": f"Prometheus did not answer {name}: {result.get('error')}"}
+            if name in LABELS:
+                answers[name] = {r["metric"].get("host", "?"): r["metric"].get(LABELS[name])
+                                 for r in result}
+                continue
             answers[name] = {r["metric"].get("host", "?"): self._value(r) for r in result}
         return answers
 
@@ -168,9 +190,38 @@ def _duration(seconds: float) -> str:
     return f"{hours} h {minutes % 60} min" if hours < 48 else f"{hours // 24} d {hours % 24} h"
 
 
-def host_line(name: str, answers: Mapping[str, Mapping[str, float]]) -> str:
-    """One host's line, from :class:`PrometheusAnswers`."""
-    def get(key: str) -> float | None:
+def last_bench(root: Path, name: str) -> str | None:
+    """The host's last bench, from the newest ``<root>/<name>/<UTC time>/results.json``
+    (operations/bench_report.py's; folders named by UTC time sort by it): its best level by
+    output tokens per second, with its concurrency, p99 TTFT and the GPUs' mean power against
+    their limit. None where the host has no readable bench."""
+    runs = sorted((root / name).glob("*/results.json")) if (root / name).is_dir() else []
+    for path in reversed(runs):
+        try:
+            results = json.loads(path.read_text())
+            done = [lv for lv in results["levels"] if lv.get("bench")]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not done:
+            continue
+        best = max(done, key=lambda lv: lv["bench"].get("output_throughput") or 0.0)
+        bench = best["bench"]
+        line = (f"last bench {path.parent.name}: {bench.get('output_throughput') or 0:.1f} "
+                f"output tok/s at {best['concurrency']} concurrent")
+        if bench.get("p99_ttft_ms") is not None:
+            line += f", p99 TTFT {bench['p99_ttft_ms']:.0f} ms"
+        gpus = [g for g in best.get("gpus") or [] if g.get("power_mean_pct") is not None]
+        if gpus:
+            mean = sum(g["power_mean_pct"] for g in gpus) / len(gpus)
+            line += f", power {mean:.0f} % of limit"
+        return line
+    return None
+
+
+def host_line(name: str, answers: Mapping[str, Mapping[str, Any]],
+              bench: str | None = None) -> str:
+    """One host's line, from :class:`PrometheusAnswers` (and :func:`last_bench`'s words)."""
+    def get(key: str) -> Any:
         return answers.get(key, {}).get(name)
 
     up = get("up")
@@ -179,6 +230,8 @@ def host_line(name: str, answers: Mapping[str, Mapping[str, float]]) -> str:
         parts.append("no server target")
     else:
         parts.append("serving" if up == 1 else "NOT SERVING")
+        if get("version"):
+            parts.append(f"sglang {get('version')}")
         uptime = get("uptime_s")
         if uptime is not None and up == 1:
             parts.append(f"up {_duration(uptime)}")
@@ -195,6 +248,8 @@ def host_line(name: str, answers: Mapping[str, Mapping[str, float]]) -> str:
     held = [r for r in REASON_BITS if get(f"reason_{r}") == 1]
     if power is not None:
         parts.append("held back: " + ", ".join(held) if held else "no throttling")
+    if bench:
+        parts.append(bench)
     return " ".join(parts[:2]) + ("; " + "; ".join(parts[2:]) if parts[2:] else "")
 
 

@@ -38,6 +38,21 @@ def promtool() -> str:
     return found
 
 
+@pytest.fixture(scope="session")
+def amtool() -> str:
+    """The real amtool (Debian's prometheus-alertmanager package): on PATH, or put in .venv/bin
+    by bin/setup. Missing, the test fails."""
+    import shutil
+    import sys
+
+    found = shutil.which("amtool") or shutil.which("amtool", path=str(Path(sys.executable)
+                                                                     .parent))
+    if found is None:
+        pytest.fail("amtool not found: run bin/setup (it takes amtool out of Debian's "
+                    "prometheus-alertmanager package into .venv/bin)")
+    return found
+
+
 #: promtool's lint findings that the names themselves cause where they are another project's,
 #: kept as that project wrote them: sglang's colons, DCGM exporter's UUID and modelName labels.
 FOREIGN_NAME_LINTS = ("metric names should not contain ':'",

@@ -39,3 +39,21 @@ def test_the_user_ids_fact_reads_getent_lines_and_skips_the_rest():
     assert fact.command(("alice", "bob")) == "getent passwd alice bob || true"
     assert fact.process(["alice:x:1001:1001:Alice,,,:/home/alice:/bin/bash", "",
                          "broken line"]) == {"alice": 1001}
+
+
+def test_the_routers_metrics_admit_root_and_prometheus_alone():
+    lines = [line.strip() for line in loopback_guard.metrics_rules((29000,), ("prometheus",))
+             .splitlines()]
+    assert lines[1:4] == ["table inet gpuhost_metrics_guard",
+                          "delete table inet gpuhost_metrics_guard",
+                          "table inet gpuhost_metrics_guard {"]
+    assert ('oifname "lo" tcp dport 29000 meta skuid != { 0, prometheus } reject with tcp reset'
+            in lines)
+    assert ('oifname "lo" tcp dport 29000 meta skuid != 0 reject with tcp reset'
+            in loopback_guard.metrics_rules((29000,), ()))
+    assert ('oifname "lo" tcp dport { 29000, 9093 } meta skuid != { 0, prometheus } reject with '
+            'tcp reset' in loopback_guard.metrics_rules((29000, 9093), ("prometheus",)))
+    unit = loopback_guard.metrics_unit()
+    assert "ExecStart=/usr/sbin/nft -f /etc/gpuhost/metrics-guard.nft" in unit
+    # loaded after the package made the user: nothing requires it (the router starts before)
+    assert "RequiredBy" not in unit and "PartOf=nftables.service" in unit

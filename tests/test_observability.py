@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jinja2
 import pytest
+import yaml
 
 from operations import fleet, observability
 from operations.settings import SettingsError, from_host_data
@@ -110,9 +111,11 @@ def test_command_lines():
                  prometheus_retention_gib=50, node_exporter_port=9101)
     assert observability.prometheus_args(s) == (
         "--config.file=/etc/prometheus/prometheus.yml --web.listen-address=127.0.0.1:9091 "
+        "--web.config.file=/etc/prometheus/gpuhost-web.yml "
         "--storage.tsdb.retention.time=30d --storage.tsdb.retention.size=50GB")
     assert observability.node_exporter_args("10.0.0.2", s) == (
         "--web.listen-address=10.0.0.2:9101 "
+        "--web.config.file=/etc/gpuhost/node-exporter-web.yml "
         "--collector.textfile.directory=/var/lib/prometheus/node-exporter --collector.systemd "
         "--collector.systemd.unit-include=(sglang|sglang-gate|gpuhost-gpu-metrics)[.]service "
         "--collector.systemd.enable-start-time-metrics")
@@ -188,13 +191,35 @@ def test_prometheus_config_passes_promtool_check_config(promtool, tmp_path):
     for job, groups in observability.scrape_targets("gpu1", planned, s, ("gpu1",)).items():
         (targets / f"{job}.json").write_text(json.dumps(groups))
     context = {**observability.prometheus_context("gpu1", s["gpu1"]),
-               "rules_dir": str(rules), "targets_dir": str(targets)}
-    (tmp_path / "prometheus.yml").write_text(render("prometheus.yml.j2", context))
+               "rules_dir": str(rules), "targets_dir": str(targets),
+               "key_file": str(tmp_path / "fleet.key"),
+               "password_file": str(tmp_path / "node.password")}
+    text = render("prometheus.yml.j2", context)
+    (tmp_path / "prometheus.yml").write_text(text)
     (rules / "gpuhost-alerts-test.yml").unlink()  # not a rule file
-    done = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
-                          capture_output=True, text=True, check=False)
+
+    def check():
+        return subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                              capture_output=True, text=True, check=False)
+
+    # promtool 2.42 checks that the credential files exist: the fields are its own
+    first = check()
+    assert first.returncode == 1 and "fleet.key: no such file" in first.stdout + first.stderr
+    (tmp_path / "fleet.key").write_text("sk-fleet\n")
+    (tmp_path / "node.password").write_text("derived\n")
+    done = check()
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 2 rule files found" in done.stdout
+    # the servers' job sends the fleet key, the node exporters' the password; smg's neither
+    jobs = {j["job_name"]: j for j in yaml.safe_load(text)["scrape_configs"]}
+    assert jobs["sglang"]["authorization"] == {"type": "Bearer",
+                                               "credentials_file": context["key_file"]}
+    assert jobs["node"]["basic_auth"] == {"username": "prometheus",
+                                          "password_file": context["password_file"]}
+    assert "authorization" not in jobs["smg"] and "basic_auth" not in jobs["smg"]
+    # Prometheus' own web admits the password alone: it scrapes itself with it
+    assert jobs["prometheus"]["basic_auth"] == jobs["node"]["basic_auth"]
+    assert "sk-" not in text
 
 
 def test_gpu_metrics_units():
@@ -205,3 +230,51 @@ def test_gpu_metrics_units():
             "/var/lib/prometheus/node-exporter/gpuhost-gpu.prom") in service
     assert "ReadWritePaths=/var/lib/prometheus/node-exporter" in service
     assert "OnUnitActiveSec=15s" in render("gpuhost-gpu-metrics.timer.j2", context)
+
+
+def test_the_servers_info_series_names_the_locks_sglang(promtool):
+    from tests.conftest import promtool_check_metrics
+
+    s = settings("gpu1", served_model_name='glm-5.x')
+    text = observability.server_info(s)
+    assert 'gpuhost_server_info{served_model_name="glm-5.x",sglang="0.5.9"} 1\n' in text
+    assert promtool_check_metrics(promtool, text) == []
+    # Prometheus' text format escapes (exposition_formats.md): backslash, quote, newline
+    assert observability._label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+
+
+def test_the_webhook_config_passes_amtool_and_prometheus_sends_to_it(amtool, promtool,
+                                                                      tmp_path):
+    s = settings("gpu1", alert_webhook_url="https://hooks.example.org/T0/abc?x=1&y='2'",
+                 alertmanager_port=9193)
+    text = render("gpuhost-alertmanager.yml.j2", {"host": "gpu1", "url": s.alert_webhook_url})
+    (tmp_path / "am.yml").write_text(text)
+    done = subprocess.run([amtool, "check-config", str(tmp_path / "am.yml")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = yaml.safe_load(text)
+    assert config["receivers"][0]["webhook_configs"] == [
+        {"url": s.alert_webhook_url, "send_resolved": True}]
+    assert config["route"]["receiver"] == "webhook"
+    assert observability.alertmanager_args(s) == (
+        "--config.file=/etc/prometheus/gpuhost-alertmanager.yml "
+        "--web.listen-address=127.0.0.1:9193 --cluster.listen-address=")
+    context = observability.prometheus_context("gpu1", s)
+    assert yaml.safe_load(render("prometheus.yml.j2", context))["alerting"] == {
+        "alertmanagers": [{"static_configs": [{"targets": ["127.0.0.1:9193"]}]}]}
+    # no webhook: no Alertmanager for Prometheus
+    plain = observability.prometheus_context("gpu1", settings("gpu1"))
+    assert "alerting" not in yaml.safe_load(render("prometheus.yml.j2", plain))
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"alert_webhook_url": "hooks.example.org/x"},
+     "gpuhost_alert_webhook_url = 'hooks.example.org/x' is not allowed: an http(s) URL"),
+    ({"alertmanager_port": 9100},
+     "gpuhost_alertmanager_port = 9100 is not allowed: a port other than "
+     "gpuhost_node_exporter_port's (9100): Alertmanager listens there"),
+])
+def test_bad_webhook_settings_are_named(data, message):
+    with pytest.raises(SettingsError) as err:
+        settings("gpu1", **data)
+    assert message in str(err.value)

@@ -3,6 +3,7 @@ command is the query script, run here against a stand-in of Prometheus' /api/v1/
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import threading
@@ -23,28 +24,41 @@ ANSWERS = {
     "gpus": {"gpu1": 8.0, "gpu2": 8.0},
     "reason_sw_power_cap": {"gpu1": 0.0, "gpu2": 1.0},
     "reason_hw_thermal_slowdown": {"gpu1": 0.0, "gpu2": 0.0},
+    "version": {"gpu1": "0.5.9"},
 }
 
 
 def test_host_and_fleet_lines():
     assert status.host_line("gpu1", ANSWERS) == (
-        "gpu1: serving; up 2 h 5 min; 1.50 req/s, 225.0 output tok/s (5 min); 64 running, "
-        "3 queued; 8 GPUs at 2620 W of 4800 W (55 %); no throttling")
+        "gpu1: serving; sglang 0.5.9; up 2 h 5 min; 1.50 req/s, 225.0 output tok/s (5 min); "
+        "64 running, 3 queued; 8 GPUs at 2620 W of 4800 W (55 %); no throttling")
     assert status.host_line("gpu2", ANSWERS).startswith("gpu2: NOT SERVING; 0.00 req/s")
     assert status.host_line("gpu2", ANSWERS).endswith("held back: sw_power_cap")
     assert status.host_line("r1", ANSWERS) == "r1: no server target"
+    assert status.host_line("gpu2", ANSWERS, "last bench T: 1.0 output tok/s").endswith(
+        "held back: sw_power_cap; last bench T: 1.0 output tok/s")
     assert status.fleet_line(["gpu1", "gpu2", "r1"], ANSWERS) == (
         "fleet: 1 of 2 server(s) serving; 1.50 req/s, 225.0 output tok/s (5 min); "
         "GPUs at 3260 W of 9600 W (34 %)")
 
 
 class _Prometheus(BaseHTTPRequestHandler):
-    """/api/v1/query as Prometheus answers an instant query (its HTTP API docs)."""
+    """/api/v1/query as Prometheus answers an instant query (its HTTP API docs); with
+    ``password`` set, 401 without that basic auth (its --web.config.file)."""
+
+    password = ""
 
     def do_GET(self):
+        wanted = "Basic " + base64.b64encode(f"prometheus:{self.password}".encode()).decode()
+        if self.password and self.headers.get("Authorization") != wanted:
+            self.send_response(401)
+            self.end_headers()
+            return
         query = parse_qs(urlsplit(self.path).query)["query"][0]
         result = [{"metric": {"host": "gpu1"}, "value": [1764000000.0, "1"]}] \
-            if "up{" in query else []
+            if "up{" in query else \
+            [{"metric": {"host": "gpu1", "sglang": "0.5.9"}, "value": [1764000000.0, "1"]}] \
+            if "gpuhost_server_info" in query else []
         body = json.dumps({"status": "success",
                            "data": {"resultType": "vector", "result": result}}).encode()
         self.send_response(200)
@@ -54,6 +68,28 @@ class _Prometheus(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def _results(levels):
+    return {"levels": [
+        {"concurrency": c, "bench": {"output_throughput": tps, "p99_ttft_ms": ttft},
+         "gpus": [{"power_mean_pct": p} for p in power]} for c, tps, ttft, power in levels]}
+
+
+def test_the_last_bench_is_the_newest_results_best_level(tmp_path):
+    assert status.last_bench(tmp_path, "gpu1") is None
+    old = tmp_path / "gpu1" / "2026-12-03T11-47-16Z"
+    new = tmp_path / "gpu1" / "2026-12-03T12-22-06Z"
+    for folder in (old, new, tmp_path / "gpu1" / "2026-12-03T12-30-00Z"):
+        folder.mkdir(parents=True)
+    (old / "results.json").write_text(json.dumps(_results([(1, 500.0, 1.0, [90])])))
+    (new / "results.json").write_text(json.dumps(_results(
+        [(1, 10.8, 99.54, [40, 40]), (4, 63.6, 95.7, [44, 46]), (16, 50.0, 300.0, [50])])))
+    # the newest folder has no results (a bench that failed): the one before it counts
+    assert status.last_bench(tmp_path, "gpu1") == (
+        "last bench 2026-12-03T12-22-06Z: 63.6 output tok/s at 4 concurrent, p99 TTFT 96 ms, "
+        "power 45 % of limit")
+    assert status.last_bench(tmp_path, "gpu2") is None
 
 
 def test_the_fact_asks_every_query_and_reads_the_answers():
@@ -69,6 +105,30 @@ def test_the_fact_asks_every_query_and_reads_the_answers():
         server.shutdown()
     assert set(answers) == set(status.QUERIES)
     assert answers["up"] == {"gpu1": 1.0} and answers["tokens_per_s"] == {}
+    assert answers["version"] == {"gpu1": "0.5.9"}
+
+
+def test_the_fact_sends_the_password_from_its_file(tmp_path):
+    class Locked(_Prometheus):
+        password = "derived-password"
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Locked)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp_path / "pw").write_text("derived-password\n")
+    try:
+        fact = status.PrometheusAnswers()
+        port = server.server_address[1]
+        asked = fact.command(port=port, user="prometheus", password_file=str(tmp_path / "pw"))
+        assert "derived-password" not in asked  # read on the host, never on the command line
+        found = fact.process(subprocess.run(["sh", "-c", asked], capture_output=True, text=True,
+                                            timeout=60, check=True).stdout.splitlines())
+        refused = fact.process(subprocess.run(["sh", "-c", fact.command(port=port)],
+                                              capture_output=True, text=True, timeout=60,
+                                              check=True).stdout.splitlines())
+    finally:
+        server.shutdown()
+    assert found["up"] == {"gpu1": 1.0}
+    assert refused["error"].startswith("Prometheus did not answer up: HTTPError: HTTP Error 401")
 
 
 def test_no_prometheus_says_so():

@@ -10,6 +10,7 @@ router host has no curl), systemctl, and requests over the lab switch; not throu
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from pathlib import Path
@@ -19,15 +20,7 @@ import pytest
 from tests.e2e import lab
 from tests.e2e.test_server import changed
 
-pytestmark = [
-    pytest.mark.e2e, pytest.mark.slow,
-    # Known open (issue #32, found when the fleet's planes were merged): Prometheus scrapes each
-    # server's /metrics through its API key gate, which admitted the router hosts' addresses;
-    # the gates now admit the router by the fleet key only, so those scrapes get 401 until
-    # Prometheus sends the fleet key (a credentials file its own user can read).
-    pytest.mark.xfail(reason="Prometheus does not send the fleet key to the workers' gates yet",
-                      strict=False),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 KEY_FILE = "/root/sglang-api.key"
 SERVING = ("gpu1", "gpu2")
@@ -35,9 +28,28 @@ ROUTER_HOST = "gpu3"
 PROMETHEUS = "http://127.0.0.1:9090"
 ROUTER_KEY_FILE = "/root/router-api.key"
 FLEET_KEY_FILE = "/root/fleet.key"
-GET = ("import sys, urllib.request as u\ntry:\n    r = u.urlopen(sys.argv[1], timeout=10)\n"
+#: The webhook receiver on the router host (its loopback): each POST's body, one line each.
+HOOK_LOG = "/root/webhook.jsonl"
+HOOK_URL = "http://127.0.0.1:9999/hook"
+HOOK = ("import http.server\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_POST(self):\n"
+        "        body = self.rfile.read(int(self.headers.get('Content-Length', 0)))\n"
+        f"        with open('{HOOK_LOG}', 'ab') as f:\n"
+        "            f.write(body.replace(b'\\n', b' ') + b'\\n')\n"
+        "        self.send_response(200)\n"
+        "        self.end_headers()\n"
+        "http.server.HTTPServer(('127.0.0.1', 9999), H).serve_forever()\n")
+#: A GET (with basic auth as prometheus where a password file is given) as urllib makes it.
+GET = ("import base64, sys, urllib.request as u\nh = {}\nif len(sys.argv) > 2:\n"
+       "    p = open(sys.argv[2]).read().strip()\n"
+       "    b = base64.b64encode(('prometheus:' + p).encode()).decode()\n"
+       "    h['Authorization'] = 'Basic ' + b\n"
+       "try:\n    r = u.urlopen(u.Request(sys.argv[1], headers=h), timeout=10)\n"
        "    print(r.status); print(r.read().decode())\nexcept u.HTTPError as e:\n"
        "    print(e.code)\nexcept OSError as e:\n    print('refused', e)\n")
+#: The metrics password on the Prometheus host (root:prometheus 0640).
+PASSWORD_FILE = "/etc/prometheus/gpuhost-metrics.password"
 
 
 def write_inventory(path: Path) -> str:
@@ -50,7 +62,8 @@ def write_inventory(path: Path) -> str:
             data.update(gpuhost_server_host=h["switch_address"], gpuhost_api_key_file=KEY_FILE)
         else:
             data.update(gpuhost_router_health_check_interval_secs=2,
-                        gpuhost_router_api_key_file=ROUTER_KEY_FILE)
+                        gpuhost_router_api_key_file=ROUTER_KEY_FILE,
+                        gpuhost_alert_webhook_url=HOOK_URL)
         entries.append((h["name"], data))
     literal = json.dumps(json.dumps(entries))
     path.write_text(f"import json\nsandbox = [tuple(e) for e in json.loads({literal})]\n"
@@ -69,6 +82,9 @@ def fleet(tmp_path_factory):
     for h in hosts:  # the fleet's planes (docs/security.md): the same fleet key everywhere
         h.ssh(f"umask 077; printf '%s\\n' {fleet_key} > {FLEET_KEY_FILE}")
     hosts[2].ssh(f"umask 077; printf '%s\\n' {router_key} > {ROUTER_KEY_FILE}")
+    # a webhook receiver where Alertmanager posts (the router host's loopback, root's)
+    hosts[2].ssh(f"cat > /root/webhook.py <<'EOF'\n{HOOK}EOF\n"
+                 "systemd-run --unit=test-webhook python3 /root/webhook.py")
     switch = {h["name"]: h["switch_address"]
               for h in json.loads(lab.sandbox("status", "--json").stdout)}
     inventory = write_inventory(tmp_path_factory.mktemp("obs") / "inventory.py")
@@ -80,14 +96,18 @@ def fleet(tmp_path_factory):
     lab.sandbox("down", check=False)
 
 
-def get(host: lab.Host, url: str) -> tuple[str, str]:
-    out = host.ssh(f"python3 - '{url}' <<'EOF'\n{GET}EOF", check=False)
+def get(host: lab.Host, url: str, user: str = "root", password_file: str = "") -> tuple[str, str]:
+    """The status of a GET of ``url`` from ``host`` (and the body), as ``user`` there, with the
+    metrics password of ``password_file`` (read there) where given."""
+    run = "python3" if user == "root" else f"runuser -u {user} -- python3"
+    out = host.ssh(f"cd / && {run} - '{url}' {password_file} <<'EOF'\n{GET}EOF", check=False)
     status, _, body = out.partition("\n")
     return status.strip(), body
 
 
 def api(fleet, path: str) -> dict:
-    status, body = get(fleet["hosts"][ROUTER_HOST], PROMETHEUS + path)
+    status, body = get(fleet["hosts"][ROUTER_HOST], PROMETHEUS + path,
+                       password_file=PASSWORD_FILE)
     assert status == "200", (status, body)
     return json.loads(body)["data"]
 
@@ -144,11 +164,40 @@ def test_gpu_metrics_under_dcgm_names_and_server_metrics(fleet):
 
 
 def test_no_metrics_endpoint_answers_a_stranger(fleet):
-    """From gpu2 (a worker, not a router host): gpu1's server /metrics through its gate without
-    the key is refused; Prometheus and its UI are not on gpu3's fleet address; the router's
-    metrics neither."""
-    gpu2, sw = fleet["hosts"]["gpu2"], fleet["switch"]
-    assert get(gpu2, f"http://{sw['gpu1']}:8000/metrics")[0] == "401"
+    """From gpu2 (a worker, not a router host) and from a local user of gpu1 (nobody): gpu1's
+    server /metrics through its gate and its node exporter without the fleet's credentials are
+    refused (401), the server's loopback port behind the gate too (the loopback guard's reset),
+    and the router's metrics to a local user of gpu3;
+    Prometheus and its UI are not on gpu3's fleet address; the router's metrics neither. Yet
+    Prometheus, with the credentials, has every one of them up."""
+    gpu1, gpu2, sw = fleet["hosts"]["gpu1"], fleet["hosts"]["gpu2"], fleet["switch"]
+    for host, user in ((gpu2, "root"), (gpu1, "nobody")):
+        for url in (f"http://{sw['gpu1']}:8000/metrics", f"http://{sw['gpu1']}:9100/metrics",
+                    f"http://{sw['gpu1']}:9100/"):
+            assert get(host, url, user)[0] == "401", (host.name, user, url)
+    assert get(gpu1, "http://127.0.0.1:30000/metrics", "nobody")[0].startswith("refused")
+    # the router's metrics: the loopback, and there root's and Prometheus' sockets alone
+    router = fleet["hosts"][ROUTER_HOST]
+    assert get(router, "http://127.0.0.1:29000/metrics", "nobody")[0].startswith("refused")
+    assert get(router, "http://127.0.0.1:29000/metrics")[0] == "200"
+    # Alertmanager: the loopback, no cluster port, and a local user's connection reset
+    assert get(router, "http://127.0.0.1:9093/api/v2/status", "nobody")[0].startswith("refused")
+    assert get(router, "http://127.0.0.1:9093/api/v2/status")[0] == "200"
+    # Prometheus' API: the metrics password, even on its own host's loopback
+    for user in ("root", "nobody"):
+        assert get(router, PROMETHEUS + "/api/v1/targets", user)[0] == "401", user
+    listening = router.ssh("ss -Hltn")
+    assert "127.0.0.1:9093" in listening and ":9094" not in listening, listening
+    # the credentials on the hosts: root and the prometheus group alone
+    for host, path in ((gpu1, "/etc/gpuhost/node-exporter-web.yml"),
+                       (fleet["hosts"][ROUTER_HOST], "/etc/prometheus/gpuhost-fleet.key"),
+                       (fleet["hosts"][ROUTER_HOST],
+                        PASSWORD_FILE),
+                      (fleet["hosts"][ROUTER_HOST], "/etc/prometheus/gpuhost-web.yml")):
+        assert host.ssh(f"stat -c '%U:%G %a' {path}").strip() == "root:prometheus 640", path
+    assert "sk-" not in fleet["hosts"][ROUTER_HOST].ssh("cat /etc/prometheus/prometheus.yml")
+    up = targets(fleet)
+    assert all(up[(job, n)] == "up" for job in ("sglang", "node") for n in SERVING), up
     assert get(gpu2, f"http://{sw[ROUTER_HOST]}:9090/api/v1/targets")[0].startswith("refused")
     assert get(gpu2, f"http://{sw[ROUTER_HOST]}:29000/metrics")[0].startswith("refused")
     listening = fleet["hosts"][ROUTER_HOST].ssh("ss -Hltn")
@@ -164,6 +213,42 @@ def test_the_second_deploy_changes_nothing(fleet):
     assert changed(second) == []
 
 
+def test_status_prints_the_fleet_and_draws_its_hour(fleet):
+    """A bench of gpu1 (bench.py, two levels), then status.py: a line per host with serving,
+    the sglang version, uptime, req/s, power against the limit, throttle reasons and (gpu1) the
+    bench just made; the fleet's line; the picture. Its time is printed (issue 32: under 5 s for
+    3 hosts), not asserted: this machine's load decides it."""
+    bench = lab.deploy("--limit", "gpu1", "--data", "gpuhost_bench_levels=[1, 4]",
+                       "--data", "gpuhost_bench_prompts=8", "--data",
+                       "gpuhost_bench_input_len=32", "--data", "gpuhost_bench_output_len=24",
+                       inventory=fleet["inventory"], deploy_file="bench.py")
+    assert bench.returncode == 0, bench.output[-6000:]
+    made = re.search(r"bench: \S+/(\d{4}-\d\d-\d\dT\d\d-\d\d-\d\dZ)/results\.json",
+                     bench.output)
+    assert made, bench.output[-4000:]
+    started = time.monotonic()
+    run = lab.deploy(inventory=fleet["inventory"], deploy_file="status.py")
+    elapsed = time.monotonic() - started
+    assert run.returncode == 0, run.output[-6000:]
+    lines = {line.split(":", 1)[0]: line for line in run.output.splitlines()
+             if re.match(r"^(gpu\d|fleet): ", line)}
+    print(f"status.py took {elapsed:.1f} s (pyinfra's start, ssh to 3 hosts, the queries, "
+          "the picture)")
+    print("\n".join(lines.values()))
+    for name in SERVING:
+        assert re.match(rf"{name}: serving; sglang 0\.5\.9; up \d+ (min|h)", lines[name]), lines
+        assert re.search(r"\d+\.\d\d req/s, \d+\.\d output tok/s \(5 min\)", lines[name])
+        assert re.search(r"8 GPUs at \d+ W of 4800 W \(\d+ %\); (no throttling|held back: )",
+                         lines[name]), lines[name]
+    assert re.search(rf"; last bench {made.group(1)}: \d+\.\d output tok/s at \d+ concurrent, "
+                     r"p99 TTFT \d+ ms, power \d+ % of limit$", lines["gpu1"]), lines["gpu1"]
+    assert lines[ROUTER_HOST] == f"{ROUTER_HOST}: no server target"
+    assert lines["fleet"].startswith("fleet: 2 of 2 server(s) serving; ")
+    picture = re.search(r"the last hour: (status-results/fleet-\S+\.png)", run.output)
+    assert picture, run.output[-3000:]
+    assert (lab.ROOT / picture.group(1)).read_bytes()[:4] == b"\x89PNG"
+
+
 def test_a_stopped_server_fires_its_alert_and_a_restart_clears_it(fleet):
     gpu1 = fleet["hosts"]["gpu1"]
     gpu1.ssh("systemctl stop sglang.service")
@@ -173,6 +258,18 @@ def test_a_stopped_server_fires_its_alert_and_a_restart_clears_it(fleet):
                           timeout=180)
         print(f"SGLangServerDown firing {time.monotonic() - started:.0f} s after the stop")
         assert [a["labels"]["host"] for a in alerts] == ["gpu1"]
+        # and Alertmanager posted it to the webhook host data names
+        router = fleet["hosts"][ROUTER_HOST]
+
+        def posted():
+            out = router.ssh(f"cat {HOOK_LOG} 2>/dev/null || true")
+            return [a for line in out.splitlines() if line.strip()
+                    for a in json.loads(line)["alerts"]
+                    if a["status"] == "firing" and a["labels"]["alertname"] == "SGLangServerDown"
+                    and a["labels"]["host"] == "gpu1"]
+
+        wait_for("the webhook got SGLangServerDown", posted, timeout=180)
+        print(f"webhook got SGLangServerDown {time.monotonic() - started:.0f} s after the stop")
     finally:
         gpu1.ssh("systemctl start sglang.service")
     started = time.monotonic()
