@@ -16,7 +16,7 @@ def test_every_e2e_module_is_a_unit_and_the_rest_is_one_more():
     assert whole == modules - split
     assert [u.args for u in found if u.name == "the rest of tests/"] == [
         ["tests", "--ignore=tests/e2e"]]
-    assert [u.weight for u in found] == sorted((u.weight for u in found), reverse=True)
+    assert [u.expected for u in found] == sorted((u.expected for u in found), reverse=True)
 
 
 def test_each_p2p_test_is_a_unit_of_its_own_and_spreads_over_the_lanes():
@@ -30,6 +30,35 @@ def test_each_p2p_test_is_a_unit_of_its_own_and_spreads_over_the_lanes():
     assert "tests/e2e/test_p2p.py::test_remeasure_on_request_stops_the_server_first" in names
     # a test of a bare converge weighs as one boot (its fixture's) and its three deploys
     assert {u.weight for u in p2p} == {6, 5}
+
+
+def test_each_driver_test_is_a_unit_of_its_own():
+    """test_driver's four tests each boot a single-gpu host of their own (754 s as one unit in
+    a 3354 s run, the longest): four units, spread over the lanes."""
+    driver = [u.name for u in lanes.units() if u.name.startswith("tests/e2e/test_driver.py")]
+    assert len(driver) == 4 and all("::test_" in n for n in driver), driver
+
+
+def test_units_start_by_their_measured_seconds_and_unmeasured_ones_by_their_text(
+        monkeypatch):
+    """A 461 s module whose text names one boot and two deploys starts before a 126 s one that
+    names more; a unit SECONDS lacks is expected to take its text's weight in boots and
+    deploys."""
+    monkeypatch.setattr(lanes, "SECONDS", {"tests/e2e/test_apt_sources.py": 126,
+                                           "tests/e2e/test_interrupted.py": 461})
+    found = {u.name: u for u in lanes.units()}
+    slow, quick = found["tests/e2e/test_interrupted.py"], found["tests/e2e/test_apt_sources.py"]
+    assert slow.weight < quick.weight and slow.expected > quick.expected
+    names = [u.name for u in lanes.units()]
+    assert names.index(slow.name) < names.index(quick.name)
+    gate = found["tests/e2e/test_gate.py"]
+    assert gate.expected == gate.weight * lanes.WEIGHT_SECONDS
+
+
+def test_measured_seconds_name_units_of_the_suite():
+    """Nothing in SECONDS that is no unit any more (a module renamed, split or gone)."""
+    names = {u.name for u in lanes.units()}
+    assert set(lanes.SECONDS) <= names, set(lanes.SECONDS) - names
 
 
 def test_a_module_asks_for_a_unit_per_test_at_its_top_level(tmp_path):
