@@ -23,9 +23,11 @@ names): with the text alone, a 461 s module weighed as little as a 39 s one and 
 last. The run's summary lists each unit's seconds, from which SECONDS is brought up to date.
 
 The run keeps a folder for images of converged hosts (GPUHOST_E2E_IMAGES, removed at the end;
-tests/e2e/lab.py ``up_converged``): modules that start from a converged host boot it from the
-image the first of them made, instead of each converging a bare host (4 to 5 minutes each on 2
-cores with three lanes).
+tests/e2e/lab.py ``up_converged``, ``up_from_image``): modules that start from a converged host
+boot it from the image the first of them made, instead of each converging a bare host (4 to 5
+minutes each on 2 cores with three lanes). While the first of them makes it, a free lane takes
+the longest unit that needs no image (its text names none of those), rather than one that
+would wait on the image's lock.
 
 Why not pytest-xdist: pyinfra_cli, which pyinfra-testing and the inventory check import, calls
 gevent's ``monkey.patch_all()`` on import (pyinfra_cli/__init__.py); in an xdist worker that
@@ -38,7 +40,6 @@ from __future__ import annotations
 import ast
 import functools
 import os
-import queue
 import re
 import subprocess
 import sys
@@ -130,6 +131,8 @@ class Unit:
     weight: int = 0
     #: seconds it is expected to take: SECONDS, else weight x WEIGHT_SECONDS
     expected: float = 0.0
+    #: whether it starts from the run's image of a converged host (IMAGE_USERS)
+    image: bool = False
     counts: tuple[int, int, int, int] = (0, 0, 0, 0)  # tests, failures, errors, skipped
 
 
@@ -151,6 +154,14 @@ def test_weight(path: Path, node_id: str) -> int:
     test = functions[node_id.split("::")[-1].split("[")[0]]
     parts = [test] + [functions[a.arg] for a in test.args.args if a.arg in functions]
     return sum(text_weight(ast.get_source_segment(source, f) or "") for f in parts)
+
+
+#: what a module's text names when it starts from the run's image of a converged host
+IMAGE_USERS = ("up_converged(", "converged_host", "up_from_image(")
+
+
+def uses_image(text: str) -> bool:
+    return any(name in text for name in IMAGE_USERS)
 
 
 def unit_per_test(path: Path) -> bool:
@@ -180,10 +191,33 @@ def node_ids(path: Path) -> tuple[str, ...]:
 def module_units(path: Path) -> list[Unit]:
     """The module as one unit or, where it asks, each test as one."""
     rel = str(path.relative_to(ROOT))
+    image = uses_image(path.read_text())
     if not unit_per_test(path):
-        return [Unit(rel, [rel], weight=weight(path))]
+        return [Unit(rel, [rel], weight=weight(path), image=image)]
     tests = node_ids(path)
-    return [Unit(t, [t], weight=test_weight(path, t)) for t in tests]
+    return [Unit(t, [t], weight=test_weight(path, t), image=image) for t in tests]
+
+
+class Todo:
+    """The units not yet started, longest first; `take` gives a lane the next one. Until the
+    run's image exists (a converged-*.tar in `images`), once a unit that needs it has started
+    (it makes the image, or waits for it), a lane takes the next unit that needs none, and one
+    that needs it only when nothing else is left."""
+
+    def __init__(self, found: list[Unit], images: Path):
+        self.left, self.images = list(found), images
+        self.image_started = False
+        self.lock = threading.Lock()
+
+    def take(self) -> Unit | None:
+        with self.lock:
+            if not self.left:
+                return None
+            waiting = self.image_started and not any(self.images.glob("converged-*.tar"))
+            unit = next((u for u in self.left if not (waiting and u.image)), self.left[0])
+            self.left.remove(unit)
+            self.image_started = self.image_started or unit.image
+            return unit
 
 
 def units() -> list[Unit]:
@@ -256,10 +290,7 @@ def main(args: list[str]) -> int:
         print(f"GPUHOST_SANDBOX_LAB = {base!r} with GPUHOST_TEST_WORKERS = {lanes}: the lanes' "
               "labs must lie within 0 to 9 (at least one lane)", file=sys.stderr)
         return 2
-    todo: queue.Queue[Unit] = queue.Queue()
     every = units()
-    for unit in every:
-        todo.put(unit)
     printing = threading.Lock()
 
     def say(text: str) -> None:
@@ -268,11 +299,12 @@ def main(args: list[str]) -> int:
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpuhost-lanes-") as reports:
+        todo = Todo(every, Path(reports) / "images")
+
         def lane(lab: int) -> None:
             while True:
-                try:
-                    unit = todo.get_nowait()
-                except queue.Empty:
+                unit = todo.take()
+                if unit is None:
                     clean_up(lab, say)
                     return
                 run_unit(unit, lab, args, Path(reports), say)

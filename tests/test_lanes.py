@@ -61,6 +61,29 @@ def test_measured_seconds_name_units_of_the_suite():
     assert set(lanes.SECONDS) <= names, set(lanes.SECONDS) - names
 
 
+def test_while_the_image_is_made_a_free_lane_takes_a_unit_that_needs_none(tmp_path):
+    maker, user, bare, short_user = (Unit("maker", [], expected=800, image=True),
+                                     Unit("user", [], expected=500, image=True),
+                                     Unit("bare", [], expected=300),
+                                     Unit("short user", [], expected=100, image=True))
+    todo = lanes.Todo([maker, user, bare, short_user], tmp_path)
+    assert todo.take() is maker  # makes the image (or waits for it)
+    assert todo.take() is bare  # not "user", which would wait on the image's lock
+    assert todo.take() is user  # nothing else left
+    (tmp_path / "converged-reference-lab.tar").write_bytes(b"")
+    assert todo.take() is short_user and todo.take() is None
+    again = lanes.Todo([maker, user, bare], tmp_path)  # the image is there: in order
+    assert [again.take() for _ in range(3)] == [maker, user, bare]
+
+
+def test_modules_that_start_from_the_image_are_told_by_their_text():
+    found = {u.name: u for u in lanes.units()}
+    assert found["tests/e2e/test_server.py"].image  # converged_host
+    assert found["tests/e2e/test_gate.py"].image  # lab.up_from_image
+    assert not found["tests/e2e/test_deploy.py"].image  # the converge from bare itself
+    assert not found["the rest of tests/"].image
+
+
 def test_a_module_asks_for_a_unit_per_test_at_its_top_level(tmp_path):
     asks, silent, off = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
     asks.write_text("import pytest\nLANES_UNIT_PER_TEST = True\n")
