@@ -233,11 +233,13 @@ def up(
     """Fresh hosts gpu1..gpuN, booted and answering ssh; returns `status()`. With `from_image`
     (sandbox/image.py), each host's tree comes from that image instead of the bare root
     filesystem. `host_scenarios` gives some hosts a scenario of their own (by host name: a
-    CPU-only router VM, ``{"gpu4": "cpu-only"}``, beside GPU hosts of `scenario`).
+    CPU-only router VM, ``{"gpu4": "cpu-only"}``, beside GPU hosts of `scenario`); with an
+    image, a host of another scenario than the image's starts from the bare root filesystem
+    (a router VM from the distribution's image beside GPU hosts from one made of a GPU host).
 
     Raises LabError (root needed, unknown scenario, an image of another scenario, a host
-    scenario for a host this lab does not have or with an image, a host that does not boot:
-    the message carries the console log's tail), ValueError for a host count outside 1..254.
+    scenario for a host this lab does not have, a host that does not boot: the message carries
+    the console log's tail), ValueError for a host count outside 1..254.
     """
     require_root("up")
     specs = host_specs(hosts)
@@ -246,13 +248,11 @@ def up(
     if unknown:
         raise LabError(f"--host-scenario names {', '.join(unknown)}, not a host of this lab "
                        f"(gpu1..gpu{hosts})")
-    if own and from_image is not None:
-        raise LabError("--host-scenario with --from-image: every host's tree would come from "
-                       "the image, made under one scenario")
     hardware = {s.name: _hardware_json(own.get(s.name, scenario)) for s in specs}
-    tar = ROOTFS_TAR
+    trees = {s.name: ROOTFS_TAR for s in specs}
     if from_image is not None:
-        tar = from_image
+        trees.update({s.name: from_image for s in specs
+                      if own.get(s.name, scenario) == scenario})
         made = _describe_image(from_image)
         if made["scenario"] != scenario:
             raise LabError(f"image {from_image} was made under scenario {made['scenario']!r}, "
@@ -287,7 +287,7 @@ def up(
         }
         _save_state(state)
         network.create_switch()
-        _prepare(specs, state, authorized_key, hardware, tar)
+        _prepare(specs, state, authorized_key, hardware, trees)
         _start_services(specs, state)
         _boot(specs, state, boot_timeout)
         _say(f"lab up in {time.monotonic() - started:.1f}s")
@@ -298,14 +298,16 @@ def up(
 
 def _prepare(
     specs: list[HostSpec], state: dict[str, Any], authorized_key: str, hardware: dict[str, str],
-    tar: Path = ROOTFS_TAR,
+    trees: dict[str, Path] | None = None,
 ) -> None:
-    """Host trees and links in parallel, the HTTP root alongside; writes known_hosts."""
+    """Host trees (each from `trees`' tar for it, default the bare root filesystem) and links
+    in parallel, the HTTP root alongside; writes known_hosts."""
     began = time.monotonic()
     workers = max(2, min(len(specs), 2 * (os.cpu_count() or 1)))
     with ThreadPoolExecutor(max_workers=workers + 1) as pool:
         www = pool.submit(build_www, os.uname().release)
-        prepared = [pool.submit(_prepare_host, s, authorized_key, hardware[s.name], tar)
+        prepared = [pool.submit(_prepare_host, s, authorized_key, hardware[s.name],
+                                (trees or {}).get(s.name, ROOTFS_TAR))
                     for s in specs]
         host_keys = [f.result() for f in prepared]
         state["cuda_keyring_sha256"] = www.result()

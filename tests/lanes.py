@@ -17,10 +17,17 @@ tests (by node id, from ``pytest --collect-only -q``) is then a unit of its own,
 over the lanes instead of holding one lane for the sum of their boots (test_p2p alone took
 1000 to 1100 s of a 2434 s run in one lane).
 
+The lanes take the units longest first, by the seconds each took in a measured run (SECONDS;
+a unit not listed there, e.g. a new module, by its text: WEIGHT_SECONDS per boot and deploy it
+names): with the text alone, a 461 s module weighed as little as a 39 s one and could start
+last. The run's summary lists each unit's seconds, from which SECONDS is brought up to date.
+
 The run keeps a folder for images of converged hosts (GPUHOST_E2E_IMAGES, removed at the end;
-tests/e2e/lab.py ``up_converged``): modules that start from a converged host boot it from the
-image the first of them made, instead of each converging a bare host (4 to 5 minutes each on 2
-cores with three lanes).
+tests/e2e/lab.py ``up_converged``, ``up_from_image``): modules that start from a converged host
+boot it from the image the first of them made, instead of each converging a bare host (4 to 5
+minutes each on 2 cores with three lanes). While the first of them makes it, a free lane takes
+the longest unit that needs no image (its text names none of those), rather than one that
+would wait on the image's lock.
 
 Why not pytest-xdist: pyinfra_cli, which pyinfra-testing and the inventory check import, calls
 gevent's ``monkey.patch_all()`` on import (pyinfra_cli/__init__.py); in an xdist worker that
@@ -33,7 +40,6 @@ from __future__ import annotations
 import ast
 import functools
 import os
-import queue
 import re
 import subprocess
 import sys
@@ -53,6 +59,65 @@ PER_TEST = "LANES_UNIT_PER_TEST"
 #: the rest of tests/ (the unit tests) weighs as much as a module of one boot and two deploys
 #: (197 s in the 2434 s CI run, beside test_deploy's 156 s and test_rebuild's 250 s)
 REST_WEIGHT = 5
+#: seconds per boot or deploy named in a unit's text (weight), for a unit SECONDS lacks: the
+#: median over the units of the 3354 s run SECONDS comes from
+WEIGHT_SECONDS = 37
+#: seconds each unit took: the 3354 s CI run of 2026-12-03 (this 2-core machine, three lanes,
+#: under four other engineers' e2e runs); where a unit failed there, at least its text's
+#: estimate; units changed since, scaled by their before/after runs side by side (the
+#: figures beside them, under a heavier load)
+SECONDS = {
+    "the rest of tests/": 468,
+    "tests/e2e/test_apt_sources.py": 126,  # 63 s failing; 126 s in a partial run that day
+    "tests/e2e/test_bad_input.py": 287,
+    "tests/e2e/test_bench.py": 370,  # 216 s failing
+    "tests/e2e/test_deploy.py": 295,
+    "tests/e2e/test_drift.py": 369,
+    # test_driver, 754 s as one module, split by its tests' shares in a 522 s run that day
+    "tests/e2e/test_driver.py::test_driver_change_dry_refused_then_allowed_and_mismatch_"
+    "rebooted": 373,
+    "tests/e2e/test_driver.py::test_driver_outside_apt_is_refused_left_alone_or_replaced_on_"
+    "request": 170,
+    "tests/e2e/test_driver.py::test_no_headers_for_the_running_kernel_stops_before_the_"
+    "driver": 51,
+    "tests/e2e/test_driver.py::test_nouveau_bound_gpu_is_rebound_to_nvidia": 162,
+    "tests/e2e/test_driver_rollback.py": 432,
+    "tests/e2e/test_dry_purity.py": 154,
+    "tests/e2e/test_fleet.py": 148,
+    "tests/e2e/test_full_disk.py": 227,
+    "tests/e2e/test_gate.py": 160,  # 250 s from bare; from the image 273 s beside 431 s
+    "tests/e2e/test_interrupted.py": 461,  # failing
+    "tests/e2e/test_listeners.py": 148,  # 17 s failing at its fixture
+    "tests/e2e/test_messages.py": 140,
+    "tests/e2e/test_mlenv.py": 518,  # 226 s failing
+    "tests/e2e/test_multinode.py": 150,  # 348 s from bare; from the image 310 to 462 s
+    # beside 1144 s
+    "tests/e2e/test_nothing_lost.py": 275,
+    "tests/e2e/test_observability.py": 280,  # 26 s failing at its fixture; from the image
+    # 547 s under a heavier load (the planes module's ratio: about 280 s)
+    "tests/e2e/test_operators.py": 362,  # failing
+    "tests/e2e/test_p2p.py::test_fresh_host_dry_run_and_a_bad_override": 39,
+    "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
+    "[bare-metal-p2p]": 177,
+    "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
+    "[p2p-ok-wrong-data]": 223,
+    "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
+    "[q35-cns]": 224,
+    "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
+    "[reference-lab]": 226,
+    "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
+    "[single-gpu]": 236,
+    "tests/e2e/test_p2p.py::test_remeasure_on_request_stops_the_server_first": 182,
+    "tests/e2e/test_pending_kernel.py": 271,
+    "tests/e2e/test_planes.py": 175,  # 412 s from bare, failing; 422 s beside 1016 s
+    "tests/e2e/test_rebuild.py": 350,  # failing
+    "tests/e2e/test_rollback.py": 199,
+    "tests/e2e/test_router.py": 700,  # 831 s from bare; its setup 549 s beside 899 s
+    "tests/e2e/test_secrets.py": 39,
+    "tests/e2e/test_secure_boot.py": 197,
+    "tests/e2e/test_server.py": 429,
+    "tests/e2e/test_ubuntu.py": 259,  # failing
+}
 #: a unit's `sandbox down` sets its host trees aside, the next `up` on the lab deletes them in
 #: the background (sandbox/trash.py: 13 to 82 s per teardown off the lane); the lane's last
 #: step is a plain `down` of its lab, which waits for that and removes the rest
@@ -67,6 +132,10 @@ class Unit:
     seconds: float = 0.0
     lab: int = 0
     weight: int = 0
+    #: seconds it is expected to take: SECONDS, else weight x WEIGHT_SECONDS
+    expected: float = 0.0
+    #: whether it starts from the run's image of a converged host (IMAGE_USERS)
+    image: bool = False
     counts: tuple[int, int, int, int] = (0, 0, 0, 0)  # tests, failures, errors, skipped
 
 
@@ -88,6 +157,14 @@ def test_weight(path: Path, node_id: str) -> int:
     test = functions[node_id.split("::")[-1].split("[")[0]]
     parts = [test] + [functions[a.arg] for a in test.args.args if a.arg in functions]
     return sum(text_weight(ast.get_source_segment(source, f) or "") for f in parts)
+
+
+#: what a module's text names when it starts from the run's image of a converged host
+IMAGE_USERS = ("up_converged(", "converged_host", "up_from_image(")
+
+
+def uses_image(text: str) -> bool:
+    return any(name in text for name in IMAGE_USERS)
 
 
 def unit_per_test(path: Path) -> bool:
@@ -117,18 +194,43 @@ def node_ids(path: Path) -> tuple[str, ...]:
 def module_units(path: Path) -> list[Unit]:
     """The module as one unit or, where it asks, each test as one."""
     rel = str(path.relative_to(ROOT))
+    image = uses_image(path.read_text())
     if not unit_per_test(path):
-        return [Unit(rel, [rel], weight=weight(path))]
+        return [Unit(rel, [rel], weight=weight(path), image=image)]
     tests = node_ids(path)
-    return [Unit(t, [t], weight=test_weight(path, t)) for t in tests]
+    return [Unit(t, [t], weight=test_weight(path, t), image=image) for t in tests]
+
+
+class Todo:
+    """The units not yet started, longest first; `take` gives a lane the next one. Until the
+    run's image exists (a converged-*.tar in `images`), once a unit that needs it has started
+    (it makes the image, or waits for it), a lane takes the next unit that needs none, and one
+    that needs it only when nothing else is left."""
+
+    def __init__(self, found: list[Unit], images: Path):
+        self.left, self.images = list(found), images
+        self.image_started = False
+        self.lock = threading.Lock()
+
+    def take(self) -> Unit | None:
+        with self.lock:
+            if not self.left:
+                return None
+            waiting = self.image_started and not any(self.images.glob("converged-*.tar"))
+            unit = next((u for u in self.left if not (waiting and u.image)), self.left[0])
+            self.left.remove(unit)
+            self.image_started = self.image_started or unit.image
+            return unit
 
 
 def units() -> list[Unit]:
-    """Every unit of the suite, the heaviest first (ties by name)."""
+    """Every unit of the suite, the longest expected first (ties by name)."""
     found = [u for p in sorted(E2E.glob("test_*.py")) for u in module_units(p)]
     found.append(Unit("the rest of tests/", ["tests", f"--ignore={E2E.relative_to(ROOT)}"],
                       weight=REST_WEIGHT))
-    return sorted(found, key=lambda u: (-u.weight, u.name))
+    for unit in found:
+        unit.expected = SECONDS.get(unit.name, unit.weight * WEIGHT_SECONDS)
+    return sorted(found, key=lambda u: (-u.expected, u.name))
 
 
 def names_paths(args: list[str]) -> bool:
@@ -191,10 +293,7 @@ def main(args: list[str]) -> int:
         print(f"GPUHOST_SANDBOX_LAB = {base!r} with GPUHOST_TEST_WORKERS = {lanes}: the lanes' "
               "labs must lie within 0 to 9 (at least one lane)", file=sys.stderr)
         return 2
-    todo: queue.Queue[Unit] = queue.Queue()
     every = units()
-    for unit in every:
-        todo.put(unit)
     printing = threading.Lock()
 
     def say(text: str) -> None:
@@ -203,11 +302,12 @@ def main(args: list[str]) -> int:
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpuhost-lanes-") as reports:
+        todo = Todo(every, Path(reports) / "images")
+
         def lane(lab: int) -> None:
             while True:
-                try:
-                    unit = todo.get_nowait()
-                except queue.Empty:
+                unit = todo.take()
+                if unit is None:
                     clean_up(lab, say)
                     return
                 run_unit(unit, lab, args, Path(reports), say)

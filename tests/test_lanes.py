@@ -16,7 +16,7 @@ def test_every_e2e_module_is_a_unit_and_the_rest_is_one_more():
     assert whole == modules - split
     assert [u.args for u in found if u.name == "the rest of tests/"] == [
         ["tests", "--ignore=tests/e2e"]]
-    assert [u.weight for u in found] == sorted((u.weight for u in found), reverse=True)
+    assert [u.expected for u in found] == sorted((u.expected for u in found), reverse=True)
 
 
 def test_each_p2p_test_is_a_unit_of_its_own_and_spreads_over_the_lanes():
@@ -30,6 +30,58 @@ def test_each_p2p_test_is_a_unit_of_its_own_and_spreads_over_the_lanes():
     assert "tests/e2e/test_p2p.py::test_remeasure_on_request_stops_the_server_first" in names
     # a test of a bare converge weighs as one boot (its fixture's) and its three deploys
     assert {u.weight for u in p2p} == {6, 5}
+
+
+def test_each_driver_test_is_a_unit_of_its_own():
+    """test_driver's four tests each boot a single-gpu host of their own (754 s as one unit in
+    a 3354 s run, the longest): four units, spread over the lanes."""
+    driver = [u.name for u in lanes.units() if u.name.startswith("tests/e2e/test_driver.py")]
+    assert len(driver) == 4 and all("::test_" in n for n in driver), driver
+
+
+def test_units_start_by_their_measured_seconds_and_unmeasured_ones_by_their_text(
+        monkeypatch):
+    """A 461 s module whose text names one boot and two deploys starts before a 126 s one that
+    names more; a unit SECONDS lacks is expected to take its text's weight in boots and
+    deploys."""
+    monkeypatch.setattr(lanes, "SECONDS", {"tests/e2e/test_apt_sources.py": 126,
+                                           "tests/e2e/test_interrupted.py": 461})
+    found = {u.name: u for u in lanes.units()}
+    slow, quick = found["tests/e2e/test_interrupted.py"], found["tests/e2e/test_apt_sources.py"]
+    assert slow.weight < quick.weight and slow.expected > quick.expected
+    names = [u.name for u in lanes.units()]
+    assert names.index(slow.name) < names.index(quick.name)
+    gate = found["tests/e2e/test_gate.py"]
+    assert gate.expected == gate.weight * lanes.WEIGHT_SECONDS
+
+
+def test_measured_seconds_name_units_of_the_suite():
+    """Nothing in SECONDS that is no unit any more (a module renamed, split or gone)."""
+    names = {u.name for u in lanes.units()}
+    assert set(lanes.SECONDS) <= names, set(lanes.SECONDS) - names
+
+
+def test_while_the_image_is_made_a_free_lane_takes_a_unit_that_needs_none(tmp_path):
+    maker, user, bare, short_user = (Unit("maker", [], expected=800, image=True),
+                                     Unit("user", [], expected=500, image=True),
+                                     Unit("bare", [], expected=300),
+                                     Unit("short user", [], expected=100, image=True))
+    todo = lanes.Todo([maker, user, bare, short_user], tmp_path)
+    assert todo.take() is maker  # makes the image (or waits for it)
+    assert todo.take() is bare  # not "user", which would wait on the image's lock
+    assert todo.take() is user  # nothing else left
+    (tmp_path / "converged-reference-lab.tar").write_bytes(b"")
+    assert todo.take() is short_user and todo.take() is None
+    again = lanes.Todo([maker, user, bare], tmp_path)  # the image is there: in order
+    assert [again.take() for _ in range(3)] == [maker, user, bare]
+
+
+def test_modules_that_start_from_the_image_are_told_by_their_text():
+    found = {u.name: u for u in lanes.units()}
+    assert found["tests/e2e/test_server.py"].image  # converged_host
+    assert found["tests/e2e/test_gate.py"].image  # lab.up_from_image
+    assert not found["tests/e2e/test_deploy.py"].image  # the converge from bare itself
+    assert not found["the rest of tests/"].image
 
 
 def test_a_module_asks_for_a_unit_per_test_at_its_top_level(tmp_path):

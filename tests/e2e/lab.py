@@ -10,6 +10,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,46 +132,64 @@ def up_converged(scenario: str = "reference-lab") -> Host:
     (one from the image is new to this lab: its address, SSH keys, NVIDIA repository key and
     controller are this lab's), so one bare converge serves the run. Modules that test the
     converge itself use ``up``."""
-    folder = os.environ.get(IMAGES_ENV)
-    if folder:
-        tar = Path(folder) / f"converged-{scenario}.tar"
-        with open(Path(folder) / f".{scenario}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another lane's module may be making it
-            made = not tar.is_file()
-            if made:  # the host is booted again once its image is written
-                up(hosts=1, scenario=scenario)
-                _first_deploy()
-                sandbox("image", "gpu1", str(tar))
-        if not made:
-            up(hosts=1, scenario=scenario, from_image=tar)
+    tar, made = _converged_image(scenario)
+    if tar is None:
+        (host,) = up(hosts=1, scenario=scenario)
+    elif made:  # the host that made the image, booted again
         (host,) = status()
     else:
-        (host,) = up(hosts=1, scenario=scenario)
+        (host,) = up(hosts=1, scenario=scenario, from_image=tar)
     _first_deploy()
     return host
 
 
-def up_converged_fleet(hosts: int, scenario: str = "reference-lab") -> list[Host]:
-    """``hosts`` hosts of ``scenario`` from the suite run's image of a converged host (made as
-    :func:`up_converged` makes it, where none is there yet), each converged alone by a first
-    deploy of the default inventory, as :func:`up_converged` does (a host from an image made in
-    another lab still has that lab's NVIDIA repository, which a fleet's first deploy would
-    fetch from before its NVIDIA stage: the loopback guard installs nftables first); without
-    $GPUHOST_E2E_IMAGES, bare hosts, not deployed."""
+def up_from_image(hosts: int, scenario: str = "reference-lab",
+                  host_scenarios: dict[str, str] | None = None,
+                  first_deploy: bool = True) -> list[Host]:
+    """Fresh hosts gpu1..gpuN as ``up`` gives them, except that where the suite run keeps
+    images ($GPUHOST_E2E_IMAGES) the hosts of `scenario` boot from its converged image (made
+    as ``up_converged`` makes it, if no module made it yet) and, unless told otherwise, get the
+    first deploy ``up_converged`` gives (an inventory of them alone), while the
+    ``host_scenarios`` ones (a CPU-only router VM) boot from the bare tree. For modules whose
+    subject is a fleet, not a converge from bare: their own first deploy then changes the
+    converged hosts into the fleet. Run alone, a module boots bare hosts.
+
+    The image is another lab's host: its NVIDIA repository source names that lab's address
+    until the deploy's NVIDIA stage writes this lab's, and an apt install that comes earlier in
+    the run (the loopback guard's nftables, where the server binds off the loopback) fails on
+    the stale source; ``first_deploy=False`` for a module whose own first deploy has none."""
+    tar, _ = _converged_image(scenario)
+    booted = up(hosts=hosts, scenario=scenario, from_image=tar, host_scenarios=host_scenarios)
+    if tar is not None and first_deploy:
+        own = host_scenarios or {}
+        listed = [h for h in json.loads(sandbox("status", "--json").stdout)
+                  if own.get(h["name"], scenario) == scenario]
+        entries = json.dumps(json.dumps([(h["name"], inventory_data(h)) for h in listed]))
+        with tempfile.TemporaryDirectory(prefix="gpuhost-e2e-") as folder:
+            inventory = Path(folder) / "converged.py"
+            inventory.write_text(f"import json\nconverged = [tuple(e) for e in "
+                                 f"json.loads({entries})]\n")
+            first = deploy(inventory=str(inventory))
+        assert first.returncode == 0, first.output[-6000:]
+    return booted
+
+
+def _converged_image(scenario: str) -> tuple[Path | None, bool]:
+    """The suite run's image of a converged host of `scenario` and whether this call made it
+    (in this lab, whose gpu1 it leaves converged and booted); (None, False) where the run
+    keeps no images."""
     folder = os.environ.get(IMAGES_ENV)
     if not folder:
-        return up(hosts=hosts, scenario=scenario)
+        return None, False
     tar = Path(folder) / f"converged-{scenario}.tar"
     with open(Path(folder) / f".{scenario}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not tar.is_file():
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another lane's module may be making it
+        made = not tar.is_file()
+        if made:  # the host is booted again once its image is written
             up(hosts=1, scenario=scenario)
             _first_deploy()
             sandbox("image", "gpu1", str(tar))
-            sandbox("down", check=False)
-    found = up(hosts=hosts, scenario=scenario, from_image=tar)
-    _first_deploy()
-    return found
+    return tar, made
 
 
 #: Where the fleet's keys go on the hosts (docs/security.md, the fleet's three planes).

@@ -11,6 +11,9 @@ import pytest
 from tests.e2e import lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+#: every test boots a host of its own (the first through the module's fixture):
+#: tests/lanes.py runs each as a unit, spread over the lanes
+LANES_UNIT_PER_TEST = True
 
 X, Y = "580.95.05", "580.105.08"
 

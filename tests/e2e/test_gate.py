@@ -40,7 +40,7 @@ class Public:
 
 @pytest.fixture(scope="module")
 def public(tmp_path_factory):
-    (host,) = lab.up(hosts=1, scenario="reference-lab")
+    (host,) = lab.up_from_image(hosts=1)  # this module's deploy serves it on 0.0.0.0
     key = lab.GUARD.register("sk-" + secrets.token_hex(24), "API key")
     host.ssh(f"umask 077; printf '%s\\n' {key} > {KEY_FILE}")
     inventory = write_inventory(tmp_path_factory.mktemp("gate") / "inventory.py",

@@ -1,5 +1,5 @@
 """A fleet grows and shrinks under client traffic (issue 30, "Done when"): three hosts from the
-suite run's image of a converged host (lab.up_converged_fleet), the router on gpu1 (which
+suite run's image of a converged host (lab.up_from_image), the router on gpu1 (which
 serves too) in front of gpu1 and gpu2; gpu3 joins the fleet and leaves it again while a client
 on gpu2 sends at least 1000 requests through the router, over the lab switch: none fails, and
 the router's process is the same throughout (workers join and leave through its control plane,
@@ -70,7 +70,7 @@ def write_inventory(path: Path, members: tuple[str, ...]) -> str:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    hosts = {h.name: h for h in lab.up_converged_fleet(hosts=3)}
+    hosts = {h.name: h for h in lab.up_from_image(hosts=3)}
     lab.fleet_keys(hosts.values(), routers=[ROUTER_HOST], serving=hosts)
     for h in hosts.values():
         h.ssh(f"cat > /root/workers.py <<'EOF'\n{WORKERS}\nEOF\n"

@@ -37,7 +37,7 @@ def _inventory(path, listed, group_extra=None, host_extra=None):
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    lab.up(hosts=2, scenario="reference-lab")
+    lab.up_from_image(hosts=2, first_deploy=False)  # converged hosts, made one group below
     listed = json.loads(lab.sandbox("status", "--json").stdout)
     hosts = lab.status()
     inventory = _inventory(tmp_path_factory.mktemp("inv") / "pair.py", listed)

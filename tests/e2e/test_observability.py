@@ -73,7 +73,7 @@ def write_inventory(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    hosts = lab.up(hosts=3, scenario="reference-lab", host_scenarios={ROUTER_HOST: "cpu-only"})
+    hosts = lab.up_from_image(hosts=3, host_scenarios={ROUTER_HOST: "cpu-only"})
     key = lab.GUARD.register("sk-" + secrets.token_hex(24), "API key")
     fleet_key = lab.GUARD.register("sk-" + secrets.token_hex(24), "fleet key")
     router_key = lab.GUARD.register("sk-" + secrets.token_hex(24), "router key")

@@ -166,7 +166,7 @@ def write_inventory(path: Path, extra: dict | None = None,
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    hosts = lab.up(hosts=3, scenario="reference-lab", host_scenarios={ROUTER_HOST: "cpu-only"})
+    hosts = lab.up_from_image(hosts=3, host_scenarios={ROUTER_HOST: "cpu-only"})
     keys = {what: lab.GUARD.register("sk-" + secrets.token_hex(24), what)
             for what in ("API key", "router API key", "fleet key")}
     for h in hosts:

@@ -68,7 +68,7 @@ def write_inventory(path: Path, key_file: str, router_key_file: str,
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    hosts = lab.up(hosts=4, scenario="reference-lab", host_scenarios={ROUTER_HOST: "cpu-only"})
+    hosts = lab.up_from_image(hosts=4, host_scenarios={ROUTER_HOST: "cpu-only"})
     key = lab.GUARD.register("sk-" + secrets.token_hex(24), "API key")
     router_key = lab.GUARD.register("sk-" + secrets.token_hex(24), "router API key")
     fleet_key = lab.GUARD.register("sk-" + secrets.token_hex(24), "fleet key")
