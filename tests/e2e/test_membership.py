@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ROUTER_HOST = "gpu1"
 ROUTER = "sglang-router.service"
 REQUESTS = 1000
+CLIENT_KEY = "/root/client.key"
 
 #: Sends chat completions through the router until it has sent at least ``minimum`` and the
 #: stop file is there (or ``limit`` seconds passed); prints its counts and seconds.
@@ -71,7 +72,9 @@ def write_inventory(path: Path, members: tuple[str, ...]) -> str:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     hosts = {h.name: h for h in lab.up_from_image(hosts=3)}
-    lab.fleet_keys(hosts.values(), routers=[ROUTER_HOST], serving=hosts)
+    keys = lab.fleet_keys(hosts.values(), routers=[ROUTER_HOST], serving=hosts)
+    # the client's copy of the router's client key, on the host it sends from
+    hosts["gpu2"].ssh(f"umask 077; printf '%s\\n' {keys['router API key']} > {CLIENT_KEY}")
     for h in hosts.values():
         h.ssh(f"cat > /root/workers.py <<'EOF'\n{WORKERS}\nEOF\n"
               f"cat > /root/client.py <<'EOF'\n{CLIENT}\nEOF")
@@ -108,7 +111,7 @@ def test_the_fleet_grows_to_three_and_shrinks_back_without_a_failed_request(flee
     pid = router.main_pid(ROUTER)
     url = f"http://{switch()[ROUTER_HOST]}:8100"
     client.ssh(f"rm -f /tmp/client.stop /tmp/client.out; nohup python3 /root/client.py {url} "
-               f"{lab.ROUTER_KEY_FILE} {REQUESTS} 1500 > /tmp/client.out 2>&1 < /dev/null &")
+               f"{CLIENT_KEY} {REQUESTS} 1500 > /tmp/client.out 2>&1 < /dev/null &")
     try:
         time.sleep(3)
         grown = lab.deploy(inventory=write_inventory(work / "three.py", ("gpu1", "gpu2", "gpu3")))
