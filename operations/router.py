@@ -70,7 +70,8 @@ from operations.p2p import LIB_DIR
 from operations.host import HostAddresses, address_problem
 from operations.plan import fact, refuse
 from operations.secret_files import check_secret_file
-from operations.server import PortListeners, gate_files, path_restarted, systemd_quote
+from operations.server import (PortListeners, gate_files, path_restarted, systemd_quote,
+                               unit_enabled)
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
 
 UNIT: Final = "sglang-router.service"
@@ -378,7 +379,7 @@ def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
                     reloaded=conf.will_change and gate_running and not gate_restart,
                     daemon_reload=any(op.will_change for op in (gate_unit, path_unit,
                                                                 keys_unit)))
-    systemd.service(name=f"Enable {front.path_unit}", service=front.path_unit, enabled=True)
+    unit_enabled(name=f"Enable {front.path_unit}", unit=front.path_unit)
     path_restarted(name=f"Watch the key files ({front.path_unit})", unit=front.path_unit,
                    changed=path_unit.will_change)
     return restart or not running
