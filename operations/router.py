@@ -17,7 +17,7 @@ otherwise (seen with ``ss``: so the unit binds them to the loopback).
 Three planes, each with its own credential (docs/security.md):
 
 - clients: the client key (``gpuhost_router_api_key_file``, required). The API key gate
-  (operations/files/api_gate.py) listens on ``gpuhost_router_host:gpuhost_router_port``, the
+  (nginx, operations/gate.py) listens on ``gpuhost_router_host:gpuhost_router_port``, the
   loopback included (a router on the loopback has its gate too): it
   admits the client key on the inference paths only (:data:`CLIENT_PATHS`; the control plane
   is not among them, whatever the key) and passes them to smg on
@@ -60,7 +60,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, systemd
 from typing_extensions import override
 
-from operations import REPO_ROOT, remote
+from operations import REPO_ROOT, gate, remote
 from operations.disk import NO_SPACE
 from operations.fleet import CONTROL_KEY_FILE, Worker
 from operations.folders import top_folders
@@ -70,13 +70,8 @@ from operations.p2p import LIB_DIR
 from operations.host import HostAddresses, address_problem
 from operations.plan import fact, refuse
 from operations.secret_files import check_secret_file
-from operations.server import (
-    GATE_MAX_CONNECTIONS,
-    GATE_MEMORY_MAX,
-    GATE_TASKS_MAX,
-    PortListeners,
-    systemd_quote,
-)
+from operations.server import (PortListeners, gate_files, path_restarted, systemd_quote,
+                               unit_enabled)
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
 
 UNIT: Final = "sglang-router.service"
@@ -136,22 +131,20 @@ def unit_context(settings: Settings) -> dict:
     }
 
 
+def router_gate(settings: Settings) -> gate.Gate:
+    """The API key gate in front of the router (operations/gate.py): the client key, the
+    inference paths only, smg's ``--api-key`` sent on."""
+    return gate.Gate(
+        unit=GATE_UNIT, description="API key gate in front of the SGLang model gateway",
+        part_of=UNIT, runtime_dir="gpuhost-sglang-router-gate", listen_host=settings.router_host,
+        listen_port=settings.router_port, backend_url=own_url(settings),
+        key_files=(settings.router_api_key_file or "",),
+        backend_key_file=api_key_file(settings), allow_paths=CLIENT_PATHS)
+
+
 def gate_context(settings: Settings) -> dict:
-    """What templates/sglang-router-gate.service.j2 is rendered with."""
-    return {
-        "router_unit": UNIT,
-        "lib_dir": LIB_DIR,
-        "listen": f"{settings.router_host}:{settings.router_port}",
-        "listen_host": settings.router_host,
-        "listen_port": settings.router_port,
-        "backend_url": own_url(settings),
-        "key_file": systemd_quote(settings.router_api_key_file or ""),
-        "backend_key_file": systemd_quote(api_key_file(settings)),
-        "allow_args": "".join(f" --allow-path {p}" for p in CLIENT_PATHS),
-        "max_connections": GATE_MAX_CONNECTIONS,
-        "memory_max": GATE_MEMORY_MAX,
-        "tasks_max": GATE_TASKS_MAX,
-    }
+    """What templates/gate.service.j2 is rendered with for the router's gate."""
+    return gate.unit_context(router_gate(settings), None, systemd_quote)
 
 
 class RouterWorkers(FactBase[dict]):
@@ -346,7 +339,7 @@ def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
               dest=f"{LOCK_DIR}/router.txt", mode="644", create_remote_dir=False)
     shipped = [files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),
                          dest=f"{LIB_DIR}/{script}", mode="644", create_remote_dir=False)
-               for script in ("router_workers.py", "api_gate.py", "secret_file.py",
+               for script in ("router_workers.py", "gate_keys.py", "secret_file.py",
                               "router_launch.py")]
     # venv_that_runs and locked_packages run through no_space.py, and python3 -m venv needs
     # Debian's and Ubuntu's python3-venv (ensurepip): on a serving host the ML venv stage ships
@@ -367,18 +360,28 @@ def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
                           src=str(REPO_ROOT / "templates" / "sglang-router.service.j2"),
                           dest=UNIT_PATH, mode="644", **unit_context(settings))
     changed = [unit, packages, *keys, shipped[3]]
-    gate = files.template(name=f"Unit {GATE_UNIT}",
-                          src=str(REPO_ROOT / "templates" / "sglang-router-gate.service.j2"),
-                          dest=GATE_UNIT_PATH, mode="644", **gate_context(settings))
+    front = router_gate(settings)
+    gate.nginx_installed(name="nginx (the API key gate)")
+    gate_unit = files.template(name=f"Unit {GATE_UNIT}",
+                               src=str(REPO_ROOT / "templates" / "gate.service.j2"),
+                               dest=GATE_UNIT_PATH, mode="644", **gate_context(settings))
+    conf, path_unit, keys_unit = gate_files(front)
     restart = any(op.will_change for op in changed)
     running = fact_running()
     systemd.service(name=f"Start {UNIT}", service=UNIT, running=True, enabled=True,
                     restarted=restart and running, daemon_reload=unit.will_change)
-    # the gate alone restarts for its own changes: the router keeps serving behind it
-    gate_restart = any(op.will_change for op in (gate, *shipped[1:3]))
+    # the gate alone restarts for its own changes (the router keeps serving behind it), and
+    # reloads gracefully for a change of its configuration alone
+    gate_running = fact_running(GATE_UNIT)
+    gate_restart = any(op.will_change for op in (gate_unit, *shipped[1:3]))
     systemd.service(name=f"Start {GATE_UNIT}", service=GATE_UNIT, running=True,
-                    enabled=True, restarted=gate_restart and fact_running(GATE_UNIT),
-                    daemon_reload=gate.will_change)
+                    enabled=True, restarted=gate_restart and gate_running,
+                    reloaded=conf.will_change and gate_running and not gate_restart,
+                    daemon_reload=any(op.will_change for op in (gate_unit, path_unit,
+                                                                keys_unit)))
+    unit_enabled(name=f"Enable {front.path_unit}", unit=front.path_unit)
+    path_restarted(name=f"Watch the key files ({front.path_unit})", unit=front.path_unit,
+                   changed=path_unit.will_change)
     return restart or not running
 
 

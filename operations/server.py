@@ -20,7 +20,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files, systemd
 from typing_extensions import override
 
-from operations import REPO_ROOT, group_restart, last_known_good, remote, roll
+from operations import REPO_ROOT, gate, group_restart, last_known_good, remote, roll
 from operations import model as model_ops
 from operations import model_copy
 from operations.node_group import NodeRole
@@ -68,12 +68,6 @@ PROGRESS_EVERY: Final = 10
 RUNTIME_DIRS: Final = {UNIT: "gpuhost-sglang", GATE_UNIT: "gpuhost-sglang-gate"}
 #: The units' InvocationIDs (one line each) when the health gate last passed.
 VERIFIED_FILE: Final = "/var/lib/gpuhost/sglang.verified"
-#: The API key gate's bounds (operations/files/api_gate.py has the others): connections at
-#: once (a thread each), its unit's MemoryMax (measured: about 55 MiB with 256 connections
-#: open) and TasksMax (a task per connection and a margin).
-GATE_MAX_CONNECTIONS: Final = 256
-GATE_MEMORY_MAX: Final = "256M"
-GATE_TASKS_MAX: Final = GATE_MAX_CONNECTIONS + 16
 
 
 def systemd_quote(arg: str) -> str:
@@ -201,9 +195,21 @@ def venvs_pruned(venvs_dir: str, keep: int, kept: list[str], remove: list[str]):
     yield last_known_good.prune_command(venvs_dir, keep, kept)
 
 
-def gate_inputs() -> list[str]:
-    """What the API key gate reads at start (its key file aside: no digest of a secret)."""
-    return [GATE_UNIT_PATH, f"{LIB_DIR}/api_gate.py", f"{LIB_DIR}/secret_file.py"]
+def worker_gate(settings: Settings) -> gate.Gate:
+    """The API key gate in front of a public server (operations/gate.py): the client key and
+    the fleet key the router sends (operations/fleet.py), every path (sglang's own), the
+    trusted peers host data names."""
+    return gate.Gate(
+        unit=GATE_UNIT, description="API key gate in front of the SGLang server",
+        part_of=UNIT, runtime_dir=RUNTIME_DIRS[GATE_UNIT], listen_host=settings.server_host,
+        listen_port=settings.server_port, backend_url=backend_url(settings),
+        key_files=tuple(filter(None, [settings.api_key_file, settings.fleet_key_file])),
+        trusted_peers=tuple(settings.api_gate_trusted_peers))
+
+
+def gate_inputs(settings: Settings) -> list[str]:
+    """What the API key gate reads at start (its key files aside: no digest of a secret)."""
+    return gate.gate_inputs(worker_gate(settings))
 
 
 def unit_context(settings: Settings, role: NodeRole | None = None) -> dict:
@@ -235,25 +241,8 @@ def unit_context(settings: Settings, role: NodeRole | None = None) -> dict:
 
 
 def gate_context(settings: Settings) -> dict:
-    """What templates/sglang-gate.service.j2 is rendered with."""
-    return {
-        "server_unit": UNIT,
-        "lib_dir": LIB_DIR,
-        "listen": _url(settings.server_host, settings.server_port).removeprefix("http://"),
-        "listen_host": settings.server_host,
-        "listen_port": settings.server_port,
-        "backend_url": backend_url(settings),
-        "key_file": systemd_quote(settings.api_key_file or ""),
-        # the fleet key: what the router sends (operations/router.py), a credential of its own
-        "key_args": (f" --key-file {systemd_quote(settings.fleet_key_file)}"
-                     if settings.fleet_key_file else ""),
-        "runtime_dir": RUNTIME_DIRS[GATE_UNIT],
-        "inputs_args": " ".join(systemd_quote(a) for a in gate_inputs()),
-        "max_connections": GATE_MAX_CONNECTIONS,
-        "trust_args": "".join(f" --trust-peer {a}" for a in settings.api_gate_trusted_peers),
-        "memory_max": GATE_MEMORY_MAX,
-        "tasks_max": GATE_TASKS_MAX,
-    }
+    """What templates/gate.service.j2 is rendered with for the server's gate."""
+    return gate.unit_context(worker_gate(settings), gate_inputs(settings), systemd_quote)
 
 
 _LISTENERS_SCRIPT: Final = r"""
@@ -545,6 +534,43 @@ def unit_started(unit: str):
 
 
 @operation(is_idempotent=False)
+def unit_reloaded(unit: str):
+    """Reload ``unit`` (a gate's graceful reload: its ExecReload=)."""
+    yield f"systemctl reload {unit}"
+
+
+@operation()
+def path_restarted(unit: str, changed: bool):
+    """A path unit running, restarted where its file ``changed`` (to watch what it names now)."""
+    if changed:
+        yield f"systemctl restart {unit}"
+        return
+    if host.get_fact(SystemdStatus, services=unit).get(unit):
+        host.noop(f"{unit} is running")
+        return
+    yield f"systemctl start {unit}"
+
+
+def gate_files(g: gate.Gate) -> list[OperationMeta]:
+    """A gate's nginx configuration, its key files' path unit and the oneshot that reloads
+    it (templates/gate-nginx.conf.j2, gate-keys.path.j2, gate-keys.service.j2): the
+    configuration first, then the units."""
+    paths = gate.path_context(g, systemd_quote)
+    return [
+        files.template(name=f"nginx configuration of {g.unit}",
+                       src=str(REPO_ROOT / "templates" / "gate-nginx.conf.j2"),
+                       dest=g.conf_path, mode="644", create_remote_dir=True,
+                       **gate.conf_context(g)),
+        files.template(name=f"Unit {g.path_unit}",
+                       src=str(REPO_ROOT / "templates" / "gate-keys.path.j2"),
+                       dest=f"/etc/systemd/system/{g.path_unit}", mode="644", **paths),
+        files.template(name=f"Unit {g.keys_unit}",
+                       src=str(REPO_ROOT / "templates" / "gate-keys.service.j2"),
+                       dest=f"/etc/systemd/system/{g.keys_unit}", mode="644", **paths),
+    ]
+
+
+@operation(is_idempotent=False)
 def unit_restarted(unit: str):
     """Restart ``unit`` without waiting for it (see unit_started)."""
     yield f"systemctl reset-failed {unit} 2>/dev/null || true"
@@ -708,7 +734,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
     server_state = fact(ServiceState, unit=UNIT, runtime_dir=RUNTIME_DIRS[UNIT],
                         inputs=server_inputs(settings))
     gate_state = fact(ServiceState, unit=GATE_UNIT, runtime_dir=RUNTIME_DIRS[GATE_UNIT],
-                      inputs=gate_inputs())
+                      inputs=gate_inputs(settings))
     was_running = server_state.running
     gate_was_running = gate_state.running
     gated = (UNIT, GATE_UNIT) if settings.server_is_public else (UNIT,)
@@ -717,10 +743,16 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
     unverified = was_running and verified != [
         s.invocation for s in (server_state, gate_state)[: len(gated)]] and not (
         role is not None and role.node_rank > 0)
+    # the gate's nginx configuration alone changed since its start (by hand, or by a run that
+    # stopped before reloading it): a graceful reload, not a restart
+    gate_conf_stale = gate_state.stale and bool(gate_state.changed) and set(
+        gate_state.changed) <= {worker_gate(settings).conf_path}
     for name, unit_state in ((UNIT, server_state), (GATE_UNIT, gate_state)):
         if unit_state.stale:
-            logger.warning(f"{host.print_prefix}SGLang server: "
-                           f"{stale_message(name, unit_state)}")
+            said = stale_message(name, unit_state)
+            if name == GATE_UNIT and gate_conf_stale:
+                said = said.replace(": restarting it", ": reloading it")
+            logger.warning(f"{host.print_prefix}SGLang server: {said}")
         if unit_state.active == "failed" and (name == UNIT or settings.server_is_public):
             logger.warning(f"{host.print_prefix}SGLang server: " + failed_message(
                 name, unit_state, fact(UnitJournal, unit=name)))
@@ -736,7 +768,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
         script: files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),
                           dest=f"{LIB_DIR}/{script}", mode="644", create_remote_dir=False)
         # model_fetch.py imports no_space.py too, which the ML venv stage ships
-        for script in ("health_check.py", "model_fetch.py", "model_config.py", "api_gate.py",
+        for script in ("health_check.py", "model_fetch.py", "model_config.py", "gate_keys.py",
                        "unit_inputs.py", "secret_file.py", "last_known_good.py")
     }
     changed: list[OperationMeta] = []
@@ -802,19 +834,27 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
                        "what host data configures")
         removed.append(files.file(name="Remove the interrupted sweep's drop-in",
                                   path=SWEEP_DROPIN, present=False))
+    worker = worker_gate(settings)
+    gate_conf: list[OperationMeta] = []
     if settings.server_is_public:
-        gate = files.template(
+        gate.nginx_installed(name="nginx (the API key gate)")
+        units.append(files.template(
             name=f"Unit {GATE_UNIT}",
-            src=str(REPO_ROOT / "templates" / "sglang-gate.service.j2"),
+            src=str(REPO_ROOT / "templates" / "gate.service.j2"),
             dest=GATE_UNIT_PATH,
             mode="644",
             **gate_context(settings),
-        )
-        units.append(gate)
+        ))
+        gate_conf = gate_files(worker)
+        units += gate_conf[1:]
     elif fact(File, path=GATE_UNIT_PATH):
-        systemd.service(name=f"Stop {GATE_UNIT} (the server binds the loopback only)",
-                        service=GATE_UNIT, running=False, enabled=False)
+        for unit_name in (worker.path_unit, GATE_UNIT):
+            systemd.service(name=f"Stop {unit_name} (the server binds the loopback only)",
+                            service=unit_name, running=False, enabled=False)
         units.append(files.file(name=f"Remove {GATE_UNIT}", path=GATE_UNIT_PATH, present=False))
+        for unit_name in (worker.path_unit, worker.keys_unit):
+            files.file(name=f"Remove {unit_name}", path=f"/etc/systemd/system/{unit_name}",
+                       present=False)
     units += removed  # after the gate's, which gate_ops below finds at units[1]
     need_reload = server_state.need_reload or gate_state.need_reload
     systemd.daemon_reload(name="Reload systemd units",
@@ -865,14 +905,26 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
     if settings.server_is_public:
         unit_enabled(name=f"Enable {GATE_UNIT}", unit=GATE_UNIT)
         gate_changes.append(unit_started(name=f"Start {GATE_UNIT}", unit=GATE_UNIT))
-        gate_ops = [units[1], shipped["api_gate.py"], shipped["secret_file.py"]]
+        gate_ops = [units[1], shipped["gate_keys.py"], shipped["secret_file.py"]]
+        # A restart of the server restarts the gate too (PartOf=).
         gate_changes.append(unit_restarted(
             name=f"Restart {GATE_UNIT} (its unit or program changed)",
             unit=GATE_UNIT,
-            # A restart of the server restarts the gate too (PartOf=).
             _if=lambda: gate_was_running and not any(r.did_change() for r in restarts)
-            and (gate_state.stale or any(op.did_change() for op in gate_ops)),
+            and ((gate_state.stale and not gate_conf_stale)
+                 or any(op.did_change() for op in gate_ops)),
         ))
+        # its configuration alone: a graceful reload (the clients' connections stay)
+        gate_changes.append(unit_reloaded(
+            name=f"Reload {GATE_UNIT} (its configuration changed)",
+            unit=GATE_UNIT,
+            _if=lambda: gate_was_running and not any(
+                r.did_change() for r in (*restarts, *gate_changes[:2]))
+            and (gate_conf_stale or gate_conf[0].did_change()),
+        ))
+        unit_enabled(name=f"Enable {worker.path_unit}", unit=worker.path_unit)
+        path_restarted(name=f"Watch the key files ({worker.path_unit})", unit=worker.path_unit,
+                       changed=gate_conf[1].will_change)
         public_url = _public_url(settings)
     gated_op: OperationMeta | None = None
     if role is None or role.node_rank == 0:

@@ -13,6 +13,7 @@ import jinja2
 import pytest
 
 from operations import fleet, router
+from operations import gate as gate_ops
 from operations.lock import read_lock
 from operations.settings import SettingsError, from_host_data
 
@@ -252,8 +253,10 @@ def test_loopback_router_has_its_gate_too_and_its_unit_names_no_worker_and_no_ke
         "/root/fleet.key", "--start", "--members", "/etc/gpuhost/router-workers.json",
         "--timeout", "60"]
     assert "Wants=sglang-router-gate.service" in text
-    gate = unit(render("sglang-router-gate.service.j2", router.gate_context(s)))
-    assert "--listen 127.0.0.1 --port 8100" in gate["Service"]["ExecStart"]
+    gate = unit(render("gate.service.j2", router.gate_context(s)))
+    assert "(127.0.0.1:8100 -> http://127.0.0.1:30100)" in gate["Unit"]["Description"]
+    conf = render("gate-nginx.conf.j2", gate_ops.conf_context(router.router_gate(s)))
+    assert "listen 127.0.0.1:8100;" in conf
 
 
 def test_public_router_binds_the_loopback_behind_its_gate_and_the_key_stays_in_its_file():
@@ -264,51 +267,43 @@ def test_public_router_binds_the_loopback_behind_its_gate_and_the_key_stays_in_i
     # no fleet key (no gated worker elsewhere): a backend key of its own, made on the host
     assert "--api-key-file /etc/gpuhost/router-backend.key" in text
     assert "Wants=sglang-router-gate.service" in text
-    gate = unit(render("sglang-router-gate.service.j2", router.gate_context(s)))
-    start = gate["Service"]["ExecStart"]
-    assert ("--listen 10.0.0.1 --port 8100 --backend http://127.0.0.1:30100 "
-            "--key-file /root/router.key --backend-key-file /etc/gpuhost/router-backend.key "
-            "--allow-path /v1/chat/completions") in start
-    allowed = start.split("--allow-path ")[1:]
-    assert not [p for p in allowed if "worker" in p]
+    gate = render("gate.service.j2", router.gate_context(s))
+    assert ("gate_keys.py --out /etc/gpuhost/nginx/sglang-router-gate.keys --key-file "
+            "/root/router.key --backend-key-file /etc/gpuhost/router-backend.key" in gate)
+    assert "/root/router.key" not in unit(gate)["Service"]["ExecStart"]
+    conf = render("gate-nginx.conf.j2", gate_ops.conf_context(router.router_gate(s)))
+    assert "listen 10.0.0.1:8100;" in conf and "proxy_pass http://127.0.0.1:30100;" in conf
+    # the allow-list: every other path is 404 (its map's default), /workers first
+    assert "default deny;" in conf
+    assert '"~^/v1/chat/completions(\\?|$)" key;' in conf
+    assert "worker" not in conf.split("map $request_uri")[1].split("}")[0]
     assert router.own_url(s) == "http://127.0.0.1:30100"
 
 
 def test_a_workers_gate_admits_the_fleet_key_beside_its_own():
-    from operations.server import gate_context
+    from operations.server import gate_context, worker_gate
 
-    start = unit(render("sglang-gate.service.j2", gate_context(gated("10.0.0.2"))))
-    assert ("--key-file /root/key --key-file /root/fleet.key --max-connections"
-            in start["Service"]["ExecStart"])
+    start = render("gate.service.j2", gate_context(gated("10.0.0.2")))
+    assert ("gate_keys.py --out /etc/gpuhost/nginx/sglang-gate.keys --key-file /root/key "
+            "--key-file /root/fleet.key" in start)
+    path = unit(render("gate-keys.path.j2", gate_ops.path_context(
+        worker_gate(gated("10.0.0.2")), str)))
+    assert path["Path"]["PathChanged"] == "/root/fleet.key"  # the last of two (configparser)
+    assert path["Path"]["Unit"] == "sglang-gate-keys.service"
 
 
 def test_server_gate_unit_trusts_the_router_peers():
     from operations.server import gate_context
 
+    from operations.server import worker_gate
+
     s = dataclasses.replace(gated("10.0.0.2"), api_gate_trusted_peers=("10.0.0.1",))
-    start = unit(render("sglang-gate.service.j2", gate_context(s)))["Service"]["ExecStart"]
-    assert start.endswith("--trust-peer 10.0.0.1")
-    plain = unit(render("sglang-gate.service.j2", gate_context(gated("10.0.0.2"))))
-    assert "--trust-peer" not in plain["Service"]["ExecStart"]
+    conf = render("gate-nginx.conf.j2", gate_ops.conf_context(worker_gate(s)))
+    geo = conf.split("geo $gpuhost_trusted {")[1].split("}")[0].split()
+    assert geo == ["default", "0;", "10.0.0.1", "1;"]
+    plain = render("gate-nginx.conf.j2", gate_ops.conf_context(worker_gate(gated("10.0.0.2"))))
+    assert plain.split("geo $gpuhost_trusted {")[1].split("}")[0].split() == ["default", "0;"]
 
-
-def test_gate_admits_a_trusted_peer_and_its_v4_mapped_form_only(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "operations" / "files"))  # as it runs on the host
-    import api_gate
-
-    class Probe:
-        trusted_peers = frozenset({ipaddress.ip_address("10.0.0.1")})
-        _trusted_peer = api_gate.Gate._trusted_peer
-
-    for address, admitted in (("10.0.0.1", True), ("::ffff:10.0.0.1", True),
-                              ("10.0.0.2", False), ("not an address", False)):
-        probe = Probe()
-        probe.client_address = (address, 1234)
-        assert probe._trusted_peer() is admitted, address
-    nobody = Probe()
-    nobody.trusted_peers = frozenset()
-    nobody.client_address = ("10.0.0.1", 1)
-    assert nobody._trusted_peer() is False
 
 
 def test_router_check_describes_what_is_missing():

@@ -93,7 +93,7 @@ def settings(tmp_path):
 
 def exec_start_pre(template: str, context: dict) -> list[str]:
     text = get_template(str(ROOT / "templates" / template)).render(**context)
-    (line,) = [x for x in text.splitlines() if x.startswith("ExecStartPre=")]
+    line = [x for x in text.splitlines() if x.startswith("ExecStartPre=")][0]
     assert "RuntimeDirectoryMode=0700" in text  # the digest covers server.env: root only
     return shlex.split(line.removeprefix("ExecStartPre="))
 
@@ -123,10 +123,10 @@ def test_a_local_model_has_no_stamp_to_follow(settings, tmp_path):
 def test_the_gate_records_its_unit_and_program_not_the_key(settings, tmp_path):
     key = tmp_path / "key"
     s = settings(gpuhost_server_host="0.0.0.0", gpuhost_api_key_file=str(key))
-    words = exec_start_pre("sglang-gate.service.j2", server.gate_context(s))
+    words = exec_start_pre("gate.service.j2", server.gate_context(s))
     assert words[3] == "%t/gpuhost-sglang-gate/inputs"
-    assert words[4:] == [server.GATE_UNIT_PATH, f"{server.LIB_DIR}/api_gate.py",
-                         f"{server.LIB_DIR}/secret_file.py"]
+    assert words[4:] == [server.GATE_UNIT_PATH, "/etc/gpuhost/nginx/sglang-gate.conf",
+                         f"{server.LIB_DIR}/gate_keys.py", f"{server.LIB_DIR}/secret_file.py"]
     assert str(key) not in words
 
 

@@ -137,7 +137,7 @@ def test_no_secret_reaches_the_unit(settings, tmp_path):
     s = settings(gpuhost_server_host="0.0.0.0", gpuhost_api_key_file="/root/sglang.key",
                  gpuhost_hf_token_file="/root/hf_token")
     unit = render("sglang.service.j2", unit_context(s))
-    gate = render("sglang-gate.service.j2", gate_context(s))
+    gate = render("gate.service.j2", gate_context(s))
     env = render("server.env.j2", env_context(s))
     for text in (unit, gate, env):
         assert "--api-key" not in text.replace("--api-key-file", "")
@@ -148,19 +148,25 @@ def test_no_secret_reaches_the_unit(settings, tmp_path):
     assert words[words.index("--port") + 1] == "30000"
     assert "Wants=network-online.target sglang-gate.service" in unit_lines(unit)
     (gate_exec,) = [line for line in unit_lines(gate) if line.startswith("ExecStart=")]
-    assert "--listen 0.0.0.0 --port 8000 --backend http://127.0.0.1:30000" in gate_exec
-    assert "--key-file /root/sglang.key" in gate_exec
+    assert gate_exec == ('ExecStart=/usr/sbin/nginx -e stderr -c '
+                         '/etc/gpuhost/nginx/sglang-gate.conf -g "daemon off;"')
+    assert "Description=API key gate in front of the SGLang server (0.0.0.0:8000 -> " \
+           "http://127.0.0.1:30000)" in unit_lines(gate)
+    # the key file's path for gate_keys.py, which writes the key into nginx's root-only include
+    assert ("gate_keys.py --out /etc/gpuhost/nginx/sglang-gate.keys --key-file /root/sglang.key"
+            in gate)
     assert "PartOf=sglang.service" in unit_lines(gate)
 
 
-def test_gate_unit_is_bounded(settings):
-    """The gate faces the network: its unit caps memory and tasks, and the connection cap it
-    passes the gate fits inside TasksMax (a thread per connection)."""
+def test_gate_unit_is_bounded_and_reloads_gracefully(settings):
+    """The gate faces the network: its unit caps memory and tasks; a reload writes the keys
+    again, tests the configuration, then signals nginx's master (SIGHUP: a graceful reload)."""
     s = settings(gpuhost_server_host="0.0.0.0", gpuhost_api_key_file="/root/sglang.key")
-    lines = unit_lines(render("sglang-gate.service.j2", gate_context(s)))
-    assert "MemoryMax=256M" in lines
-    (tasks,) = [line for line in lines if line.startswith("TasksMax=")]
-    (gate_exec,) = [line for line in lines if line.startswith("ExecStart=")]
-    words = shlex.split(gate_exec)
-    connections = int(words[words.index("--max-connections") + 1])
-    assert connections == 256 and int(tasks.removeprefix("TasksMax=")) > connections
+    lines = unit_lines(render("gate.service.j2", gate_context(s)))
+    assert "MemoryMax=256M" in lines and "TasksMax=272" in lines
+    reload = [line.removeprefix("ExecReload=") for line in lines
+              if line.startswith("ExecReload=")]
+    assert [shlex.split(r)[1].rsplit("/", 1)[-1] for r in reload[:2]] == [
+        "unit_inputs.py", "gate_keys.py"]
+    assert reload[2:] == ["/usr/sbin/nginx -q -t -e stderr -c /etc/gpuhost/nginx/sglang-gate.conf",
+                          "/bin/kill -HUP $MAINPID"]

@@ -10,7 +10,7 @@ Python's http.client sends as it is (it encodes header values as Latin-1 and ref
 
 Used three ways, always on the host:
 
-- imported by api_gate.py, health_check.py and model_fetch.py (shipped beside them):
+- imported by gate_keys.py, health_check.py and model_fetch.py (shipped beside them):
   :func:`read_secret` raises :class:`SecretFileError`, whose message names the file and says
   what is wrong, never what it holds;
 - while planning (operations/secret_file.py sends this file as ``python3 -c``), run as
@@ -31,7 +31,7 @@ import sys
 
 #: Characters at most: "Authorization: Bearer " and the secret stay well inside the 8 KiB a
 #: header line may have at common servers (nginx large_client_header_buffers 4 8k, Apache
-#: LimitRequestFieldSize 8190) and at the gate (api_gate.MAX_LINE).
+#: LimitRequestFieldSize 8190), the gates' nginx among them (operations/gate.py).
 MAX_CHARS = 4096
 #: What a secret file may hold, for messages.
 ALLOWED = (f"one line of 1 to {MAX_CHARS} visible ASCII characters (RFC 9110 VCHAR, 0x21-0x7E: "

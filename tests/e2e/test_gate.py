@@ -1,6 +1,7 @@
-"""The API key gate end to end on one sandbox host serving on 0.0.0.0: its unit's limits as
-systemd holds them, its refusals as a client on this machine sees them, its journal as
-journalctl shows it, and a restart of the gate alone verified by the run that made it.
+"""The API key gate (the distribution's nginx, operations/gate.py) end to end on one sandbox host
+serving on 0.0.0.0: its unit's limits as systemd holds them, its refusals as a client on this
+machine sees them, its journal as journalctl shows it, a key file's change reloading it, and a
+restart or a reload of the gate alone verified by the run that made it.
 
 Deploys through pyinfra's CLI; checks through ssh (systemctl, journalctl) and raw sockets to the
 host's address, not pyinfra.
@@ -75,6 +76,17 @@ def test_the_gate_unit_is_bounded(public):
     assert "ActiveState=active" in show
 
 
+def test_the_gate_is_the_distributions_nginx_and_debians_unit_stays_off(public):
+    """nginx from Debian's archive runs the gate; Debian's own nginx.service (its default site
+    on port 80 of every address) is masked and nothing listens on port 80."""
+    host, _, _ = public
+    main = host.main_pid(GATE)
+    assert host.ssh(f"readlink /proc/{main}/exe").strip() == "/usr/sbin/nginx"
+    assert "ii  nginx " in host.ssh("dpkg -l nginx")
+    assert host.ssh("systemctl is-enabled nginx.service", check=False).strip() == "masked"
+    assert ":80 " not in host.ssh("ss -Hltn")
+
+
 def test_refusals_as_a_client_sees_them(public):
     host, key, _ = public
     since = time.time() - 1
@@ -103,18 +115,29 @@ def test_refusals_as_a_client_sees_them(public):
     assert key not in log and "api_key=" not in log and "Traceback" not in log
 
 
+def answers(host: lab.Host, raw: bytes, status: bytes, within: float = 15) -> bytes:
+    """The gate's answer to ``raw`` once it starts with ``status``, or the last one after
+    ``within`` seconds: nginx reads the keys at a reload, which the key files' path unit starts
+    when one changes (a moment after the change)."""
+    end = time.monotonic() + within
+    while True:
+        head = ask(host, raw)
+        if head.startswith(status) or time.monotonic() > end:
+            return head
+        time.sleep(0.5)
+
+
 def test_vanished_key_file_gets_503(public):
     host, key, _ = public
     since = time.time() - 1
     auth = f"Authorization: Bearer {key}\r\n"
+    request = f"GET /v1/models HTTP/1.1\r\nHost: gpu\r\n{auth}\r\n".encode()
     host.ssh(f"mv {KEY_FILE} {KEY_FILE}.away")
     try:
-        assert ask(host, f"GET /v1/models HTTP/1.1\r\nHost: gpu\r\n{auth}\r\n".encode()
-                   ).startswith(b"HTTP/1.1 503")
+        assert answers(host, request, b"HTTP/1.1 503").startswith(b"HTTP/1.1 503")
     finally:
         host.ssh(f"mv {KEY_FILE}.away {KEY_FILE}")
-    assert ask(host, f"GET /v1/models HTTP/1.1\r\nHost: gpu\r\n{auth}\r\n".encode()
-               ).startswith(b"HTTP/1.1 200")
+    assert answers(host, request, b"HTTP/1.1 200").startswith(b"HTTP/1.1 200")
     time.sleep(1)
     log = journal(host, since)
     assert f"the key file {KEY_FILE} cannot be read: No such file or directory" in log
@@ -127,7 +150,7 @@ def test_a_restart_of_the_gate_alone_is_verified(public):
     host, _, inventory = public
     server_pid = host.main_pid()
     gate_pid = host.main_pid(GATE)
-    host.ssh(f"echo '# edited by hand' >> {LIB_DIR}/api_gate.py")
+    host.ssh(f"echo '# edited by hand' >> {LIB_DIR}/gate_keys.py")
     run = lab.deploy("--json", inventory=inventory)
     assert run.returncode == 0, run.output[-6000:]
     names = changed(run)
@@ -136,5 +159,27 @@ def test_a_restart_of_the_gate_alone_is_verified(public):
     assert f"SGLang server | Restart {UNIT} (what it reads changed)" not in names
     assert "ready after" in run.output
     assert host.main_pid() == server_pid and host.main_pid(GATE) != gate_pid
+    again = lab.deploy("--json", inventory=inventory)
+    assert again.returncode == 0 and changed(again) == [], changed(again)
+
+
+def test_a_configuration_change_reloads_the_gate_gracefully_and_is_verified(public):
+    """The gate's nginx configuration edited on the host: the run writes it back and reloads
+    the gate (the same master process, new workers), and runs the health gate."""
+    host, key, inventory = public
+    server_pid = host.main_pid()
+    gate_pid = host.main_pid(GATE)
+    host.ssh("sed -i 's/client_max_body_size 32m/client_max_body_size 1k/' "
+             "/etc/gpuhost/nginx/sglang-gate.conf")
+    run = lab.deploy("--json", inventory=inventory)
+    assert run.returncode == 0, run.output[-6000:]
+    names = changed(run)
+    assert f"SGLang server | Reload {GATE} (its configuration changed)" in names, names
+    assert f"SGLang server | Restart {GATE} (its unit or program changed)" not in names
+    assert "SGLang server | Wait until glm-5 answers" in names, names
+    assert host.main_pid() == server_pid and host.main_pid(GATE) == gate_pid
+    auth = f"Authorization: Bearer {key}\r\n"
+    assert ask(host, f"GET /v1/models HTTP/1.1\r\nHost: gpu\r\n{auth}\r\n".encode()
+               ).startswith(b"HTTP/1.1 200")
     again = lab.deploy("--json", inventory=inventory)
     assert again.returncode == 0 and changed(again) == [], changed(again)

@@ -303,9 +303,12 @@ def test_a_converge_removes_a_worker_it_did_not_configure_and_says_so(fleet):
             assert time.monotonic() < deadline, router_workers(router)
             time.sleep(1)
         run = lab.deploy(inventory=fleet.inventory)
-        assert run.returncode == 0, run.output[-6000:]
+        # the router host's own lines first: its failure would be far above the summary
+        router_lines = "\n".join(line for line in run.output.splitlines()
+                                 if f"[{ROUTER_HOST}]" in line)
+        assert run.returncode == 0, router_lines[-6000:]
         assert f"removed {foreign}, which gpuhost did not configure" in run.output, \
-            run.output[-4000:]
+            router_lines[-4000:]
         deadline = time.monotonic() + 60  # drained, then gone
         while foreign in router_workers(router):
             assert time.monotonic() < deadline, router_workers(router)
@@ -378,6 +381,7 @@ def test_a_keyless_slow_client_does_not_deny_a_keyed_one(fleet):
     """Issue 29 finding 3: 300 slow request heads from one keyless client made a gate answer
     503 to a client with the key, six times in a row."""
     attacker, router = fleet.hosts["gpu2"], fleet.hosts[ROUTER_HOST]
+    began = time.monotonic()
     attacker.ssh(f"systemd-run --unit slow-client --uid nobody python3 {SCRIPTS}/slow.py "
                  f"{fleet.switch['gpu1']} 8000 300 40")
     try:
@@ -387,8 +391,13 @@ def test_a_keyless_slow_client_does_not_deny_a_keyed_one(fleet):
         answers = [probe(router, gate, "POST", FLEET_KEY_FILE, CHAT) for _ in range(6)]
         answers += [probe(router, via_router, "POST", ROUTER_KEY_FILE, CHAT) for _ in range(6)]
         assert answers == ["200"] * 12, answers
-        assert "refused (503): 128 connections open from this address" in fleet.hosts[
-            "gpu1"].ssh("journalctl -u sglang-gate.service --no-pager -o cat | tail -n 400")
+        # nginx holds the slow heads without a thread each and closes them once the head took
+        # longer than client_header_timeout (20 s), while the client still holds them (40 s)
+        time.sleep(max(0.0, 26 - (time.monotonic() - began)))
+        held = fleet.hosts["gpu1"].ssh(
+            "ss -Htn state established '( sport = :8000 )' "
+            f"dst {fleet.switch['gpu2']} | wc -l").strip()
+        assert held == "0", held
     finally:
         attacker.ssh("systemctl stop slow-client", check=False)
 

@@ -156,8 +156,10 @@ def test_router_lists_every_serving_host_healthy(fleet):
     assert router.ssh("dpkg-query -W -f '${Status} ${Package}\\n' 'nvidia*' 'cuda*' "
                       "2>/dev/null | grep '^install ok installed' || true") == ""
     assert not {"venv", "venvs", "models"} & set(router.ssh("ls /opt/gpuhost").split())
+    # the gate (nginx) and its key files' path unit with the oneshot that reloads it
     assert sorted(router.ssh("systemctl list-unit-files 'sglang*' --no-legend").split()[::3]) \
-        == [ROUTER_GATE, ROUTER]
+        == ["sglang-router-gate-keys.path", "sglang-router-gate-keys.service", ROUTER_GATE,
+            ROUTER]
 
 
 def test_requests_through_the_router_reach_every_worker_and_need_the_key(fleet):
