@@ -48,6 +48,7 @@ label, the inventory's name; a server target also ``worker_url``, the URL its ro
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Mapping
 from io import StringIO
@@ -144,14 +145,28 @@ def _hostport(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
+def _server_target(prom: str, name: str, url: str, s: Settings) -> str:
+    """Where Prometheus on ``prom`` scrapes ``name``'s server: the router's URL for it, except
+    for its own host's server behind a gate: the router reaches that one at the loopback port
+    behind the gate, which the loopback guard keeps to root's sockets (operations/fleet.py
+    guarded_ports), so Prometheus (user ``prometheus``) goes through the gate, with the fleet
+    key as every scrape of a server. A server on the loopback of Prometheus' own host has no
+    gate; its port is root's too (and ``gpuhost_server_local_users``'): that target stays
+    down, said in docs/observability.md."""
+    if name != prom or not s.server_is_public:
+        return urlsplit(url).netloc
+    wildcard = ipaddress.ip_address(s.server_host).is_unspecified
+    return _hostport("127.0.0.1" if wildcard else s.server_host, s.server_port)
+
+
 def scrape_targets(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
                    prometheus: tuple[str, ...]) -> dict[str, list[dict]]:
     """file_sd target groups of the Prometheus on host ``prom``, by job: its router's workers
     at the router's URLs (``worker_url``), its own router's metrics on the loopback, and every
     GPU host's node exporter (those without a fleet address, other than ``prom``, are left
     out: nothing reaches them)."""
-    servers = [{"targets": [urlsplit(w.url).netloc], "labels": {"host": w.name,
-                                                                "worker_url": w.url}}
+    servers = [{"targets": [_server_target(prom, w.name, w.url, settings[w.name])],
+                "labels": {"host": w.name, "worker_url": w.url}}
                for w in fleet.workers_of(prom)]
     router = [{"targets": [_hostport("127.0.0.1", ROUTER_METRICS_PORT)], "labels": {"host": prom}}]
     nodes = []

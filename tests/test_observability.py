@@ -4,6 +4,7 @@ through the real promtool (check config, check rules, test rules with input seri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -81,9 +82,10 @@ def test_targets_are_the_routers_workers_its_metrics_and_every_gpu_hosts_exporte
     on = observability.prometheus_hosts(planned, s)
     assert on == ("gpu1",)
     targets = observability.scrape_targets("gpu1", planned, s, on)
-    # the servers at the URLs the router uses: its own behind the gate's loopback port
+    # the servers at the URLs the router uses, but its own host's through its gate (the port
+    # behind it is root's alone: the loopback guard refuses Prometheus' user there)
     assert targets["sglang"] == [
-        {"targets": ["127.0.0.1:30000"],
+        {"targets": ["10.0.0.1:8000"],
          "labels": {"host": "gpu1", "worker_url": "http://127.0.0.1:30000"}},
         {"targets": ["10.0.0.2:8000"],
          "labels": {"host": "gpu2", "worker_url": "http://10.0.0.2:8000"}},
@@ -97,6 +99,13 @@ def test_targets_are_the_routers_workers_its_metrics_and_every_gpu_hosts_exporte
     # each exporter listens where that Prometheus reaches it, and nowhere wider
     assert [observability.node_listen(n, s, on) for n in s] == [
         "127.0.0.1", "10.0.0.2", "10.0.0.3"]
+
+
+def test_its_own_server_on_every_interface_is_scraped_at_the_gates_loopback_address():
+    planned, s = three_hosts()
+    s["gpu1"] = dataclasses.replace(s["gpu1"], server_host="0.0.0.0")
+    targets = observability.scrape_targets("gpu1", planned, s, ("gpu1",))
+    assert targets["sglang"][0]["targets"] == ["127.0.0.1:8000"]
 
 
 def test_a_cpu_only_router_host_has_no_node_exporter_target():
