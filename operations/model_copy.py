@@ -74,6 +74,8 @@ RRSYNC: Final = "/usr/bin/rrsync"
 KEY_PATH: Final = Path("~/.cache/gpuhost/keys/model-copy").expanduser()
 #: Where a copy is staged on the controller: ``<STAGING>/<repo>@<sha>/``.
 STAGING: Final = Path("~/.cache/gpuhost/models").expanduser()
+#: One lock file per staging folder (:func:`staging_lock`).
+STAGING_LOCKS: Final = Path("~/.cache/gpuhost/model-copy-locks").expanduser()
 #: Seconds between progress lines, as the Hub download and the health gate print them.
 PROGRESS_EVERY: Final = 10
 #: rsync's flags for both legs (rsync(1)): archive, keep partial files in a folder of their own
@@ -605,13 +607,16 @@ def _direct(host, peer: Peer, repo: str, dest: str, limit: list[str], what: str,
 
 @contextlib.contextmanager
 def staging_lock(staging: Path, prefix: str):
-    """Hold ``<staging>.lock`` (flock(2), exclusive) while a copy stages there: two hosts of one
-    run rebuilt at once, or two runs from this controller, never write the same staged files,
-    nor remove them under each other. Polled without blocking (LOCK_NB), so that the run's
-    other hosts (gevent greenlets in one thread) go on while this one waits; the kernel lets go
-    of the lock when the holder dies."""
-    STAGING.mkdir(parents=True, exist_ok=True)
-    fd = os.open(f"{staging}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    """Hold ``<STAGING_LOCKS>/<staging's name>.lock`` (flock(2), exclusive) while a copy stages
+    there: two hosts of one run rebuilt at once, or two runs from this controller, never write
+    the same staged files, nor remove them under each other. Polled without blocking
+    (LOCK_NB), so that the run's other hosts (gevent greenlets in one thread) go on while this
+    one waits; the kernel lets go of the lock when the holder dies. The lock file stays (one
+    removed while another run waits on it would let a third lock a new file beside it), in a
+    folder of its own: the staging folder is empty once every copy is through."""
+    STAGING_LOCKS.mkdir(parents=True, exist_ok=True)
+    fd = os.open(STAGING_LOCKS / f"{staging.name}.lock",
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         said = False
         while True:

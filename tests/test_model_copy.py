@@ -453,8 +453,9 @@ def test_one_copy_at_a_time_stages_in_a_folder(tmp_path, monkeypatch):
     import threading
     import time as time_
 
-    monkeypatch.setattr(model_copy, "STAGING", tmp_path)
-    staging = tmp_path / "org--model@abc"
+    monkeypatch.setattr(model_copy, "STAGING", tmp_path / "models")
+    monkeypatch.setattr(model_copy, "STAGING_LOCKS", tmp_path / "locks")
+    staging = tmp_path / "models" / "org--model@abc"
     order: list[str] = []
     first_in = threading.Event()
 
@@ -476,4 +477,5 @@ def test_one_copy_at_a_time_stages_in_a_folder(tmp_path, monkeypatch):
     for t in threads:
         t.join(timeout=30)
     assert order == ["first in", "first out", "second in"]
-    assert oct((tmp_path / "org--model@abc.lock").stat().st_mode & 0o777) == "0o600"
+    assert oct((tmp_path / "locks" / "org--model@abc.lock").stat().st_mode & 0o777) == "0o600"
+    assert not (tmp_path / "models").exists()  # the staging folder holds staged files only
