@@ -67,6 +67,7 @@ def copying(monkeypatch, tmp_path):
     monkeypatch.setattr(model_copy, "copy_public_key", lambda: "ssh-ed25519 AAAA test")
     monkeypatch.setattr(model_copy_direct, "known_hosts_for", lambda *a: "10.213.0.1 ssh-ed25519 K")
     monkeypatch.setattr(model_copy, "STAGING", tmp_path / "staging")
+    monkeypatch.setattr(model_copy, "STAGING_LOCKS", tmp_path / "locks")
     key = tmp_path / "key"
     key.write_bytes(b"PRIVATE KEY\n-----END OPENSSH PRIVATE KEY-----\n")
     monkeypatch.setattr(model_copy, "KEY_PATH", key)
