@@ -24,6 +24,7 @@ from pyinfra.api.exceptions import OperationError
 
 from operations import remote
 from operations.cuda_compat import driver_problem
+from operations.polled_lock import lock_exclusive
 from operations.disk import no_space_named
 from operations.gpu_arch import (COMPUTE_CAP_QUERY, ArchitectureError, check_compute_capability,
                                  check_wheel_code, parse_compute_caps, parse_wheel_check,
@@ -195,19 +196,13 @@ class WheelCache:
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / f"{key.slug()}.lock"
         with open(path, "a+") as fh:
-            waited = False
-            while True:
-                try:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if not waited:
-                        fh.seek(0)
-                        other = fh.read().strip() or "another deploy"
-                        logger.info(f"{log_prefix}flash-attn: waiting for {other}, "
-                                    f"which holds {key.describe()}")
-                        waited = True
-                    time.sleep(poll_s)  # gevent's, under pyinfra's CLI
+            def waiting() -> None:
+                fh.seek(0)
+                other = fh.read().strip() or "another deploy"
+                logger.info(f"{log_prefix}flash-attn: waiting for {other}, "
+                            f"which holds {key.describe()}")
+
+            lock_exclusive(fh, waiting, poll_s)
             fh.seek(0)
             fh.truncate()
             fh.write(f"host {holder}\n")

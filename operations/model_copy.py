@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import json
 import os
 import re
@@ -63,6 +62,7 @@ from pyinfra.operations import apt, files, server
 from typing_extensions import override
 
 from operations import model_copy_direct, remote
+from operations.polled_lock import lock_exclusive
 from operations.host import PasswdEntry
 from operations.settings import PREFIX, Settings
 
@@ -618,17 +618,9 @@ def staging_lock(staging: Path, prefix: str):
     fd = os.open(STAGING_LOCKS / f"{staging.name}.lock",
                  os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        said = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not said:
-                    logger.info(f"{prefix}model copy: waiting for another copy staging "
-                                f"{staging.name} on this controller")
-                    said = True
-                time.sleep(1)  # gevent's, in a pyinfra run
+        lock_exclusive(fd, lambda: logger.info(
+            f"{prefix}model copy: waiting for another copy staging {staging.name} on this "
+            "controller"), poll_s=1)
         yield
     finally:
         os.close(fd)
