@@ -10,7 +10,8 @@ Servers that restart then roll, out of the router one position at a time (operat
 The router's worker list is checked after every host's server stage; then come each GPU host's
 node exporter and GPU readings, and Prometheus on a router host (operations/observability.py).
 Loopback ports behind the gates, and a server on the loopback, admit root's processes only
-(operations/loopback_guard.py; gpuhost_server_local_users may name more for the latter). Each
+(operations/loopback_guard.py; gpuhost_server_local_users may name more for the latter). With
+a fleet CA in host data, the public gates serve TLS with certificates it signs (operations/tls.py). Each
 host is deployed by one run at a time (its deploy lock). A stage that must not run on a host is
 refused while planning: --dry shows why; a real run takes that host out before any change; both
 exit non-zero. With gpuhost_rollback=true a host is only rolled back to its last known good; a
@@ -21,7 +22,7 @@ fails saying so; the next run applies host data).
 from pyinfra import host, inventory, state
 
 from operations import (call_order, deploy_lock, fact_cache, fleet, global_arguments, link,
-                        planned_facts, roll, rollback, shipped_files)
+                        planned_facts, roll, rollback, shipped_files, tls)
 from operations.driver_rollback import fail_if_rolled_back
 from operations.loopback_guard import loopback_guard
 from operations.mlenv import mlenv
@@ -39,6 +40,7 @@ from operations.stack_check import known_behaviour
 
 the_fleet, fleet_settings = fleet.for_run(inventory, for_run(inventory))
 settings = fleet_settings[host.name]
+fleet_cas = tls.for_run(fleet_settings)  # the fleet CA, read on the controller
 roll.configure(the_fleet, {r: own_url(fleet_settings[r]) for r in the_fleet.routers},
                fleet_settings)
 use_run_env()
@@ -57,6 +59,8 @@ if deploy_lock.held(settings):
         preflight(settings)
         loopback_guard(fleet.guarded_ports(the_fleet, host.name, settings),
                        fleet.admitted_users(settings))
+        if host.name in fleet_cas:  # the CA's certificate; the host's own for a public gate
+            tls.certificates(settings, fleet_cas[host.name])
         if settings.serving:  # else a router host with no GPU, driver, ML venv nor server
             known_behaviour(settings)
             nvidia(settings)

@@ -20,8 +20,9 @@ from typing_extensions import override
 from operations import REPO_ROOT, bench_report, remote
 from operations.plan import fact, refuse
 from operations.preflight import InitSystem
-from operations.server import GATE_UNIT, UNIT, UNIT_PATH, _url, backend_url
+from operations.server import GATE_UNIT, UNIT, UNIT_PATH, backend_url, public_url
 from operations.settings import PREFIX, Settings
+from operations.tls import CA_PATH
 
 #: Where bench.py keeps its scripts and the run's raw outputs on the host (not deploy.py's).
 BENCH_DIR: Final = "/var/lib/gpuhost/bench"
@@ -72,8 +73,11 @@ def _gate_argv(settings: Settings) -> list[str]:
             "--model", settings.served_model_name, "--unit", UNIT,
             "--timeout", str(GATE_TIMEOUT), "--keep-unit"]
     if settings.server_is_public:
-        argv += ["--public-url", _url(settings.server_host, settings.server_port),
-                 "--api-key-file", settings.api_key_file, "--gate-unit", GATE_UNIT]
+        url = public_url(settings)
+        argv += ["--public-url", url, "--api-key-file", settings.api_key_file,
+                 "--gate-unit", GATE_UNIT]
+        if url.startswith("https://"):
+            argv += ["--ca-file", CA_PATH]
     return argv
 
 
@@ -82,8 +86,7 @@ def _run_argv(settings: Settings, endpoint: tuple[str, str | None, str] | None =
     """bench_run.py's command line: against the host's own server, or ``endpoint`` (URL, API
     key file or None, bench_serving backend: operations/bench_fleet.py's router)."""
     if endpoint is None:
-        url = (_url(settings.server_host, settings.server_port) if settings.server_is_public
-               else backend_url(settings))
+        url = public_url(settings) or backend_url(settings)
         key_file = settings.api_key_file if settings.server_is_public else None
         backend = None
     else:
@@ -97,6 +100,8 @@ def _run_argv(settings: Settings, endpoint: tuple[str, str | None, str] | None =
             "--prompts", str(settings.bench_prompts), "--out", RUN_DIR]
     if key_file:
         argv += ["--api-key-file", key_file]
+    if url.startswith("https://"):
+        argv += ["--ca-file", CA_PATH]
     if backend:
         argv += ["--backend", backend]
     return argv

@@ -43,6 +43,7 @@ from operations.plan import fact, refuse
 from operations.router import CHECK_SCRIPT, CONTROL_KEY_FILE, UNIT_PATH, own_url
 from operations.run_exit import end_run
 from operations.server import _url
+from operations.tls import needs_tls
 from operations.settings import PREFIX, Settings
 
 #: bench_serving's backend through the router (module docstring).
@@ -74,7 +75,9 @@ def benching_routers(the_fleet: Fleet, settings: Mapping[str, Settings],
 def endpoint(settings: Settings) -> tuple[str, str | None]:
     """(URL, API key file or None) of the router's endpoint as its clients reach it: through its
     API key gate where it binds wider than the loopback."""
-    return _url(settings.router_host, settings.router_port), settings.router_api_key_file
+    scheme = "https" if needs_tls(settings) else "http"
+    return (_url(settings.router_host, settings.router_port, scheme),
+            settings.router_api_key_file)
 
 
 def part(the_fleet: Fleet, settings: Mapping[str, Settings], name: str,

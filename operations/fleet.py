@@ -70,9 +70,9 @@ def _loopback(address: str) -> bool:
     return ipaddress.ip_address(address).is_loopback
 
 
-def _url(address: str, port: int) -> str:
+def _url(address: str, port: int, scheme: str = "http") -> str:
     host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{port}"
+    return f"{scheme}://{host}:{port}"
 
 
 def worker_url(name: str, s: Settings, router: str) -> tuple[str | None, str | None]:
@@ -100,7 +100,9 @@ def worker_url(name: str, s: Settings, router: str) -> tuple[str | None, str | N
                       f"the router on {router} reaches the server at {PREFIX}fleet_address "
                       f"{s.fleet_address!r}: bind that address or {wildcard} (with "
                       f"{PREFIX}api_key_file)")
-    return _url(s.fleet_address, s.server_port), None
+    # through its gate, which serves TLS where the fleet has a CA (operations/tls.py)
+    return _url(s.fleet_address, s.server_port,
+                "https" if s.tls_ca_cert_file else "http"), None
 
 
 def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Settings]) -> Fleet:
@@ -167,6 +169,12 @@ def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Sett
                             "the fleet key it sends (a root-only file holding the same key on "
                             "the router hosts and their workers)")
         for name in remote_gated:
+            theirs = settings[name].tls_ca_cert_file
+            if theirs != own.tls_ca_cert_file:
+                problems.append(f"host {name}: {PREFIX}tls_ca_cert_file = {theirs!r} is not "
+                                f"allowed: {own.tls_ca_cert_file!r}, as on router host "
+                                f"{router}, whose router verifies this host's certificate "
+                                "with it (one fleet CA for a router and its workers)")
             if settings[name].fleet_key_file is None:
                 problems.append(f"host {name}: {PREFIX}fleet_key_file = None is not allowed: "
                                 f"the router on {router} reaches this host's gate with the "

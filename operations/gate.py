@@ -69,6 +69,9 @@ BURST: Final = 400
 #: Seconds the server may take between two reads or writes (a long prefill before the first
 #: byte of an answer).
 BACKEND_TIMEOUT: Final = 600
+#: The TLS versions a gate speaks: 1.2 and 1.3, Mozilla's "intermediate" configuration
+#: (ssl-config.mozilla.org, guidelines 5.7), which every client of the fleet speaks.
+TLS_PROTOCOLS: Final = "TLSv1.2 TLSv1.3"
 WORKER_PROCESSES: Final = 2
 WORKER_CONNECTIONS: Final = 4096
 
@@ -88,6 +91,8 @@ class Gate:
     backend_key_file: str | None = None
     allow_paths: tuple[str, ...] = ()
     trusted_peers: tuple[str, ...] = ()
+    #: The host's key and certificate (operations/tls.py HOST_PEM) where the gate serves TLS
+    tls_pem: str | None = None
 
     @property
     def name(self) -> str:
@@ -155,6 +160,8 @@ def conf_context(gate: Gate) -> dict:
         "dual_stack": gate.listen_host == "::",
         "backend_url": gate.backend_url,
         "backend_timeout": BACKEND_TIMEOUT,
+        "tls_pem": gate.tls_pem,
+        "tls_protocols": TLS_PROTOCOLS,
     }
 
 
@@ -195,7 +202,8 @@ def path_context(gate: Gate, quote) -> dict:
     return {
         "gate_unit": gate.unit,
         "keys_unit": gate.keys_unit,
-        "key_files": [quote(p) for p in (*gate.key_files, *filter(None, [gate.backend_key_file]))],
+        "key_files": [quote(p) for p in (*gate.key_files,
+                                         *filter(None, [gate.backend_key_file, gate.tls_pem]))],
     }
 
 

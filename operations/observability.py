@@ -71,6 +71,7 @@ from operations.router import key_made
 from operations.run_exit import end_run
 from operations.secret_template import secret_template
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
+from operations.tls import CA_PATH, needs_tls
 
 NODE_EXPORTER: Final = "prometheus-node-exporter"
 NODE_EXPORTER_DEFAULTS: Final = "/etc/default/prometheus-node-exporter"
@@ -159,6 +160,16 @@ def _server_target(prom: str, name: str, url: str, s: Settings) -> str:
     return _hostport("127.0.0.1" if wildcard else s.server_host, s.server_port)
 
 
+def _server_scheme(prom: str, name: str, url: str, s: Settings) -> str:
+    """The scheme Prometheus scrapes :func:`_server_target` with: https through a gate that
+    serves TLS (operations/tls.py; the certificate names the loopback too), as a target
+    group's ``__scheme__`` label (Prometheus' configuration docs, <scrape_config>: a target's
+    ``__scheme__`` label is the scheme it is scraped with)."""
+    if name == prom and s.server_is_public:
+        return "https" if needs_tls(s) else "http"
+    return urlsplit(url).scheme
+
+
 def scrape_targets(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
                    prometheus: tuple[str, ...]) -> dict[str, list[dict]]:
     """file_sd target groups of the Prometheus on host ``prom``, by job: its router's workers
@@ -168,6 +179,9 @@ def scrape_targets(prom: str, fleet: Fleet, settings: Mapping[str, Settings],
     servers = [{"targets": [_server_target(prom, w.name, w.url, settings[w.name])],
                 "labels": {"host": w.name, "worker_url": w.url}}
                for w in fleet.workers_of(prom)]
+    for group, w in zip(servers, fleet.workers_of(prom)):
+        if _server_scheme(prom, w.name, w.url, settings[w.name]) == "https":
+            group["labels"]["__scheme__"] = "https"  # http is the job's default
     router = [{"targets": [_hostport("127.0.0.1", ROUTER_METRICS_PORT)], "labels": {"host": prom}}]
     nodes = []
     for name, s in settings.items():
@@ -242,7 +256,8 @@ def prometheus_context(prom: str, settings: Settings) -> dict:
             "targets_dir": TARGETS_DIR, "jobs": JOBS, "key_file": PROMETHEUS_KEY,
             "node_user": NODE_EXPORTER_USER, "password_file": PROMETHEUS_PASSWORD,
             "alertmanager": (f"127.0.0.1:{settings.alertmanager_port}"
-                             if settings.alert_webhook_url else None)}
+                             if settings.alert_webhook_url else None),
+            "ca_file": CA_PATH if settings.tls_ca_cert_file else None}
 
 
 def _installed_quietly(package: str, unit: str, defaults: str, args: str):

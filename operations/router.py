@@ -60,7 +60,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, systemd
 from typing_extensions import override
 
-from operations import REPO_ROOT, gate, remote
+from operations import REPO_ROOT, gate, remote, tls
 from operations.disk import NO_SPACE
 from operations.fleet import CONTROL_KEY_FILE, Worker
 from operations.folders import top_folders
@@ -128,6 +128,9 @@ def unit_context(settings: Settings) -> dict:
         "health_failure_threshold": settings.router_health_failure_threshold,
         "health_success_threshold": settings.router_health_success_threshold,
         "metrics_port": METRICS_PORT,
+        # its workers' TLS verified with the fleet CA alone (smg 1.13.0 ``--ca-cert-paths``:
+        # seen refusing a worker whose certificate another CA signed, "UnknownIssuer")
+        "ca_args": f" --ca-cert-paths {tls.CA_PATH}" if settings.tls_ca_cert_file else "",
     }
 
 
@@ -139,7 +142,8 @@ def router_gate(settings: Settings) -> gate.Gate:
         part_of=UNIT, runtime_dir="gpuhost-sglang-router-gate", listen_host=settings.router_host,
         listen_port=settings.router_port, backend_url=own_url(settings),
         key_files=(settings.router_api_key_file or "",),
-        backend_key_file=api_key_file(settings), allow_paths=CLIENT_PATHS)
+        backend_key_file=api_key_file(settings), allow_paths=CLIENT_PATHS,
+        tls_pem=tls.HOST_PEM if tls.needs_tls(settings) and settings.router_is_public else None)
 
 
 def gate_context(settings: Settings) -> dict:

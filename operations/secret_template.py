@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Final
+from typing import Any, Final
 
 from pyinfra import host, logger, state
 from pyinfra.api import FileUploadCommand, operation
@@ -134,3 +134,22 @@ def _secret_template(src: str, dest: str, mode: str = "600", **data):
 #: The operation, announcing files.template's reads to the fact cache as files.template does
 #: (operations/shipped_files.py).
 secret_template = shipped_files.announced(_secret_template, "template")
+
+
+def put_hidden(src: Any, dest: str, mode: str = "600") -> Iterator[Any]:
+    """The commands of pyinfra's ``files.put`` (root's file) for a file that holds a private key,
+    to yield from inside an operation: pyinfra's diff off, and under --diff one line saying the
+    file changes, its contents hidden (a PEM has no line worth showing masked)."""
+    diff = state.config.DIFF
+    inner = files.put._inner(src=src, dest=dest, user="root", group="root", mode=mode)
+    said = False
+    while True:
+        with _diff_off():
+            try:
+                command = next(inner)
+            except StopIteration:
+                return
+        if diff and not said and isinstance(command, FileUploadCommand):
+            said = True
+            host.log(f"Will write {dest} (contents hidden: it holds a private key)", logger.info)
+        yield command

@@ -20,7 +20,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files, systemd
 from typing_extensions import override
 
-from operations import REPO_ROOT, gate, group_restart, last_known_good, remote, roll
+from operations import REPO_ROOT, gate, group_restart, last_known_good, remote, roll, tls
 from operations import model as model_ops
 from operations import model_copy
 from operations.node_group import NodeRole
@@ -80,14 +80,19 @@ def systemd_quote(arg: str) -> str:
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _public_url(settings: Settings) -> str | None:
-    """Where the API key gate answers, for the health gate, or None: no gate."""
-    return _url(settings.server_host, settings.server_port) if settings.server_is_public else None
+def public_url(settings: Settings) -> str | None:
+    """Where the API key gate answers, from the host, for the health gate and the bench, or
+    None: no gate. https:// where the gate serves TLS (its certificate names the loopback
+    addresses too, operations/tls.py, which a wildcard bind is reached at)."""
+    if not settings.server_is_public:
+        return None
+    return _url(settings.server_host, settings.server_port,
+                "https" if tls.needs_tls(settings) else "http")
 
 
-def _url(address: str, port: int) -> str:
+def _url(address: str, port: int, scheme: str = "http") -> str:
     address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(address, address)
-    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+    return f"{scheme}://[{address}]:{port}" if ":" in address else f"{scheme}://{address}:{port}"
 
 
 def backend_url(settings: Settings) -> str:
@@ -204,7 +209,8 @@ def worker_gate(settings: Settings) -> gate.Gate:
         part_of=UNIT, runtime_dir=RUNTIME_DIRS[GATE_UNIT], listen_host=settings.server_host,
         listen_port=settings.server_port, backend_url=backend_url(settings),
         key_files=tuple(filter(None, [settings.api_key_file, settings.fleet_key_file])),
-        trusted_peers=tuple(settings.api_gate_trusted_peers))
+        trusted_peers=tuple(settings.api_gate_trusted_peers),
+        tls_pem=tls.HOST_PEM if tls.needs_tls(settings) else None)
 
 
 def gate_inputs(settings: Settings) -> list[str]:
@@ -655,15 +661,15 @@ def gate_argv(url: str, model: str, timeout: int, public_url: str | None = None,
     if public_url and api_key_file:
         argv += ["--public-url", shlex.quote(public_url),
                  "--api-key-file", shlex.quote(api_key_file), "--gate-unit", GATE_UNIT]
+        if public_url.startswith("https://"):
+            argv += ["--ca-file", tls.CA_PATH]
     return argv
 
 
 def settings_gate_argv(settings: Settings) -> list[str]:
     """The health gate's command line for the server host data configures."""
-    public = _url(settings.server_host, settings.server_port) if settings.server_is_public \
-        else None
     return gate_argv(backend_url(settings), settings.served_model_name, settings.health_timeout,
-                     public, settings.api_key_file)
+                     public_url(settings), settings.api_key_file)
 
 
 @operation(is_idempotent=False)
@@ -876,7 +882,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
                     op.will_change for op in changed)), gate=lambda **kw: serving(
                 name=f"Wait until {settings.served_model_name} answers", url=backend_url(
                     settings), model=settings.served_model_name, timeout=settings.health_timeout,
-                public_url=_public_url(settings), api_key_file=settings.api_key_file,
+                public_url=public_url(settings), api_key_file=settings.api_key_file,
                 units=gated, record=record_command(settings), change=lambda: " and ".join(
                     label for label, ops in what if any(op.did_change() for op in ops)),
                 **kw), restart=unit_restarted)
@@ -899,7 +905,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
         restarts = ungated = [restarted]
     what = [("the ML venv or the P2P decision", list(inputs)), ("the unit", units),
             ("the server environment", [env]), ("the model", weights)]
-    public_url = None
+    gate_url = None
     # A start or restart of the gate alone is verified in this run too (its key, its answers).
     gate_changes: list[OperationMeta] = []
     if settings.server_is_public:
@@ -925,7 +931,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
         unit_enabled(name=f"Enable {worker.path_unit}", unit=worker.path_unit)
         path_restarted(name=f"Watch the key files ({worker.path_unit})", unit=worker.path_unit,
                        changed=gate_conf[1].will_change)
-        public_url = _public_url(settings)
+        gate_url = public_url(settings)
     gated_op: OperationMeta | None = None
     if role is None or role.node_rank == 0:
         gated_op = serving(
@@ -933,7 +939,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
             url=backend_url(settings),
             model=settings.served_model_name,
             timeout=settings.health_timeout,
-            public_url=public_url,
+            public_url=gate_url,
             api_key_file=settings.api_key_file,
             units=gated,
             # a node group is not rolled back by one node: its ranks restart together

@@ -200,6 +200,11 @@ class Settings:
     #: The key the router sends its workers and their gates admit it by (operations/fleet.py)
     fleet_key_file: str | None = None
     api_gate_trusted_peers: tuple[str, ...] = ()
+    #: The fleet CA on the controller: the public endpoints serve TLS with certificates it
+    #: signs (operations/tls.py)
+    tls_ca_cert_file: str | None = None
+    tls_ca_key_file: str | None = None
+    tls_names: tuple[str, ...] = ()
     router_host: str = "127.0.0.1"
     router_port: int = 8100
     router_backend_port: int = 30100
@@ -332,6 +337,14 @@ def _is_host(value: Any) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _is_tls_name(value: Any) -> bool:
+    """A name a certificate may hold: an IP address (no zone) or a DNS name (RFC 1035 labels
+    of letters, digits and inner hyphens, at most 253 characters; a '*.' wildcard is not one)."""
+    return _is_host(value) or (isinstance(value, str) and bool(re.fullmatch(
+        r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+        r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*", value)))
 
 
 def _is_peer_address(value: Any) -> bool:
@@ -586,6 +599,14 @@ RULES: Final[Mapping[str, _Rule]] = {
         "a list of other hosts' IP addresses (the router hosts' gpuhost_fleet_address; not "
         "loopback, 0.0.0.0, ::, multicast or IPv6 link-local: a loopback peer lets every "
         "process of this host past the key)"),
+    "tls_ca_cert_file": _text(_PATH, "an absolute path on the controller of the fleet CA's "
+                              f"PEM certificate {_PATH_DETAIL}", optional=True),
+    "tls_ca_key_file": _text(_PATH, "an absolute path on the controller of the fleet CA's PEM "
+                             f"private key, mode 0600 {_PATH_DETAIL}", optional=True),
+    "tls_names": _Rule(
+        lambda v: isinstance(v, (list, tuple)) and all(_is_tls_name(n) for n in v),
+        "a list of DNS names (such as gpu1.lab.example) or IP addresses (no zone) clients reach "
+        "this host's endpoints by"),
     "router_host": _Rule(_is_host, "an IP address such as 127.0.0.1"),
     "router_port": _int_between(1, 65535),
     "router_backend_port": _int_between(1, 65535),
@@ -836,6 +857,19 @@ HELP: Final[Mapping[str, str]] = {
         "the router hosts' `gpuhost_fleet_address` (the router sends its workers no key); other "
         "hosts' only: never loopback (every process of the host would pass), `0.0.0.0`, `::`, "
         "multicast or IPv6 link-local"),
+    "tls_ca_cert_file": (
+        "the fleet CA's certificate (PEM), a file on the controller: with it, every public "
+        "endpoint (a gate on a wider bind, the server's and the router's) serves TLS with a "
+        "certificate the deploy issues from the CA, renews 30 days before it expires, and "
+        "refuses plain HTTP; the router verifies its workers with it (docs/security.md); set "
+        "together with `gpuhost_tls_ca_key_file`, the same on a router and its workers"),
+    "tls_ca_key_file": (
+        "the fleet CA's private key (PEM, unencrypted, mode 0600), a file on the controller; it "
+        "never leaves the controller"),
+    "tls_names": (
+        "more names for this host's certificate, DNS names or IP addresses its clients reach it "
+        "by; it always holds the loopback, `localhost`, the fleet address, the bound addresses "
+        "and the inventory name"),
     "router_host": (
         "router hosts: the router's bind; wider than the loopback needs "
         "`gpuhost_router_api_key_file` (then `sglang-router-gate.service` listens there)"),
@@ -934,7 +968,7 @@ def from_host_data(host: str, data: Mapping[str, Any],
         values[name] = tuple(value) if name in ("server_extra_args", "allowed_dropins",
                                                 "bench_levels", "nodes",
                                                 "api_gate_trusted_peers",
-                                                "server_local_users") \
+                                                "server_local_users", "tls_names") \
             else value
 
     if "bench_levels" not in values:
@@ -1090,6 +1124,22 @@ def _check_mok(host: str, s: Settings) -> None:
         raise _fail(host, "mok_certificate", s.mok_certificate,
                     f"a file other than {PREFIX}mok_signing_key's: the private key and its "
                     "DER certificate are two files")
+
+
+def _check_tls(host: str, s: Settings) -> None:
+    """The fleet CA's certificate and key go together; names need the CA."""
+    pair = {"tls_ca_cert_file": s.tls_ca_cert_file, "tls_ca_key_file": s.tls_ca_key_file}
+    for key, other in (("tls_ca_cert_file", "tls_ca_key_file"),
+                       ("tls_ca_key_file", "tls_ca_cert_file")):
+        if pair[key] is None and pair[other] is not None:
+            raise _fail(host, key, None, f"a path as well, since {PREFIX}{other} is set: the "
+                        "deploy issues certificates with the fleet CA's key and certificate")
+    if s.tls_ca_cert_file is not None and s.tls_ca_cert_file == s.tls_ca_key_file:
+        raise _fail(host, "tls_ca_key_file", s.tls_ca_key_file,
+                    f"a file other than {PREFIX}tls_ca_cert_file's")
+    if s.tls_names and s.tls_ca_cert_file is None:
+        raise _fail(host, "tls_names", list(s.tls_names), f"[] without {PREFIX}tls_ca_cert_file "
+                    "(names of a certificate the deploy issues from the fleet CA)")
 
 
 def _check_server_exposure(host: str, s: Settings) -> None:
@@ -1410,7 +1460,8 @@ def _check_observability_ports(host: str, s: Settings) -> None:
 _TOGETHER: Final = (_check_bench, _check_tensor_parallel, _check_flavour, _check_driver,
                     _check_mok, _check_server_exposure, _check_router_exposure,
                     _check_trusted_peers, _check_dist_init_port, _check_venv_path, _check_lock,
-                    _check_sweep, _check_serving, _check_observability_ports)
+                    _check_sweep, _check_serving, _check_observability_ports,
+                    _check_tls)
 #: The checks of the host's GPUs, driver, ML venv and server: a host that serves no model
 #: (``gpuhost_serving = False``) skips them, and those keys have no effect there (group data
 #: such as group_data/all.py may set them for every host of the inventory).
@@ -1468,6 +1519,13 @@ def notes(s: Settings) -> list[str]:
             f"{s.server_host!r} is a loopback address, where the server answers without the "
             "API key gate; bind a wider address to require the key, or remove "
             f"{PREFIX}api_key_file")
+    public = [key for key, bound in (("server_host", s.serving and s.server_is_public),
+                                     ("router_host", s.router_is_public)) if bound]
+    if public and s.tls_ca_cert_file is None:
+        found.append(
+            f"{' and '.join(PREFIX + k for k in public)} bind{'s' if len(public) == 1 else ''} "
+            f"wider than the loopback without {PREFIX}tls_ca_cert_file: keys and prompts cross "
+            "the network in plain HTTP; name a fleet CA for TLS (docs/security.md, TLS)")
     return found
 
 

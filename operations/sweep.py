@@ -29,11 +29,12 @@ from operations.server import (
     GATE_UNIT,
     SWEEP_DROPIN,
     UNIT,
-    _url,
     _wait_serving,
     backend_url,
+    public_url,
     unit_context,
 )
+from operations.tls import CA_PATH
 from operations.settings import PREFIX, Settings
 
 #: Journal lines kept for a value whose server failed.
@@ -59,8 +60,11 @@ def _gate_argv(settings: Settings) -> list[str]:
             "--model", shlex.quote(settings.served_model_name), "--unit", UNIT,
             "--timeout", str(settings.health_timeout)]
     if settings.server_is_public:
-        argv += ["--public-url", shlex.quote(_url(settings.server_host, settings.server_port)),
+        url = public_url(settings)
+        argv += ["--public-url", shlex.quote(url),
                  "--api-key-file", shlex.quote(settings.api_key_file), "--gate-unit", GATE_UNIT]
+        if url.startswith("https://"):
+            argv += ["--ca-file", CA_PATH]
     return argv
 
 

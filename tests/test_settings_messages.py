@@ -107,4 +107,13 @@ def test_an_api_key_file_on_a_loopback_bind_is_noted():
                            "gpuhost_server_host = '127.0.0.1' is a loopback address")
     public = from_host_data("gpu1", {"gpuhost_api_key_file": "/etc/gpuhost/api.key",
                                      "gpuhost_server_host": "0.0.0.0"})
-    assert notes(public) == [] and notes(from_host_data("gpu1", {})) == []
+    assert notes(from_host_data("gpu1", {})) == []
+    (plain,) = notes(public)
+    assert plain.startswith("gpuhost_server_host binds wider than the loopback without "
+                            "gpuhost_tls_ca_cert_file: keys and prompts cross the network in "
+                            "plain HTTP")
+    secured = from_host_data("gpu1", {"gpuhost_api_key_file": "/etc/gpuhost/api.key",
+                                      "gpuhost_server_host": "0.0.0.0",
+                                      "gpuhost_tls_ca_cert_file": "/ca.crt",
+                                      "gpuhost_tls_ca_key_file": "/ca.key"})
+    assert notes(secured) == []

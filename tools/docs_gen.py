@@ -42,6 +42,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "deploy_lock": ("the run (deploy.py)", "first-deploy.md"),
     "rollback": ("Rollback", "upgrades.md"),
     "preflight": ("Preflight", "first-deploy.md"),
+    "tls": ("TLS", "security.md"),
     "stack_check": ("Stack", "troubleshooting.md"),
     "stack_facts": ("Stack", "troubleshooting.md"),
     "sglang_choices": ("Stack", "troubleshooting.md"),
@@ -72,7 +73,7 @@ STAGES: dict[str, tuple[str, str]] = {
 }
 
 #: Stage order on the page: deploy.py's order, then bench.py.
-STAGE_ORDER = ("the run (deploy.py)", "Preflight", "Stack", "NVIDIA", "ML venv", "P2P",
+STAGE_ORDER = ("the run (deploy.py)", "Preflight", "TLS", "Stack", "NVIDIA", "ML venv", "P2P",
                "SGLang server", "Router", "Roll", "Observability", "Rollback", "bench.py")
 
 #: The expressions through which the code reads a host's settings.

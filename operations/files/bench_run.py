@@ -126,8 +126,15 @@ def main() -> int:
         parser.add_argument(name, type=int, required=True)
     parser.add_argument("--api-key-file")
     parser.add_argument("--backend", choices=("sglang-oai", "sglang"), default="sglang-oai")
+    parser.add_argument("--ca-file", help="the CA an https:// --url is verified with")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if args.ca_file:
+        # bench_serving's aiohttp verifies with ssl.create_default_context(), whose default
+        # verify paths are OpenSSL's: SSL_CERT_FILE names the file (OpenSSL's
+        # X509_get_default_cert_file_env); its requests calls read REQUESTS_CA_BUNDLE
+        # (requests' sessions.py, merge_environment_settings)
+        env["SSL_CERT_FILE"] = env["REQUESTS_CA_BUNDLE"] = args.ca_file
     if args.api_key_file:
         from secret_file import SecretFileError, read_secret
         try:

@@ -14,7 +14,8 @@ Runs on the GPU host with the system python3 (standard library only), in one of 
                   non-empty answer that is not degenerate (NaN text, one token repeated). With
                   --public-url and --api-key-file it also checks the API key gate: a request
                   without the key is refused (401/403), one with it served, and /get_server_info
-                  does not contain the key; with --gate-unit, the gate's unit must not have
+                  does not contain the key; an https:// --public-url is verified with --ca-file
+                  (the fleet CA) and must refuse plain HTTP; with --gate-unit, the gate's unit must not have
                   failed (its journal is shown when it did). The key file must hold one line of
                   header-safe text (secret_file.py, shipped beside this script): else exit 1
                   saying so, the unit left as it is.
@@ -35,6 +36,7 @@ import http.client
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import time
@@ -51,6 +53,9 @@ WAITING = 3
 #: Seconds between two looks at the server (its unit, /health, /v1/models): the end of a wait
 #: is seen within a second (issue #20), and each look is one local request.
 WATCH_EVERY_S = 0.25
+#: The TLS context https:// URLs are verified with (--ca-file: the fleet CA); None: the
+#: system's trust store.
+_TLS: ssl.SSLContext | None = None
 
 def _request(url: str, data: dict | None = None, key: str | None = None,
              timeout: float = 5.0) -> tuple[int, str]:
@@ -60,7 +65,7 @@ def _request(url: str, data: dict | None = None, key: str | None = None,
     body = json.dumps(data).encode() if data is not None else None
     request = urllib.request.Request(url, data=body, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=_TLS) as response:
             return response.status, response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, ""
@@ -181,6 +186,12 @@ def check_gate(public_url: str, key: str, wait: float = 10.0) -> str | None:
         return f"GET {public_url}/get_server_info with the key answered {status or 'nothing'}"
     if key in body:
         return f"GET {public_url}/get_server_info returns the API key"
+    if public_url.startswith("https://"):
+        plain = "http://" + public_url.removeprefix("https://")
+        status, _ = _request(f"{plain}/v1/models", key=key)
+        if status != 400:
+            return f"GET {plain}/v1/models (plain HTTP on the TLS port) answered " \
+                   f"{status or 'nothing'}, not 400"
     return None
 
 
@@ -215,7 +226,7 @@ def main() -> int:
 
 
 def _main() -> int:
-    global _SECRET_LOADED, _KEEP_UNIT
+    global _SECRET_LOADED, _KEEP_UNIT, _TLS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="the server's own base URL (loopback)")
     parser.add_argument("--health-only", action="store_true")
@@ -228,10 +239,13 @@ def _main() -> int:
     parser.add_argument("--public-url", help="the API key gate's base URL")
     parser.add_argument("--api-key-file", help="root-only file holding the API key")
     parser.add_argument("--gate-unit", help="the API key gate's unit")
+    parser.add_argument("--ca-file", help="the CA certificate an https:// URL is verified with")
     parser.add_argument("--keep-unit", action="store_true",
                         help="on failure, leave the unit running (bench.py's gate)")
     args = parser.parse_args()
     _KEEP_UNIT = args.keep_unit
+    if args.ca_file:
+        _TLS = ssl.create_default_context(cafile=args.ca_file)
     if args.health_only:
         return health_only(args.url, args.timeout, args.main_pid)
     if not args.model or not args.unit:

@@ -1,0 +1,328 @@
+"""TLS on the fleet's public endpoints: each host's certificate, issued by the fleet CA.
+
+The fleet CA is the operator's: its certificate and private key are files on the controller,
+named in host data (``gpuhost_tls_ca_cert_file``, ``gpuhost_tls_ca_key_file``; docs/security.md
+shows the two openssl commands that make one). The CA key never leaves the controller. For each
+host with a public endpoint (a server or a router bound wider than the loopback), the deploy
+makes a key and a certificate the CA signs, and puts them on the host in one root-only file
+(:data:`HOST_PEM`, the key and then the certificate: nginx reads both from one file,
+``ssl_certificate`` and ``ssl_certificate_key``, and one atomic upload never leaves a key
+beside another key's certificate); the CA's certificate goes beside it (:data:`CA_PATH`), for
+the clients on the hosts (the health gate, smg's ``--ca-cert-paths``, Prometheus).
+
+A certificate is issued again when it is missing, does not parse, was not signed by this CA,
+names other addresses than the host's endpoints now need, or expires within
+:data:`RENEW_DAYS` (certbot's default ``renew_before_expiry``: certbot.eff.org/docs/using.html,
+"Configuration file"); a converge does it, and the gates reload (a path unit watches the file,
+operations/gate.py). The certificate's names (:func:`subject_names`): the loopback addresses
+(the hosts' own checks), the host's fleet address, the addresses its endpoints bind, the
+inventory name where it is an address or a DNS name, and ``gpuhost_tls_names``.
+
+The certificate's profile follows RFC 5280 and the CA/Browser Forum's baseline for a server
+certificate: subjectAltName with the names (clients match those, never the CN), basicConstraints
+CA:FALSE, keyUsage digitalSignature, extendedKeyUsage serverAuth, the key identifiers; an ECDSA
+P-256 key (what Let's Encrypt issues for by default since 2024 for ECDSA accounts, and
+every TLS 1.2/1.3 client here speaks: nginx 1.22/1.24 with OpenSSL 3, smg's rustls, Python's
+ssl, Go's crypto/tls in Prometheus).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+import os
+import re
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from io import StringIO
+from typing import Final
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from pyinfra import host
+from pyinfra.api import FactBase, operation
+from pyinfra.operations import files
+
+from operations.run_exit import end_run
+from operations.secret_template import put_hidden
+from operations.settings import PREFIX, Settings
+
+TLS_DIR: Final = "/etc/gpuhost/tls"
+#: The fleet CA's certificate on every host (public): what the hosts' clients verify with.
+CA_PATH: Final = f"{TLS_DIR}/fleet-ca.crt"
+#: The host's private key and certificate, in this order, root-only.
+HOST_PEM: Final = f"{TLS_DIR}/host.pem"
+#: Days a certificate is valid (at most the CA's own remaining validity).
+VALID_DAYS: Final = 365
+#: Days before expiry at which a converge issues the certificate again.
+RENEW_DAYS: Final = 30
+#: A certificate's start, this far before its issue: a host's clock a little behind the
+#: controller's still accepts it.
+BACKDATE: Final = datetime.timedelta(minutes=5)
+_DNS_NAME: Final = re.compile(r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
+                              r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+_LOADED: Final = "_gpuhost_fleet_cas"
+_PRIVATE_KEYS: Final = (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey)
+
+
+class TlsError(ValueError):
+    """The fleet CA's files give no CA to issue with: the line names the key, the value and
+    what is allowed."""
+
+
+@dataclass(frozen=True)
+class FleetCA:
+    """The fleet CA, loaded on the controller."""
+
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey
+
+    @property
+    def cert_pem(self) -> str:
+        return self.cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def _refuse(key: str, value: str, why: str) -> TlsError:
+    return TlsError(f"{PREFIX}{key} = {value!r} is not allowed: {why}")
+
+
+def load_ca(cert_file: str, key_file: str, now: datetime.datetime | None = None) -> FleetCA:
+    """The fleet CA from its files on the controller; :class:`TlsError` where they give none
+    (unreadable, not PEM, not a CA, expired or expiring within :data:`RENEW_DAYS`, a key that
+    other users may read, an encrypted key, a key of another certificate)."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    try:
+        cert = x509.load_pem_x509_certificate(open(cert_file, "rb").read())
+    except OSError as exc:
+        raise _refuse("tls_ca_cert_file", cert_file,
+                      f"a readable file on the controller ({exc.strerror})") from None
+    except ValueError:
+        raise _refuse("tls_ca_cert_file", cert_file, "a PEM certificate (-----BEGIN "
+                      "CERTIFICATE-----), the fleet CA's") from None
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        constraints = None
+    if constraints is None or not constraints.ca:
+        raise _refuse("tls_ca_cert_file", cert_file, "a CA's certificate (basicConstraints "
+                      "CA:TRUE); this one is not a CA's")
+    if cert.not_valid_after_utc - datetime.timedelta(days=RENEW_DAYS) <= now:
+        raise _refuse("tls_ca_cert_file", cert_file, f"a CA valid for more than {RENEW_DAYS} "
+                      f"days; this one expires on {cert.not_valid_after_utc:%Y-%m-%d}")
+    try:
+        mode = os.stat(key_file).st_mode
+        data = open(key_file, "rb").read()
+    except OSError as exc:
+        raise _refuse("tls_ca_key_file", key_file,
+                      f"a readable file on the controller ({exc.strerror})") from None
+    if stat.S_IMODE(mode) & 0o077:
+        raise _refuse("tls_ca_key_file", key_file, f"a file only its owner may read or write "
+                      f"(its mode is {stat.S_IMODE(mode):04o}; chmod 600 it)")
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except TypeError:
+        raise _refuse("tls_ca_key_file", key_file, "an unencrypted PEM private key (the deploy "
+                      "asks for no passphrase)") from None
+    except (ValueError, x509.UnsupportedGeneratorAlgorithm):
+        raise _refuse("tls_ca_key_file", key_file, "a PEM private key (-----BEGIN PRIVATE "
+                      "KEY-----), the fleet CA's") from None
+    if not isinstance(key, _PRIVATE_KEYS):
+        raise _refuse("tls_ca_key_file", key_file, "an EC, RSA or Ed25519 private key")
+    if key.public_key().public_bytes(serialization.Encoding.DER,
+                                     serialization.PublicFormat.SubjectPublicKeyInfo) != \
+            cert.public_key().public_bytes(serialization.Encoding.DER,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo):
+        raise _refuse("tls_ca_key_file", key_file, f"the private key of "
+                      f"{PREFIX}tls_ca_cert_file's certificate ({cert_file}); it is another's")
+    return FleetCA(cert=cert, key=key)
+
+
+def subject_names(name: str, s: Settings) -> tuple[str, ...]:
+    """The names host ``name``'s certificate holds (sorted): the loopback addresses and
+    ``localhost``, its fleet address, the addresses its public endpoints bind (not a wildcard),
+    its inventory name where that is an address or a DNS name, and ``gpuhost_tls_names``."""
+    names = {"127.0.0.1", "::1", "localhost", *s.tls_names}
+    if s.fleet_address:
+        names.add(s.fleet_address)
+    for bound, public in ((s.server_host, s.server_is_public),
+                          (s.router_host, s.router_is_public)):
+        if public and not ipaddress.ip_address(bound).is_unspecified:
+            names.add(bound)
+    if _is_address(name) or _DNS_NAME.fullmatch(name):
+        names.add(name)
+    return tuple(sorted(names))
+
+
+def _is_address(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _general_name(value: str) -> x509.GeneralName:
+    if _is_address(value):
+        return x509.IPAddress(ipaddress.ip_address(value))
+    return x509.DNSName(value)
+
+
+def _names_of(cert: x509.Certificate) -> tuple[str, ...]:
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return ()
+    found = [str(a) for a in san.get_values_for_type(x509.IPAddress)]
+    found += san.get_values_for_type(x509.DNSName)
+    return tuple(sorted(found))
+
+
+def needs_tls(s: Settings) -> bool:
+    """Whether the host has a public endpoint and the fleet a CA: then it has a certificate,
+    and its public gates serve TLS."""
+    return s.tls_ca_cert_file is not None and (s.server_is_public and s.serving
+                                                or s.router_is_public)
+
+
+def reason_to_issue(current: str | None, ca: FleetCA, names: tuple[str, ...],
+                    now: datetime.datetime | None = None) -> str | None:
+    """Why the host's certificate (``current``: the PEM on the host, None where there is none)
+    must be issued again, or None where it serves on."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    if not current:
+        return "the host has no certificate yet"
+    try:
+        cert = x509.load_pem_x509_certificate(current.encode())
+    except ValueError:
+        return "the host's certificate does not parse"
+    try:
+        cert.verify_directly_issued_by(ca.cert)
+    except (ValueError, TypeError, InvalidSignature):
+        return "the host's certificate was not issued by this fleet CA"
+    if _names_of(cert) != names:
+        return (f"the host's certificate names {', '.join(_names_of(cert)) or 'nothing'}; "
+                f"its endpoints need {', '.join(names)}")
+    if cert.not_valid_after_utc - datetime.timedelta(days=RENEW_DAYS) <= now:
+        return (f"the host's certificate expires on {cert.not_valid_after_utc:%Y-%m-%d}, "
+                f"within {RENEW_DAYS} days")
+    return None
+
+
+def issue(ca: FleetCA, name: str, names: tuple[str, ...],
+          now: datetime.datetime | None = None) -> str:
+    """A new private key and a certificate for it that ``ca`` signs, for host ``name`` with
+    ``names``: the PEM of both, key first (:data:`HOST_PEM`)."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    ca_public = ca.cert.public_key()
+    not_after = min(now + datetime.timedelta(days=VALID_DAYS), ca.cert.not_valid_after_utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name[:64])]))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(not_after)
+        .add_extension(x509.SubjectAlternativeName([_general_name(n) for n in names]),
+                       critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False,
+                                     key_encipherment=False, data_encipherment=False,
+                                     key_agreement=False, key_cert_sign=False, crl_sign=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                       critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_public),  # type: ignore[arg-type]
+                       critical=False)
+        .sign(ca.key, None if isinstance(ca.key, ed25519.Ed25519PrivateKey) else hashes.SHA256())
+    )
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+    return key_pem + cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+class HostCertificate(FactBase):
+    """The certificate in :data:`HOST_PEM` (its PEM block alone, never the key), or None where
+    the file holds no certificate or no key beside it."""
+
+    @staticmethod
+    def command() -> str:
+        return (f"if [ -f {HOST_PEM} ] && grep -q -- '-----BEGIN PRIVATE KEY-----' {HOST_PEM}; "
+                f"then sed -n '/-----BEGIN CERTIFICATE-----/,/-----END CERTIFICATE-----/p' "
+                f"{HOST_PEM}; fi")
+
+    @staticmethod
+    def process(output: list[str]) -> str | None:
+        text = "\n".join(output).strip()
+        return text + "\n" if text else None
+
+
+def fingerprint(pem: str) -> str:
+    """A certificate's SHA-256 fingerprint, as openssl x509 -fingerprint -sha256 prints it."""
+    der = x509.load_pem_x509_certificate(pem.encode()).public_bytes(serialization.Encoding.DER)
+    digest = hashlib.sha256(der).hexdigest().upper()
+    return ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
+
+
+@operation()
+def certificates(settings: Settings, ca: FleetCA):
+    """The fleet CA's certificate and the host's key and certificate in /etc/gpuhost/tls,
+    issued again where :func:`reason_to_issue` says so (its reason is the change's line)."""
+    yield from files.directory._inner(path=TLS_DIR, user="root", group="root", mode="755")
+    yield from files.put._inner(src=StringIO(ca.cert_pem), dest=CA_PATH, user="root",
+                                group="root", mode="644")
+    if not needs_tls(settings):
+        host.noop("no public endpoint here: no certificate of its own")
+        return
+    names = subject_names(host.name, settings)
+    current = host.get_fact(HostCertificate)
+    reason = reason_to_issue(current, ca, names)
+    if reason is None:
+        cert = x509.load_pem_x509_certificate(current.encode())  # type: ignore[union-attr]
+        host.noop(f"the TLS certificate for {', '.join(names)} is valid until "
+                  f"{cert.not_valid_after_utc:%Y-%m-%d}")
+        return
+    host.log(f"TLS certificate: {reason}: issued again by the fleet CA")
+    yield from put_hidden(StringIO(issue(ca, host.name, names)), HOST_PEM)
+
+
+def for_run(settings: Mapping[str, Settings]) -> dict[str, FleetCA]:
+    """Each host's fleet CA (by host name; none where host data names none), loaded from the
+    controller once a run; on a problem, the run ends listing each before any host is touched
+    (as settings.for_run does)."""
+    from pyinfra import state
+
+    loaded = getattr(state, _LOADED, None)
+    if loaded is not None and loaded[0] == dict(settings):
+        return loaded[1]
+    cas: dict[tuple[str, str], FleetCA] = {}
+    problems: dict[tuple[str, str], tuple[list[str], str]] = {}
+    for name, s in settings.items():
+        if s.tls_ca_cert_file is None or s.tls_ca_key_file is None:
+            continue
+        pair = (s.tls_ca_cert_file, s.tls_ca_key_file)
+        if pair in cas:
+            continue
+        if pair in problems:
+            problems[pair][0].append(name)
+            continue
+        try:
+            cas[pair] = load_ca(*pair)
+        except TlsError as exc:
+            problems[pair] = ([name], str(exc))
+    if problems:
+        end_run("gpuhost: the fleet CA refused, no host was touched:\n  - " + "\n  - ".join(
+            f"host{'s' if len(names) > 1 else ''} {', '.join(names)}: {why}"
+            for names, why in problems.values()))
+    by_host = {name: cas[(s.tls_ca_cert_file, s.tls_ca_key_file)]
+               for name, s in settings.items()
+               if s.tls_ca_cert_file is not None and s.tls_ca_key_file is not None}
+    setattr(state, _LOADED, (dict(settings), by_host))
+    return by_host

@@ -1,0 +1,269 @@
+"""TLS on the fleet's public endpoints (issue 29, "Done when": the router and every worker
+answer over TLS with the fleet CA; the rolling upgrade drops no request). Three hosts from the
+suite run's image of a converged host (lab.up_from_image): the router on gpu1, which serves
+too, in front of gpu1, gpu2 and gpu3, every gate on the lab switch. The fleet CA is made on the
+controller with the openssl command docs/security.md gives. Clients are Python scripts on gpu3
+(lab addresses only) verifying with the CA's certificate, as the docs' clients do.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import lab
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROUTER_HOST = "gpu1"
+CLIENT_HOST = "gpu3"
+HOST_PEM = "/etc/gpuhost/tls/host.pem"
+CA_ON_HOST = "/etc/gpuhost/tls/fleet-ca.crt"
+#: What the docs tell an operator to run (docs/security.md, TLS), into a folder of the test's.
+MAKE_CA = ("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -noenc -days 3650 "
+           "-subj '/CN={cn}' -addext 'basicConstraints=critical,CA:TRUE' "
+           "-addext 'keyUsage=critical,keyCertSign,cRLSign' -keyout {key} -out {cert}")
+ROLL_REQUESTS = 3000
+
+#: One request: URL, CA file, key file or "-", then prints "<status> <reason>" (status 0: no
+#: HTTP answer, the reason the TLS or connection error).
+PROBE = r"""
+import http.client, ssl, sys, urllib.error, urllib.request
+url, ca, key_file = sys.argv[1], sys.argv[2], sys.argv[3]
+headers = {} if key_file == "-" else {"Authorization": "Bearer " + open(key_file).read().strip()}
+context = ssl.create_default_context(cafile=ca) if url.startswith("https") else None
+try:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10,
+                                context=context) as r:
+        print(r.status, "ok")
+except urllib.error.HTTPError as exc:
+    print(exc.code, exc.read().decode(errors="replace").strip()[:120])
+except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+    print(0, type(getattr(exc, "reason", exc)).__name__, str(getattr(exc, "reason", exc))[:120])
+"""
+
+#: Chat completions through the router over TLS until at least ``minimum`` were sent and the
+#: stop file is there (or ``limit`` seconds passed); prints its counts.
+CLIENT = r"""
+import json, os, ssl, sys, time, urllib.request
+url, ca, key_file, minimum, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), \
+    float(sys.argv[5])
+key = open(key_file).read().strip()
+context = ssl.create_default_context(cafile=ca)
+ok = failed = 0; errors = []; start = time.monotonic()
+while time.monotonic() - start < limit:
+    if ok + failed >= minimum and os.path.exists("/tmp/client.stop"):
+        break
+    body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content":
+                       f"q{ok + failed} {time.time()}"}], "max_tokens": 4}).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", body,
+                                 {"content-type": "application/json",
+                                  "Authorization": "Bearer " + key})
+    try:
+        with urllib.request.urlopen(req, timeout=30, context=context) as r:
+            json.loads(r.read())["choices"][0]; ok += 1
+    except Exception as exc:
+        failed += 1; errors.append(type(exc).__name__ + ": " + str(getattr(exc, "code", exc)))
+    time.sleep(0.02)
+print(json.dumps({"requests": ok + failed, "ok": ok, "failed": failed, "errors": errors[:5],
+                  "seconds": round(time.monotonic() - start, 1)}))
+"""
+
+#: The router's worker URLs, read on its loopback with the control key (root only).
+WORKERS = r"""
+import json, urllib.request as u
+key = open("/etc/gpuhost/router-control.key").read().strip()
+r = u.Request("http://127.0.0.1:30100/workers", headers={"Authorization": "Bearer " + key})
+print(json.dumps(sorted(w["url"] for w in json.load(u.urlopen(r, timeout=10))["workers"])))
+"""
+
+
+def make_ca(folder: Path, cn: str) -> tuple[str, str]:
+    cert, key = folder / f"{cn.replace(' ', '-')}.crt", folder / f"{cn.replace(' ', '-')}.key"
+    subprocess.run(MAKE_CA.format(cn=cn, key=key, cert=cert), shell=True, check=True,
+                   capture_output=True)
+    return str(cert), str(key)
+
+
+def write_inventory(path: Path, ca: tuple[str, str], extra: dict | None = None) -> str:
+    entries = []
+    for h in json.loads(lab.sandbox("status", "--json").stdout):
+        data = lab.fleet_data(h, router=h["name"] == ROUTER_HOST)
+        data.update(gpuhost_tls_ca_cert_file=ca[0], gpuhost_tls_ca_key_file=ca[1],
+                    gpuhost_router_health_check_interval_secs=2, **(extra or {}))
+        entries.append((h["name"], data))
+    path.write_text("import json\nsandbox = [tuple(e) for e in json.loads("
+                    f"{json.dumps(json.dumps(entries))})]\ngpuhost_router = [{ROUTER_HOST!r}]\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    work = tmp_path_factory.mktemp("tls")
+    hosts = {h.name: h for h in lab.up_from_image(hosts=3)}
+    keys = lab.fleet_keys(hosts.values(), routers=[ROUTER_HOST], serving=hosts)
+    ca = make_ca(work, "gpuhost fleet CA")
+    other = make_ca(work, "another CA")
+    client = hosts[CLIENT_HOST]
+    client.ssh(f"umask 077; printf '%s\\n' {keys['router API key']} > /root/client.key; "
+               f"cat > /root/probe.py <<'EOF'\n{PROBE}\nEOF\n"
+               f"cat > /root/client.py <<'EOF'\n{CLIENT}\nEOF\n"
+               f"cat > /root/other-ca.crt <<'EOF'\n{Path(other[0]).read_text()}EOF\n"
+               f"cat > /root/fleet-ca.crt <<'EOF'\n{Path(ca[0]).read_text()}EOF")
+    hosts[ROUTER_HOST].ssh(f"cat > /root/workers.py <<'EOF'\n{WORKERS}\nEOF")
+    inventory = write_inventory(work / "inventory.py", ca)
+    first = lab.deploy(inventory=inventory)
+    assert first.returncode == 0, first.output[-8000:]
+    yield hosts, work, ca, inventory
+    lab.sandbox("down", check=False)
+
+
+def switch() -> dict[str, str]:
+    return {h["name"]: h["switch_address"]
+            for h in json.loads(lab.sandbox("status", "--json").stdout)}
+
+
+def probe(client: lab.Host, url: str, ca: str = "/root/fleet-ca.crt",
+          key: str = "/root/client.key", user: str = "root") -> tuple[int, str]:
+    run = "" if user == "root" else f"runuser -u {user} -- "
+    if user != "root":
+        client.ssh("cp /root/probe.py /root/fleet-ca.crt /tmp/ && chmod 644 /tmp/probe.py "
+                   "/tmp/fleet-ca.crt")
+        ca = ca.replace("/root/", "/tmp/")
+    out = client.ssh(f"{run}python3 {'/tmp' if run else '/root'}/probe.py {url} {ca} {key}")
+    status, _, reason = out.strip().partition(" ")
+    return int(status), reason
+
+
+def served_fingerprint(client: lab.Host, address: str, port: int) -> str:
+    """The SHA-256 fingerprint of the certificate the gate at address:port serves."""
+    return client.ssh(
+        "python3 -c 'import ssl, hashlib, sys; "
+        "der = ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate((sys.argv[1], "
+        f"int(sys.argv[2])))); print(hashlib.sha256(der).hexdigest())' {address} {port}").strip()
+
+
+def test_the_router_and_every_worker_answer_over_tls_with_the_fleet_ca(fleet):
+    hosts, _, _, _ = fleet
+    client, addresses = hosts[CLIENT_HOST], switch()
+    router = f"https://{addresses[ROUTER_HOST]}:8100"
+    assert probe(client, f"{router}/v1/models") == (200, "ok")
+    for name in ("gpu1", "gpu2", "gpu3"):
+        worker = f"https://{addresses[name]}:8000/v1/models"
+        assert probe(client, worker, key=lab.API_KEY_FILE) == (200, "ok"), name
+        # no key: refused by the gate, over TLS
+        assert probe(client, worker, key="-")[0] == 401, name
+        # a client trusting another CA does not get past the handshake
+        status, reason = probe(client, worker, ca="/root/other-ca.crt")
+        assert status == 0 and "CERTIFICATE_VERIFY_FAILED" in reason, (name, reason)
+        # plain HTTP on the TLS port: 400, never a redirect, never the model
+        status, reason = probe(client, f"http://{addresses[name]}:8000/v1/models",
+                               key=lab.API_KEY_FILE)
+        assert status == 400 and "use https://" in reason, (name, status, reason)
+    status, reason = probe(client, f"http://{addresses[ROUTER_HOST]}:8100/v1/models")
+    assert status == 400 and "use https://" in reason, (status, reason)
+    # the router reaches its workers over TLS (verified with the CA: smg --ca-cert-paths)
+    urls = json.loads(hosts[ROUTER_HOST].ssh("python3 /root/workers.py"))
+    assert urls == sorted(["http://127.0.0.1:30000",
+                           f"https://{addresses['gpu2']}:8000",
+                           f"https://{addresses['gpu3']}:8000"]), urls
+    # a chat completion through the router over TLS reaches a remote worker's gate
+    for _ in range(4):
+        assert probe(client, f"{router}/v1/models")[0] == 200
+    # the key and certificate: root's alone
+    for h in hosts.values():
+        assert h.ssh(f"stat -c '%a %U' {HOST_PEM}").strip() == "600 root", h.name
+    # a local user of a worker gets no completion, over TLS or not
+    assert probe(client, f"https://{addresses['gpu2']}:8000/v1/models", key="-",
+                 user="nobody")[0] == 401
+
+
+def test_an_expiring_certificate_is_issued_again_and_the_gate_reloads(fleet):
+    """gpu2's certificate, from the fleet CA but expiring in 10 days, put by hand: the next
+    converge issues it again, the gate serves the new one, and neither the server nor the gate
+    restarted (a reload)."""
+    from operations import tls
+    hosts, _, ca_files, inventory = fleet
+    gpu2, client, addresses = hosts["gpu2"], hosts[CLIENT_HOST], switch()
+    ca = tls.load_ca(*ca_files)
+    current = gpu2.ssh(f"sed -n '/BEGIN CERTIFICATE/,/END CERTIFICATE/p' {HOST_PEM}")
+    names = tls.subject_names("gpu2", lab_settings("gpu2", ca_files))
+    assert tls.reason_to_issue(current, ca, names) is None
+    then = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=355)
+    expiring = tls.issue(ca, "gpu2", names, now=then)
+    gpu2.ssh(f"umask 077; cat > {HOST_PEM}.new <<'EOF'\n{expiring}EOF\nmv {HOST_PEM}.new {HOST_PEM}")
+    server, gate = gpu2.main_pid("sglang.service"), gpu2.main_pid("sglang-gate.service")
+    deadline = time.monotonic() + 30  # the path unit reloads the gate on the file's change
+    old = served_fingerprint(client, addresses["gpu2"], 8000)
+    while old == served_fingerprint(client, addresses["gpu2"], 8000) and \
+            time.monotonic() < deadline:
+        time.sleep(1)
+    run = lab.deploy(inventory=inventory)
+    assert run.returncode == 0, run.output[-6000:]
+    assert "[gpu2] TLS certificate: the host's certificate expires on" in run.output and \
+        "within 30 days: issued again by the fleet CA" in run.output, run.output[-6000:]
+    for other in ("gpu1", "gpu3"):
+        assert f"[{other}] TLS certificate:" not in run.output, other
+    new = gpu2.ssh(f"sed -n '/BEGIN CERTIFICATE/,/END CERTIFICATE/p' {HOST_PEM}")
+    assert tls.reason_to_issue(new, ca, names) is None
+    deadline = time.monotonic() + 30
+    while served_fingerprint(client, addresses["gpu2"], 8000) != \
+            tls.fingerprint(new).replace(":", "").lower():
+        assert time.monotonic() < deadline, "the gate still serves the old certificate"
+        time.sleep(1)
+    assert (gpu2.main_pid("sglang.service"), gpu2.main_pid("sglang-gate.service")) == \
+        (server, gate)
+    assert probe(client, f"https://{addresses['gpu2']}:8000/v1/models",
+                 key=lab.API_KEY_FILE) == (200, "ok")
+
+
+def lab_settings(name: str, ca_files: tuple[str, str]):
+    from operations.settings import for_inventory
+    (h,) = [h for h in json.loads(lab.sandbox("status", "--json").stdout) if h["name"] == name]
+    data = lab.fleet_data(h, router=name == ROUTER_HOST)
+    data.update(gpuhost_tls_ca_cert_file=ca_files[0], gpuhost_tls_ca_key_file=ca_files[1])
+    return for_inventory([(name, data)])[name]
+
+
+def test_a_second_run_issues_nothing(fleet):
+    hosts, _, _, inventory = fleet
+    gates = {n: h.main_pid("sglang-gate.service") for n, h in hosts.items()}
+    run = lab.deploy("--json", inventory=inventory)
+    assert run.returncode == 0, run.output[-6000:]
+    assert "TLS certificate:" not in run.output, run.output[-6000:]
+    assert "is valid until" in run.output
+    assert {n: h.main_pid("sglang-gate.service") for n, h in hosts.items()} == gates
+
+
+def test_a_roll_behind_the_tls_router_drops_no_request(fleet, tmp_path):
+    hosts, _, ca, _ = fleet
+    client, addresses = hosts[CLIENT_HOST], switch()
+    inventory = write_inventory(tmp_path / "rolled.py", ca,
+                                {"gpuhost_moe_runner_backend": "flashinfer_cutedsl"})
+    before = {n: h.main_pid("sglang.service") for n, h in hosts.items()}
+    url = f"https://{addresses[ROUTER_HOST]}:8100"
+    client.ssh(f"rm -f /tmp/client.stop /tmp/client.out; nohup python3 /root/client.py {url} "
+               f"/root/fleet-ca.crt /root/client.key {ROLL_REQUESTS} 1800 > /tmp/client.out "
+               "2>&1 < /dev/null &")
+    try:
+        time.sleep(3)
+        run = lab.deploy(inventory=inventory)
+        assert run.returncode == 0, run.output[-8000:]
+        assert "Roll: servers restart 1 at a time" in run.output, run.output[-6000:]
+    finally:
+        client.ssh("touch /tmp/client.stop")
+        deadline = time.monotonic() + 1200  # the client sends its 3000 before it stops
+        while not client.ssh("cat /tmp/client.out", check=False).strip():
+            assert time.monotonic() < deadline
+            time.sleep(2)
+    result = json.loads(client.ssh("cat /tmp/client.out").strip().splitlines()[-1])
+    print(f"\nthrough the TLS router while 3 servers rolled: {result['requests']} requests, "
+          f"{result['failed']} failed, {result['seconds']} s")
+    assert result["failed"] == 0 and result["requests"] >= ROLL_REQUESTS, result
+    after = {n: h.main_pid("sglang.service") for n, h in hosts.items()}
+    assert all(after[n] != before[n] for n in before), (before, after)
