@@ -1,0 +1,228 @@
+"""The fleet CA and the hosts' certificates (operations/tls.py), and where TLS reaches: the
+gates' nginx configuration, smg's unit, the fleet's worker URLs, Prometheus' targets. The CA is
+made with the openssl command docs/security.md gives; certificates are checked with openssl's
+own ``verify``."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from operations import tls
+from operations.settings import for_inventory
+
+MAKE_CA = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+           "-noenc", "-days", "3650", "-subj", "/CN=gpuhost fleet CA",
+           "-addext", "basicConstraints=critical,CA:TRUE",
+           "-addext", "keyUsage=critical,keyCertSign,cRLSign"]
+NOW = datetime.datetime.now(datetime.timezone.utc)
+
+
+def make_ca(folder: Path, name: str = "ca", days: int = 3650,
+            extra: tuple[str, ...] = ()) -> tuple[str, str]:
+    cert, key = folder / f"{name}.crt", folder / f"{name}.key"
+    argv = [*MAKE_CA, "-keyout", str(key), "-out", str(cert), *extra]
+    argv[argv.index("-days") + 1] = str(days)
+    subprocess.run(argv, check=True, capture_output=True)
+    return str(cert), str(key)
+
+
+@pytest.fixture(scope="module")
+def ca_files(tmp_path_factory):
+    return make_ca(tmp_path_factory.mktemp("ca"))
+
+
+def fleet_host(**data):
+    base = {"gpuhost_fleet_address": "10.0.0.11", "gpuhost_server_host": "0.0.0.0",
+            "gpuhost_api_key_file": "/root/k", "gpuhost_tls_ca_cert_file": "/ca.crt",
+            "gpuhost_tls_ca_key_file": "/ca.key"}
+    return for_inventory([("gpu1", {**base, **data})])["gpu1"]
+
+
+def test_the_docs_ca_loads_and_its_certificates_verify_with_openssl(ca_files, tmp_path):
+    ca = tls.load_ca(*ca_files)
+    names = tls.subject_names("gpu1", fleet_host(gpuhost_tls_names=["gpu1.lab.example"]))
+    assert names == ("10.0.0.11", "127.0.0.1", "::1", "gpu1", "gpu1.lab.example", "localhost")
+    pem = tls.issue(ca, "gpu1", names)
+    assert pem.startswith("-----BEGIN PRIVATE KEY-----") and pem.count("BEGIN CERTIFICATE") == 1
+    (tmp_path / "host.pem").write_text(pem)
+    verified = subprocess.run(["openssl", "verify", "-CAfile", ca_files[0], "-purpose",
+                               "sslserver", str(tmp_path / "host.pem")],
+                              capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stderr
+    text = subprocess.run(["openssl", "x509", "-in", str(tmp_path / "host.pem"), "-noout",
+                           "-text"], capture_output=True, text=True, check=True).stdout
+    assert "IP Address:10.0.0.11" in text and "DNS:gpu1.lab.example" in text
+    assert "CA:FALSE" in text and "TLS Web Server Authentication" in text
+    # the key is the certificate's (nginx reads both from the one file)
+    key_pub = subprocess.run(["openssl", "pkey", "-in", str(tmp_path / "host.pem"), "-pubout"],
+                             capture_output=True, text=True, check=True).stdout
+    cert_pub = subprocess.run(["openssl", "x509", "-in", str(tmp_path / "host.pem"), "-noout",
+                               "-pubkey"], capture_output=True, text=True, check=True).stdout
+    assert key_pub == cert_pub
+
+
+def test_a_certificate_is_issued_again_only_for_a_reason(ca_files, tmp_path):
+    ca = tls.load_ca(*ca_files)
+    names = tls.subject_names("gpu1", fleet_host())
+    pem = tls.issue(ca, "gpu1", names)
+    cert = pem[pem.index("-----BEGIN CERTIFICATE-----"):]
+    assert tls.reason_to_issue(cert, ca, names) is None
+    assert tls.reason_to_issue(None, ca, names) == "the host has no certificate yet"
+    assert tls.reason_to_issue("junk", ca, names) == "the host's certificate does not parse"
+    other = tls.load_ca(*make_ca(tmp_path, "other"))
+    assert tls.reason_to_issue(tls.issue(other, "gpu1", names).partition(
+        "-----END PRIVATE KEY-----\n")[2], ca, names) == \
+        "the host's certificate was not issued by this fleet CA"
+    moved = tls.subject_names("gpu1", fleet_host(gpuhost_fleet_address="10.0.0.12"))
+    assert tls.reason_to_issue(cert, ca, moved).startswith(
+        "the host's certificate names 10.0.0.11, 127.0.0.1")
+    # 30 days before it expires (certbot's renew_before_expiry), not 31
+    expires = NOW + datetime.timedelta(days=tls.VALID_DAYS)
+    assert tls.reason_to_issue(cert, ca, names, expires - datetime.timedelta(days=31)) is None
+    assert "within 30 days" in tls.reason_to_issue(cert, ca, names,
+                                                   expires - datetime.timedelta(days=29))
+
+
+def test_a_certificate_outlives_neither_its_ca_nor_starts_after_the_host_clock(tmp_path):
+    ca = tls.load_ca(*make_ca(tmp_path, "short", days=100))
+    pem = tls.issue(ca, "gpu1", ("127.0.0.1",))
+    from cryptography import x509
+    cert = x509.load_pem_x509_certificate(pem.partition("-----END PRIVATE KEY-----\n")[2].encode())
+    assert cert.not_valid_after_utc <= ca.cert.not_valid_after_utc
+    assert cert.not_valid_before_utc <= NOW - datetime.timedelta(minutes=4)
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: a readable file on the "
+                "controller (No such file or directory)"),
+    ("not pem", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: a PEM certificate"),
+    ("not a ca", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: a CA's certificate"),
+    ("expiring", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: a CA valid for more than "
+                 "30 days; this one expires on"),
+    ("readable key", "gpuhost_tls_ca_key_file = '{key}' is not allowed: a file only its owner "
+                     "may read or write (its mode is 0644; chmod 600 it)"),
+    ("encrypted key", "gpuhost_tls_ca_key_file = '{key}' is not allowed: an unencrypted PEM "
+                      "private key"),
+    ("another's key", "gpuhost_tls_ca_key_file = '{key}' is not allowed: the private key of "
+                      "gpuhost_tls_ca_cert_file's certificate"),
+])
+def test_a_ca_that_cannot_issue_is_refused_naming_the_key_and_value(tmp_path, case, expected):
+    cert, key = make_ca(tmp_path, days=20 if case == "expiring" else 3650)
+    if case == "missing":
+        cert = str(tmp_path / "nowhere.crt")
+    elif case == "not pem":
+        Path(cert).write_text("hello\n")
+    elif case == "not a ca":
+        cert, key = str(tmp_path / "leaf.crt"), str(tmp_path / "leaf.key")
+        subprocess.run([*MAKE_CA[:MAKE_CA.index("-addext")], "-addext",
+                        "basicConstraints=critical,CA:FALSE", "-keyout", key, "-out", cert],
+                       check=True, capture_output=True)
+    elif case == "readable key":
+        os.chmod(key, 0o644)
+    elif case == "encrypted key":
+        subprocess.run(["openssl", "pkey", "-in", key, "-out", key + ".enc", "-aes256",
+                        "-passout", "pass:x"], check=True)
+        os.replace(key + ".enc", key)
+        os.chmod(key, 0o600)
+    elif case == "another's key":
+        _, key = make_ca(tmp_path, "other")
+    with pytest.raises(tls.TlsError) as caught:
+        tls.load_ca(cert, key)
+    assert str(caught.value).startswith(expected.format(cert=cert, key=key)), str(caught.value)
+
+
+def test_a_bad_ca_ends_the_run_before_any_host_naming_each_host(tmp_path):
+    cert, key = make_ca(tmp_path)
+    os.chmod(key, 0o640)
+    settings = {name: fleet_host(gpuhost_tls_ca_cert_file=cert, gpuhost_tls_ca_key_file=key)
+                for name in ("gpu1", "gpu2")}
+    with pytest.raises(SystemExit) as ended:
+        tls.for_run(settings)
+    text = str(ended.value)
+    assert "gpuhost: the fleet CA refused, no host was touched:" in text
+    assert f"hosts gpu1, gpu2: gpuhost_tls_ca_key_file = '{key}' is not allowed" in text
+    assert "Traceback" not in text
+
+
+def test_the_fact_reads_the_certificate_never_the_key():
+    command = tls.HostCertificate.command()
+    assert "BEGIN CERTIFICATE" in command and "sed -n" in command
+    assert tls.HostCertificate.process([]) is None
+    assert tls.HostCertificate.process(["-----BEGIN CERTIFICATE-----", "x",
+                                        "-----END CERTIFICATE-----"]).endswith("-----\n")
+
+
+def test_only_hosts_with_a_public_endpoint_need_a_certificate():
+    assert tls.needs_tls(fleet_host())
+    assert not tls.needs_tls(fleet_host(gpuhost_server_host="127.0.0.1"))
+    assert tls.needs_tls(fleet_host(gpuhost_server_host="127.0.0.1",
+                                    gpuhost_router_host="10.0.0.11",
+                                    gpuhost_router_api_key_file="/root/r"))
+    assert not tls.needs_tls(fleet_host(gpuhost_tls_ca_cert_file=None,
+                                        gpuhost_tls_ca_key_file=None))
+
+
+def test_tls_reaches_the_gate_the_router_and_the_workers_urls():
+    from operations import fleet, gate, observability, router, server
+    s = fleet_host(gpuhost_router_host="10.0.0.11", gpuhost_router_api_key_file="/root/r",
+                   gpuhost_fleet_key_file="/root/f")
+    conf = gate.conf_context(server.worker_gate(s))
+    assert conf["tls_pem"] == tls.HOST_PEM
+    from jinja2 import Environment, FileSystemLoader
+    rendered = Environment(loader=FileSystemLoader("templates")).get_template(
+        "gate-nginx.conf.j2").render(**conf)
+    assert "listen 0.0.0.0:8000 ssl;" in rendered
+    assert f"ssl_certificate {tls.HOST_PEM};" in rendered
+    assert "ssl_protocols TLSv1.2 TLSv1.3;" in rendered and "error_page 497 @plain_http;" in rendered
+    assert router.router_gate(s).tls_pem == tls.HOST_PEM
+    assert router.unit_context(s)["ca_args"] == f" --ca-cert-paths {tls.CA_PATH}"
+    assert server.public_url(s) == "https://127.0.0.1:8000"
+    assert "--ca-file" in server.settings_gate_argv(s)
+    # the path unit reloads the gate when the certificate changes
+    assert f"{tls.HOST_PEM}" in gate.path_context(server.worker_gate(s), str)["key_files"]
+    url, problem = fleet.worker_url("gpu2", s, "gpu9")
+    assert (url, problem) == ("https://10.0.0.11:8000", None)
+    plain = fleet_host(gpuhost_tls_ca_cert_file=None, gpuhost_tls_ca_key_file=None)
+    assert fleet.worker_url("gpu2", plain, "gpu9")[0] == "http://10.0.0.11:8000"
+    assert "ssl" not in gate.Gate.__dataclass_fields__ and \
+        " ssl;" not in Environment(loader=FileSystemLoader("templates")).get_template(
+            "gate-nginx.conf.j2").render(**gate.conf_context(server.worker_gate(plain)))
+    assert observability.prometheus_context("gpu1", s)["ca_file"] == tls.CA_PATH
+
+
+def test_a_router_and_its_workers_name_one_ca():
+    from operations import fleet
+    router = fleet_host(gpuhost_serving=False, gpuhost_router_host="10.0.0.10",
+                        gpuhost_fleet_address="10.0.0.10", gpuhost_router_api_key_file="/r",
+                        gpuhost_fleet_key_file="/f")
+    worker = fleet_host(gpuhost_tls_ca_cert_file="/other.crt", gpuhost_fleet_key_file="/f")
+    with pytest.raises(fleet.FleetError) as caught:
+        fleet.plan([("r", ["gpuhost_router"]), ("gpu1", [])], {"r": router, "gpu1": worker})
+    assert caught.value.problems == [
+        "host gpu1: gpuhost_tls_ca_cert_file = '/other.crt' is not allowed: '/ca.crt', as on "
+        "router host r, whose router verifies this host's certificate with it (one fleet CA "
+        "for a router and its workers)"]
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"gpuhost_tls_ca_cert_file": "/ca.crt"}, "gpuhost_tls_ca_key_file = None is not allowed"),
+    ({"gpuhost_tls_ca_key_file": "/ca.key"}, "gpuhost_tls_ca_cert_file = None is not allowed"),
+    ({"gpuhost_tls_ca_cert_file": "/c", "gpuhost_tls_ca_key_file": "/c"},
+     "gpuhost_tls_ca_key_file = '/c' is not allowed: a file other than"),
+    ({"gpuhost_tls_names": ["*.lab"], "gpuhost_tls_ca_cert_file": "/c",
+      "gpuhost_tls_ca_key_file": "/k"}, "gpuhost_tls_names = ['*.lab'] is not allowed: a list"),
+    ({"gpuhost_tls_names": ["gpu1.lab"]}, "gpuhost_tls_names = ['gpu1.lab'] is not allowed: "
+                                          "[] without gpuhost_tls_ca_cert_file"),
+    ({"gpuhost_tls_ca_cert_file": "ca.crt", "gpuhost_tls_ca_key_file": "/k"},
+     "gpuhost_tls_ca_cert_file = 'ca.crt' is not allowed: an absolute path on the controller"),
+])
+def test_tls_host_data_is_refused_naming_key_and_value(data, words):
+    from operations.settings import SettingsError
+    with pytest.raises(SettingsError) as caught:
+        for_inventory([("gpu1", data)])
+    assert any(words in p for p in caught.value.problems), caught.value.problems
