@@ -5,8 +5,9 @@ False`` serves no model (a CPU-only router VM, as issue 18 allows): it is no wor
 be a router host. Pure planning over every host's validated settings; nothing here touches a
 host.
 
-A serving host is reached at ``http://<gpuhost_fleet_address>:<gpuhost_server_port>``, the
-address on the network the router shares with it. The router on the same host may reach a
+A serving host is reached at ``https://<gpuhost_fleet_address>:<gpuhost_server_port>`` (its
+gate's TLS, operations/tls.py; ``http://`` where the fleet has no CA), the address on the
+network the router shares with it. The router on the same host may reach a
 loopback server at its own loopback. A server bound wider than the loopback has the API key
 gate in front (settings: a wider bind needs a key). The router admits itself by a credential,
 never by its address: the fleet key (``gpuhost_fleet_key_file``, a root-only file of the same
