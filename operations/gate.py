@@ -91,8 +91,10 @@ class Gate:
     backend_key_file: str | None = None
     allow_paths: tuple[str, ...] = ()
     trusted_peers: tuple[str, ...] = ()
-    #: The host's key and certificate (operations/tls.py HOST_PEM) where the gate serves TLS
-    tls_pem: str | None = None
+    #: The host's certificate and its key (operations/tls.py gate_files) where the gate serves
+    #: TLS: one file, or two given in host data
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     @property
     def name(self) -> str:
@@ -160,7 +162,8 @@ def conf_context(gate: Gate) -> dict:
         "dual_stack": gate.listen_host == "::",
         "backend_url": gate.backend_url,
         "backend_timeout": BACKEND_TIMEOUT,
-        "tls_pem": gate.tls_pem,
+        "tls_cert": gate.tls_cert,
+        "tls_key": gate.tls_key,
         "tls_protocols": TLS_PROTOCOLS,
     }
 
@@ -202,8 +205,9 @@ def path_context(gate: Gate, quote) -> dict:
     return {
         "gate_unit": gate.unit,
         "keys_unit": gate.keys_unit,
-        "key_files": [quote(p) for p in (*gate.key_files,
-                                         *filter(None, [gate.backend_key_file, gate.tls_pem]))],
+        # the keys, and the certificate and its key (a reload reads them again)
+        "key_files": [quote(p) for p in dict.fromkeys(filter(None, (
+            *gate.key_files, gate.backend_key_file, gate.tls_cert, gate.tls_key)))],
     }
 
 

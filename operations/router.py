@@ -143,7 +143,7 @@ def router_gate(settings: Settings) -> gate.Gate:
         listen_port=settings.router_port, backend_url=own_url(settings),
         key_files=(settings.router_api_key_file or "",),
         backend_key_file=api_key_file(settings), allow_paths=CLIENT_PATHS,
-        tls_pem=tls.HOST_PEM if tls.needs_tls(settings) and settings.router_is_public else None)
+        **tls.gate_files(settings, settings.router_is_public))
 
 
 def gate_context(settings: Settings) -> dict:

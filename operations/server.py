@@ -210,7 +210,7 @@ def worker_gate(settings: Settings) -> gate.Gate:
         listen_port=settings.server_port, backend_url=backend_url(settings),
         key_files=tuple(filter(None, [settings.api_key_file, settings.fleet_key_file])),
         trusted_peers=tuple(settings.api_gate_trusted_peers),
-        tls_pem=tls.HOST_PEM if tls.needs_tls(settings) else None)
+        **tls.gate_files(settings, settings.server_is_public))
 
 
 def gate_inputs(settings: Settings) -> list[str]:

@@ -205,6 +205,9 @@ class Settings:
     tls_ca_cert_file: str | None = None
     tls_ca_key_file: str | None = None
     tls_names: tuple[str, ...] = ()
+    #: The host's own certificate and key (on the host), in place of one the fleet CA's key issues
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
     router_host: str = "127.0.0.1"
     router_port: int = 8100
     router_backend_port: int = 30100
@@ -603,6 +606,10 @@ RULES: Final[Mapping[str, _Rule]] = {
                               f"PEM certificate {_PATH_DETAIL}", optional=True),
     "tls_ca_key_file": _text(_PATH, "an absolute path on the controller of the fleet CA's PEM "
                              f"private key, mode 0600 {_PATH_DETAIL}", optional=True),
+    "tls_cert_file": _text(_PATH, "an absolute path on the host of this host's PEM certificate "
+                           f"(its chain after it) {_PATH_DETAIL}", optional=True),
+    "tls_key_file": _text(_PATH, "an absolute path on the host of that certificate's PEM "
+                          f"private key, root-only {_PATH_DETAIL}", optional=True),
     "tls_names": _Rule(
         lambda v: isinstance(v, (list, tuple)) and all(_is_tls_name(n) for n in v),
         "a list of DNS names (such as gpu1.lab.example) or IP addresses (no zone) clients reach "
@@ -866,6 +873,12 @@ HELP: Final[Mapping[str, str]] = {
     "tls_ca_key_file": (
         "the fleet CA's private key (PEM, unencrypted, mode 0600), a file on the controller; it "
         "never leaves the controller"),
+    "tls_cert_file": (
+        "this host's own certificate (PEM, its chain after it), a file on the host, in place of "
+        "one the deploy issues: your PKI's, signed by the CA `gpuhost_tls_ca_cert_file` names "
+        "(then `gpuhost_tls_ca_key_file` may be left unset); set together with "
+        "`gpuhost_tls_key_file`; you renew it, and the gate reloads when the file changes"),
+    "tls_key_file": "its private key (PEM), a root-only file on the host (mode 0600, owner root)",
     "tls_names": (
         "more names for this host's certificate, DNS names or IP addresses its clients reach it "
         "by; it always holds the loopback, `localhost`, the fleet address, the bound addresses "
@@ -1128,12 +1141,28 @@ def _check_mok(host: str, s: Settings) -> None:
 
 def _check_tls(host: str, s: Settings) -> None:
     """The fleet CA's certificate and key go together; names need the CA."""
-    pair = {"tls_ca_cert_file": s.tls_ca_cert_file, "tls_ca_key_file": s.tls_ca_key_file}
-    for key, other in (("tls_ca_cert_file", "tls_ca_key_file"),
-                       ("tls_ca_key_file", "tls_ca_cert_file")):
-        if pair[key] is None and pair[other] is not None:
-            raise _fail(host, key, None, f"a path as well, since {PREFIX}{other} is set: the "
-                        "deploy issues certificates with the fleet CA's key and certificate")
+    if s.tls_ca_key_file is not None and s.tls_ca_cert_file is None:
+        raise _fail(host, "tls_ca_cert_file", None, f"a path as well, since {PREFIX}"
+                    "tls_ca_key_file is set: the deploy issues certificates with the fleet CA's "
+                    "key and certificate")
+    own = {"tls_cert_file": s.tls_cert_file, "tls_key_file": s.tls_key_file}
+    for key, other in (("tls_cert_file", "tls_key_file"), ("tls_key_file", "tls_cert_file")):
+        if own[key] is None and own[other] is not None:
+            raise _fail(host, key, None, f"a path as well, since {PREFIX}{other} is set: a "
+                        "certificate and its private key, named together")
+    if s.tls_cert_file is not None and s.tls_ca_cert_file is None:
+        raise _fail(host, "tls_ca_cert_file", None, f"a path, since {PREFIX}tls_cert_file is "
+                    "set: the CA's certificate that signed it, which the router and the "
+                    "deploy's checks verify it with")
+    if s.tls_cert_file is not None and s.tls_cert_file == s.tls_key_file:
+        raise _fail(host, "tls_key_file", s.tls_key_file,
+                    f"a file other than {PREFIX}tls_cert_file's")
+    public = (s.serving and s.server_is_public) or s.router_is_public
+    if s.tls_ca_cert_file is not None and s.tls_ca_key_file is None and public \
+            and s.tls_cert_file is None:
+        raise _fail(host, "tls_ca_key_file", None, f"a path, or {PREFIX}tls_cert_file and "
+                    f"{PREFIX}tls_key_file: this host's endpoints bind wider than the "
+                    "loopback and need a certificate, issued with the fleet CA's key or your own")
     if s.tls_ca_cert_file is not None and s.tls_ca_cert_file == s.tls_ca_key_file:
         raise _fail(host, "tls_ca_key_file", s.tls_ca_key_file,
                     f"a file other than {PREFIX}tls_ca_cert_file's")

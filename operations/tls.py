@@ -33,6 +33,7 @@ import hashlib
 import ipaddress
 import os
 import re
+import shlex
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,8 +47,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pyinfra import host
 from pyinfra.api import FactBase, operation
+from pyinfra.facts.files import File
 from pyinfra.operations import files
 
+from operations.plan import refuse
 from operations.run_exit import end_run
 from operations.secret_template import put_hidden
 from operations.settings import PREFIX, Settings
@@ -80,7 +83,8 @@ class FleetCA:
     """The fleet CA, loaded on the controller."""
 
     cert: x509.Certificate
-    key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey
+    #: None where host data names no key: the hosts bring their own certificates
+    key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey | None
 
     @property
     def cert_pem(self) -> str:
@@ -91,10 +95,12 @@ def _refuse(key: str, value: str, why: str) -> TlsError:
     return TlsError(f"{PREFIX}{key} = {value!r} is not allowed: {why}")
 
 
-def load_ca(cert_file: str, key_file: str, now: datetime.datetime | None = None) -> FleetCA:
-    """The fleet CA from its files on the controller; :class:`TlsError` where they give none
-    (unreadable, not PEM, not a CA, expired or expiring within :data:`RENEW_DAYS`, a key that
-    other users may read, an encrypted key, a key of another certificate)."""
+def load_ca(cert_file: str, key_file: str | None,
+            now: datetime.datetime | None = None) -> FleetCA:
+    """The fleet CA from its files on the controller (``key_file`` None: its certificate alone,
+    to verify with); :class:`TlsError` where they give none (unreadable, not PEM, not a CA,
+    expired or expiring within :data:`RENEW_DAYS`, a key that other users may read, an
+    encrypted key, a key of another certificate)."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
     try:
         cert = x509.load_pem_x509_certificate(open(cert_file, "rb").read())
@@ -114,6 +120,8 @@ def load_ca(cert_file: str, key_file: str, now: datetime.datetime | None = None)
     if cert.not_valid_after_utc - datetime.timedelta(days=RENEW_DAYS) <= now:
         raise _refuse("tls_ca_cert_file", cert_file, f"a CA valid for more than {RENEW_DAYS} "
                       f"days; this one expires on {cert.not_valid_after_utc:%Y-%m-%d}")
+    if key_file is None:
+        return FleetCA(cert=cert, key=None)
     try:
         mode = os.stat(key_file).st_mode
         data = open(key_file, "rb").read()
@@ -189,6 +197,17 @@ def needs_tls(s: Settings) -> bool:
                                                 or s.router_is_public)
 
 
+def gate_files(s: Settings, public: bool) -> dict[str, str | None]:
+    """A gate's ``tls_cert`` and ``tls_key`` (operations/gate.py Gate): None for a gate on
+    the loopback or without a fleet CA; the files host data names
+    (``gpuhost_tls_cert_file``, ``gpuhost_tls_key_file``); else :data:`HOST_PEM`, both."""
+    if not (public and needs_tls(s)):
+        return {"tls_cert": None, "tls_key": None}
+    if s.tls_cert_file is not None:
+        return {"tls_cert": s.tls_cert_file, "tls_key": s.tls_key_file}
+    return {"tls_cert": HOST_PEM, "tls_key": HOST_PEM}
+
+
 def reason_to_issue(current: str | None, ca: FleetCA, names: tuple[str, ...],
                     now: datetime.datetime | None = None) -> str | None:
     """Why the host's certificate (``current``: the PEM on the host, None where there is none)
@@ -218,6 +237,8 @@ def issue(ca: FleetCA, name: str, names: tuple[str, ...],
     """A new private key and a certificate for it that ``ca`` signs, for host ``name`` with
     ``names``: the PEM of both, key first (:data:`HOST_PEM`)."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
+    if ca.key is None:
+        raise TlsError("the fleet CA has no key here: gpuhost_tls_ca_key_file")
     key = ec.generate_private_key(ec.SECP256R1())
     ca_public = ca.cert.public_key()
     not_after = min(now + datetime.timedelta(days=VALID_DAYS), ca.cert.not_valid_after_utc)
@@ -271,8 +292,69 @@ def fingerprint(pem: str) -> str:
     return ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
 
 
+class GivenCertificate(FactBase):
+    """The first certificate of a PEM file on the host (``gpuhost_tls_cert_file``), or None."""
+
+    @staticmethod
+    def command(path: str) -> str:
+        quoted = shlex.quote(path)
+        return (f"if [ -f {quoted} ]; then sed -n '/-----BEGIN CERTIFICATE-----/,"
+                f"/-----END CERTIFICATE-----/{{p;/-----END CERTIFICATE-----/q}}' {quoted}; fi")
+
+    @staticmethod
+    def process(output: list[str]) -> str | None:
+        text = "\n".join(output).strip()
+        return text + "\n" if text else None
+
+
+def given_problem(s: Settings, cert_pem: str | None, key: dict | None,
+                  now: datetime.datetime | None = None) -> str | None:
+    """Why the certificate and key host data names on the host cannot serve (``cert_pem``:
+    :class:`GivenCertificate`; ``key``: pyinfra's File fact of the key), or None. Not checked:
+    the chain up to the CA (nginx sends what the file holds; the router's and the health
+    gate's verification say what is missing)."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    if not key:
+        return (f"{PREFIX}tls_key_file = {s.tls_key_file!r} is not allowed: a root-only file "
+                "on the host (there is none)")
+    if key.get("user") != "root" or int(str(key.get("mode", 0)), 8) & 0o077:
+        return (f"{PREFIX}tls_key_file = {s.tls_key_file!r} is not allowed: a root-only file "
+                f"(mode 0600, owner root; it is {key.get('mode')}, owner {key.get('user')})")
+    if cert_pem is None:
+        return (f"{PREFIX}tls_cert_file = {s.tls_cert_file!r} is not allowed: a PEM "
+                "certificate on the host (there is none, or no -----BEGIN CERTIFICATE-----)")
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem.encode())
+    except ValueError:
+        return (f"{PREFIX}tls_cert_file = {s.tls_cert_file!r} is not allowed: a PEM "
+                "certificate (its first one does not parse)")
+    if cert.not_valid_after_utc <= now:
+        return (f"{PREFIX}tls_cert_file = {s.tls_cert_file!r} is not allowed: a certificate "
+                f"in its validity (it expired on {cert.not_valid_after_utc:%Y-%m-%d})")
+    if s.fleet_address and s.fleet_address not in _names_of(cert):
+        return (f"{PREFIX}tls_cert_file = {s.tls_cert_file!r} is not allowed: a certificate "
+                f"naming the fleet address {s.fleet_address}, at which the router and "
+                f"Prometheus verify it (it names {', '.join(_names_of(cert)) or 'nothing'})")
+    return None
+
+
+def certificates(settings: Settings, ca: FleetCA) -> None:
+    """The TLS stage: the fleet CA's certificate on the host, and the host's own where it
+    has a public endpoint: the one host data names, checked while planning (refused
+    otherwise), or one the fleet CA issues (:func:`host_certificate`)."""
+    if settings.tls_cert_file is not None and needs_tls(settings):
+        problem = given_problem(settings, host.get_fact(GivenCertificate,
+                                                        path=settings.tls_cert_file),
+                                host.get_fact(File, path=settings.tls_key_file))
+        if problem:
+            refuse("TLS", problem)
+            return
+    host_certificate(name="TLS: the fleet CA's certificate and this host's", settings=settings,
+                     ca=ca)
+
+
 @operation()
-def certificates(settings: Settings, ca: FleetCA):
+def host_certificate(settings: Settings, ca: FleetCA):
     """The fleet CA's certificate and the host's key and certificate in /etc/gpuhost/tls,
     issued again where :func:`reason_to_issue` says so (its reason is the change's line)."""
     yield from files.directory._inner(path=TLS_DIR, user="root", group="root", mode="755")
@@ -280,6 +362,9 @@ def certificates(settings: Settings, ca: FleetCA):
                                 group="root", mode="644")
     if not needs_tls(settings):
         host.noop("no public endpoint here: no certificate of its own")
+        return
+    if settings.tls_cert_file is not None:
+        host.noop(f"the gates serve {settings.tls_cert_file}, which host data names")
         return
     names = subject_names(host.name, settings)
     current = host.get_fact(HostCertificate)
@@ -302,10 +387,10 @@ def for_run(settings: Mapping[str, Settings]) -> dict[str, FleetCA]:
     loaded = getattr(state, _LOADED, None)
     if loaded is not None and loaded[0] == dict(settings):
         return loaded[1]
-    cas: dict[tuple[str, str], FleetCA] = {}
-    problems: dict[tuple[str, str], tuple[list[str], str]] = {}
+    cas: dict[tuple[str, str | None], FleetCA] = {}
+    problems: dict[tuple[str, str | None], tuple[list[str], str]] = {}
     for name, s in settings.items():
-        if s.tls_ca_cert_file is None or s.tls_ca_key_file is None:
+        if s.tls_ca_cert_file is None:
             continue
         pair = (s.tls_ca_cert_file, s.tls_ca_key_file)
         if pair in cas:
@@ -322,7 +407,6 @@ def for_run(settings: Mapping[str, Settings]) -> dict[str, FleetCA]:
             f"host{'s' if len(names) > 1 else ''} {', '.join(names)}: {why}"
             for names, why in problems.values()))
     by_host = {name: cas[(s.tls_ca_cert_file, s.tls_ca_key_file)]
-               for name, s in settings.items()
-               if s.tls_ca_cert_file is not None and s.tls_ca_key_file is not None}
+               for name, s in settings.items() if s.tls_ca_cert_file is not None}
     setattr(state, _LOADED, (dict(settings), by_host))
     return by_host

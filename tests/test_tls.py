@@ -172,14 +172,14 @@ def test_tls_reaches_the_gate_the_router_and_the_workers_urls():
     s = fleet_host(gpuhost_router_host="10.0.0.11", gpuhost_router_api_key_file="/root/r",
                    gpuhost_fleet_key_file="/root/f")
     conf = gate.conf_context(server.worker_gate(s))
-    assert conf["tls_pem"] == tls.HOST_PEM
+    assert conf["tls_cert"] == conf["tls_key"] == tls.HOST_PEM
     from jinja2 import Environment, FileSystemLoader
     rendered = Environment(loader=FileSystemLoader("templates")).get_template(
         "gate-nginx.conf.j2").render(**conf)
     assert "listen 0.0.0.0:8000 ssl;" in rendered
     assert f"ssl_certificate {tls.HOST_PEM};" in rendered
     assert "ssl_protocols TLSv1.2 TLSv1.3;" in rendered and "error_page 497 @plain_http;" in rendered
-    assert router.router_gate(s).tls_pem == tls.HOST_PEM
+    assert router.router_gate(s).tls_cert == tls.HOST_PEM
     assert router.unit_context(s)["ca_args"] == f" --ca-cert-paths {tls.CA_PATH}"
     assert server.public_url(s) == "https://127.0.0.1:8000"
     assert "--ca-file" in server.settings_gate_argv(s)
@@ -210,7 +210,12 @@ def test_a_router_and_its_workers_name_one_ca():
 
 
 @pytest.mark.parametrize("data, words", [
-    ({"gpuhost_tls_ca_cert_file": "/ca.crt"}, "gpuhost_tls_ca_key_file = None is not allowed"),
+    ({"gpuhost_tls_ca_cert_file": "/ca.crt", "gpuhost_server_host": "0.0.0.0",
+      "gpuhost_api_key_file": "/k"}, "gpuhost_tls_ca_key_file = None is not allowed: a path, or "
+                                     "gpuhost_tls_cert_file and gpuhost_tls_key_file"),
+    ({"gpuhost_tls_cert_file": "/c.pem"}, "gpuhost_tls_key_file = None is not allowed"),
+    ({"gpuhost_tls_cert_file": "/c.pem", "gpuhost_tls_key_file": "/k.pem"},
+     "gpuhost_tls_ca_cert_file = None is not allowed: a path, since gpuhost_tls_cert_file"),
     ({"gpuhost_tls_ca_key_file": "/ca.key"}, "gpuhost_tls_ca_cert_file = None is not allowed"),
     ({"gpuhost_tls_ca_cert_file": "/c", "gpuhost_tls_ca_key_file": "/c"},
      "gpuhost_tls_ca_key_file = '/c' is not allowed: a file other than"),
@@ -226,3 +231,32 @@ def test_tls_host_data_is_refused_naming_key_and_value(data, words):
     with pytest.raises(SettingsError) as caught:
         for_inventory([("gpu1", data)])
     assert any(words in p for p in caught.value.problems), caught.value.problems
+
+
+def test_a_hosts_own_certificate_is_checked_while_planning(ca_files, tmp_path):
+    ca = tls.load_ca(*ca_files)
+    s = fleet_host(gpuhost_tls_ca_key_file=None, gpuhost_tls_cert_file="/etc/ssl/gpu1.pem",
+                   gpuhost_tls_key_file="/etc/ssl/private/gpu1.key")
+    assert tls.gate_files(s, True) == {"tls_cert": "/etc/ssl/gpu1.pem",
+                                       "tls_key": "/etc/ssl/private/gpu1.key"}
+    assert tls.gate_files(s, False) == {"tls_cert": None, "tls_key": None}
+    pem = tls.issue(ca, "gpu1", ("10.0.0.11",))
+    cert = pem.partition("-----END PRIVATE KEY-----\n")[2]
+    root_only = {"user": "root", "mode": "600"}
+    assert tls.given_problem(s, cert, root_only) is None
+    assert tls.given_problem(s, cert, None).endswith("a root-only file on the host (there is none)")
+    assert "(mode 0600, owner root; it is 644, owner root)" in tls.given_problem(
+        s, cert, {"user": "root", "mode": "644"})
+    assert "a PEM certificate on the host" in tls.given_problem(s, None, root_only)
+    elsewhere = tls.issue(ca, "gpu1", ("10.9.9.9",)).partition("-----END PRIVATE KEY-----\n")[2]
+    assert tls.given_problem(s, elsewhere, root_only) == (
+        "gpuhost_tls_cert_file = '/etc/ssl/gpu1.pem' is not allowed: a certificate naming the "
+        "fleet address 10.0.0.11, at which the router and Prometheus verify it (it names "
+        "10.9.9.9)")
+    later = NOW + datetime.timedelta(days=400)
+    assert "it expired on" in tls.given_problem(s, cert, root_only, later)
+    # the CA's certificate alone is enough to verify with; issuing needs its key
+    verifier = tls.load_ca(ca_files[0], None)
+    assert verifier.key is None
+    with pytest.raises(tls.TlsError):
+        tls.issue(verifier, "gpu1", ("10.0.0.11",))

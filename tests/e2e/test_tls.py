@@ -90,12 +90,14 @@ def make_ca(folder: Path, cn: str) -> tuple[str, str]:
     return str(cert), str(key)
 
 
-def write_inventory(path: Path, ca: tuple[str, str], extra: dict | None = None) -> str:
+def write_inventory(path: Path, ca: tuple[str, str], extra: dict | None = None,
+                    hosts_extra: dict | None = None) -> str:
     entries = []
     for h in json.loads(lab.sandbox("status", "--json").stdout):
         data = lab.fleet_data(h, router=h["name"] == ROUTER_HOST)
         data.update(gpuhost_tls_ca_cert_file=ca[0], gpuhost_tls_ca_key_file=ca[1],
-                    gpuhost_router_health_check_interval_secs=2, **(extra or {}))
+                    gpuhost_router_health_check_interval_secs=2, **(extra or {}),
+                    **(hosts_extra or {}).get(h["name"], {}))
         entries.append((h["name"], data))
     path.write_text("import json\nsandbox = [tuple(e) for e in json.loads("
                     f"{json.dumps(json.dumps(entries))})]\ngpuhost_router = [{ROUTER_HOST!r}]\n")
@@ -238,6 +240,49 @@ def test_a_second_run_issues_nothing(fleet):
     assert "TLS certificate:" not in run.output, run.output[-6000:]
     assert "is valid until" in run.output
     assert {n: h.main_pid("sglang-gate.service") for n, h in hosts.items()} == gates
+
+
+def test_a_hosts_own_certificate_is_served_and_a_readable_key_refused(fleet, tmp_path):
+    """gpu3 brings a certificate of its own (the operator's PKI: made with openssl from the
+    same CA, a key and a CSR signed with ``openssl x509 -req``), named in host data: a key
+    others may read is refused while planning; root-only, the gate serves that certificate
+    and the router reaches gpu3 through it."""
+    hosts, _, ca, _ = fleet
+    gpu3, client, addresses = hosts["gpu3"], hosts[CLIENT_HOST], switch()
+    key, csr, cert = tmp_path / "gpu3.key", tmp_path / "gpu3.csr", tmp_path / "gpu3.crt"
+    (tmp_path / "ext").write_text(f"subjectAltName=IP:{addresses['gpu3']},DNS:gpu3\n"
+                                  "basicConstraints=critical,CA:FALSE\n"
+                                  "extendedKeyUsage=serverAuth\n")
+    subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:P-256", "-noenc", "-subj", "/CN=gpu3", "-keyout", str(key),
+                    "-out", str(csr)], check=True, capture_output=True)
+    subprocess.run(["openssl", "x509", "-req", "-in", str(csr), "-CA", ca[0], "-CAkey", ca[1],
+                    "-set_serial", "4242", "-days", "60", "-extfile", str(tmp_path / "ext"),
+                    "-out", str(cert)], check=True, capture_output=True)
+    gpu3.ssh(f"mkdir -p /etc/ssl/gpuhost && cat > /etc/ssl/gpuhost/gpu3.crt <<'EOF'\n"
+             f"{cert.read_text()}EOF\n(umask 022; cat > /etc/ssl/gpuhost/gpu3.key <<'EOF'\n"
+             f"{key.read_text()}EOF\n)")
+    own = {"gpuhost_tls_cert_file": "/etc/ssl/gpuhost/gpu3.crt",
+           "gpuhost_tls_key_file": "/etc/ssl/gpuhost/gpu3.key"}
+    inventory = write_inventory(tmp_path / "own.py", ca, hosts_extra={"gpu3": own})
+    refused = lab.deploy("--dry", inventory=inventory)
+    assert refused.returncode != 0
+    assert "[gpu3] TLS: refused: gpuhost_tls_key_file = '/etc/ssl/gpuhost/gpu3.key' is not " \
+        "allowed: a root-only file (mode 0600, owner root; it is 644, owner root)" in \
+        refused.output, refused.output[-6000:]
+    gpu3.ssh("chmod 600 /etc/ssl/gpuhost/gpu3.key")
+    run = lab.deploy(inventory=inventory)
+    assert run.returncode == 0, run.output[-6000:]
+    from operations import tls
+    wanted = tls.fingerprint(cert.read_text()).replace(":", "").lower()
+    deadline = time.monotonic() + 30
+    while served_fingerprint(client, addresses["gpu3"], 8000) != wanted:
+        assert time.monotonic() < deadline, "gpu3's gate does not serve its own certificate"
+        time.sleep(1)
+    assert probe(client, f"https://{addresses['gpu3']}:8000/v1/models",
+                 key=lab.API_KEY_FILE) == (200, "ok")
+    urls = json.loads(hosts[ROUTER_HOST].ssh("python3 /root/workers.py"))
+    assert f"https://{addresses['gpu3']}:8000" in urls, urls
 
 
 def test_a_roll_behind_the_tls_router_drops_no_request(fleet, tmp_path):
