@@ -77,5 +77,6 @@ if deploy_lock.held(settings):
         if started is not None:
             router_check(settings, workers, started)
         observability(fleet_settings, the_fleet)  # node exporter, GPU readings, Prometheus
+        shipped_files.retired()  # library files an older gpuhost shipped
 stop_if_refused()
 planned_facts.save()

@@ -6,8 +6,9 @@ nothing on any host (only the Prometheus host is asked, through its HTTP API on 
 Per host: serving or not, the server's sglang version and uptime, requests and output tokens
 per second over the last 5 minutes, requests running and queued, the GPUs' power against their
 limit, the clock event reasons holding them back, the last bench's figures (bench-results/ on
-the controller; operations/status.py says where each figure comes from); and a picture of the
-last hour per host, status-results/fleet-<UTC time>.png.
+the controller; operations/status.py says where each figure comes from); for a host without
+a server, what it runs instead (the router, Prometheus); and a picture of the last hour per
+host, status-results/fleet-<UTC time>.png.
 """
 
 from datetime import datetime, timezone
@@ -23,6 +24,7 @@ from operations.settings import for_run
 from operations.status import (
     PrometheusAnswers,
     PrometheusHour,
+    duties,
     fleet_line,
     host_line,
     last_bench,
@@ -49,7 +51,8 @@ if host.name == on[0]:
     if "error" in answers:
         end_run(f"gpuhost: the Prometheus on {host.name}: {answers['error']}")
     names = [h.name for h in inventory]
-    print("\n".join([*(host_line(n, answers, last_bench(RESULTS_ROOT, n)) for n in names),
+    print("\n".join([*(host_line(n, answers, last_bench(RESULTS_ROOT, n),
+                                  duties(n, the_fleet.routers, on, everyone)) for n in names),
                      fleet_line(names, answers)]), flush=True)
     hour = host.get_fact(PrometheusHour, **asked)
     if "error" not in hour:

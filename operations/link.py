@@ -24,6 +24,16 @@ opened (the link dropped before the upload began) raises pyinfra's ``ConnectErro
 e2e test_multinode, once a no-op's first remote call was an upload). :func:`watch` has
 ``Host.put_file`` and ``Host.get_file`` raise it as ``SSHException``, so it fails that host
 only, said as a lost link.
+
+A host that closes its end (sshd stopped, the host shutting down: a FIN, where a dropped link
+sends nothing) ends paramiko's transport with ``EOFError``, which it keeps and raises again to
+the next command that opens a channel (paramiko 4.0 ``transport.py``: ``run`` saves it,
+``open_channel`` and ``Channel._wait_for_event`` raise ``get_exception()``), and an upload
+under way raises it too (``sftp.py`` ``_write_all``: the channel took no more bytes). pyinfra
+does not catch it (``_run_host_op`` and facts' ``_get_fact`` catch ``TimeoutError``, ``OSError``
+and ``SSHException``): the whole run stopped with a traceback. :func:`watch` has
+``Host.run_shell_command``, ``put_file`` and ``get_file`` raise it as ``SSHException``, so it
+fails that host only, said as a connection the host closed.
 """
 
 from __future__ import annotations
@@ -75,41 +85,63 @@ def bound(host) -> bool:
     return True
 
 
-#: Set on a host whose file transfer could not open its session in this run.
-_TRANSFER_LOST: Final = "_gpuhost_transfer_lost"
+#: Set on a host, for this run, when a call to it found its link gone before paramiko's
+#: transport showed it: the reason to say (a file transfer that could not open its session, a
+#: connection the host closed).
+_LOST: Final = "_gpuhost_link_lost"
+_UNANSWERED: Final = f"its link left data unanswered for {LINK_TIMEOUT_S} s"
+_CLOSED: Final = "the host closed it"
+
+
+def _transport(host):
+    client = getattr(host.connector, "client", None)
+    return client, (client.get_transport() if client is not None else None)
 
 
 def lost(host) -> bool:
     """Whether ``host`` had an SSH link that is gone (paramiko's transport no longer active, or
-    a file transfer that could not open its session)."""
-    if vars(host).get(_TRANSFER_LOST):
+    a call that found it gone: :func:`fails_its_host`)."""
+    if vars(host).get(_LOST):
         return True
-    client = getattr(host.connector, "client", None)
-    transport = client.get_transport() if client is not None else None
+    client, transport = _transport(host)
     return client is not None and (transport is None or not transport.is_active())
 
 
-def fails_its_host(transfer: Callable) -> Callable:
-    """``Host.put_file``/``get_file`` raising pyinfra's ConnectError as SSHException, which
-    pyinfra counts as the host's failure (module docstring)."""
+def _why_lost(host) -> str:
+    """What ended ``host``'s link, in words: the host closed it (an EOF, paramiko's transport
+    keeps it as ``saved_exception``) or it went silent."""
+    _, transport = _transport(host)
+    if isinstance(getattr(transport, "saved_exception", None), EOFError):
+        return _CLOSED
+    return vars(host).get(_LOST) or _UNANSWERED
 
-    @wraps(transfer)
+
+def fails_its_host(call: Callable) -> Callable:
+    """``Host.run_shell_command``/``put_file``/``get_file`` raising pyinfra's ConnectError and
+    paramiko's EOFError as SSHException, which pyinfra counts as the host's failure (module
+    docstring)."""
+
+    @wraps(call)
     def run(self: Host, *args: Any, **kwargs: Any) -> Any:
         try:
-            return transfer(self, *args, **kwargs)
+            return call(self, *args, **kwargs)
         except ConnectError as exc:
-            vars(self)[_TRANSFER_LOST] = True
+            vars(self)[_LOST] = _UNANSWERED
             raise SSHException(f"file transfer: {exc}") from exc
+        except EOFError as exc:
+            vars(self)[_LOST] = _CLOSED
+            raise SSHException(f"connection closed by the host{f': {exc}' if str(exc) else ''}"
+                               ) from exc
 
     run._gpuhost_link = True  # type: ignore[attr-defined]
     return run
 
 
-def _bound_transfers() -> None:
-    for name in ("put_file", "get_file"):
-        transfer = getattr(Host, name)
-        if not getattr(transfer, "_gpuhost_link", False):
-            setattr(Host, name, fails_its_host(transfer))
+def _bound_calls() -> None:
+    for name in ("run_shell_command", "put_file", "get_file"):
+        call = getattr(Host, name)
+        if not getattr(call, "_gpuhost_link", False):
+            setattr(Host, name, fails_its_host(call))
 
 
 class LinkWatch(BaseStateCallback):
@@ -117,6 +149,7 @@ class LinkWatch(BaseStateCallback):
 
     @staticmethod
     def host_connect(state, host):
+        vars(host).pop(_LOST, None)  # a new connection: a link found gone before is not this one
         bound(host)
 
     @staticmethod
@@ -124,15 +157,15 @@ class LinkWatch(BaseStateCallback):
         if not lost(host):
             return
         names = ", ".join(state.get_op_meta(op_hash).names) or "an operation"
-        host.log_styled(f"connection to {host.name} lost during '{names}': its link left "
-                        f"data unanswered for {LINK_TIMEOUT_S} s, so the host is out of this "
-                        "run (run again once it answers)", fg="red", log_func=logger.error)
+        host.log_styled(f"connection to {host.name} lost during '{names}': {_why_lost(host)}, "
+                        "so the host is out of this run (run again once it answers)", fg="red",
+                        log_func=logger.error)
         remote.close(host)
 
 
 def watch(state, host) -> None:
     """Bound this host's link now and every host's later connections (once per run)."""
     bound(host)
-    _bound_transfers()
+    _bound_calls()
     if not any(isinstance(h, LinkWatch) for h in state.callback_handlers):
         state.add_callback_handler(LinkWatch())

@@ -12,6 +12,9 @@ is called while planning, they are read together at the first of them (``fact_ba
 again together after anything changed the host. The operations themselves are pyinfra's,
 unchanged: they decide from those facts exactly as before, so ``--dry`` and a real run plan the
 same changes, with the same modes, owners and parent folders.
+
+And the files gpuhost no longer ships: :func:`retired` removes them from a host an older
+gpuhost left them on.
 """
 
 from __future__ import annotations
@@ -20,13 +23,20 @@ import functools
 import inspect
 import posixpath
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
+from pyinfra.api.operation import OperationMeta
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.operations import files
 
-from operations import fact_cache
+from operations import LIB_DIR, fact_cache
+
+#: Scripts an older gpuhost shipped to LIB_DIR and no stage ships now, so a host upgraded from
+#: it kept them: ``api_gate.py``, gpuhost's own API key gate, retired when the gates became
+#: nginx from the distribution (commit c69a94f, docs/security.md). A name goes here when its
+#: script leaves operations/files/.
+RETIRED: Final = ("api_gate.py",)
 
 Reads = Iterator[tuple[Any, str]]  # (fact class, path)
 
@@ -90,3 +100,15 @@ def install() -> None:
         operation = getattr(files, name)
         if not getattr(operation, "_gpuhost_announcing", False):
             setattr(files, name, _announcing(operation, reads))
+
+
+def retired(lib_dir: str = LIB_DIR) -> list[OperationMeta]:
+    """Remove :data:`RETIRED` from ``lib_dir`` (pyinfra's ``files.file`` with ``present=False``:
+    ``rm -f`` where the file is, no change where it is not).
+
+    Called after the server and router stages: until they have replaced a gate's unit, an older
+    unit may still run ``api_gate.py`` (started again at a reboot of the NVIDIA stage); a host
+    that fails before them keeps the file with the unit that needs it."""
+    return [files.file(name=f"Remove {lib_dir}/{name} (no longer shipped)",
+                       path=f"{lib_dir}/{name}", present=False)
+            for name in RETIRED]

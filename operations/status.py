@@ -9,7 +9,8 @@ its uptime (the node exporter's
 ``node_systemd_unit_start_time_seconds`` of sglang.service), requests and output tokens per
 second over the last 5 minutes (sglang's ``num_requests_total`` and ``generation_tokens_total``),
 the GPUs' power against their limit (DCGM_FI_DEV_POWER_USAGE over DCGM_FI_DEV_POWER_MGMT_LIMIT,
-all GPUs of the host together) and the clock event reasons seen on any GPU (NVML's bits).
+all GPUs of the host together), the clock event reasons seen on any GPU (NVML's bits), and
+whether the router answers (``up`` of smg's target, on the Prometheus host).
 Beside them, from the controller's bench-results/ (bench.py), the host's last bench: its best
 level's output tokens per second, p99 time to first token and power against the limit.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -48,6 +49,9 @@ QUERIES: Final = {
     **{f"reason_{name}": f"max by (host) (floor(DCGM_FI_DEV_CLOCKS_EVENT_REASONS / {bit}) % 2)"
        for name, bit in REASON_BITS.items()},
     "version": "max by (host, sglang) (gpuhost_server_info)",
+    # smg's own metrics, scraped on the Prometheus host's loopback, labelled with that host
+    # (operations/observability.py scrape_targets, job "smg")
+    "router_up": 'max by (host) (up{job="smg"})',
 }
 #: Queries whose answer is a label's value, not the sample's: name -> label.
 LABELS: Final = {"version": "sglang"}
@@ -218,15 +222,33 @@ def last_bench(root: Path, name: str) -> str | None:
     return None
 
 
+def duties(name: str, routers: Collection[str], prometheus: Collection[str],
+           settings: Mapping[str, Any]) -> tuple[str, ...]:
+    """What host ``name`` runs for the fleet besides a server: the router (smg) on a host of
+    the ``gpuhost_router`` group (operations/fleet.py), Prometheus where it runs
+    (operations/observability.py ``prometheus_hosts``), and Alertmanager beside it where its
+    data names a webhook (``gpuhost_alert_webhook_url``)."""
+    runs = ["the router"] if name in routers else []
+    if name in prometheus:
+        runs.append("Prometheus")
+        if getattr(settings.get(name), "alert_webhook_url", None):
+            runs.append("Alertmanager")
+    return tuple(runs)
+
+
 def host_line(name: str, answers: Mapping[str, Mapping[str, Any]],
-              bench: str | None = None) -> str:
-    """One host's line, from :class:`PrometheusAnswers` (and :func:`last_bench`'s words)."""
+              bench: str | None = None, runs: Sequence[str] = ()) -> str:
+    """One host's line, from :class:`PrometheusAnswers` (and :func:`last_bench`'s words); a
+    host without a server target says what it runs instead (:func:`duties`)."""
     def get(key: str) -> Any:
         return answers.get(key, {}).get(name)
 
     up = get("up")
     parts = [f"{name}:"]
-    if up is None:
+    if up is None and runs:
+        listed = ", ".join(runs[:-1]) + " and " + runs[-1] if len(runs) > 1 else runs[0]
+        parts.append(f"runs {listed}, no server")
+    elif up is None:
         parts.append("no server target")
     else:
         parts.append("serving" if up == 1 else "NOT SERVING")
@@ -241,6 +263,9 @@ def host_line(name: str, answers: Mapping[str, Mapping[str, Any]],
         running, queued = get("running"), get("queued")
         if running is not None:
             parts.append(f"{running:.0f} running, {queued or 0:.0f} queued")
+    router = get("router_up")
+    if router is not None:
+        parts.append("router up" if router == 1 else "ROUTER DOWN")
     power, limit, gpus = get("power_w"), get("power_limit_w"), get("gpus")
     if power is not None and limit:
         parts.append(f"{gpus or 0:.0f} GPUs at {power:.0f} W of {limit:.0f} W "

@@ -125,9 +125,82 @@ def test_a_transfer_that_cannot_open_its_session_fails_its_host_as_a_lost_link(t
 def test_pyinfras_transfers_are_wrapped_once(monkeypatch):
     from pyinfra.api.host import Host
 
+    monkeypatch.setattr(Host, "run_shell_command", lambda self, *a, **k: (True, None))
     monkeypatch.setattr(Host, "put_file", lambda self, *a, **k: True)
     monkeypatch.setattr(Host, "get_file", lambda self, *a, **k: True)
-    link._bound_transfers()
+    link._bound_calls()
     wrapped = Host.put_file
-    link._bound_transfers()
+    link._bound_calls()
     assert Host.put_file is wrapped and wrapped._gpuhost_link and Host.get_file._gpuhost_link
+    assert Host.run_shell_command._gpuhost_link
+
+
+def test_a_connection_the_host_closed_fails_its_host_as_a_lost_link(tcp):
+    """paramiko's transport keeps the EOFError that ended it and raises it again to the next
+    command that opens a channel (transport.py, open_channel), which pyinfra does not catch."""
+    from paramiko import SSHException
+
+    def run_shell_command(self, *args, **kwargs):
+        raise EOFError()
+
+    host = FakeHost(Client(Transport(tcp)))
+    with pytest.raises(SSHException, match="^connection closed by the host$"):
+        link.fails_its_host(run_shell_command)(host, "true")
+    link.LinkWatch.operation_host_error(_state(), host, "op")
+    assert host.said == ["connection to gpu2 lost during 'Unit sglang.service': the host "
+                         "closed it, so the host is out of this run (run again once it "
+                         "answers)"]
+
+
+def test_a_transport_ended_by_an_eof_says_the_host_closed_it(tcp):
+    transport = Transport(tcp, active=False)
+    transport.saved_exception = EOFError()
+    host = FakeHost(Client(transport))
+    link.LinkWatch.operation_host_error(_state(), host, "op")
+    assert host.said[0].endswith("lost during 'Unit sglang.service': the host closed it, so "
+                                 "the host is out of this run (run again once it answers)")
+
+
+def test_a_reconnected_host_is_not_lost_for_an_earlier_eof(tcp):
+    def run_shell_command(self, *args, **kwargs):
+        raise EOFError()
+
+    host = FakeHost(Client(Transport(tcp)))
+    with pytest.raises(Exception):
+        link.fails_its_host(run_shell_command)(host, "cat /proc/sys/kernel/random/boot_id")
+    link.LinkWatch.host_connect(None, host)  # e.g. back after a reboot
+    assert not link.lost(host)
+
+
+def test_pyinfra_fails_only_the_host_whose_connection_closed(monkeypatch):
+    """pyinfra's own run of an operation (api/operations.py, run_host_op): an EOFError from
+    paramiko went uncaught, out of the run with a traceback; now the host fails, said once."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.host import Host
+    from pyinfra.api.operation import add_op
+    from pyinfra.api.operations import run_host_op
+    from pyinfra.api.state import StateStage
+    from pyinfra.context import ctx_host, ctx_state
+    from pyinfra.operations import server
+
+    for name in ("run_shell_command", "put_file", "get_file"):
+        monkeypatch.setattr(Host, name, getattr(Host, name))
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory, Config())
+    state.current_stage = StateStage.Prepare
+    target = inventory.get_host("@local")
+    said: list[str] = []
+    monkeypatch.setattr(target, "log_styled", lambda message, **kw: said.append(message))
+    with ctx_state.use(state), ctx_host.use(target):
+        target.connect()
+        link.watch(state, target)
+        add_op(state, server.shell, name="Check the unit", commands=["true"], host=target)
+
+        def closed(*args, **kwargs):
+            raise EOFError()
+
+        monkeypatch.setattr(target.connector, "run_shell_command", closed)
+        state.current_stage = StateStage.Execute
+        assert run_host_op(state, target, state.get_op_order()[0]) is False
+    assert said == ["connection to @local lost during 'Check the unit': the host closed it, "
+                    "so the host is out of this run (run again once it answers)"]

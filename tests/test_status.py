@@ -42,6 +42,41 @@ def test_host_and_fleet_lines():
         "GPUs at 3260 W of 9600 W (34 %)")
 
 
+def test_a_cpu_only_router_host_says_what_it_runs():
+    """A router host with gpuhost_serving = False has no server target: its line says what it
+    runs instead, and whether its router answers Prometheus' scrape (job smg)."""
+    from types import SimpleNamespace
+
+    settings = {"r1": SimpleNamespace(alert_webhook_url="http://127.0.0.1:9999/hook"),
+                "r2": SimpleNamespace(alert_webhook_url=None),
+                "gpu1": SimpleNamespace(alert_webhook_url=None)}
+    routers, prometheus = ("r1", "r2"), ("r1",)
+    assert status.duties("r1", routers, prometheus, settings) == (
+        "the router", "Prometheus", "Alertmanager")
+    assert status.duties("r2", routers, prometheus, settings) == ("the router",)
+    assert status.duties("gpu1", routers, prometheus, settings) == ()
+    answers = {**ANSWERS, "router_up": {"r1": 1.0}}
+    assert status.host_line("r1", answers, None, ("the router", "Prometheus")) == (
+        "r1: runs the router and Prometheus, no server; router up")
+    assert status.host_line("r1", answers, None, ("the router", "Prometheus",
+                                                  "Alertmanager")) == (
+        "r1: runs the router, Prometheus and Alertmanager, no server; router up")
+    assert status.host_line("r1", {"router_up": {"r1": 0.0}}, None, ("the router",)) == (
+        "r1: runs the router, no server; ROUTER DOWN")
+    assert status.host_line("r2", answers, None, ("the router",)) == (
+        "r2: runs the router, no server")
+    assert status.host_line("gpu1", answers, None, ()) == status.host_line("gpu1", ANSWERS)
+    assert status.fleet_line(["gpu1", "gpu2", "r1"], answers).startswith(
+        "fleet: 1 of 2 server(s) serving; ")
+
+
+def test_a_serving_router_host_says_its_router_too():
+    answers = {**ANSWERS, "router_up": {"gpu1": 0.0}}
+    assert status.host_line("gpu1", answers, None, ("the router", "Prometheus")) == (
+        "gpu1: serving; sglang 0.5.9; up 2 h 5 min; 1.50 req/s, 225.0 output tok/s (5 min); "
+        "64 running, 3 queued; ROUTER DOWN; 8 GPUs at 2620 W of 4800 W (55 %); no throttling")
+
+
 class _Prometheus(BaseHTTPRequestHandler):
     """/api/v1/query as Prometheus answers an instant query (its HTTP API docs); with
     ``password`` set, 401 without that basic auth (its --web.config.file)."""
