@@ -242,7 +242,8 @@ def test_status_prints_the_fleet_and_draws_its_hour(fleet):
                          lines[name]), lines[name]
     assert re.search(rf"; last bench {made.group(1)}: \d+\.\d output tok/s at \d+ concurrent, "
                      r"p99 TTFT \d+ ms, power \d+ % of limit$", lines["gpu1"]), lines["gpu1"]
-    assert lines[ROUTER_HOST] == f"{ROUTER_HOST}: no server target"
+    assert lines[ROUTER_HOST] == (f"{ROUTER_HOST}: runs the router, Prometheus and Alertmanager, "
+                                  "no server; router up")
     assert lines["fleet"].startswith("fleet: 2 of 2 server(s) serving; ")
     picture = re.search(r"the last hour: (status-results/fleet-\S+\.png)", run.output)
     assert picture, run.output[-3000:]
