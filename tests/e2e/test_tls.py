@@ -238,7 +238,6 @@ def test_a_second_run_issues_nothing(fleet):
     run = lab.deploy("--json", inventory=inventory)
     assert run.returncode == 0, run.output[-6000:]
     assert "TLS certificate:" not in run.output, run.output[-6000:]
-    assert "is valid until" in run.output
     assert {n: h.main_pid("sglang-gate.service") for n, h in hosts.items()} == gates
 
 
