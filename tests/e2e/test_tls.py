@@ -185,6 +185,29 @@ def test_the_router_and_every_worker_answer_over_tls_with_the_fleet_ca(fleet):
                  user="nobody")[0] == 401
 
 
+def test_prometheus_scrapes_the_servers_over_tls(fleet):
+    """Prometheus on the router host scrapes each server through its gate over https,
+    verifying with the fleet CA (its own host's through the gate at the loopback)."""
+    from tests.e2e.test_observability import GET, PASSWORD_FILE
+    hosts, _, _, _ = fleet
+    router = hosts[ROUTER_HOST]
+    deadline = time.monotonic() + 120
+    while True:
+        out = router.ssh(f"cd / && python3 - 'http://127.0.0.1:9090/api/v1/targets' "
+                         f"{PASSWORD_FILE} <<'EOF'\n{GET}EOF")
+        status, _, body = out.partition("\n")
+        assert status.strip() == "200", out[-2000:]
+        seen = {t["labels"]["host"]: (t["health"], t["scrapeUrl"], t["lastError"])
+                for t in json.loads(body)["data"]["activeTargets"]
+                if t["labels"]["job"] == "sglang"}
+        if sorted(seen) == ["gpu1", "gpu2", "gpu3"] and all(
+                health == "up" for health, _, _ in seen.values()):
+            break
+        assert time.monotonic() < deadline, seen
+        time.sleep(5)
+    assert all(url.startswith("https://") for _, url, _ in seen.values()), seen
+
+
 def test_an_expiring_certificate_is_issued_again_and_the_gate_reloads(fleet):
     """gpu2's certificate, from the fleet CA but expiring in 10 days, put by hand: the next
     converge issues it again, the gate serves the new one, and neither the server nor the gate
