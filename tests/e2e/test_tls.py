@@ -164,10 +164,9 @@ def test_the_router_and_every_worker_answer_over_tls_with_the_fleet_ca(fleet):
         status, reason = probe(client, worker, ca="/root/other-ca.crt")
         assert status == 0 and "CERTIFICATE_VERIFY_FAILED" in reason, (name, reason)
         # plain HTTP on the TLS port: 400, never a redirect, never the model
-        status, reason = probe(client, f"http://{addresses[name]}:8000/v1/models",
-                               key=lab.API_KEY_FILE)
+        status, reason = probe(client, f"http://{addresses[name]}:8000/v1/models", key="-")
         assert status == 400 and "use https://" in reason, (name, status, reason)
-    status, reason = probe(client, f"http://{addresses[ROUTER_HOST]}:8100/v1/models")
+    status, reason = probe(client, f"http://{addresses[ROUTER_HOST]}:8100/v1/models", key="-")
     assert status == 400 and "use https://" in reason, (status, reason)
     # the router reaches its workers over TLS (verified with the CA: smg --ca-cert-paths)
     urls = json.loads(hosts[ROUTER_HOST].ssh("python3 /root/workers.py"))
