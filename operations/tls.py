@@ -163,7 +163,9 @@ def subject_names(name: str, s: Settings) -> tuple[str, ...]:
             names.add(bound)
     if _is_address(name) or _DNS_NAME.fullmatch(name):
         names.add(name)
-    return tuple(sorted(names))
+    # an address as a certificate gives it back (fd00:0::1 is fd00::1), so that the names
+    # compare equal to the certificate's own (:func:`_names_of`)
+    return tuple(sorted({str(ipaddress.ip_address(n)) if _is_address(n) else n for n in names}))
 
 
 def _is_address(value: str) -> bool:
@@ -331,7 +333,7 @@ def given_problem(s: Settings, cert_pem: str | None, key: dict | None,
     if cert.not_valid_after_utc <= now:
         return (f"{PREFIX}tls_cert_file = {s.tls_cert_file!r} is not allowed: a certificate "
                 f"in its validity (it expired on {cert.not_valid_after_utc:%Y-%m-%d})")
-    if s.fleet_address and s.fleet_address not in _names_of(cert):
+    if s.fleet_address and str(ipaddress.ip_address(s.fleet_address)) not in _names_of(cert):
         return (f"{PREFIX}tls_cert_file = {s.tls_cert_file!r} is not allowed: a certificate "
                 f"naming the fleet address {s.fleet_address}, at which the router and "
                 f"Prometheus verify it (it names {', '.join(_names_of(cert)) or 'nothing'})")

@@ -260,3 +260,13 @@ def test_a_hosts_own_certificate_is_checked_while_planning(ca_files, tmp_path):
     assert verifier.key is None
     with pytest.raises(tls.TlsError):
         tls.issue(verifier, "gpu1", ("10.0.0.11",))
+
+
+def test_an_ipv6_address_written_long_is_the_certificates_short_one(ca_files):
+    ca = tls.load_ca(*ca_files)
+    s = fleet_host(gpuhost_fleet_address="fd00:0:0::11", gpuhost_server_host="::",
+                   gpuhost_tls_names=["FD00:0::12"])
+    names = tls.subject_names("gpu1", s)
+    assert "fd00::11" in names and "fd00::12" in names
+    cert = tls.issue(ca, "gpu1", names).partition("-----END PRIVATE KEY-----\n")[2]
+    assert tls.reason_to_issue(cert, ca, names) is None  # no new certificate every run
