@@ -94,7 +94,8 @@ def test_a_certificate_outlives_neither_its_ca_nor_starts_after_the_host_clock(t
     from cryptography import x509
     cert = x509.load_pem_x509_certificate(pem.partition("-----END PRIVATE KEY-----\n")[2].encode())
     assert cert.not_valid_after_utc <= ca.cert.not_valid_after_utc
-    assert cert.not_valid_before_utc <= NOW - datetime.timedelta(minutes=4)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    assert cert.not_valid_before_utc <= now - datetime.timedelta(minutes=4)
 
 
 @pytest.mark.parametrize("case, expected", [

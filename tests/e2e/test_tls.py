@@ -29,6 +29,8 @@ MAKE_CA = ("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -noenc
            "-subj '/CN={cn}' -addext 'basicConstraints=critical,CA:TRUE' "
            "-addext 'keyUsage=critical,keyCertSign,cRLSign' -keyout {key} -out {cert}")
 ROLL_REQUESTS = 3000
+#: Clients sending at once during the roll: enough that most of the 3000 fall within it
+CLIENT_THREADS = 8
 
 #: One request: URL, CA file, key file or "-", then prints "<status> <reason>" (status 0: no
 #: HTTP answer, the reason the TLS or connection error).
@@ -47,31 +49,50 @@ except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
     print(0, type(getattr(exc, "reason", exc)).__name__, str(getattr(exc, "reason", exc))[:120])
 """
 
-#: Chat completions through the router over TLS until at least ``minimum`` were sent and the
-#: stop file is there (or ``limit`` seconds passed); prints its counts.
+#: Chat completions through the router over TLS from ``threads`` clients at once, until the
+#: stop file is there and at least ``minimum`` were sent (or ``limit`` seconds passed); prints
+#: its counts, and how many were sent before the stop file appeared (during the deploy).
 CLIENT = r"""
-import json, os, ssl, sys, time, urllib.request
-url, ca, key_file, minimum, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), \
-    float(sys.argv[5])
+import json, os, ssl, sys, threading, time, urllib.request
+url, ca, key_file, minimum, limit, threads = sys.argv[1], sys.argv[2], sys.argv[3], \
+    int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
 key = open(key_file).read().strip()
 context = ssl.create_default_context(cafile=ca)
-ok = failed = 0; errors = []; start = time.monotonic()
-while time.monotonic() - start < limit:
-    if ok + failed >= minimum and os.path.exists("/tmp/client.stop"):
-        break
-    body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content":
-                       f"q{ok + failed} {time.time()}"}], "max_tokens": 4}).encode()
-    req = urllib.request.Request(url + "/v1/chat/completions", body,
-                                 {"content-type": "application/json",
-                                  "Authorization": "Bearer " + key})
-    try:
-        with urllib.request.urlopen(req, timeout=30, context=context) as r:
-            json.loads(r.read())["choices"][0]; ok += 1
-    except Exception as exc:
-        failed += 1; errors.append(type(exc).__name__ + ": " + str(getattr(exc, "code", exc)))
-    time.sleep(0.02)
-print(json.dumps({"requests": ok + failed, "ok": ok, "failed": failed, "errors": errors[:5],
-                  "seconds": round(time.monotonic() - start, 1)}))
+counts = {"ok": 0, "failed": 0, "during": None}; errors = []; lock = threading.Lock()
+start = time.monotonic()
+
+def send():
+    while time.monotonic() - start < limit:
+        with lock:
+            sent = counts["ok"] + counts["failed"]
+            if os.path.exists("/tmp/client.stop"):
+                if counts["during"] is None:
+                    counts["during"] = sent
+                if sent >= minimum:
+                    return
+        body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content":
+                           f"q{sent} {time.time()}"}], "max_tokens": 4}).encode()
+        req = urllib.request.Request(url + "/v1/chat/completions", body,
+                                     {"content-type": "application/json",
+                                      "Authorization": "Bearer " + key})
+        try:
+            with urllib.request.urlopen(req, timeout=30, context=context) as r:
+                json.loads(r.read())["choices"][0]
+            with lock:
+                counts["ok"] += 1
+        except Exception as exc:
+            with lock:
+                counts["failed"] += 1
+                errors.append(type(exc).__name__ + ": " + str(getattr(exc, "code", exc)))
+
+workers = [threading.Thread(target=send) for _ in range(threads)]
+for w in workers:
+    w.start()
+for w in workers:
+    w.join()
+print(json.dumps({"requests": counts["ok"] + counts["failed"], "ok": counts["ok"],
+                  "failed": counts["failed"], "during_deploy": counts["during"],
+                  "errors": errors[:5], "seconds": round(time.monotonic() - start, 1)}))
 """
 
 #: The router's worker URLs, read on its loopback with the control key (root only).
@@ -314,8 +335,8 @@ def test_a_roll_behind_the_tls_router_drops_no_request(fleet, tmp_path):
     before = {n: h.main_pid("sglang.service") for n, h in hosts.items()}
     url = f"https://{addresses[ROUTER_HOST]}:8100"
     client.ssh(f"rm -f /tmp/client.stop /tmp/client.out; nohup python3 /root/client.py {url} "
-               f"/root/fleet-ca.crt /root/client.key {ROLL_REQUESTS} 1800 > /tmp/client.out "
-               "2>&1 < /dev/null &")
+               f"/root/fleet-ca.crt /root/client.key {ROLL_REQUESTS} 1800 {CLIENT_THREADS} "
+               "> /tmp/client.out 2>&1 < /dev/null &")
     try:
         time.sleep(3)
         run = lab.deploy(inventory=inventory)
@@ -328,8 +349,9 @@ def test_a_roll_behind_the_tls_router_drops_no_request(fleet, tmp_path):
             assert time.monotonic() < deadline
             time.sleep(2)
     result = json.loads(client.ssh("cat /tmp/client.out").strip().splitlines()[-1])
-    print(f"\nthrough the TLS router while 3 servers rolled: {result['requests']} requests, "
-          f"{result['failed']} failed, {result['seconds']} s")
+    print(f"\nthrough the TLS router while 3 servers rolled: {result['requests']} requests "
+          f"({result['during_deploy']} of them during the deploy), {result['failed']} failed, "
+          f"{result['seconds']} s, {CLIENT_THREADS} clients at once")
     assert result["failed"] == 0 and result["requests"] >= ROLL_REQUESTS, result
     after = {n: h.main_pid("sglang.service") for n, h in hosts.items()}
     assert all(after[n] != before[n] for n in before), (before, after)
