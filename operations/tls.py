@@ -44,7 +44,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, SignatureAlgorithmOID
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.facts.files import File
@@ -102,14 +102,16 @@ def load_ca(cert_file: str, key_file: str | None,
     expired or expiring within :data:`RENEW_DAYS`, a key that other users may read, an
     encrypted key, a key of another certificate)."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
+    data = _read("tls_ca_cert_file", cert_file)[1]
     try:
-        cert = x509.load_pem_x509_certificate(open(cert_file, "rb").read())
-    except OSError as exc:
-        raise _refuse("tls_ca_cert_file", cert_file,
-                      f"a readable file on the controller ({exc.strerror})") from None
+        certs = x509.load_pem_x509_certificates(data)
     except ValueError:
         raise _refuse("tls_ca_cert_file", cert_file, "a PEM certificate (-----BEGIN "
                       "CERTIFICATE-----), the fleet CA's") from None
+    if len(certs) > 1:
+        raise _refuse("tls_ca_cert_file", cert_file, f"one certificate, the fleet CA's (this "
+                      f"file holds {len(certs)}: the hosts would get the first alone)")
+    cert = certs[0]
     try:
         constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
     except x509.ExtensionNotFound:
@@ -120,14 +122,12 @@ def load_ca(cert_file: str, key_file: str | None,
     if cert.not_valid_after_utc - datetime.timedelta(days=RENEW_DAYS) <= now:
         raise _refuse("tls_ca_cert_file", cert_file, f"a CA valid for more than {RENEW_DAYS} "
                       f"days; this one expires on {cert.not_valid_after_utc:%Y-%m-%d}")
+    problem = _unusable_ca(cert, now)
+    if problem:
+        raise _refuse("tls_ca_cert_file", cert_file, problem)
     if key_file is None:
         return FleetCA(cert=cert, key=None)
-    try:
-        mode = os.stat(key_file).st_mode
-        data = open(key_file, "rb").read()
-    except OSError as exc:
-        raise _refuse("tls_ca_key_file", key_file,
-                      f"a readable file on the controller ({exc.strerror})") from None
+    mode, data = _read("tls_ca_key_file", key_file)
     if stat.S_IMODE(mode) & 0o077:
         raise _refuse("tls_ca_key_file", key_file, f"a file only its owner may read or write "
                       f"(its mode is {stat.S_IMODE(mode):04o}; chmod 600 it)")
@@ -148,6 +148,73 @@ def load_ca(cert_file: str, key_file: str | None,
         raise _refuse("tls_ca_key_file", key_file, f"the private key of "
                       f"{PREFIX}tls_ca_cert_file's certificate ({cert_file}); it is another's")
     return FleetCA(cert=cert, key=key)
+
+
+#: The most a fleet CA's file may hold: a PEM certificate or private key is a few KiB (RSA
+#: 4096: about 3.3 KiB), and the deploy reads the file whole.
+MAX_PEM_BYTES: Final = 1 << 20
+
+
+def _read(key: str, path: str) -> tuple[int, bytes]:
+    """The mode and the bytes of a file on the controller (a symlink followed), or
+    :class:`TlsError`: not a regular file (a directory, a device, a FIFO would hang the run),
+    larger than :data:`MAX_PEM_BYTES`, unreadable."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refuse(key, path, "a regular file on the controller (this is "
+                          f"{_KINDS.get(stat.S_IFMT(info.st_mode), 'not one')})")
+        if info.st_size > MAX_PEM_BYTES:
+            raise _refuse(key, path, f"a PEM file of at most {MAX_PEM_BYTES} bytes (this one "
+                          f"has {info.st_size})")
+        with open(path, "rb") as f:
+            return info.st_mode, f.read(MAX_PEM_BYTES + 1)
+    except OSError as exc:
+        raise _refuse(key, path, f"a readable file on the controller ({exc.strerror})") from None
+
+
+_KINDS: Final = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device",
+                 stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO",
+                 stat.S_IFSOCK: "a socket"}
+
+
+def _unusable_ca(cert: x509.Certificate, now: datetime.datetime) -> str | None:
+    """Why the certificates a CA's certificate signs would not verify at the hosts' clients
+    (OpenSSL 3 at Debian's security level 2 in nginx, curl and Python; rustls in smg; Go in
+    Prometheus), or None. Each was seen to fail there (OpenSSL 3.0 ``verify``, curl): a CA
+    not yet valid ("certificate is not yet valid"), a keyUsage without keyCertSign ("invalid
+    CA certificate", RFC 5280 4.2.1.3), a CA that is not self-signed (the hosts trust the file
+    alone, and OpenSSL wants a chain ending at a root: "unable to get local issuer
+    certificate"), an RSA key under 2048 bits ("CA certificate key too weak", SECLEVEL 2), an
+    RSASSA-PSS key (this module signs PKCS#1 v1.5). The key types are the Mozilla Root Store
+    Policy's (section 5.1: RSA of at least 2048 bits, ECDSA on P-256 or P-384, which rustls
+    and Go verify; Ed25519 as well, which OpenSSL, rustls and Go verify)."""
+    if cert.not_valid_before_utc > now:
+        return (f"a CA already valid; this one starts on "
+                f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC (by the controller's clock)")
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        usage = None
+    if usage is not None and not usage.key_cert_sign:
+        return "a CA whose keyUsage includes keyCertSign; this one's does not"
+    try:
+        self_signed = cert.issuer == cert.subject
+        cert.verify_directly_issued_by(cert)
+    except (ValueError, TypeError, InvalidSignature):
+        self_signed = False
+    if not self_signed:
+        return (f"a root CA's certificate, self-signed (the hosts trust this file alone); "
+                f"this one is issued by {cert.issuer.rfc4514_string()}")
+    if cert.signature_algorithm_oid == SignatureAlgorithmOID.RSASSA_PSS:
+        return "an RSA (PKCS#1), ECDSA P-256 or P-384, or Ed25519 CA; this one's key is RSA-PSS"
+    public = cert.public_key()
+    if isinstance(public, rsa.RSAPublicKey) and public.key_size < 2048:
+        return f"an RSA key of at least 2048 bits; this one has {public.key_size}"
+    if isinstance(public, ec.EllipticCurvePublicKey) and \
+            not isinstance(public.curve, (ec.SECP256R1, ec.SECP384R1)):
+        return f"an ECDSA key on P-256 or P-384; this one is on {public.curve.name}"
+    return None
 
 
 def subject_names(name: str, s: Settings) -> tuple[str, ...]:
@@ -240,7 +307,6 @@ def issue(ca: FleetCA, name: str, names: tuple[str, ...],
     if ca.key is None:
         raise TlsError("the fleet CA has no key here: gpuhost_tls_ca_key_file")
     key = ec.generate_private_key(ec.SECP256R1())
-    ca_public = ca.cert.public_key()
     not_after = min(now + datetime.timedelta(days=VALID_DAYS), ca.cert.not_valid_after_utc)
     cert = (
         x509.CertificateBuilder()
@@ -260,13 +326,36 @@ def issue(ca: FleetCA, name: str, names: tuple[str, ...],
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
                        critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_public),  # type: ignore[arg-type]
-                       critical=False)
-        .sign(ca.key, None if isinstance(ca.key, ed25519.Ed25519PrivateKey) else hashes.SHA256())
+        .add_extension(_authority_key_id(ca.cert), critical=False)
+        .sign(ca.key, _signature_hash(ca.key))
     )
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption()).decode()
     return key_pem + cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def _authority_key_id(ca_cert: x509.Certificate) -> x509.AuthorityKeyIdentifier:
+    """The authorityKeyIdentifier of a certificate the CA signs: the CA's own
+    subjectKeyIdentifier where it has one (RFC 5280 4.2.1.1; OpenSSL looks the issuer up by it,
+    and a CA made by another tool may have computed it otherwise than SHA-1 of the key, as Go
+    1.25's truncated SHA-256 does: "unable to get local issuer certificate"), else one from its
+    public key."""
+    try:
+        ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        public = ca_cert.public_key()
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(public)  # type: ignore[arg-type]
+    return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
+
+
+def _signature_hash(key: object) -> hashes.HashAlgorithm | None:
+    """The hash the CA signs with: none for Ed25519, SHA-384 for a P-384 key (the Mozilla Root
+    Store Policy's pairs, section 5.1.2: P-256 with SHA-256, P-384 with SHA-384), else SHA-256."""
+    if isinstance(key, ed25519.Ed25519PrivateKey):
+        return None
+    if isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve, ec.SECP384R1):
+        return hashes.SHA384()
+    return hashes.SHA256()
 
 
 class HostCertificate(FactBase):

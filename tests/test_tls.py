@@ -260,3 +260,142 @@ def test_a_hosts_own_certificate_is_checked_while_planning(ca_files, tmp_path):
     assert verifier.key is None
     with pytest.raises(tls.TlsError):
         tls.issue(verifier, "gpu1", ("10.0.0.11",))
+
+
+def _ca_made_in_python(folder: Path, name: str, key, days_from: float = -1.0,
+                       ski: bytes | None = None) -> tuple[str, str]:
+    """A self-signed CA (basicConstraints CA:TRUE, keyUsage keyCertSign) that openssl's req
+    cannot make here: a notBefore in the future (OpenSSL 3.0 has no -not_before), a
+    subjectKeyIdentifier of another method than SHA-1 of the key (``ski``: Go 1.25's truncated
+    SHA-256), with its authorityKeyIdentifier the same, as a CA's own should be."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.x509.oid import NameOID
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(NOW + datetime.timedelta(days=days_from))
+               .not_valid_after(NOW + datetime.timedelta(days=3650))
+               .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+               .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False,
+                                            False), critical=True))
+    if ski is not None:
+        builder = builder.add_extension(x509.SubjectKeyIdentifier(ski), critical=False) \
+            .add_extension(x509.AuthorityKeyIdentifier(ski, None, None), critical=False)
+    cert, key_file = folder / f"{name}.crt", folder / f"{name}.key"
+    cert.write_bytes(builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    os.chmod(key_file, 0o600)
+    return str(cert), str(key_file)
+
+
+def _openssl_ca(folder: Path, name: str, newkey: list[str], usage: str = "keyCertSign,cRLSign"):
+    cert, key = folder / f"{name}.crt", folder / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", *newkey, "-noenc", "-days", "3650",
+                    "-subj", f"/CN={name}", "-addext", "basicConstraints=critical,CA:TRUE",
+                    "-addext", f"keyUsage=critical,{usage}", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True)
+    os.chmod(key, 0o600)
+    return str(cert), str(key)
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("rsa 1024", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: an RSA key of at least "
+                 "2048 bits; this one has 1024"),
+    ("secp256k1", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: an ECDSA key on P-256 or "
+                  "P-384; this one is on secp256k1"),
+    ("rsa-pss", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: an RSA (PKCS#1), ECDSA "
+                "P-256 or P-384, or Ed25519 CA; this one's key is RSA-PSS"),
+    ("no keyCertSign", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: a CA whose keyUsage "
+                       "includes keyCertSign; this one's does not"),
+    ("not yet valid", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: a CA already valid; "
+                      "this one starts on "),
+    ("two certificates", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: one certificate, "
+                         "the fleet CA's (this file holds 2"),
+    ("not self-signed", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: a root CA's "
+                        "certificate, self-signed (the hosts trust this file alone); this one is "
+                        "issued by CN=root"),
+    ("a directory", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: a regular file on the "
+                    "controller (this is a directory)"),
+    ("a device", "gpuhost_tls_ca_key_file = '{key}' is not allowed: a regular file on the "
+                 "controller (this is a character device)"),
+    ("huge", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: a PEM file of at most 1048576 "
+             "bytes (this one has 2097152)"),
+])
+def test_a_ca_whose_certificates_clients_would_refuse_is_refused(tmp_path, case, expected):
+    """Each of these CAs loaded and issued before, and curl and Python's ssl then refused the
+    hosts' certificates (or, /dev/zero as the file, the run read until it ran out of memory)."""
+    if case == "rsa 1024":
+        cert, key = _openssl_ca(tmp_path, "ca", ["-newkey", "rsa:1024"])
+    elif case == "secp256k1":
+        cert, key = _openssl_ca(tmp_path, "ca", ["-newkey", "ec", "-pkeyopt",
+                                                 "ec_paramgen_curve:secp256k1"])
+    elif case == "rsa-pss":
+        key = str(tmp_path / "ca.key")
+        subprocess.run(["openssl", "genpkey", "-algorithm", "RSA-PSS", "-out", key], check=True,
+                       capture_output=True)
+        os.chmod(key, 0o600)
+        cert, _ = _openssl_ca(tmp_path, "ca", ["-key", key])
+    elif case == "no keyCertSign":
+        cert, key = _openssl_ca(tmp_path, "ca", ["-newkey", "ec", "-pkeyopt",
+                                                 "ec_paramgen_curve:P-256"], "digitalSignature")
+    elif case == "not yet valid":
+        from cryptography.hazmat.primitives.asymmetric import ec
+        cert, key = _ca_made_in_python(tmp_path, "ca", ec.generate_private_key(ec.SECP256R1()),
+                                       days_from=2)
+    elif case == "two certificates":
+        cert, key = make_ca(tmp_path)
+        Path(cert).write_text(Path(cert).read_text() + Path(make_ca(tmp_path, "b")[0]).read_text())
+    elif case == "not self-signed":  # an intermediate CA, signed by a root
+        root_cert, root_key = _openssl_ca(tmp_path, "root", ["-newkey", "ec", "-pkeyopt",
+                                                             "ec_paramgen_curve:P-256"])
+        cert, key = str(tmp_path / "mid.crt"), str(tmp_path / "mid.key")
+        subprocess.run([*MAKE_CA[:MAKE_CA.index("-subj")], "-subj", "/CN=mid", "-CA", root_cert,
+                        "-CAkey", root_key, *MAKE_CA[MAKE_CA.index("-subj") + 2:], "-keyout", key,
+                        "-out", cert], check=True, capture_output=True)
+        os.chmod(key, 0o600)
+    elif case == "a directory":
+        _, key = make_ca(tmp_path)
+        cert = str(tmp_path)
+    elif case == "a device":
+        cert, _ = make_ca(tmp_path)
+        key = "/dev/zero"
+    elif case == "huge":
+        cert, key = make_ca(tmp_path)
+        with open(cert, "ab") as f:
+            f.truncate(2 << 20)
+    with pytest.raises(tls.TlsError) as caught:
+        tls.load_ca(cert, key)
+    assert str(caught.value).startswith(expected.format(cert=cert, key=key)), str(caught.value)
+
+
+@pytest.mark.parametrize("kind", ["rsa:2048", "ed25519", "P-384", "go-ski"])
+def test_every_ca_that_loads_issues_certificates_openssl_verifies(tmp_path, kind):
+    """RSA, Ed25519 and P-384 CAs issue certificates OpenSSL verifies; so does a CA whose
+    subjectKeyIdentifier is not SHA-1 of its key (Go 1.25's method): the host's certificate
+    names the CA's own identifier (before: "unable to get local issuer certificate")."""
+    import hashlib
+    from cryptography.hazmat.primitives.asymmetric import ec
+    if kind == "go-ski":
+        key = ec.generate_private_key(ec.SECP256R1())
+        from cryptography.hazmat.primitives import serialization
+        spki = key.public_key().public_bytes(serialization.Encoding.DER,
+                                             serialization.PublicFormat.SubjectPublicKeyInfo)
+        cert, key_file = _ca_made_in_python(tmp_path, "ca", key,
+                                            ski=hashlib.sha256(spki).digest()[:20])
+    elif kind == "P-384":
+        cert, key_file = _openssl_ca(tmp_path, "ca", ["-newkey", "ec", "-pkeyopt",
+                                                      "ec_paramgen_curve:P-384"])
+    else:
+        cert, key_file = _openssl_ca(tmp_path, "ca", ["-newkey", kind])
+    pem = tls.issue(tls.load_ca(cert, key_file), "gpu1", ("127.0.0.1",))
+    (tmp_path / "host.pem").write_text(pem)
+    verified = subprocess.run(["openssl", "verify", "-CAfile", cert, "-purpose", "sslserver",
+                               str(tmp_path / "host.pem")], capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    if kind == "P-384":  # the Mozilla Root Store Policy's pair
+        text = subprocess.run(["openssl", "x509", "-in", str(tmp_path / "host.pem"), "-noout",
+                               "-text"], capture_output=True, text=True, check=True).stdout
+        assert "ecdsa-with-SHA384" in text
