@@ -230,7 +230,15 @@ def subject_names(name: str, s: Settings) -> tuple[str, ...]:
             names.add(bound)
     if _is_address(name) or _DNS_NAME.fullmatch(name):
         names.add(name)
-    return tuple(sorted(names))
+    return tuple(sorted({canonical(n) for n in names}))
+
+
+def canonical(name: str) -> str:
+    """A name as a certificate's subjectAltName gives it back: an IP address in Python's
+    compressed form (RFC 5952: ``FD00:0::5`` is ``fd00::5``; the certificate holds its 4 or 16
+    bytes), a DNS name in lower case (compared without case, RFC 6125 6.4.1). Else one
+    spelling of a name is issued again at every run, as never the certificate's."""
+    return str(ipaddress.ip_address(name)) if _is_address(name) else name.lower()
 
 
 def _is_address(value: str) -> bool:
@@ -253,7 +261,7 @@ def _names_of(cert: x509.Certificate) -> tuple[str, ...]:
     except x509.ExtensionNotFound:
         return ()
     found = [str(a) for a in san.get_values_for_type(x509.IPAddress)]
-    found += san.get_values_for_type(x509.DNSName)
+    found += [n.lower() for n in san.get_values_for_type(x509.DNSName)]
     return tuple(sorted(found))
 
 
@@ -420,7 +428,7 @@ def given_problem(s: Settings, cert_pem: str | None, key: dict | None,
     if cert.not_valid_after_utc <= now:
         return (f"{PREFIX}tls_cert_file = {s.tls_cert_file!r} is not allowed: a certificate "
                 f"in its validity (it expired on {cert.not_valid_after_utc:%Y-%m-%d})")
-    if s.fleet_address and s.fleet_address not in _names_of(cert):
+    if s.fleet_address and canonical(s.fleet_address) not in _names_of(cert):
         return (f"{PREFIX}tls_cert_file = {s.tls_cert_file!r} is not allowed: a certificate "
                 f"naming the fleet address {s.fleet_address}, at which the router and "
                 f"Prometheus verify it (it names {', '.join(_names_of(cert)) or 'nothing'})")

@@ -6,6 +6,7 @@ own ``verify``."""
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 import subprocess
 from pathlib import Path
@@ -399,3 +400,25 @@ def test_every_ca_that_loads_issues_certificates_openssl_verifies(tmp_path, kind
         text = subprocess.run(["openssl", "x509", "-in", str(tmp_path / "host.pem"), "-noout",
                                "-text"], capture_output=True, text=True, check=True).stdout
         assert "ecdsa-with-SHA384" in text
+
+
+def test_a_name_spelt_otherwise_is_not_issued_again_at_every_run(ca_files):
+    """An IPv6 address in capitals or with zeros spelt out, and a DNS name in capitals, were
+    kept as host data spelt them, and the certificate gives them back compressed (RFC 5952):
+    every converge found the names changed and issued the certificate again; the same address
+    twice (``::1`` and ``0:0:0:0:0:0:0:1``) went in twice."""
+    ca = tls.load_ca(*ca_files)
+    s = fleet_host(gpuhost_fleet_address="FD00:0::11", gpuhost_server_host="FD00:0:0::11",
+                   gpuhost_tls_names=["0:0:0:0:0:0:0:1", "GPU1.Lab.Example", "::FFFF:10.0.0.9"])
+    names = tls.subject_names("GPU1", s)
+    mapped = str(ipaddress.ip_address("::ffff:10.0.0.9"))  # '::ffff:a00:9' before Python 3.13
+    assert names == tuple(sorted(("127.0.0.1", "::1", mapped, "fd00::11", "gpu1",
+                                  "gpu1.lab.example", "localhost")))
+    pem = tls.issue(ca, "GPU1", names)
+    cert = pem.partition("-----END PRIVATE KEY-----\n")[2]
+    assert tls.reason_to_issue(cert, ca, names) is None
+    # a certificate given in host data, naming the fleet address: it is the same address
+    given = fleet_host(gpuhost_fleet_address="FD00:0::11", gpuhost_server_host="::",
+                       gpuhost_tls_ca_key_file=None, gpuhost_tls_cert_file="/etc/ssl/gpu1.pem",
+                       gpuhost_tls_key_file="/etc/ssl/private/gpu1.key")
+    assert tls.given_problem(given, cert, {"user": "root", "mode": "600"}) is None
