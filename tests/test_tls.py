@@ -422,3 +422,26 @@ def test_a_name_spelt_otherwise_is_not_issued_again_at_every_run(ca_files):
                        gpuhost_tls_ca_key_file=None, gpuhost_tls_cert_file="/etc/ssl/gpu1.pem",
                        gpuhost_tls_key_file="/etc/ssl/private/gpu1.key")
     assert tls.given_problem(given, cert, {"user": "root", "mode": "600"}) is None
+
+
+def test_a_new_fleet_ca_changes_the_routers_unit(ca_files, tmp_path):
+    """smg reads --ca-cert-paths once, at its start: after the CA changed (the workers' new
+    certificates the new CA's), it refused every worker with "UnknownIssuer" and the converge
+    waited for healthy workers in vain. The unit names the CA's fingerprint: a new CA changes
+    the unit, and the router restarts (operations/router.py restarts on a changed unit)."""
+    from jinja2 import Environment, FileSystemLoader
+
+    from operations import router
+    s = fleet_host(gpuhost_router_host="10.0.0.11", gpuhost_router_api_key_file="/root/r",
+                   gpuhost_fleet_key_file="/root/f")
+    template = Environment(loader=FileSystemLoader("templates")).get_template(
+        "sglang-router.service.j2")
+    ca, other = tls.load_ca(*ca_files), tls.load_ca(*make_ca(tmp_path, "other"))
+    first = template.render(**router.unit_context(s, ca))
+    assert first != template.render(**router.unit_context(s, other))
+    assert first == template.render(**router.unit_context(s, tls.load_ca(*ca_files)))
+    assert tls.fingerprint(ca.cert_pem) in first and "PRIVATE" not in first
+    plain = fleet_host(gpuhost_tls_ca_cert_file=None, gpuhost_tls_ca_key_file=None,
+                       gpuhost_router_host="10.0.0.11", gpuhost_router_api_key_file="/root/r",
+                       gpuhost_fleet_key_file="/root/f")
+    assert "No fleet CA" in template.render(**router.unit_context(plain))
