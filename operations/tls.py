@@ -47,7 +47,6 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, SignatureAlgorithmOID
 from pyinfra import host
 from pyinfra.api import FactBase, operation
-from pyinfra.facts.files import File
 from pyinfra.operations import files
 
 from operations.plan import refuse
@@ -404,16 +403,35 @@ class GivenCertificate(FactBase):
         return text + "\n" if text else None
 
 
+class GivenKey(FactBase):
+    """The file ``gpuhost_tls_key_file`` names as nginx opens it, a symlink followed (certbot's
+    ``/etc/letsencrypt/live/<name>/privkey.pem`` is one, into ``../../archive``): its owner, its
+    mode (octal) and its type (stat's %F: "regular file", "directory", ...), or None where
+    there is no such file (a dangling symlink included)."""
+
+    @staticmethod
+    def command(path: str) -> str:
+        return f"stat -L -c 'user=%U mode=%a type=%F' -- {shlex.quote(path)} 2>/dev/null || true"
+
+    @staticmethod
+    def process(output: list[str]) -> dict | None:
+        found = re.fullmatch(r"user=(\S+) mode=([0-7]+) type=(.+)", "\n".join(output).strip())
+        return {"user": found[1], "mode": found[2], "type": found[3]} if found else None
+
+
 def given_problem(s: Settings, cert_pem: str | None, key: dict | None,
                   now: datetime.datetime | None = None) -> str | None:
     """Why the certificate and key host data names on the host cannot serve (``cert_pem``:
-    :class:`GivenCertificate`; ``key``: pyinfra's File fact of the key), or None. Not checked:
+    :class:`GivenCertificate`; ``key``: :class:`GivenKey`), or None. Not checked:
     the chain up to the CA (nginx sends what the file holds; the router's and the health
     gate's verification say what is missing)."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
     if not key:
         return (f"{PREFIX}tls_key_file = {s.tls_key_file!r} is not allowed: a root-only file "
                 "on the host (there is none)")
+    if key.get("type", "regular file") != "regular file":
+        return (f"{PREFIX}tls_key_file = {s.tls_key_file!r} is not allowed: a root-only file "
+                f"on the host (it is a {key['type']})")
     if key.get("user") != "root" or int(str(key.get("mode", 0)), 8) & 0o077:
         return (f"{PREFIX}tls_key_file = {s.tls_key_file!r} is not allowed: a root-only file "
                 f"(mode 0600, owner root; it is {key.get('mode')}, owner {key.get('user')})")
@@ -442,7 +460,7 @@ def certificates(settings: Settings, ca: FleetCA) -> None:
     if settings.tls_cert_file is not None and needs_tls(settings):
         problem = given_problem(settings, host.get_fact(GivenCertificate,
                                                         path=settings.tls_cert_file),
-                                host.get_fact(File, path=settings.tls_key_file))
+                                host.get_fact(GivenKey, path=settings.tls_key_file))
         if problem:
             refuse("TLS", problem)
             return

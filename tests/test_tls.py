@@ -445,3 +445,32 @@ def test_a_new_fleet_ca_changes_the_routers_unit(ca_files, tmp_path):
                        gpuhost_router_host="10.0.0.11", gpuhost_router_api_key_file="/root/r",
                        gpuhost_fleet_key_file="/root/f")
     assert "No fleet CA" in template.render(**router.unit_context(plain))
+
+
+def test_a_given_key_is_looked_at_through_its_symlink(tmp_path):
+    """certbot's /etc/letsencrypt/live/<name>/privkey.pem is a symlink to a root-only file:
+    pyinfra's File fact says False for a symlink, and the key was refused as "there is none".
+    The fact follows it, as nginx does, and says what a non-file is."""
+    target = tmp_path / "archive" / "privkey1.pem"
+    target.parent.mkdir()
+    target.write_text("key\n")
+    os.chmod(target, 0o600)
+    live = tmp_path / "live"
+    live.mkdir()
+    (live / "privkey.pem").symlink_to("../archive/privkey1.pem")
+    (live / "dangling.pem").symlink_to("../archive/none.pem")
+
+    def fact(path):
+        out = subprocess.run(["sh", "-c", tls.GivenKey.command(str(path))],
+                             capture_output=True, text=True, check=True).stdout
+        return tls.GivenKey.process(out.splitlines())
+
+    me = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    assert fact(live / "privkey.pem") == {"user": me, "mode": "600", "type": "regular file"}
+    assert fact(live / "dangling.pem") is None and fact(tmp_path / "none.pem") is None
+    assert fact(live)["type"] == "directory"
+    s = fleet_host(gpuhost_tls_ca_key_file=None, gpuhost_tls_cert_file="/etc/ssl/gpu1.pem",
+                   gpuhost_tls_key_file="/etc/ssl/private")
+    assert tls.given_problem(s, None, {"user": "root", "mode": "700", "type": "directory"}) == (
+        "gpuhost_tls_key_file = '/etc/ssl/private' is not allowed: a root-only file on the host "
+        "(it is a directory)")
