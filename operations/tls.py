@@ -419,6 +419,41 @@ class GivenKey(FactBase):
         return {"user": found[1], "mode": found[2], "type": found[3]} if found else None
 
 
+#: Loads a certificate and its key as nginx does (OpenSSL's SSL_CTX_use_certificate_chain_file
+#: and SSL_CTX_use_PrivateKey_file, through Python's ssl): prints "ok", or OpenSSL's reason
+#: ("key values mismatch": nginx's reload failed on it, the old gate serving on), or that the
+#: key asks for a passphrase (no ssl_password_file here). Nothing of the key is printed.
+_PAIR_CHECK: Final = (
+    "import ssl, sys\n"
+    "def asked():\n"
+    "    raise KeyError\n"
+    "try:\n"
+    "    ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(sys.argv[1], sys.argv[2], asked)\n"
+    "except KeyError:\n"
+    "    print('the key is encrypted (it asks for a passphrase, which the gate has not)')\n"
+    "except ssl.SSLError as exc:\n"
+    "    print((exc.reason or exc.strerror).lower().replace('_', ' '))\n"
+    "except OSError as exc:\n"
+    "    print(exc.strerror)\n"
+    "else:\n"
+    "    print('ok')\n")
+
+
+class GivenPair(FactBase):
+    """Whether nginx can serve the certificate and key host data names (:data:`_PAIR_CHECK`
+    on the host, as root): None where it can, else OpenSSL's reason."""
+
+    @staticmethod
+    def command(cert: str, key: str) -> str:
+        return (f"python3 -c {shlex.quote(_PAIR_CHECK)} {shlex.quote(cert)} "
+                f"{shlex.quote(key)} 2>&1 | tail -n 1")
+
+    @staticmethod
+    def process(output: list[str]) -> str | None:
+        said = "\n".join(output).strip()
+        return None if said == "ok" else said or "python3 said nothing"
+
+
 def given_problem(s: Settings, cert_pem: str | None, key: dict | None,
                   now: datetime.datetime | None = None) -> str | None:
     """Why the certificate and key host data names on the host cannot serve (``cert_pem``:
@@ -461,6 +496,13 @@ def certificates(settings: Settings, ca: FleetCA) -> None:
         problem = given_problem(settings, host.get_fact(GivenCertificate,
                                                         path=settings.tls_cert_file),
                                 host.get_fact(GivenKey, path=settings.tls_key_file))
+        if not problem:
+            reason = host.get_fact(GivenPair, cert=settings.tls_cert_file,
+                                   key=settings.tls_key_file)
+            if reason:
+                problem = (f"{PREFIX}tls_key_file = {settings.tls_key_file!r} is not allowed: "
+                           f"the private key of {PREFIX}tls_cert_file's certificate, which "
+                           f"nginx loads ({reason})")
         if problem:
             refuse("TLS", problem)
             return

@@ -474,3 +474,33 @@ def test_a_given_key_is_looked_at_through_its_symlink(tmp_path):
     assert tls.given_problem(s, None, {"user": "root", "mode": "700", "type": "directory"}) == (
         "gpuhost_tls_key_file = '/etc/ssl/private' is not allowed: a root-only file on the host "
         "(it is a directory)")
+
+
+def test_a_given_key_of_another_certificate_is_refused_while_planning(ca_files, tmp_path):
+    """A certificate given in host data with another certificate's key: nginx's reload failed
+    ("key values mismatch") and the run said only "Job for sglang-gate.service failed", the
+    configuration left naming the pair for the gate's next start. The pair is loaded on the
+    host as nginx loads it, while planning; an encrypted key too (the gate has no
+    passphrase)."""
+    ca = tls.load_ca(*ca_files)
+    pem, other = (tls.issue(ca, "gpu1", ("10.0.0.11",)) for _ in range(2))
+    key, _, cert = pem.partition("-----END PRIVATE KEY-----\n")
+    (tmp_path / "gpu1.crt").write_text(cert)
+    (tmp_path / "gpu1.key").write_text(key + "-----END PRIVATE KEY-----\n")
+    (tmp_path / "other.key").write_text(other.partition("-----END PRIVATE KEY-----\n")[0]
+                                        + "-----END PRIVATE KEY-----\n")
+    subprocess.run(["openssl", "pkey", "-in", str(tmp_path / "gpu1.key"), "-aes256", "-passout",
+                    "pass:x", "-out", str(tmp_path / "locked.key")], check=True)
+
+    def fact(key_name):
+        out = subprocess.run(["sh", "-c", tls.GivenPair.command(str(tmp_path / "gpu1.crt"),
+                                                                str(tmp_path / key_name))],
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL).stdout
+        return tls.GivenPair.process(out.splitlines())
+
+    assert fact("gpu1.key") is None
+    assert fact("other.key") == "key values mismatch"
+    assert fact("locked.key") == "the key is encrypted (it asks for a passphrase, which the " \
+                                 "gate has not)"
+    assert fact("none.key") == "No such file or directory"
+    assert "BEGIN" not in (fact("other.key") or "")
