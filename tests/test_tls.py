@@ -91,11 +91,13 @@ def test_a_certificate_is_issued_again_only_for_a_reason(ca_files, tmp_path):
 
 def test_a_certificate_outlives_neither_its_ca_nor_starts_after_the_host_clock(tmp_path):
     ca = tls.load_ca(*make_ca(tmp_path, "short", days=100))
-    pem = tls.issue(ca, "gpu1", ("127.0.0.1",))
+    # now, not NOW: the module's import can be minutes before this test in a full suite run
+    now = datetime.datetime.now(datetime.timezone.utc)
+    pem = tls.issue(ca, "gpu1", ("127.0.0.1",), now=now)
     from cryptography import x509
     cert = x509.load_pem_x509_certificate(pem.partition("-----END PRIVATE KEY-----\n")[2].encode())
     assert cert.not_valid_after_utc <= ca.cert.not_valid_after_utc
-    assert cert.not_valid_before_utc <= NOW - datetime.timedelta(minutes=4)
+    assert cert.not_valid_before_utc <= now - datetime.timedelta(minutes=4)
 
 
 @pytest.mark.parametrize("case, expected", [
