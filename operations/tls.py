@@ -454,12 +454,64 @@ class GivenPair(FactBase):
         return None if said == "ok" else said or "python3 said nothing"
 
 
+class GivenChain(FactBase):
+    """Every certificate of a PEM file on the host (``gpuhost_tls_cert_file``: the host's and
+    the chain after it), or None."""
+
+    @staticmethod
+    def command(path: str) -> str:
+        quoted = shlex.quote(path)
+        return (f"if [ -f {quoted} ]; then sed -n '/-----BEGIN CERTIFICATE-----/,"
+                f"/-----END CERTIFICATE-----/p' {quoted}; fi")
+
+    @staticmethod
+    def process(output: list[str]) -> str | None:
+        text = "\n".join(output).strip()
+        return text + "\n" if text else None
+
+
+def chain_problem(s: Settings, chain_pem: str | None, ca: FleetCA) -> str | None:
+    """Why the router and Prometheus, which trust the fleet CA alone, would not verify the
+    certificate host data names (``chain_pem``: :class:`GivenChain`, the host's certificate
+    first), or None: it must be signed by the CA, or by a certificate after it in the file that
+    the CA signs (and so on). Before, a certificate of another PKI was served, and the run
+    said after ``gpuhost_router_wait_timeout`` only that the worker was unhealthy (smg:
+    "UnknownIssuer")."""
+    try:
+        chain = x509.load_pem_x509_certificates((chain_pem or "").encode())
+    except ValueError:
+        return None  # given_problem says what does not parse
+    current, seen = chain[0], 0
+    while seen <= len(chain):
+        seen += 1
+        if current.issuer == ca.cert.subject:
+            try:
+                current.verify_directly_issued_by(ca.cert)
+                return None
+            except (ValueError, TypeError, InvalidSignature):
+                break
+        issuer = next((c for c in chain[1:] if c.subject == current.issuer), None)
+        if issuer is None:
+            break
+        try:
+            current.verify_directly_issued_by(issuer)
+        except (ValueError, TypeError, InvalidSignature):
+            break
+        current = issuer
+    issuer = chain[0].issuer.rfc4514_string()
+    said = (f"it names {issuer} as its issuer, but another key signed it"
+            if chain[0].issuer == ca.cert.subject else f"this one is issued by {issuer}")
+    return (f"{PREFIX}tls_cert_file = {s.tls_cert_file!r} is not allowed: a certificate the "
+            f"fleet CA ({ca.cert.subject.rfc4514_string()}, {PREFIX}tls_ca_cert_file) signs, "
+            f"or the chain to it after the certificate in the file; the router verifies it with "
+            f"that CA alone ({said})")
+
+
 def given_problem(s: Settings, cert_pem: str | None, key: dict | None,
                   now: datetime.datetime | None = None) -> str | None:
     """Why the certificate and key host data names on the host cannot serve (``cert_pem``:
-    :class:`GivenCertificate`; ``key``: :class:`GivenKey`), or None. Not checked:
-    the chain up to the CA (nginx sends what the file holds; the router's and the health
-    gate's verification say what is missing)."""
+    :class:`GivenCertificate`; ``key``: :class:`GivenKey`), or None. The chain up to the
+    CA: :func:`chain_problem`; the key beside the certificate: :class:`GivenPair`."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
     if not key:
         return (f"{PREFIX}tls_key_file = {s.tls_key_file!r} is not allowed: a root-only file "
@@ -496,6 +548,9 @@ def certificates(settings: Settings, ca: FleetCA) -> None:
         problem = given_problem(settings, host.get_fact(GivenCertificate,
                                                         path=settings.tls_cert_file),
                                 host.get_fact(GivenKey, path=settings.tls_key_file))
+        if not problem:
+            problem = chain_problem(settings, host.get_fact(GivenChain,
+                                                            path=settings.tls_cert_file), ca)
         if not problem:
             reason = host.get_fact(GivenPair, cert=settings.tls_cert_file,
                                    key=settings.tls_key_file)

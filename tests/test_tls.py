@@ -506,3 +506,39 @@ def test_a_given_key_of_another_certificate_is_refused_while_planning(ca_files, 
                                  "gate has not)"
     assert fact("none.key") == "No such file or directory"
     assert "BEGIN" not in (fact("other.key") or "")
+
+
+def test_a_given_certificate_of_another_pki_is_refused_while_planning(ca_files, tmp_path):
+    """A certificate given in host data that the fleet CA does not sign, directly or through
+    the chain after it in the file, was served, and the router refused the worker
+    ("UnknownIssuer"): the run said, after gpuhost_router_wait_timeout, only "unhealthy"."""
+    ca = tls.load_ca(*ca_files)
+    s = fleet_host(gpuhost_tls_ca_key_file=None, gpuhost_tls_cert_file="/etc/ssl/gpu1.pem",
+                   gpuhost_tls_key_file="/etc/ssl/private/gpu1.key")
+
+    def cert_of(pem):
+        return pem.partition("-----END PRIVATE KEY-----\n")[2]
+
+    assert tls.chain_problem(s, cert_of(tls.issue(ca, "gpu1", ("10.0.0.11",))), ca) is None
+    other = tls.load_ca(*make_ca(tmp_path, "other"))
+    # two CAs made with the docs' command have one name
+    assert tls.chain_problem(s, cert_of(tls.issue(other, "gpu1", ("10.0.0.11",))), ca) == (
+        "gpuhost_tls_cert_file = '/etc/ssl/gpu1.pem' is not allowed: a certificate the fleet CA "
+        "(CN=gpuhost fleet CA, gpuhost_tls_ca_cert_file) signs, or the chain to it after the "
+        "certificate in the file; the router verifies it with that CA alone (it names "
+        "CN=gpuhost fleet CA as its issuer, but another key signed it)")
+    # an intermediate the fleet CA signs, after the host's certificate in the file
+    mid_cert, mid_key = str(tmp_path / "mid.crt"), str(tmp_path / "mid.key")
+    subprocess.run([*MAKE_CA[:MAKE_CA.index("-subj")], "-subj", "/CN=mid", "-CA", ca_files[0],
+                    "-CAkey", ca_files[1], *MAKE_CA[MAKE_CA.index("-subj") + 2:], "-keyout",
+                    mid_key, "-out", mid_cert], check=True, capture_output=True)
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    mid = tls.FleetCA(cert=x509.load_pem_x509_certificate(Path(mid_cert).read_bytes()),
+                      key=serialization.load_pem_private_key(Path(mid_key).read_bytes(), None))
+    leaf = cert_of(tls.issue(mid, "gpu1", ("10.0.0.11",)))
+    (tmp_path / "chain.pem").write_text(leaf + Path(mid_cert).read_text())
+    read = subprocess.run(["sh", "-c", tls.GivenChain.command(str(tmp_path / "chain.pem"))],
+                          capture_output=True, text=True, check=True).stdout
+    assert tls.chain_problem(s, tls.GivenChain.process(read.splitlines()), ca) is None
+    assert "(this one is issued by CN=mid)" in tls.chain_problem(s, leaf, ca)
