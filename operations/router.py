@@ -322,12 +322,11 @@ def router(settings: Settings, workers: tuple[Worker, ...],
     ``gpuhost_router_lock``, its unit (keys read by router_launch.py, no worker on its command
     line), the API key gate in front (the client key, the inference paths only); restarted when
     the unit (the fleet CA ``ca`` included), the venv or a key it holds changed (the gate alone
-    for its own changes); its
-    worker list is kept by :func:`router_check`, without a restart. Returns whether it starts
-    or restarts in this run, for :func:`router_check` (None where refused). Raises LockError
-    for a lock that does not parse. Refuses the stage (nothing of it planned) where the client
-    key file or the fleet key file is not a root-only file of one line
-    (operations/secret_files.py), as the server's."""
+    for its own changes); its worker list is kept by :func:`router_check`, without a restart.
+    Returns whether it starts or restarts in this run, for :func:`router_check` (None where
+    refused). Raises LockError for a lock that does not parse. Refuses the stage (nothing of it
+    planned) where the client key file or the fleet key file is not a root-only file of one
+    line (operations/secret_files.py), as the server's."""
     lock = read_lock(settings.router_lock_path)
     if not _check_listen(settings):
         return None
