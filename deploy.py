@@ -71,7 +71,8 @@ if deploy_lock.held(settings):
                                             *nodes_env(role, settings)],
                           role=role, peers=fleet_settings)
         workers = the_fleet.workers_of(host.name)
-        started = router(settings, workers) if host.name in the_fleet.routers else None
+        started = router(settings, workers, fleet_cas.get(host.name)) \
+            if host.name in the_fleet.routers else None
         # every host plans it at this line: one operation, after each host's stages above
         fail_if_rolled_back()
         if started is not None:

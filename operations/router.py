@@ -107,9 +107,15 @@ def api_key_file(settings: Settings) -> str:
     return settings.fleet_key_file or BACKEND_KEY_FILE
 
 
-def unit_context(settings: Settings) -> dict:
-    """What templates/sglang-router.service.j2 is rendered with."""
+def unit_context(settings: Settings, ca: tls.FleetCA | None = None) -> dict:
+    """What templates/sglang-router.service.j2 is rendered with (``ca``: the fleet CA, whose
+    fingerprint the unit names: smg reads ``--ca-cert-paths`` once, at its start, and went on
+    refusing every worker with "UnknownIssuer" after the CA changed, until a restart)."""
     return {
+        "ca_note": (f"smg verifies its workers with the fleet CA (SHA-256 "
+                    f"{tls.fingerprint(ca.cert_pem)}), read at its start: a new CA restarts it"
+                    if ca is not None and settings.tls_ca_cert_file else
+                    "No fleet CA: smg reaches its workers in plain HTTP"),
         "listen": f"{settings.router_host}:{settings.router_port}",
         "gate_unit": GATE_UNIT,
         "venv": settings.router_venv_path,
@@ -310,16 +316,17 @@ def key_made(path: str, what: str):
         f"{shlex.quote(tmp)} && mv {shlex.quote(tmp)} {shlex.quote(path)}")
 
 
-def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
+def router(settings: Settings, workers: tuple[Worker, ...],
+           ca: tls.FleetCA | None = None) -> bool | None:
     """Converge the router on this host (one of the ``gpuhost_router`` group): its venv from
     ``gpuhost_router_lock``, its unit (keys read by router_launch.py, no worker on its command
     line), the API key gate in front (the client key, the inference paths only); restarted when
-    the unit, the venv or a key it holds changed (the gate alone for its own changes); its
-    worker list is kept by :func:`router_check`, without a restart. Returns whether it starts
-    or restarts in this run, for :func:`router_check` (None where refused). Raises LockError
-    for a lock that does not parse. Refuses the stage (nothing of it planned) where the client
-    key file or the fleet key file is not a root-only file of one line
-    (operations/secret_files.py), as the server's."""
+    the unit (the fleet CA ``ca`` included), the venv or a key it holds changed (the gate alone
+    for its own changes); its worker list is kept by :func:`router_check`, without a restart.
+    Returns whether it starts or restarts in this run, for :func:`router_check` (None where
+    refused). Raises LockError for a lock that does not parse. Refuses the stage (nothing of it
+    planned) where the client key file or the fleet key file is not a root-only file of one
+    line (operations/secret_files.py), as the server's."""
     lock = read_lock(settings.router_lock_path)
     if not _check_listen(settings):
         return None
@@ -362,7 +369,7 @@ def router(settings: Settings, workers: tuple[Worker, ...]) -> bool | None:
         remove_unlocked=[p.name for p in lock.pins])
     unit = files.template(name=f"Unit {UNIT}",
                           src=str(REPO_ROOT / "templates" / "sglang-router.service.j2"),
-                          dest=UNIT_PATH, mode="644", **unit_context(settings))
+                          dest=UNIT_PATH, mode="644", **unit_context(settings, ca))
     changed = [unit, packages, *keys, shipped[3]]
     front = router_gate(settings)
     gate.nginx_installed(name="nginx (the API key gate)")

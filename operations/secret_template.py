@@ -85,6 +85,14 @@ def _diff_off() -> Iterator[None]:
             state.config.DIFF = _diff_was
 
 
+def _diff_asked() -> bool:
+    """Whether the run was asked for --diff: ``state.config.DIFF``, unless another host's
+    secret file holds it off now (hosts run in parallel greenlets, and a fact read inside
+    :func:`_diff_off` switches to another host: its line was left out, seen on the second
+    host of a fleet whose certificates were issued again)."""
+    return _diff_was if _quiet else state.config.DIFF
+
+
 def _say(upload: FileUploadCommand, dest: str) -> None:
     src = upload.src
     if not hasattr(src, "getvalue"):
@@ -116,7 +124,7 @@ def _secret_template(src: str, dest: str, mode: str = "600", **data):
         secret_template(name="Server environment", src="templates/server.env.j2",
                         dest="/etc/gpuhost/server.env", env={"WANDB_API_KEY": "..."})
     """
-    diff = state.config.DIFF
+    diff = _diff_asked()
     inner = files.template._inner(src=src, dest=dest, mode=mode, **data)
     said = False
     while True:
@@ -140,7 +148,7 @@ def put_hidden(src: Any, dest: str, mode: str = "600") -> Iterator[Any]:
     """The commands of pyinfra's ``files.put`` (root's file) for a file that holds a private key,
     to yield from inside an operation: pyinfra's diff off, and under --diff one line saying the
     file changes, its contents hidden (a PEM has no line worth showing masked)."""
-    diff = state.config.DIFF
+    diff = _diff_asked()
     inner = files.put._inner(src=src, dest=dest, user="root", group="root", mode=mode)
     said = False
     while True:

@@ -44,10 +44,9 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, SignatureAlgorithmOID
 from pyinfra import host
 from pyinfra.api import FactBase, operation
-from pyinfra.facts.files import File
 from pyinfra.operations import files
 
 from operations.plan import refuse
@@ -102,14 +101,16 @@ def load_ca(cert_file: str, key_file: str | None,
     expired or expiring within :data:`RENEW_DAYS`, a key that other users may read, an
     encrypted key, a key of another certificate)."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
+    data = _read("tls_ca_cert_file", cert_file)[1]
     try:
-        cert = x509.load_pem_x509_certificate(open(cert_file, "rb").read())
-    except OSError as exc:
-        raise _refuse("tls_ca_cert_file", cert_file,
-                      f"a readable file on the controller ({exc.strerror})") from None
+        certs = x509.load_pem_x509_certificates(data)
     except ValueError:
         raise _refuse("tls_ca_cert_file", cert_file, "a PEM certificate (-----BEGIN "
                       "CERTIFICATE-----), the fleet CA's") from None
+    if len(certs) > 1:
+        raise _refuse("tls_ca_cert_file", cert_file, f"one certificate, the fleet CA's (this "
+                      f"file holds {len(certs)}: the hosts would get the first alone)")
+    cert = certs[0]
     try:
         constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
     except x509.ExtensionNotFound:
@@ -120,14 +121,12 @@ def load_ca(cert_file: str, key_file: str | None,
     if cert.not_valid_after_utc - datetime.timedelta(days=RENEW_DAYS) <= now:
         raise _refuse("tls_ca_cert_file", cert_file, f"a CA valid for more than {RENEW_DAYS} "
                       f"days; this one expires on {cert.not_valid_after_utc:%Y-%m-%d}")
+    problem = _unusable_ca(cert, now)
+    if problem:
+        raise _refuse("tls_ca_cert_file", cert_file, problem)
     if key_file is None:
         return FleetCA(cert=cert, key=None)
-    try:
-        mode = os.stat(key_file).st_mode
-        data = open(key_file, "rb").read()
-    except OSError as exc:
-        raise _refuse("tls_ca_key_file", key_file,
-                      f"a readable file on the controller ({exc.strerror})") from None
+    mode, data = _read("tls_ca_key_file", key_file)
     if stat.S_IMODE(mode) & 0o077:
         raise _refuse("tls_ca_key_file", key_file, f"a file only its owner may read or write "
                       f"(its mode is {stat.S_IMODE(mode):04o}; chmod 600 it)")
@@ -150,6 +149,73 @@ def load_ca(cert_file: str, key_file: str | None,
     return FleetCA(cert=cert, key=key)
 
 
+#: The most a fleet CA's file may hold: a PEM certificate or private key is a few KiB (RSA
+#: 4096: about 3.3 KiB), and the deploy reads the file whole.
+MAX_PEM_BYTES: Final = 1 << 20
+
+
+def _read(key: str, path: str) -> tuple[int, bytes]:
+    """The mode and the bytes of a file on the controller (a symlink followed), or
+    :class:`TlsError`: not a regular file (a directory, a device, a FIFO would hang the run),
+    larger than :data:`MAX_PEM_BYTES`, unreadable."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refuse(key, path, "a regular file on the controller (this is "
+                          f"{_KINDS.get(stat.S_IFMT(info.st_mode), 'not one')})")
+        if info.st_size > MAX_PEM_BYTES:
+            raise _refuse(key, path, f"a PEM file of at most {MAX_PEM_BYTES} bytes (this one "
+                          f"has {info.st_size})")
+        with open(path, "rb") as f:
+            return info.st_mode, f.read(MAX_PEM_BYTES + 1)
+    except OSError as exc:
+        raise _refuse(key, path, f"a readable file on the controller ({exc.strerror})") from None
+
+
+_KINDS: Final = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device",
+                 stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO",
+                 stat.S_IFSOCK: "a socket"}
+
+
+def _unusable_ca(cert: x509.Certificate, now: datetime.datetime) -> str | None:
+    """Why the certificates a CA's certificate signs would not verify at the hosts' clients
+    (OpenSSL 3 at Debian's security level 2 in nginx, curl and Python; rustls in smg; Go in
+    Prometheus), or None. Each was seen to fail there (OpenSSL 3.0 ``verify``, curl): a CA
+    not yet valid ("certificate is not yet valid"), a keyUsage without keyCertSign ("invalid
+    CA certificate", RFC 5280 4.2.1.3), a CA that is not self-signed (the hosts trust the file
+    alone, and OpenSSL wants a chain ending at a root: "unable to get local issuer
+    certificate"), an RSA key under 2048 bits ("CA certificate key too weak", SECLEVEL 2), an
+    RSASSA-PSS key (this module signs PKCS#1 v1.5). The key types are the Mozilla Root Store
+    Policy's (section 5.1: RSA of at least 2048 bits, ECDSA on P-256 or P-384, which rustls
+    and Go verify; Ed25519 as well, which OpenSSL, rustls and Go verify)."""
+    if cert.not_valid_before_utc > now:
+        return (f"a CA already valid; this one starts on "
+                f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC (by the controller's clock)")
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        usage = None
+    if usage is not None and not usage.key_cert_sign:
+        return "a CA whose keyUsage includes keyCertSign; this one's does not"
+    try:
+        self_signed = cert.issuer == cert.subject
+        cert.verify_directly_issued_by(cert)
+    except (ValueError, TypeError, InvalidSignature):
+        self_signed = False
+    if not self_signed:
+        return (f"a root CA's certificate, self-signed (the hosts trust this file alone); "
+                f"this one is issued by {cert.issuer.rfc4514_string()}")
+    if cert.signature_algorithm_oid == SignatureAlgorithmOID.RSASSA_PSS:
+        return "an RSA (PKCS#1), ECDSA P-256 or P-384, or Ed25519 CA; this one's key is RSA-PSS"
+    public = cert.public_key()
+    if isinstance(public, rsa.RSAPublicKey) and public.key_size < 2048:
+        return f"an RSA key of at least 2048 bits; this one has {public.key_size}"
+    if isinstance(public, ec.EllipticCurvePublicKey) and \
+            not isinstance(public.curve, (ec.SECP256R1, ec.SECP384R1)):
+        return f"an ECDSA key on P-256 or P-384; this one is on {public.curve.name}"
+    return None
+
+
 def subject_names(name: str, s: Settings) -> tuple[str, ...]:
     """The names host ``name``'s certificate holds (sorted): the loopback addresses and
     ``localhost``, its fleet address, the addresses its public endpoints bind (not a wildcard),
@@ -163,9 +229,15 @@ def subject_names(name: str, s: Settings) -> tuple[str, ...]:
             names.add(bound)
     if _is_address(name) or _DNS_NAME.fullmatch(name):
         names.add(name)
-    # an address as a certificate gives it back (fd00:0::1 is fd00::1), so that the names
-    # compare equal to the certificate's own (:func:`_names_of`)
-    return tuple(sorted({str(ipaddress.ip_address(n)) if _is_address(n) else n for n in names}))
+    return tuple(sorted({canonical(n) for n in names}))
+
+
+def canonical(name: str) -> str:
+    """A name as a certificate's subjectAltName gives it back: an IP address in Python's
+    compressed form (RFC 5952: ``FD00:0::5`` is ``fd00::5``; the certificate holds its 4 or 16
+    bytes), a DNS name in lower case (compared without case, RFC 6125 6.4.1). Else one
+    spelling of a name is issued again at every run, as never the certificate's."""
+    return str(ipaddress.ip_address(name)) if _is_address(name) else name.lower()
 
 
 def _is_address(value: str) -> bool:
@@ -188,7 +260,7 @@ def _names_of(cert: x509.Certificate) -> tuple[str, ...]:
     except x509.ExtensionNotFound:
         return ()
     found = [str(a) for a in san.get_values_for_type(x509.IPAddress)]
-    found += san.get_values_for_type(x509.DNSName)
+    found += [n.lower() for n in san.get_values_for_type(x509.DNSName)]
     return tuple(sorted(found))
 
 
@@ -242,7 +314,6 @@ def issue(ca: FleetCA, name: str, names: tuple[str, ...],
     if ca.key is None:
         raise TlsError("the fleet CA has no key here: gpuhost_tls_ca_key_file")
     key = ec.generate_private_key(ec.SECP256R1())
-    ca_public = ca.cert.public_key()
     not_after = min(now + datetime.timedelta(days=VALID_DAYS), ca.cert.not_valid_after_utc)
     cert = (
         x509.CertificateBuilder()
@@ -262,13 +333,36 @@ def issue(ca: FleetCA, name: str, names: tuple[str, ...],
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
                        critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_public),  # type: ignore[arg-type]
-                       critical=False)
-        .sign(ca.key, None if isinstance(ca.key, ed25519.Ed25519PrivateKey) else hashes.SHA256())
+        .add_extension(_authority_key_id(ca.cert), critical=False)
+        .sign(ca.key, _signature_hash(ca.key))
     )
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption()).decode()
     return key_pem + cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def _authority_key_id(ca_cert: x509.Certificate) -> x509.AuthorityKeyIdentifier:
+    """The authorityKeyIdentifier of a certificate the CA signs: the CA's own
+    subjectKeyIdentifier where it has one (RFC 5280 4.2.1.1; OpenSSL looks the issuer up by it,
+    and a CA made by another tool may have computed it otherwise than SHA-1 of the key, as Go
+    1.25's truncated SHA-256 does: "unable to get local issuer certificate"), else one from its
+    public key."""
+    try:
+        ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        public = ca_cert.public_key()
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(public)  # type: ignore[arg-type]
+    return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
+
+
+def _signature_hash(key: object) -> hashes.HashAlgorithm | None:
+    """The hash the CA signs with: none for Ed25519, SHA-384 for a P-384 key (the Mozilla Root
+    Store Policy's pairs, section 5.1.2: P-256 with SHA-256, P-384 with SHA-384), else SHA-256."""
+    if isinstance(key, ed25519.Ed25519PrivateKey):
+        return None
+    if isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve, ec.SECP384R1):
+        return hashes.SHA384()
+    return hashes.SHA256()
 
 
 class HostCertificate(FactBase):
@@ -309,16 +403,122 @@ class GivenCertificate(FactBase):
         return text + "\n" if text else None
 
 
+class GivenKey(FactBase):
+    """The file ``gpuhost_tls_key_file`` names as nginx opens it, a symlink followed (certbot's
+    ``/etc/letsencrypt/live/<name>/privkey.pem`` is one, into ``../../archive``): its owner, its
+    mode (octal) and its type (stat's %F: "regular file", "directory", ...), or None where
+    there is no such file (a dangling symlink included)."""
+
+    @staticmethod
+    def command(path: str) -> str:
+        return f"stat -L -c 'user=%U mode=%a type=%F' -- {shlex.quote(path)} 2>/dev/null || true"
+
+    @staticmethod
+    def process(output: list[str]) -> dict | None:
+        found = re.fullmatch(r"user=(\S+) mode=([0-7]+) type=(.+)", "\n".join(output).strip())
+        return {"user": found[1], "mode": found[2], "type": found[3]} if found else None
+
+
+#: Loads a certificate and its key as nginx does (OpenSSL's SSL_CTX_use_certificate_chain_file
+#: and SSL_CTX_use_PrivateKey_file, through Python's ssl): prints "ok", or OpenSSL's reason
+#: ("key values mismatch": nginx's reload failed on it, the old gate serving on), or that the
+#: key asks for a passphrase (no ssl_password_file here). Nothing of the key is printed.
+_PAIR_CHECK: Final = (
+    "import ssl, sys\n"
+    "def asked():\n"
+    "    raise KeyError\n"
+    "try:\n"
+    "    ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(sys.argv[1], sys.argv[2], asked)\n"
+    "except KeyError:\n"
+    "    print('the key is encrypted (it asks for a passphrase, which the gate has not)')\n"
+    "except ssl.SSLError as exc:\n"
+    "    print((exc.reason or exc.strerror).lower().replace('_', ' '))\n"
+    "except OSError as exc:\n"
+    "    print(exc.strerror)\n"
+    "else:\n"
+    "    print('ok')\n")
+
+
+class GivenPair(FactBase):
+    """Whether nginx can serve the certificate and key host data names (:data:`_PAIR_CHECK`
+    on the host, as root): None where it can, else OpenSSL's reason."""
+
+    @staticmethod
+    def command(cert: str, key: str) -> str:
+        return (f"python3 -c {shlex.quote(_PAIR_CHECK)} {shlex.quote(cert)} "
+                f"{shlex.quote(key)} 2>&1 | tail -n 1")
+
+    @staticmethod
+    def process(output: list[str]) -> str | None:
+        said = "\n".join(output).strip()
+        return None if said == "ok" else said or "python3 said nothing"
+
+
+class GivenChain(FactBase):
+    """Every certificate of a PEM file on the host (``gpuhost_tls_cert_file``: the host's and
+    the chain after it), or None."""
+
+    @staticmethod
+    def command(path: str) -> str:
+        quoted = shlex.quote(path)
+        return (f"if [ -f {quoted} ]; then sed -n '/-----BEGIN CERTIFICATE-----/,"
+                f"/-----END CERTIFICATE-----/p' {quoted}; fi")
+
+    @staticmethod
+    def process(output: list[str]) -> str | None:
+        text = "\n".join(output).strip()
+        return text + "\n" if text else None
+
+
+def chain_problem(s: Settings, chain_pem: str | None, ca: FleetCA) -> str | None:
+    """Why the router and Prometheus, which trust the fleet CA alone, would not verify the
+    certificate host data names (``chain_pem``: :class:`GivenChain`, the host's certificate
+    first), or None: it must be signed by the CA, or by a certificate after it in the file that
+    the CA signs (and so on). Before, a certificate of another PKI was served, and the run
+    said after ``gpuhost_router_wait_timeout`` only that the worker was unhealthy (smg:
+    "UnknownIssuer")."""
+    try:
+        chain = x509.load_pem_x509_certificates((chain_pem or "").encode())
+    except ValueError:
+        return None  # given_problem says what does not parse
+    current, seen = chain[0], 0
+    while seen <= len(chain):
+        seen += 1
+        if current.issuer == ca.cert.subject:
+            try:
+                current.verify_directly_issued_by(ca.cert)
+                return None
+            except (ValueError, TypeError, InvalidSignature):
+                break
+        issuer = next((c for c in chain[1:] if c.subject == current.issuer), None)
+        if issuer is None:
+            break
+        try:
+            current.verify_directly_issued_by(issuer)
+        except (ValueError, TypeError, InvalidSignature):
+            break
+        current = issuer
+    issuer = chain[0].issuer.rfc4514_string()
+    said = (f"it names {issuer} as its issuer, but another key signed it"
+            if chain[0].issuer == ca.cert.subject else f"this one is issued by {issuer}")
+    return (f"{PREFIX}tls_cert_file = {s.tls_cert_file!r} is not allowed: a certificate the "
+            f"fleet CA ({ca.cert.subject.rfc4514_string()}, {PREFIX}tls_ca_cert_file) signs, "
+            f"or the chain to it after the certificate in the file; the router verifies it with "
+            f"that CA alone ({said})")
+
+
 def given_problem(s: Settings, cert_pem: str | None, key: dict | None,
                   now: datetime.datetime | None = None) -> str | None:
     """Why the certificate and key host data names on the host cannot serve (``cert_pem``:
-    :class:`GivenCertificate`; ``key``: pyinfra's File fact of the key), or None. Not checked:
-    the chain up to the CA (nginx sends what the file holds; the router's and the health
-    gate's verification say what is missing)."""
+    :class:`GivenCertificate`; ``key``: :class:`GivenKey`), or None. The chain up to the
+    CA: :func:`chain_problem`; the key beside the certificate: :class:`GivenPair`."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
     if not key:
         return (f"{PREFIX}tls_key_file = {s.tls_key_file!r} is not allowed: a root-only file "
                 "on the host (there is none)")
+    if key.get("type", "regular file") != "regular file":
+        return (f"{PREFIX}tls_key_file = {s.tls_key_file!r} is not allowed: a root-only file "
+                f"on the host (it is a {key['type']})")
     if key.get("user") != "root" or int(str(key.get("mode", 0)), 8) & 0o077:
         return (f"{PREFIX}tls_key_file = {s.tls_key_file!r} is not allowed: a root-only file "
                 f"(mode 0600, owner root; it is {key.get('mode')}, owner {key.get('user')})")
@@ -333,7 +533,7 @@ def given_problem(s: Settings, cert_pem: str | None, key: dict | None,
     if cert.not_valid_after_utc <= now:
         return (f"{PREFIX}tls_cert_file = {s.tls_cert_file!r} is not allowed: a certificate "
                 f"in its validity (it expired on {cert.not_valid_after_utc:%Y-%m-%d})")
-    if s.fleet_address and str(ipaddress.ip_address(s.fleet_address)) not in _names_of(cert):
+    if s.fleet_address and canonical(s.fleet_address) not in _names_of(cert):
         return (f"{PREFIX}tls_cert_file = {s.tls_cert_file!r} is not allowed: a certificate "
                 f"naming the fleet address {s.fleet_address}, at which the router and "
                 f"Prometheus verify it (it names {', '.join(_names_of(cert)) or 'nothing'})")
@@ -347,7 +547,17 @@ def certificates(settings: Settings, ca: FleetCA) -> None:
     if settings.tls_cert_file is not None and needs_tls(settings):
         problem = given_problem(settings, host.get_fact(GivenCertificate,
                                                         path=settings.tls_cert_file),
-                                host.get_fact(File, path=settings.tls_key_file))
+                                host.get_fact(GivenKey, path=settings.tls_key_file))
+        if not problem:
+            problem = chain_problem(settings, host.get_fact(GivenChain,
+                                                            path=settings.tls_cert_file), ca)
+        if not problem:
+            reason = host.get_fact(GivenPair, cert=settings.tls_cert_file,
+                                   key=settings.tls_key_file)
+            if reason:
+                problem = (f"{PREFIX}tls_key_file = {settings.tls_key_file!r} is not allowed: "
+                           f"the private key of {PREFIX}tls_cert_file's certificate, which "
+                           f"nginx loads ({reason})")
         if problem:
             refuse("TLS", problem)
             return

@@ -112,3 +112,24 @@ def test_nothing_to_change_says_nothing(tmp_path, caplog):
     _, commands = _run(facts, True, env, tmp_path)
     assert commands == []
     assert "WANDB_API_KEY" not in caplog.text
+
+
+def test_a_key_file_is_said_while_another_hosts_holds_the_diff_off(tmp_path, caplog):
+    """Hosts run in parallel: while one host's secret file holds pyinfra's diff off (a fact read
+    inside it switches greenlets), another host's key file was written without its --diff line
+    (host.pem on the second host of a fleet, lab 6)."""
+    caplog.set_level(logging.INFO)
+    state = FakeState()
+    state.config.DIFF = True
+    facts = {"files.File": {"path=/etc/gpuhost/tls/host.pem": None},
+             "files.Directory": {"path=/etc/gpuhost/tls/host.pem": None,
+                                 "path=/etc/gpuhost/tls": {"mode": 755}}}
+    host = _host(state, facts)
+    from io import StringIO
+    with ctx_state.use(state), ctx_host.use(host):
+        with mod._diff_off():  # another host, inside its own secret file
+            commands = list(mod.put_hidden(StringIO("-----BEGIN PRIVATE KEY-----\nk\n"),
+                                           "/etc/gpuhost/tls/host.pem"))
+    assert any(isinstance(c, FileUploadCommand) for c in commands)
+    assert "Will write /etc/gpuhost/tls/host.pem (contents hidden" in caplog.text
+    assert "BEGIN PRIVATE KEY" not in caplog.text and state.config.DIFF is True
