@@ -81,9 +81,11 @@ def send():
             with lock:
                 counts["ok"] += 1
         except Exception as exc:
+            body = exc.read().decode(errors="replace")[:200] if hasattr(exc, "read") else ""
             with lock:
                 counts["failed"] += 1
-                errors.append(type(exc).__name__ + ": " + str(getattr(exc, "code", exc)))
+                errors.append(f"{time.monotonic() - start:.1f} s: {type(exc).__name__}: "
+                              f"{getattr(exc, 'code', exc)} {body}")
 
 workers = [threading.Thread(target=send) for _ in range(threads)]
 for w in workers:
@@ -351,7 +353,7 @@ def test_a_roll_behind_the_tls_router_drops_no_request(fleet, tmp_path):
     result = json.loads(client.ssh("cat /tmp/client.out").strip().splitlines()[-1])
     print(f"\nthrough the TLS router while 3 servers rolled: {result['requests']} requests "
           f"({result['during_deploy']} of them during the deploy), {result['failed']} failed, "
-          f"{result['seconds']} s, {CLIENT_THREADS} clients at once")
+          f"{result['seconds']} s, {CLIENT_THREADS} clients at once; errors: {result['errors']}")
     assert result["failed"] == 0 and result["during_deploy"] >= ROLL_REQUESTS, result
     after = {n: h.main_pid("sglang.service") for n, h in hosts.items()}
     assert all(after[n] != before[n] for n in before), (before, after)
