@@ -29,8 +29,12 @@ MAKE_CA = ("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -noenc
            "-subj '/CN={cn}' -addext 'basicConstraints=critical,CA:TRUE' "
            "-addext 'keyUsage=critical,keyCertSign,cRLSign' -keyout {key} -out {cert}")
 ROLL_REQUESTS = 3000
-#: Clients sending at once during the roll: enough that most of the 3000 fall within it
-CLIENT_THREADS = 8
+#: Clients sending at once during the roll, each pausing PAUSE_S between two requests: enough
+#: that 3000 fall within it, and at most 4 / 0.03 = 133 a second, within what the router's gate
+#: admits from one client address (operations/gate.py RATE, 200 a second; 8 clients without a
+#: pause got 429s from it)
+CLIENT_THREADS = 4
+PAUSE_S = 0.03
 
 #: One request: URL, CA file, key file or "-", then prints "<status> <reason>" (status 0: no
 #: HTTP answer, the reason the TLS or connection error).
@@ -54,8 +58,8 @@ except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
 #: its counts, and how many were sent before the stop file appeared (during the deploy).
 CLIENT = r"""
 import json, os, ssl, sys, threading, time, urllib.request
-url, ca, key_file, minimum, limit, threads = sys.argv[1], sys.argv[2], sys.argv[3], \
-    int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+url, ca, key_file, minimum, limit, threads, pause = sys.argv[1], sys.argv[2], sys.argv[3], \
+    int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7])
 key = open(key_file).read().strip()
 context = ssl.create_default_context(cafile=ca)
 counts = {"ok": 0, "failed": 0, "during": None}; errors = []; lock = threading.Lock()
@@ -86,6 +90,7 @@ def send():
                 counts["failed"] += 1
                 errors.append(f"{time.monotonic() - start:.1f} s: {type(exc).__name__}: "
                               f"{getattr(exc, 'code', exc)} {body}")
+        time.sleep(pause)
 
 workers = [threading.Thread(target=send) for _ in range(threads)]
 for w in workers:
@@ -337,7 +342,7 @@ def test_a_roll_behind_the_tls_router_drops_no_request(fleet, tmp_path):
     before = {n: h.main_pid("sglang.service") for n, h in hosts.items()}
     url = f"https://{addresses[ROUTER_HOST]}:8100"
     client.ssh(f"rm -f /tmp/client.stop /tmp/client.out; nohup python3 /root/client.py {url} "
-               f"/root/fleet-ca.crt /root/client.key {ROLL_REQUESTS} 1800 {CLIENT_THREADS} "
+               f"/root/fleet-ca.crt /root/client.key {ROLL_REQUESTS} 1800 {CLIENT_THREADS} {PAUSE_S} "
                "> /tmp/client.out 2>&1 < /dev/null &")
     try:
         time.sleep(3)
