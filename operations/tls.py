@@ -1,8 +1,8 @@
 """TLS on the fleet's public endpoints: each host's certificate, issued by the fleet CA.
 
-The fleet CA is the operator's: its certificate and private key are files on the controller,
-named in host data (``gpuhost_tls_ca_cert_file``, ``gpuhost_tls_ca_key_file``; docs/security.md
-shows the two openssl commands that make one). The CA key never leaves the controller. For each
+The fleet CA is the operator's (operations/fleet_ca.py reads and checks it on the controller;
+docs/security.md shows the openssl command that makes one). The CA key never leaves the
+controller. For each
 host with a public endpoint (a server or a router bound wider than the loopback), the deploy
 makes a key and a certificate the CA signs, and puts them on the host in one root-only file
 (:data:`HOST_PEM`, the key and then the certificate: nginx reads both from one file,
@@ -31,26 +31,23 @@ from __future__ import annotations
 import datetime
 import hashlib
 import ipaddress
-import os
 import re
 import shlex
-import stat
-from collections.abc import Mapping
-from dataclasses import dataclass
 from io import StringIO
 from typing import Final
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, SignatureAlgorithmOID
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.operations import files
 
+# for_run and load_ca: the stage's callers and tests reach the CA through this module too
+from operations.fleet_ca import RENEW_DAYS, FleetCA, TlsError, for_run, load_ca  # noqa: F401
 from operations.plan import refuse
-from operations.run_exit import end_run
 from operations.secret_template import put_hidden
 from operations.settings import PREFIX, Settings
 
@@ -61,159 +58,11 @@ CA_PATH: Final = f"{TLS_DIR}/fleet-ca.crt"
 HOST_PEM: Final = f"{TLS_DIR}/host.pem"
 #: Days a certificate is valid (at most the CA's own remaining validity).
 VALID_DAYS: Final = 365
-#: Days before expiry at which a converge issues the certificate again.
-RENEW_DAYS: Final = 30
 #: A certificate's start, this far before its issue: a host's clock a little behind the
 #: controller's still accepts it.
 BACKDATE: Final = datetime.timedelta(minutes=5)
 _DNS_NAME: Final = re.compile(r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
                               r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
-_LOADED: Final = "_gpuhost_fleet_cas"
-_PRIVATE_KEYS: Final = (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey)
-
-
-class TlsError(ValueError):
-    """The fleet CA's files give no CA to issue with: the line names the key, the value and
-    what is allowed."""
-
-
-@dataclass(frozen=True)
-class FleetCA:
-    """The fleet CA, loaded on the controller."""
-
-    cert: x509.Certificate
-    #: None where host data names no key: the hosts bring their own certificates
-    key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey | None
-
-    @property
-    def cert_pem(self) -> str:
-        return self.cert.public_bytes(serialization.Encoding.PEM).decode()
-
-
-def _refuse(key: str, value: str, why: str) -> TlsError:
-    return TlsError(f"{PREFIX}{key} = {value!r} is not allowed: {why}")
-
-
-def load_ca(cert_file: str, key_file: str | None,
-            now: datetime.datetime | None = None) -> FleetCA:
-    """The fleet CA from its files on the controller (``key_file`` None: its certificate alone,
-    to verify with); :class:`TlsError` where they give none (unreadable, not PEM, not a CA,
-    expired or expiring within :data:`RENEW_DAYS`, a key that other users may read, an
-    encrypted key, a key of another certificate)."""
-    now = now or datetime.datetime.now(datetime.timezone.utc)
-    data = _read("tls_ca_cert_file", cert_file)[1]
-    try:
-        certs = x509.load_pem_x509_certificates(data)
-    except ValueError:
-        raise _refuse("tls_ca_cert_file", cert_file, "a PEM certificate (-----BEGIN "
-                      "CERTIFICATE-----), the fleet CA's") from None
-    if len(certs) > 1:
-        raise _refuse("tls_ca_cert_file", cert_file, f"one certificate, the fleet CA's (this "
-                      f"file holds {len(certs)}: the hosts would get the first alone)")
-    cert = certs[0]
-    try:
-        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
-    except x509.ExtensionNotFound:
-        constraints = None
-    if constraints is None or not constraints.ca:
-        raise _refuse("tls_ca_cert_file", cert_file, "a CA's certificate (basicConstraints "
-                      "CA:TRUE); this one is not a CA's")
-    if cert.not_valid_after_utc - datetime.timedelta(days=RENEW_DAYS) <= now:
-        raise _refuse("tls_ca_cert_file", cert_file, f"a CA valid for more than {RENEW_DAYS} "
-                      f"days; this one expires on {cert.not_valid_after_utc:%Y-%m-%d}")
-    problem = _unusable_ca(cert, now)
-    if problem:
-        raise _refuse("tls_ca_cert_file", cert_file, problem)
-    if key_file is None:
-        return FleetCA(cert=cert, key=None)
-    mode, data = _read("tls_ca_key_file", key_file)
-    if stat.S_IMODE(mode) & 0o077:
-        raise _refuse("tls_ca_key_file", key_file, f"a file only its owner may read or write "
-                      f"(its mode is {stat.S_IMODE(mode):04o}; chmod 600 it)")
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except TypeError:
-        raise _refuse("tls_ca_key_file", key_file, "an unencrypted PEM private key (the deploy "
-                      "asks for no passphrase)") from None
-    except (ValueError, x509.UnsupportedGeneratorAlgorithm):
-        raise _refuse("tls_ca_key_file", key_file, "a PEM private key (-----BEGIN PRIVATE "
-                      "KEY-----), the fleet CA's") from None
-    if not isinstance(key, _PRIVATE_KEYS):
-        raise _refuse("tls_ca_key_file", key_file, "an EC, RSA or Ed25519 private key")
-    if key.public_key().public_bytes(serialization.Encoding.DER,
-                                     serialization.PublicFormat.SubjectPublicKeyInfo) != \
-            cert.public_key().public_bytes(serialization.Encoding.DER,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo):
-        raise _refuse("tls_ca_key_file", key_file, f"the private key of "
-                      f"{PREFIX}tls_ca_cert_file's certificate ({cert_file}); it is another's")
-    return FleetCA(cert=cert, key=key)
-
-
-#: The most a fleet CA's file may hold: a PEM certificate or private key is a few KiB (RSA
-#: 4096: about 3.3 KiB), and the deploy reads the file whole.
-MAX_PEM_BYTES: Final = 1 << 20
-
-
-def _read(key: str, path: str) -> tuple[int, bytes]:
-    """The mode and the bytes of a file on the controller (a symlink followed), or
-    :class:`TlsError`: not a regular file (a directory, a device, a FIFO would hang the run),
-    larger than :data:`MAX_PEM_BYTES`, unreadable."""
-    try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            raise _refuse(key, path, "a regular file on the controller (this is "
-                          f"{_KINDS.get(stat.S_IFMT(info.st_mode), 'not one')})")
-        if info.st_size > MAX_PEM_BYTES:
-            raise _refuse(key, path, f"a PEM file of at most {MAX_PEM_BYTES} bytes (this one "
-                          f"has {info.st_size})")
-        with open(path, "rb") as f:
-            return info.st_mode, f.read(MAX_PEM_BYTES + 1)
-    except OSError as exc:
-        raise _refuse(key, path, f"a readable file on the controller ({exc.strerror})") from None
-
-
-_KINDS: Final = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device",
-                 stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO",
-                 stat.S_IFSOCK: "a socket"}
-
-
-def _unusable_ca(cert: x509.Certificate, now: datetime.datetime) -> str | None:
-    """Why the certificates a CA's certificate signs would not verify at the hosts' clients
-    (OpenSSL 3 at Debian's security level 2 in nginx, curl and Python; rustls in smg; Go in
-    Prometheus), or None. Each was seen to fail there (OpenSSL 3.0 ``verify``, curl): a CA
-    not yet valid ("certificate is not yet valid"), a keyUsage without keyCertSign ("invalid
-    CA certificate", RFC 5280 4.2.1.3), a CA that is not self-signed (the hosts trust the file
-    alone, and OpenSSL wants a chain ending at a root: "unable to get local issuer
-    certificate"), an RSA key under 2048 bits ("CA certificate key too weak", SECLEVEL 2), an
-    RSASSA-PSS key (this module signs PKCS#1 v1.5). The key types are the Mozilla Root Store
-    Policy's (section 5.1: RSA of at least 2048 bits, ECDSA on P-256 or P-384, which rustls
-    and Go verify; Ed25519 as well, which OpenSSL, rustls and Go verify)."""
-    if cert.not_valid_before_utc > now:
-        return (f"a CA already valid; this one starts on "
-                f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC (by the controller's clock)")
-    try:
-        usage = cert.extensions.get_extension_for_class(x509.KeyUsage).value
-    except x509.ExtensionNotFound:
-        usage = None
-    if usage is not None and not usage.key_cert_sign:
-        return "a CA whose keyUsage includes keyCertSign; this one's does not"
-    try:
-        self_signed = cert.issuer == cert.subject
-        cert.verify_directly_issued_by(cert)
-    except (ValueError, TypeError, InvalidSignature):
-        self_signed = False
-    if not self_signed:
-        return (f"a root CA's certificate, self-signed (the hosts trust this file alone); "
-                f"this one is issued by {cert.issuer.rfc4514_string()}")
-    if cert.signature_algorithm_oid == SignatureAlgorithmOID.RSASSA_PSS:
-        return "an RSA (PKCS#1), ECDSA P-256 or P-384, or Ed25519 CA; this one's key is RSA-PSS"
-    public = cert.public_key()
-    if isinstance(public, rsa.RSAPublicKey) and public.key_size < 2048:
-        return f"an RSA key of at least 2048 bits; this one has {public.key_size}"
-    if isinstance(public, ec.EllipticCurvePublicKey) and \
-            not isinstance(public.curve, (ec.SECP256R1, ec.SECP384R1)):
-        return f"an ECDSA key on P-256 or P-384; this one is on {public.curve.name}"
-    return None
 
 
 def subject_names(name: str, s: Settings) -> tuple[str, ...]:
@@ -588,37 +437,3 @@ def host_certificate(settings: Settings, ca: FleetCA):
         return
     host.log(f"TLS certificate: {reason}: issued again by the fleet CA")
     yield from put_hidden(StringIO(issue(ca, host.name, names)), HOST_PEM)
-
-
-def for_run(settings: Mapping[str, Settings]) -> dict[str, FleetCA]:
-    """Each host's fleet CA (by host name; none where host data names none), loaded from the
-    controller once a run; on a problem, the run ends listing each before any host is touched
-    (as settings.for_run does)."""
-    from pyinfra import state
-
-    loaded = getattr(state, _LOADED, None)
-    if loaded is not None and loaded[0] == dict(settings):
-        return loaded[1]
-    cas: dict[tuple[str, str | None], FleetCA] = {}
-    problems: dict[tuple[str, str | None], tuple[list[str], str]] = {}
-    for name, s in settings.items():
-        if s.tls_ca_cert_file is None:
-            continue
-        pair = (s.tls_ca_cert_file, s.tls_ca_key_file)
-        if pair in cas:
-            continue
-        if pair in problems:
-            problems[pair][0].append(name)
-            continue
-        try:
-            cas[pair] = load_ca(*pair)
-        except TlsError as exc:
-            problems[pair] = ([name], str(exc))
-    if problems:
-        end_run("gpuhost: the fleet CA refused, no host was touched:\n  - " + "\n  - ".join(
-            f"host{'s' if len(names) > 1 else ''} {', '.join(names)}: {why}"
-            for names, why in problems.values()))
-    by_host = {name: cas[(s.tls_ca_cert_file, s.tls_ca_key_file)]
-               for name, s in settings.items() if s.tls_ca_cert_file is not None}
-    setattr(state, _LOADED, (dict(settings), by_host))
-    return by_host

@@ -43,6 +43,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "rollback": ("Rollback", "upgrades.md"),
     "preflight": ("Preflight", "first-deploy.md"),
     "tls": ("TLS", "security.md"),
+    "fleet_ca": ("TLS", "security.md"),
     "stack_check": ("Stack", "troubleshooting.md"),
     "stack_facts": ("Stack", "troubleshooting.md"),
     "sglang_choices": ("Stack", "troubleshooting.md"),
