@@ -13,7 +13,7 @@ keys are added, removed or given a new value.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -107,6 +107,23 @@ def _say(upload: FileUploadCommand, dest: str) -> None:
     logger.info("")
 
 
+def _quietly(inner: Iterator[Any], say: Callable[[FileUploadCommand], None]) -> Iterator[Any]:
+    """The commands of pyinfra's file operation ``inner``, its body run with pyinfra's diff
+    off; under --diff, ``say`` called once, at its first upload, in place of pyinfra's diff."""
+    diff = _diff_asked()
+    said = False
+    while True:
+        with _diff_off():
+            try:
+                command = next(inner)
+            except StopIteration:
+                return
+        if diff and not said and isinstance(command, FileUploadCommand):
+            said = True
+            say(command)
+        yield command
+
+
 @operation()
 def _secret_template(src: str, dest: str, mode: str = "600", **data):
     """``files.template`` for a file that holds secrets: the same changes, and under --diff
@@ -124,19 +141,8 @@ def _secret_template(src: str, dest: str, mode: str = "600", **data):
         secret_template(name="Server environment", src="templates/server.env.j2",
                         dest="/etc/gpuhost/server.env", env={"WANDB_API_KEY": "..."})
     """
-    diff = _diff_asked()
-    inner = files.template._inner(src=src, dest=dest, mode=mode, **data)
-    said = False
-    while True:
-        with _diff_off():
-            try:
-                command = next(inner)
-            except StopIteration:
-                return
-        if diff and not said and isinstance(command, FileUploadCommand):
-            said = True
-            _say(command, dest)
-        yield command
+    yield from _quietly(files.template._inner(src=src, dest=dest, mode=mode, **data),
+                        lambda upload: _say(upload, dest))
 
 
 #: The operation, announcing files.template's reads to the fact cache as files.template does
@@ -148,16 +154,7 @@ def put_hidden(src: Any, dest: str, mode: str = "600") -> Iterator[Any]:
     """The commands of pyinfra's ``files.put`` (root's file) for a file that holds a private key,
     to yield from inside an operation: pyinfra's diff off, and under --diff one line saying the
     file changes, its contents hidden (a PEM has no line worth showing masked)."""
-    diff = _diff_asked()
-    inner = files.put._inner(src=src, dest=dest, user="root", group="root", mode=mode)
-    said = False
-    while True:
-        with _diff_off():
-            try:
-                command = next(inner)
-            except StopIteration:
-                return
-        if diff and not said and isinstance(command, FileUploadCommand):
-            said = True
-            host.log(f"Will write {dest} (contents hidden: it holds a private key)", logger.info)
-        yield command
+    yield from _quietly(
+        files.put._inner(src=src, dest=dest, user="root", group="root", mode=mode),
+        lambda _: host.log(f"Will write {dest} (contents hidden: it holds a private key)",
+                           logger.info))

@@ -214,7 +214,16 @@ def _signature_hash(key: object) -> hashes.HashAlgorithm | None:
     return hashes.SHA256()
 
 
-class HostCertificate(FactBase):
+class _PemFact(FactBase):
+    """A fact whose output is PEM text: the text, or None where there is none."""
+
+    @staticmethod
+    def process(output: list[str]) -> str | None:
+        text = "\n".join(output).strip()
+        return text + "\n" if text else None
+
+
+class HostCertificate(_PemFact):
     """The certificate in :data:`HOST_PEM` (its PEM block alone, never the key), or None where
     the file holds no certificate or no key beside it."""
 
@@ -224,32 +233,12 @@ class HostCertificate(FactBase):
                 f"then sed -n '/-----BEGIN CERTIFICATE-----/,/-----END CERTIFICATE-----/p' "
                 f"{HOST_PEM}; fi")
 
-    @staticmethod
-    def process(output: list[str]) -> str | None:
-        text = "\n".join(output).strip()
-        return text + "\n" if text else None
-
 
 def fingerprint(pem: str) -> str:
     """A certificate's SHA-256 fingerprint, as openssl x509 -fingerprint -sha256 prints it."""
     der = x509.load_pem_x509_certificate(pem.encode()).public_bytes(serialization.Encoding.DER)
     digest = hashlib.sha256(der).hexdigest().upper()
     return ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
-
-
-class GivenCertificate(FactBase):
-    """The first certificate of a PEM file on the host (``gpuhost_tls_cert_file``), or None."""
-
-    @staticmethod
-    def command(path: str) -> str:
-        quoted = shlex.quote(path)
-        return (f"if [ -f {quoted} ]; then sed -n '/-----BEGIN CERTIFICATE-----/,"
-                f"/-----END CERTIFICATE-----/{{p;/-----END CERTIFICATE-----/q}}' {quoted}; fi")
-
-    @staticmethod
-    def process(output: list[str]) -> str | None:
-        text = "\n".join(output).strip()
-        return text + "\n" if text else None
 
 
 class GivenKey(FactBase):
@@ -303,7 +292,7 @@ class GivenPair(FactBase):
         return None if said == "ok" else said or "python3 said nothing"
 
 
-class GivenChain(FactBase):
+class GivenChain(_PemFact):
     """Every certificate of a PEM file on the host (``gpuhost_tls_cert_file``: the host's and
     the chain after it), or None."""
 
@@ -312,11 +301,6 @@ class GivenChain(FactBase):
         quoted = shlex.quote(path)
         return (f"if [ -f {quoted} ]; then sed -n '/-----BEGIN CERTIFICATE-----/,"
                 f"/-----END CERTIFICATE-----/p' {quoted}; fi")
-
-    @staticmethod
-    def process(output: list[str]) -> str | None:
-        text = "\n".join(output).strip()
-        return text + "\n" if text else None
 
 
 def chain_problem(s: Settings, chain_pem: str | None, ca: FleetCA) -> str | None:
@@ -359,7 +343,8 @@ def chain_problem(s: Settings, chain_pem: str | None, ca: FleetCA) -> str | None
 def given_problem(s: Settings, cert_pem: str | None, key: dict | None,
                   now: datetime.datetime | None = None) -> str | None:
     """Why the certificate and key host data names on the host cannot serve (``cert_pem``:
-    :class:`GivenCertificate`; ``key``: :class:`GivenKey`), or None. The chain up to the
+    :class:`GivenChain`, of which the first certificate is the host's; ``key``:
+    :class:`GivenKey`), or None. The chain up to the
     CA: :func:`chain_problem`; the key beside the certificate: :class:`GivenPair`."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
     if not key:
@@ -394,12 +379,11 @@ def certificates(settings: Settings, ca: FleetCA) -> None:
     has a public endpoint: the one host data names, checked while planning (refused
     otherwise), or one the fleet CA issues (:func:`host_certificate`)."""
     if settings.tls_cert_file is not None and needs_tls(settings):
-        problem = given_problem(settings, host.get_fact(GivenCertificate,
-                                                        path=settings.tls_cert_file),
+        chain = host.get_fact(GivenChain, path=settings.tls_cert_file)
+        problem = given_problem(settings, chain,
                                 host.get_fact(GivenKey, path=settings.tls_key_file))
         if not problem:
-            problem = chain_problem(settings, host.get_fact(GivenChain,
-                                                            path=settings.tls_cert_file), ca)
+            problem = chain_problem(settings, chain, ca)
         if not problem:
             reason = host.get_fact(GivenPair, cert=settings.tls_cert_file,
                                    key=settings.tls_key_file)
