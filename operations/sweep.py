@@ -24,17 +24,14 @@ from operations.bench import (
     run_levels,
     say,
 )
-from operations.p2p import LIB_DIR
 from operations.server import (
     GATE_UNIT,
     SWEEP_DROPIN,
     UNIT,
     _wait_serving,
-    backend_url,
-    public_url,
+    settings_gate_argv,
     unit_context,
 )
-from operations.tls import CA_PATH
 from operations.settings import PREFIX, Settings
 
 #: Journal lines kept for a value whose server failed.
@@ -52,20 +49,6 @@ def dropin_text(settings: Settings, key: str, value: Any) -> str:
     (exec_start,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
     return (f"# gpuhost bench.py sweep: {key} = {value}; removed when the sweep ends (or by the "
             f"next bench or deploy)\n[Service]\nExecStart=\n{exec_start}\n")
-
-
-def _gate_argv(settings: Settings) -> list[str]:
-    """The deploy's own health gate (operations/server.py serving): a failing server stopped."""
-    argv = ["python3", f"{LIB_DIR}/health_check.py", "--url", shlex.quote(backend_url(settings)),
-            "--model", shlex.quote(settings.served_model_name), "--unit", UNIT,
-            "--timeout", str(settings.health_timeout)]
-    if settings.server_is_public:
-        url = public_url(settings)
-        argv += ["--public-url", shlex.quote(url),
-                 "--api-key-file", shlex.quote(settings.api_key_file), "--gate-unit", GATE_UNIT]
-        if url.startswith("https://"):
-            argv += ["--ca-file", CA_PATH]
-    return argv
 
 
 def _units(settings: Settings) -> list[str]:
@@ -91,7 +74,7 @@ def restore(state, host, settings: Settings) -> None:
     passed (which records it verified). OperationError when it does not pass."""
     say("sweep: restoring the server as deploy.py configured it")
     _restart(host, None)
-    if not _wait_serving(state, host, _gate_argv(settings), settings.health_timeout,
+    if not _wait_serving(state, host, settings_gate_argv(settings), settings.health_timeout,
                          _units(settings)):
         raise OperationError(f"{UNIT} as deploy.py configured it does not pass the health gate "
                              "after the sweep (above): run deploy.py")
@@ -102,7 +85,7 @@ def _gate(host, settings: Settings) -> tuple[bool, str]:
     seconds: (passed, why not: the gate's "server not ready: ..." words)."""
     waited, began = 0.0, time.monotonic()
     while True:
-        command = StringCommand(*_gate_argv(settings), "--poll-for", str(PROGRESS_EVERY),
+        command = StringCommand(*settings_gate_argv(settings), "--poll-for", str(PROGRESS_EVERY),
                                 "--elapsed-offset", f"{waited:.0f}")
         ok, output = remote.shell(host, command, _success_exit_codes=[0, 3],
                                   timeout=PROGRESS_EVERY + remote.POLL_TIMEOUT_S + 60)
