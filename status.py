@@ -19,7 +19,7 @@ from pyinfra import host, inventory
 from operations import fleet
 from operations.bench import RESULTS_ROOT
 from operations.observability import NODE_EXPORTER_USER, PROMETHEUS_PASSWORD, prometheus_hosts
-from operations.run_exit import end_run
+from operations.run_exit import end_answered, end_run
 from operations.settings import for_run
 from operations.status import (
     PrometheusAnswers,
@@ -43,6 +43,8 @@ except ValueError as exc:
 if not on:
     end_run("gpuhost: no Prometheus in this inventory: it runs on a host of the gpuhost_router "
             "group (docs/observability.md)")
+if on[0] not in {h.name for h in inventory.get_active_hosts()}:
+    end_run(f"gpuhost: status.py asks the Prometheus on {on[0]}: leave {on[0]} in --limit")
 if host.name == on[0]:
     # its API admits the metrics password only (operations/observability.py)
     asked = {"port": everyone[host.name].prometheus_port, "user": NODE_EXPORTER_USER,
@@ -59,3 +61,5 @@ if host.name == on[0]:
         picture = PICTURES / f"fleet-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.png"
         plot(hour, picture)
         print(f"the last hour: {picture}", flush=True)
+    # nothing to run: no "Press enter to execute", whether or not -y was given
+    end_answered()

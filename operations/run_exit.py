@@ -27,3 +27,15 @@ def end_run(message: str) -> NoReturn:
         raise GreenletExit
     _ended = True
     raise SystemExit(message)
+
+
+def end_answered() -> NoReturn:
+    """End a run that only reads (status.py) once its answer is printed: exit 0, before pyinfra
+    asks "Press enter to execute" for operations there are none of (pyinfra_cli/cli.py, 3.x:
+    a deploy file's run without ``-y`` always confirms; on no terminal, ``input()`` ends in an
+    EOFError traceback). The other hosts' greenlets end as :func:`end_run` ends them."""
+    global _ended
+    if _ended and isinstance(getcurrent(), Greenlet):
+        raise GreenletExit
+    _ended = True
+    raise SystemExit(0)

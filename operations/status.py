@@ -166,15 +166,20 @@ def plot(hour: Mapping[str, Mapping[str, list[tuple[float, float]]]], dest: Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("tokens_per_s", "output tokens/s"), ("running", "requests running"),
-              ("power_pct", "GPU power, % of limit"), ("sm_clock_pct", "SM clock, % of max")]
+    # (key, label, the least top of the y axis): a flat line, zero most of all, keeps an axis
+    # from 0 that says what it is (matplotlib's autoscale would spread 0 over -0.04..0.04)
+    panels = [("tokens_per_s", "output tokens/s", 1.0), ("running", "requests running", 1.0),
+              ("power_pct", "GPU power, % of limit", 100.0),
+              ("sm_clock_pct", "SM clock, % of max", 100.0)]
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 10), sharex=True,
                              constrained_layout=True)
     start = min((p[0] for series in hour.values() for points in series.values()
                  for p in points[:1]), default=0.0)
-    for ax, (key, label) in zip(axes, panels):
+    for ax, (key, label, least_top) in zip(axes, panels):
         for name, points in sorted(hour.get(key, {}).items()):
             ax.plot([(t - start) / 60 for t, _ in points], [v for _, v in points], label=name)
+        ax.set_ylim(*y_limits([v for points in hour.get(key, {}).values() for _, v in points],
+                              least_top))
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
         if hour.get(key):
@@ -184,6 +189,15 @@ def plot(hour: Mapping[str, Mapping[str, list[tuple[float, float]]]], dest: Path
     dest.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(dest, dpi=100)
     plt.close(fig)
+
+
+def y_limits(values: Sequence[float], least_top: float) -> tuple[float, float]:
+    """A panel's y axis: from 0 (or the lowest value, where one is below 0) to 10 % above the
+    highest value, and at least to ``least_top`` (1 for counts and rates, 100 for a percentage):
+    a flat or empty line still reads against a scale that means something."""
+    low = min(0.0, *values) if values else 0.0
+    high = max(values, default=0.0)
+    return low, max(least_top, high * 1.1)
 
 
 def _duration(seconds: float) -> str:

@@ -185,6 +185,27 @@ def test_the_picture_of_the_last_hour(tmp_path):
     assert dest.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and dest.stat().st_size > 10000
 
 
+def test_a_flat_line_reads_against_a_scale_from_zero(tmp_path, monkeypatch):
+    """Issue 42: a flat line of 0 tok/s was scaled to -0.04..0.04; its axis now runs from 0 to
+    at least 1 (a count or rate) or 100 (a percentage), and 10 % above the highest value."""
+    assert status.y_limits([0.0, 0.0], 1.0) == (0.0, 1.0)
+    assert status.y_limits([], 100.0) == (0.0, 100.0)
+    assert status.y_limits([50.0], 100.0) == (0.0, 100.0)
+    assert status.y_limits([200.0, 259.0], 1.0) == (0.0, 259.0 * 1.1)
+    assert status.y_limits([-2.0, 3.0], 1.0) == (-2.0, 3.3000000000000003)
+    import matplotlib.figure
+
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: saved.extend(ax.get_ylim() for ax in fig.axes))
+    start = 1764000000.0
+    flat = [(start + 60 * i, 0.0) for i in range(60)]
+    status.plot({"tokens_per_s": {"gpu1": flat}, "running": {"gpu1": flat},
+                 "power_pct": {"gpu1": [(start, 12.0)]}, "sm_clock_pct": {}},
+                tmp_path / "fleet.png")
+    assert saved == [(0.0, 1.0), (0.0, 1.0), (0.0, 100.0), (0.0, 100.0)]
+
+
 def test_the_hour_fact_reads_ranges():
     fact = status.PrometheusHour()
     assert " 3600 " in fact.command(port=9090) and "generation_tokens_total" in \

@@ -255,16 +255,17 @@ class Run:
 
 
 def deploy(*extra: str, inventory: str = "inventory/sandbox.py",
-           deploy_file: str = "deploy.py") -> Run:
+           deploy_file: str = "deploy.py", yes: bool = True) -> Run:
     """Run the deploy (or bench.py) as a user would; with --json, also return pyinfra's run
-    results."""
+    results. ``yes=False``: without ``-y`` and with no terminal (stdin /dev/null), as a
+    command documented without it runs from a script."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    argv = [str(PYINFRA), *(["-y"] if yes else []), *extra, inventory, deploy_file]
     result = subprocess.run(
-        [str(PYINFRA), "-y", *extra, inventory, deploy_file],
-        cwd=ROOT, text=True, capture_output=True, env=env, check=False,
+        argv, cwd=ROOT, text=True, capture_output=True, env=env, check=False,
+        stdin=subprocess.DEVNULL,
     )
-    GUARD.observe(f"pyinfra -y {' '.join(extra)} {inventory} {deploy_file}",
-                  result.stdout + result.stderr)
+    GUARD.observe(" ".join(["pyinfra", *argv[1:]]), result.stdout + result.stderr)
     payload = None
     if "--json" in extra:
         try:

@@ -227,9 +227,11 @@ def test_status_prints_the_fleet_and_draws_its_hour(fleet):
                      bench.output)
     assert made, bench.output[-4000:]
     started = time.monotonic()
-    run = lab.deploy(inventory=fleet["inventory"], deploy_file="status.py")
+    # as docs/observability.md has it: no -y, and no terminal to answer a prompt (issue 42)
+    run = lab.deploy(inventory=fleet["inventory"], deploy_file="status.py", yes=False)
     elapsed = time.monotonic() - started
     assert run.returncode == 0, run.output[-6000:]
+    assert "Press enter" not in run.output and "Traceback" not in run.output, run.output[-3000:]
     lines = {line.split(":", 1)[0]: line for line in run.output.splitlines()
              if re.match(r"^(gpu\d|fleet): ", line)}
     print(f"status.py took {elapsed:.1f} s (pyinfra's start, ssh to 3 hosts, the queries, "
