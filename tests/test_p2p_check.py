@@ -86,7 +86,9 @@ def test_bare_metal_all_ok_is_verified_and_on(check):
     assert record["decision"]["p2p"] == "on"
     assert "verified" in record["decision"]["reason"]
     assert env == {"NCCL_IB_DISABLE": "1", "GPUHOST_P2P_SERVER_ARGS": ""}
-    assert "GPU0 -> GPU1: peer copy of 1 MiB intact" in proc.stdout
+    # the 56 pairs in one line; each pair's copy is in the record
+    assert "56 GPU pairs: 56 peer copies of 1 MiB intact, " in proc.stdout
+    assert "GPU0 -> GPU1" not in proc.stdout
 
 
 @pytest.mark.parametrize(("scenario", "code"), [("reference-lab", "NS"), ("q35-cns", "CNS")])
@@ -99,6 +101,8 @@ def test_unsupported_p2p_copies_nothing_and_turns_p2p_off(check, scenario, code)
     assert record["verification"]["all_reduce"]["intact"]
     assert record["decision"]["p2p"] == "off" and code in record["decision"]["reason"]
     assert env == {**NO_P2P, "GPUHOST_P2P_SERVER_ARGS": "--disable-custom-all-reduce"}
+    n = len(record["verification"]["pairs"])
+    assert f"{n} GPU pairs: {n} with no peer access reported, not copied" in proc.stdout
 
 
 def test_reported_ok_but_wrong_data_turns_p2p_off_with_the_causes(check):
@@ -113,7 +117,8 @@ def test_reported_ok_but_wrong_data_turns_p2p_off_with_the_causes(check):
     (warning,) = decision["warnings"]
     for cause in ("ACS", "IOMMU", "q35", "pcie=1", "x-nv-gpudirect-clique"):
         assert cause in warning
-    assert "WRONG DATA on arrival" in proc.stdout and "WARNING:" in proc.stdout
+    assert "2 GPU pairs: 2 WRONG DATA on arrival: GPU0 -> GPU1, GPU1 -> GPU0" in proc.stdout
+    assert "WARNING:" in proc.stdout
     # P2P reported OK but broken: NCCL must be told, or it goes peer-to-peer again.
     assert env == {**NO_P2P, "NCCL_P2P_DISABLE": "1",
                    "GPUHOST_P2P_SERVER_ARGS": "--disable-custom-all-reduce"}

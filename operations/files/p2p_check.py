@@ -248,21 +248,35 @@ def verify(gpu_count: int, nbytes: int, timeout: float, nccl_env: dict[str, str]
             "all_reduce": reduce}
 
 
+def pairs_line(pairs: list[dict]) -> str:
+    """Every GPU pair in one line (the record keeps each pair's copy: its ``pairs``): how many
+    were copied intact and how fast, each pair whose copy arrived wrong by name, how many report
+    no peer access. 8 GPUs are 56 ordered pairs: a line each buried the decision (issue 42)."""
+    copied = [p for p in pairs if p["peer_access"]]
+    wrong = [f"GPU{p['src']} -> GPU{p['dst']}" for p in copied if not p["intact"]]
+    intact = [p for p in copied if p["intact"]]
+    parts = []
+    if intact:
+        rates = sorted(p["gb_per_s"] for p in intact)
+        parts.append(f"{len(intact)} peer copies of {intact[0]['bytes'] // 2**20} MiB intact, "
+                     f"{rates[0]} to {rates[-1]} GB/s")
+    if wrong:
+        parts.append(f"{len(wrong)} WRONG DATA on arrival: {', '.join(wrong)}")
+    if len(copied) < len(pairs):
+        parts.append(f"{len(pairs) - len(copied)} with no peer access reported, not copied")
+    return f"{len(pairs)} GPU pairs: {'; '.join(parts)} (each pair: the record's pairs)"
+
+
 def summary(record: dict) -> list[str]:
-    """The record in lines for people: per pair, the all-reduce, the decision, warnings."""
+    """The record in lines for people: the pairs in one line, the all-reduce, the decision,
+    warnings."""
     lines = []
     gpus = len(record["measured_on"]["gpu_uuids"])
     result = record["verification"]
     if gpus < 2:
         lines.append("one GPU: no pairs, nothing to verify")
-    for p in result.get("pairs", []):
-        pair = f"GPU{p['src']} -> GPU{p['dst']}"
-        if not p["peer_access"]:
-            lines.append(f"{pair}: no peer access reported, not copied")
-        else:
-            state = "intact" if p["intact"] else "WRONG DATA on arrival"
-            lines.append(f"{pair}: peer copy of {p['bytes'] // 2**20} MiB {state}, "
-                         f"{p['seconds']:.6f} s, {p['gb_per_s']} GB/s")
+    if result.get("pairs"):
+        lines.append(pairs_line(result["pairs"]))
     if result.get("failure"):
         lines.append(f"verification failed: {result['failure']}")
     reduce = result.get("all_reduce")
