@@ -133,8 +133,9 @@ def record_command(settings: Settings, action: str = "record") -> str:
 
 class LastGoodState(FactBase[str]):
     """Whether the last known good record agrees with what serves: the first line of
-    ``last_known_good.py check`` ("fresh", "unverified", "stale: <why>"); "stale: ..." where
-    the script is not on the host yet or cannot say.
+    ``last_known_good.py check`` ("fresh", "unverified", "stale: <why>"); "absent: ..." where
+    the script is not on the host yet (a fresh host: nothing recorded, nothing stale),
+    "stale: ..." where it cannot say.
 
     .. code:: python
 
@@ -145,7 +146,7 @@ class LastGoodState(FactBase[str]):
     def command(self, check: str) -> str:
         script = shlex.quote(last_known_good.SCRIPT)
         return (f"if [ -f {script} ]; then {check} 2>/dev/null || echo 'stale: check failed'; "
-                "else echo 'stale: no last_known_good.py on the host'; fi")
+                "else echo 'absent: no last_known_good.py on the host yet'; fi")
 
     @override
     def process(self, output) -> str:
@@ -176,7 +177,8 @@ def last_good_recorded(check: str, record: str, state_now: str):
     + check, record: last_known_good.py's check and record commands (:func:`record_command`)
     + state_now: :class:`LastGoodState` while planning
     """
-    if not state_now.startswith(("fresh", "unverified")):
+    if state_now.startswith("stale"):
+        # a fresh host's first record ("absent") is no news: the gate's pass records it
         logger.info(f"{host.print_prefix}last known good: {state_now}: recording it again")
     yield FunctionCommand(_record_if_stale, (check, record), {})
 

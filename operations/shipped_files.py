@@ -108,7 +108,11 @@ def retired(lib_dir: str = LIB_DIR) -> list[OperationMeta]:
 
     Called after the server and router stages: until they have replaced a gate's unit, an older
     unit may still run ``api_gate.py`` (started again at a reboot of the NVIDIA stage); a host
-    that fails before them keeps the file with the unit that needs it."""
+    that fails before them keeps the file with the unit that needs it.
+
+    Only where the file is (pyinfra's File fact while planning): a fresh host, which never had
+    it, is not told of a removal that does nothing (issue 42)."""
+    host = ctx_host.get()
     return [files.file(name=f"Remove {lib_dir}/{name} (no longer shipped)",
                        path=f"{lib_dir}/{name}", present=False)
-            for name in RETIRED]
+            for name in RETIRED if host.get_fact(File, path=f"{lib_dir}/{name}")]

@@ -24,7 +24,9 @@ def _print_status(hosts: list[dict[str, object]]) -> None:
         return
     for h in hosts:
         print(f"{h['name']:<8} {h['address']:<14} {h['state']}")
-    print(f"ssh key: {SSH_KEY}   (ssh -i {SSH_KEY} root@ADDRESS)")
+    # the deploys log in as the lab's sudo user (inventory/sandbox.py's ssh_user), not root
+    user = hosts[0].get("ssh_user", "root")
+    print(f"ssh key: {SSH_KEY}   (ssh -i {SSH_KEY} {user}@ADDRESS, as the deploys log in)")
 
 
 def _host_count(text: str) -> int:

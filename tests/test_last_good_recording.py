@@ -53,4 +53,5 @@ def test_the_record_state_reads_the_scripts_first_line():
     state = server.LastGoodState()
     assert state.process(["fresh"]) == "fresh"
     assert state.process([]).startswith("stale")
-    assert "stale: no last_known_good.py on the host" in state.command("python3 x check")
+    # a fresh host has no record yet: nothing is stale (issue 42: "stale" on a new host)
+    assert "absent: no last_known_good.py on the host yet" in state.command("python3 x check")
