@@ -63,9 +63,9 @@ if deploy_lock.held(settings):
             tls.certificates(settings, fleet_cas[host.name])
         if settings.serving:  # else a router host with no GPU, driver, ML venv nor server
             known_behaviour(settings)
-            nvidia(settings)
+            driver = nvidia(settings)
             venv_changes = mlenv(settings)
-            p2p_changes = p2p(settings)
+            p2p_changes = p2p(settings, driver_changes=bool(driver and driver.change))
             role = node_role(settings)
             sglang_server(settings, inputs=[*venv_changes, *p2p_changes,
                                             *nodes_env(role, settings)],

@@ -1132,6 +1132,9 @@ def nvidia(settings: Settings):
     (templates/sglang-driver-gate.conf) keeps the unit from starting while nvidia-smi fails (no
     driver, or a driver/library version mismatch), so that no server runs across a driver
     change.
+
+    Returns the stage's :class:`DriverPlan` (None where the stage is refused or finishes an
+    interrupted rollback): the P2P stage reads from it whether the driver changes in this run.
     """
     meta = fact(LinuxDistribution).get("release_meta", {})
     try:
@@ -1317,6 +1320,7 @@ def nvidia(settings: Settings):
             name="Check the loaded driver (and record it as verified)",
             packages=list(packages), module_package=module_package,
             gpu_count=settings.gpu_count, failure_of=driver_failure)
+    return plan
 
 
 def driver_change(settings: Settings, plan: DriverPlan, packages: list[str],

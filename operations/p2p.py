@@ -178,16 +178,26 @@ def recorded_env(record_text: str | None) -> str | None:
 
 
 @deploy("P2P")
-def p2p(settings: Settings):
+def p2p(settings: Settings, driver_changes: bool = False):
     """Ship the P2P check and run it when needed; the decision lands in /etc/gpuhost/p2p.env,
     which the server's unit reads. Returns the operations whose change means the server must
-    restart."""
+    restart.
+
+    ``driver_changes``: the NVIDIA stage changes the driver's version in this run (its
+    DriverPlan's ``change``). The record names the old driver then, so the plan says the
+    measurement follows the change (--dry included), and p2p.env is left to the check: the
+    check's operation reads the driver again when it runs, after the reboot."""
     prefix = host.print_prefix
     platform = fact(Platform)
     logger.info(f"{prefix}P2P platform: {platform.describe()}")
     record_text = fact(FileText, path=RECORD)
     needed, line, warnings = plan(fact(NvidiaDriver), record_text, settings.p2p_override,
                                   settings.p2p_remeasure)
+    if driver_changes and not needed:
+        line = (f"P2P will be measured again after the driver change (the record is of driver "
+                f"{fact(NvidiaDriver).driver_version}); {SERVER_UNIT} is stopped first if it "
+                "runs")
+        needed, warnings = True, []
     logger.info(f"{prefix}{line}")
     record = _load(record_text) or {}
     if warnings:
