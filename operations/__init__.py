@@ -42,6 +42,15 @@ def _bytecode_in_the_cache() -> None:
 
 _bytecode_in_the_cache()
 
+# the installed pyinfra checked against what gpuhost patches, before the first patch: one line
+# naming each symbol that no longer fits, before any host is touched (operations/pyinfra_seam.py)
+from operations import pyinfra_seam  # noqa: E402
+
+if pyinfra_seam.read_before_patching():
+    from operations.run_exit import end_run
+
+    end_run("gpuhost: " + "; ".join(pyinfra_seam.SEEN))
+
 # before any fact class of gpuhost's is defined: pyinfra's FactBase.__init_subclass__ lists the
 # global arguments at each (operations/global_arguments.py)
 from operations import global_arguments  # noqa: E402
