@@ -330,6 +330,10 @@ def summary(every: list[Unit], wall: float) -> int:
         print(f"{unit.seconds:7.0f} s  lab {unit.lab}  exit {unit.rc}  {unit.name}  "
               f"({tests - failures - errors - skipped} passed, {failures} failed, "
               f"{errors} errors, {skipped} skipped)")
+    for lab in sorted({u.lab for u in every}):
+        mine = [u for u in every if u.lab == lab]
+        print(f"lane of lab {lab}: {len(mine)} units, {sum(u.seconds for u in mine) / 60:.1f} "
+              f"min busy of the run's {wall / 60:.1f} min")
     tests, failures, errors, skipped = (sum(u.counts[i] for u in every) for i in range(4))
     bad = [u.name for u in every if u.rc not in (0, NO_TESTS)]
     print(f"{'=' * 30} {failures} failed, {tests - failures - errors - skipped} passed, "

@@ -124,8 +124,19 @@ def test_the_suite_fails_when_any_unit_fails_and_deselected_units_do_not(capsys)
     assert lanes.summary([ok, deselected], 1.0) == 0
     assert lanes.summary([deselected], 1.0) == lanes.NO_TESTS
     assert lanes.summary([ok, deselected, failed], 1.0) == 1
-    last = capsys.readouterr().out.splitlines()[-1]
-    assert "1 failed, 5 passed, 1 skipped, 0 errors" in last and "failing: c" in last
+    printed = capsys.readouterr().out.splitlines()
+    assert "1 failed, 5 passed, 1 skipped, 0 errors" in printed[-1] and "failing: c" in printed[-1]
+
+
+def test_each_lane_says_its_minutes(capsys):
+    """.ci/run's output names each lane's busy minutes beside the run's (issue 43)."""
+    units = [Unit("a", ["a"], rc=0, counts=(1, 0, 0, 0), seconds=120.0, lab=0),
+             Unit("b", ["b"], rc=0, counts=(1, 0, 0, 0), seconds=60.0, lab=0),
+             Unit("c", ["c"], rc=0, counts=(1, 0, 0, 0), seconds=30.0, lab=1)]
+    assert lanes.summary(units, 240.0) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert "lane of lab 0: 2 units, 3.0 min busy of the run's 4.0 min" in printed
+    assert "lane of lab 1: 1 units, 0.5 min busy of the run's 4.0 min" in printed
 
 
 def test_the_longest_modules_start_first(tmp_path):
