@@ -18,7 +18,8 @@ From sglang 0.5.9's bench_serving (its wheel's bench_serving.py, calculate_metri
   of each token's time), its peak.
 
 Decode throughput at steady state is ``streams * 1000 / median_itl_ms``, where ``streams`` is
-the level's concurrency (at most the prompts sent): the rate at which that many streams
+the level's concurrency, at most the prompts sent and the server's ``max_running_requests``
+(sglang queues the rest: their wait is in TTFT): the rate at which that many streams
 decode together in a step no prefill falls in. A step that runs another request's prefill
 (one per arriving request) is a long gap in the ITL tail (p99), not in its median while fewer
 than half the steps carry one; ``output_throughput`` (all output over the whole run, the
@@ -58,16 +59,19 @@ def served(versions: dict[str, Any], server: dict[str, Any], settings: Any = Non
 
 
 def decode(bench: dict[str, Any] | None, concurrency: int, prompts: int,
-           what: Served | None = None) -> dict[str, Any] | None:
+           what: Served | None = None, running_limit: Any = None) -> dict[str, Any] | None:
     """One level's field figures (None where bench_serving wrote no result): ``tok_s`` (decode
     at steady state, see the module's docstring), ``per_stream_tok_s``, ``streams``,
     ``basis`` (``"itl"`` or ``"tpot"``), ``ttft_ms`` and ``itl_ms`` as ``{"p50", "p99"}``,
     ``peak_output_tok_s``, ``accept_length``, and ``published``: the published figure for the
     same card, model, tensor parallel size, speculative decoding and concurrency with its
-    source and ``ratio`` (ours / theirs), or None where none is known."""
+    source and ``ratio`` (ours / theirs), or None where none is known. ``running_limit``: the
+    server's max_running_requests (None or not a number: no limit known)."""
     if not bench:
         return None
-    streams = max(min(concurrency, prompts), 1)
+    limits = [concurrency, prompts] + ([running_limit] if isinstance(running_limit, int)
+                                       and running_limit > 0 else [])
+    streams = max(min(limits), 1)
     per_token = (bench.get("backend") != "sglang-oai" or bench.get("accept_length")
                  or what is None or what.speculative is None)
     basis, gap = ("itl", bench.get("median_itl_ms")) if per_token else \

@@ -151,7 +151,8 @@ def build(raw: Path, host: str, label: str | None = None,
     what = bench_figures.served(meta["versions"], server_info, settings)
     for entry in levels:
         entry["decode"] = bench_figures.decode(entry.get("bench"), entry["concurrency"],
-                                               meta["prompts"], what)
+                                               meta["prompts"], what,
+                                               server_info.get("max_running_requests"))
     return {
         "host": host, "label": label, "started": meta["started"], "ended": meta["ended"],
         "utc_offset_s": meta["utc_offset_s"], "versions": meta["versions"],

@@ -34,8 +34,11 @@ def test_decode_at_steady_state_from_the_median_itl():
     assert bench_figures.decode(None, 16, 128, LAB) is None
 
 
-def test_streams_at_most_the_prompts_sent():
+def test_streams_at_most_the_prompts_sent_and_the_servers_running_limit():
     assert bench_figures.decode(BENCH, 64, 8, LAB)["tok_s"] == pytest.approx(8 * 1000 / 40.0)
+    limited = bench_figures.decode(BENCH, 64, 128, LAB, running_limit=32)
+    assert limited["streams"] == 32 and limited["published"]["tok_s"] == 1010.6  # asked: 64
+    assert bench_figures.decode(BENCH, 64, 128, LAB, running_limit=None)["streams"] == 64
 
 
 def test_speculative_chunks_without_an_accept_length_read_tpot():
