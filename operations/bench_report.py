@@ -301,7 +301,8 @@ def _per_level(ax, runs, y_of, name: str, second_of=None, labels=("", ""),
 def _decode_lines(ax, runs) -> None:
     """On the throughput panel: a single run's decode tok/s at steady state (green squares,
     dotted; a sweep's lines stay its values' output tok/s, which it ranks) and the published
-    figures that match a level (black stars, once in the legend, with their source's name)."""
+    figures that match a level (black stars, once in the legend, with their source's name;
+    one run: ours / theirs written beside each)."""
     done = [lv for lv in runs[0]["levels"] if (lv.get("decode") or {}).get("tok_s")]
     if len(runs) == 1 and done:
         ax.plot([lv["concurrency"] for lv in done], [lv["decode"]["tok_s"] for lv in done],
@@ -319,6 +320,14 @@ def _decode_lines(ax, runs) -> None:
                 markersize=11, color="black", linestyle="none",
                 label=f"published decode, {source}" + (
                     "" if len(tables) == 1 else f" ({shown[xs[0]]['speculative'] or 'no MTP'})"))
+        if len(runs) == 1:  # ours / theirs beside each star
+            for x in xs:
+                if shown[x].get("ratio") is not None:
+                    ax.annotate(f"{shown[x]['ratio']:.2f} x", (x, shown[x]["tok_s"]),
+                                xytext=(6, -3), textcoords="offset points", fontsize=8)
+    ax.set_autoscaley_on(True)  # _per_level's set_ylim fixed the top before these lines
+    ax.relim()
+    ax.autoscale_view()
     ax.set_ylim(bottom=0)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)

@@ -153,6 +153,8 @@ def test_plot_draws_decode_and_the_published_figures(tmp_path):
             [1000 / 79.0, 64 * 1000 / 79.0])
         stars = lines["published decode, voipmonitor/rtx6kpro"]
         assert list(stars.get_xdata()) == [1, 64] and list(stars.get_ydata()) == [50.4, 1010.6]
+        assert tput.get_ylim()[1] > 1010.6 and tput.get_ylim()[0] == 0  # every point shown
+        assert [a.get_text() for a in tput.texts] == ["0.25 x", "0.80 x"]  # ours / theirs
         legend = [t.get_text() for t in tput.get_legend().get_texts()]
         assert "published decode, voipmonitor/rtx6kpro" in legend
         texts = _texts(fig)
