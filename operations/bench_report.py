@@ -378,8 +378,9 @@ def figure(runs: list[dict[str, Any]], note: str | None = None):
     """bench.png's figure. Above, against concurrency (the levels as ticks, one line per run:
     a sweep's values): output throughput (one run: and decode at steady state, dotted), the
     published decode figures that match (black stars), TTFT and ITL (median, and p99 dashed);
-    a level that failed requests has a red cross and its count. Below, one panel per level (a row per run), each on
-    its own time axis so a short level reads as well as a long one: power as % of the limit,
+    a level that failed requests has a red cross and its count. Below, one panel per level (a
+    row per run), each on its own time axis so a short level reads as well as a long one:
+    power as % of the limit,
     SM clock as % of maximum, GPU utilisation and memory-copy utilisation (each the mean of
     the GPUs), the measured window shaded, the verdict and the requests done in its title.
     Figures from stand-ins say so in the title, as does ``note`` (a sweep's values not drawn)."""
