@@ -37,7 +37,7 @@ from typing import Any, Final
 
 from operations.published import Served, match
 
-#: bench_serving's fields this module reads (each in its ``result``).
+#: bench_serving's fields this module reads (each in its ``result``; bench_report keeps them).
 FIELDS: Final = ("median_itl_ms", "p99_itl_ms", "median_ttft_ms", "p99_ttft_ms",
                  "median_tpot_ms", "p99_tpot_ms", "max_output_tokens_per_s", "accept_length",
                  "backend")
@@ -45,10 +45,12 @@ FIELDS: Final = ("median_itl_ms", "p99_itl_ms", "median_ttft_ms", "p99_ttft_ms",
 
 def served(versions: dict[str, Any], server: dict[str, Any], settings: Any = None) -> Served:
     """What was served: the card from bench_run.py's nvidia-smi (``versions``: ``gpu``,
-    ``compute_cap``), the rest from the server's own flags (bench_serving's ``server_info``,
-    sglang's server_args: ``model_path``, ``tp_size``, ``speculative_algorithm``), else from
-    the host's settings (``model``, ``tensor_parallel_size``, ``speculative_algorithm`` where
-    the settings have it)."""
+    ``compute_cap``); the model from the host's settings (``model``: a repository id, which
+    the server's ``model_path`` folder only ends in), else that folder; the tensor parallel
+    size and the speculative algorithm from the server's own flags (bench_serving's
+    ``server_info``, sglang's server_args: ``tp_size``, ``speculative_algorithm``; a sweep's
+    value as served), else from the settings (``tensor_parallel_size``,
+    ``speculative_algorithm`` where the settings have it)."""
     spec = (server["speculative_algorithm"] if "speculative_algorithm" in server
             else getattr(settings, "speculative_algorithm", None))
     return Served(gpu=versions.get("gpu"), compute_capability=versions.get("compute_cap"),
