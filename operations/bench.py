@@ -167,7 +167,7 @@ def run_levels(host, settings: Settings, dest: Path, label: str | None = None,
         raise OperationError(f"the bench run ended without finishing ({RUN_UNIT}'s output is "
                              f"in {raw}/progress.log)")
     try:
-        results, text = bench_report.write(raw, dest, host.name, label, endpoint)
+        results, text = bench_report.write(raw, dest, host.name, label, endpoint, settings)
     except (bench_report.ReportError, ValueError) as exc:
         raise OperationError(f"the raw outputs in {raw} do not report: {exc}") from None
     remote.shell(host, f"rm -rf {RUN_DIR}")

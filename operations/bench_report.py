@@ -4,8 +4,10 @@ outputs bench.py fetched (operations/files/bench_run.py wrote them on the host).
 bench_serving's result fields are sglang 0.5.9's (its wheel's bench_serving.py, the ``result``
 dict written to ``--output-file``: ``output_throughput``, ``total_throughput`` and
 ``request_throughput`` in tokens or requests per second; ``median_ttft_ms``, ``p99_ttft_ms``,
-``median_tpot_ms``, ``p99_tpot_ms``, ``median_itl_ms``, ``p99_itl_ms`` in ms). Runs on the
-controller only (matplotlib).
+``median_tpot_ms``, ``p99_tpot_ms``, ``median_itl_ms``, ``p99_itl_ms`` in ms,
+``max_output_tokens_per_s``, ``accept_length``). Each level's decode throughput at steady state
+and the published figure beside it: operations/bench_figures.py. Runs on the controller only
+(matplotlib).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from operations import diagnosis, telemetry
+from operations import bench_figures, diagnosis, telemetry
 
 PREFIX_KEY: Final = "gpuhost_"
 
@@ -25,14 +27,16 @@ BENCH_FIELDS: Final = (
     "completed", "duration", "total_input_tokens", "total_output_tokens",
     "output_throughput", "total_throughput", "request_throughput",
     "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
-    "median_itl_ms", "p99_itl_ms", "max_concurrency",
+    "median_itl_ms", "p99_itl_ms", "max_concurrency", "max_output_tokens_per_s",
+    "accept_length", "backend",
 )
 #: The server's flags kept from bench_serving's server_info (sglang's /get_server_info).
 SERVER_FLAGS: Final = (
     "model_path", "served_model_name", "tp_size", "moe_runner_backend", "attention_backend",
     "quantization", "kv_cache_dtype", "mem_fraction_static", "max_running_requests",
     "cuda_graph_max_bs", "disable_custom_all_reduce", "nsa_decode_backend",
-    "nsa_prefill_backend", "fp8_gemm_backend", "context_length",
+    "nsa_prefill_backend", "fp8_gemm_backend", "context_length", "speculative_algorithm",
+    "speculative_num_steps", "speculative_num_draft_tokens", "speculative_eagle_topk",
 )
 
 
@@ -111,12 +115,14 @@ def measured_window(level: dict[str, Any], bench: dict[str, Any] | None
 
 
 def build(raw: Path, host: str, label: str | None = None,
-          endpoint: dict[str, Any] | None = None) -> dict[str, Any]:
+          endpoint: dict[str, Any] | None = None, settings: Any = None) -> dict[str, Any]:
     """Every figure of one run, as results.json holds it: per level bench_serving's figures,
+    the field's figures (``decode``: bench_figures.decode, the published figure beside them),
     each GPU's telemetry figures, the level's combined figures and its verdict; the server's
     flags and the versions. ``label`` names the run (a sweep's value); ``endpoint`` what was
     loaded when it was not the host's own server (operations/bench_fleet.py: the fleet's
-    router, its URL and workers)."""
+    router, its URL and workers); ``settings`` the host's, for what the server's own flags do
+    not say (bench_figures.served)."""
     meta = json.loads(_read(raw, "meta.json"))
     samples = telemetry.parse_query(_read(raw, "telemetry.csv"))
     dmon = telemetry.parse_dmon(_read(raw, "dmon.csv"))
@@ -142,6 +148,11 @@ def build(raw: Path, host: str, label: str | None = None,
         entry["figures"] = asdict(combined)
         entry["verdict"] = asdict(verdict)
         levels.append(entry)
+    what = bench_figures.served(meta["versions"], server_info, settings)
+    for entry in levels:
+        entry["decode"] = bench_figures.decode(entry.get("bench"), entry["concurrency"],
+                                               meta["prompts"], what,
+                                               server_info.get("max_running_requests"))
     return {
         "host": host, "label": label, "started": meta["started"], "ended": meta["ended"],
         "utc_offset_s": meta["utc_offset_s"], "versions": meta["versions"],
@@ -149,6 +160,7 @@ def build(raw: Path, host: str, label: str | None = None,
         "prompts": meta["prompts"],
         "server": {k: server_info.get(k) for k in SERVER_FLAGS if k in server_info},
         "stand_ins": stand_ins(meta.get("summaries") or {}),
+        "served": asdict(what),
         "levels": levels,
         "endpoint": endpoint or {"kind": "host", "host": host},
     }
@@ -182,11 +194,12 @@ def summary(results: dict[str, Any]) -> str:
              f"{results['input_len']} input / {results['output_len']} output tokens, "
              f"{results['prompts']} prompts per level", "",
              *_endpoint_lines(results),
-             "| concurrency | requests completed | output tok/s | total tok/s | req/s | "
+             "| concurrency | requests completed | output tok/s | decode tok/s (steady state) | "
+             "published tok/s (ours / theirs) | total tok/s | req/s | "
              "TTFT median / p99 ms | TPOT median / p99 ms | ITL median / p99 ms | "
              "power % of limit (mean / peak) | SM clock % of max | GPU util % | "
              "memory-copy util % | PCIe % of capacity (peak) | throttle reasons |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for level in results["levels"]:
         b = level.get("bench") or {}
         gpus = level["gpus"]
@@ -198,8 +211,13 @@ def summary(results: dict[str, Any]) -> str:
         done = "-" if r.get("completed") is None else f"{r['completed']} of {r['prompts']}"
         if failed_words(level):
             done = f"**{done} (FAILED: {failed_words(level)})**"
+        d = level.get("decode") or {}
+        p = d.get("published") or {}
+        theirs = "-" if not p else (f"{p['tok_s']:.1f}" + (
+            "" if p.get("ratio") is None else f" ({p['ratio']:.2f} x)"))
         lines.append(
             f"| {level['concurrency']} | {done} | {_fmt(b.get('output_throughput'))} | "
+            f"{_fmt(d.get('tok_s'))} | {theirs} | "
             f"{_fmt(b.get('total_throughput'))} | {_fmt(b.get('request_throughput'), 2)} | "
             f"{_fmt(b.get('median_ttft_ms'))} / {_fmt(b.get('p99_ttft_ms'))} | "
             f"{_fmt(b.get('median_tpot_ms'))} / {_fmt(b.get('p99_tpot_ms'))} | "
@@ -214,6 +232,11 @@ def summary(results: dict[str, Any]) -> str:
             and level.get("rc", 0) == 0 else f" ({failed})" if failed else ""
         lines.append(f"- concurrency {level['concurrency']}{failed}: "
                      f"{level['verdict']['text']}")
+    compared = [line for line in map(bench_figures.published_line, results["levels"]) if line]
+    if compared:
+        lines += ["", "Beside the published figures for this card, model, tensor parallel size "
+                  "and speculative decoding (decode tok/s at steady state, docs/bench.md):", "",
+                  *(f"- {line}" for line in compared)]
     return "\n".join(lines) + "\n"
 
 
@@ -275,6 +298,41 @@ def _per_level(ax, runs, y_of, name: str, second_of=None, labels=("", ""),
         ax.legend(fontsize=8)
 
 
+def _decode_lines(ax, runs) -> None:
+    """On the throughput panel: a single run's decode tok/s at steady state (green squares,
+    dotted; a sweep's lines stay its values' output tok/s, which it ranks) and the published
+    figures that match a level (black stars, once in the legend, with their source's name;
+    one run: ours / theirs written beside each)."""
+    done = [lv for lv in runs[0]["levels"] if (lv.get("decode") or {}).get("tok_s")]
+    if len(runs) == 1 and done:
+        ax.plot([lv["concurrency"] for lv in done], [lv["decode"]["tok_s"] for lv in done],
+                marker="s", linestyle=":", color="C2", label="decode (steady state)")
+    tables: dict[str, dict[int, dict[str, Any]]] = {}  # a sweep's values may match two
+    for results in runs:
+        for lv in results["levels"]:
+            if (lv.get("decode") or {}).get("published"):
+                row = lv["decode"]["published"]
+                tables.setdefault(row["where"], {})[lv["concurrency"]] = row
+    for i, shown in enumerate(tables.values()):
+        xs = sorted(shown)
+        source = shown[xs[0]]["source"].split("github.com/")[-1].split("/blob/")[0]
+        ax.plot(xs, [shown[x]["tok_s"] for x in xs], marker="*" if i == 0 else "P",
+                markersize=11, color="black", linestyle="none",
+                label=f"published decode, {source}" + (
+                    "" if len(tables) == 1 else f" ({shown[xs[0]]['speculative'] or 'no MTP'})"))
+        if len(runs) == 1:  # ours / theirs beside each star
+            for x in xs:
+                if shown[x].get("ratio") is not None:
+                    ax.annotate(f"{shown[x]['ratio']:.2f} x", (x, shown[x]["tok_s"]),
+                                xytext=(6, -3), textcoords="offset points", fontsize=8)
+    ax.set_autoscaley_on(True)  # _per_level's set_ylim fixed the top before these lines
+    ax.relim()
+    ax.autoscale_view()
+    ax.set_ylim(bottom=0)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
 def _time_cell(ax, samples: list[dict[str, Any]], level: dict[str, Any]) -> list:
     """One level's telemetry: seconds since its measured window began (shaded), the mean of
     the GPUs for each of TIME_LINES; returns the artists drawn, for the legend."""
@@ -317,10 +375,12 @@ def plot(runs: list[dict[str, Any]], dest: Path, note: str | None = None) -> Non
 
 
 def figure(runs: list[dict[str, Any]], note: str | None = None):
-    """bench.png's figure. Above, against concurrency (the levels as ticks, one line per run: a sweep's
-    values): output throughput, TTFT and ITL (median, and p99 dashed); a level that failed
-    requests has a red cross and its count. Below, one panel per level (a row per run), each on
-    its own time axis so a short level reads as well as a long one: power as % of the limit,
+    """bench.png's figure. Above, against concurrency (the levels as ticks, one line per run:
+    a sweep's values): output throughput (one run: and decode at steady state, dotted), the
+    published decode figures that match (black stars), TTFT and ITL (median, and p99 dashed);
+    a level that failed requests has a red cross and its count. Below, one panel per level (a
+    row per run), each on its own time axis so a short level reads as well as a long one:
+    power as % of the limit,
     SM clock as % of maximum, GPU utilisation and memory-copy utilisation (each the mean of
     the GPUs), the measured window shaded, the verdict and the requests done in its title.
     Figures from stand-ins say so in the title, as does ``note`` (a sweep's values not drawn)."""
@@ -354,6 +414,7 @@ def figure(runs: list[dict[str, Any]], note: str | None = None):
     _per_level(tput, runs, bench("output_throughput"), "tokens/s" if single else
                "output tokens/s", second_of=bench("total_throughput") if single else None,
                labels=("output", "input + output"))
+    _decode_lines(tput, runs)
     _per_level(ttft, runs, bench("median_ttft_ms"), "TTFT ms: median (o), p99 (^, dashed)",
                second_of=bench("p99_ttft_ms"), labels=("median", "p99"), legend=single)
     _per_level(itl, runs, bench("median_itl_ms"), "ITL ms: median (o), p99 (^, dashed)",
@@ -397,10 +458,10 @@ def series(raw: Path) -> list[dict[str, Any]]:
 
 
 def write(raw: Path, dest: Path, host: str, label: str | None = None,
-          endpoint: dict[str, Any] | None = None) -> tuple[dict, str]:
-    """Write results.json, summary.md and bench.png into ``dest`` from ``raw``; returns the
-    results and the summary's text."""
-    results = build(raw, host, label, endpoint)
+          endpoint: dict[str, Any] | None = None, settings: Any = None) -> tuple[dict, str]:
+    """Write results.json, summary.md and bench.png into ``dest`` from ``raw`` (``settings``:
+    the host's, see :func:`build`); returns the results and the summary's text."""
+    results = build(raw, host, label, endpoint, settings)
     results["series"] = series(raw)
     text = summary(results)
     (dest / "results.json").write_text(json.dumps(results, indent=1) + "\n")

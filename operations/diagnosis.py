@@ -3,7 +3,7 @@
 Each rule reads the level's figures over every GPU (:func:`level_figures`) and, when its
 conditions hold, gives a verdict that names the figures it rests on. The first rule that holds
 wins (RULES' order: a throttle explains low clocks before "kernel-bound" could). Thresholds are
-this module's constants, documented in docs/bench.md ("What the verdicts mean").
+this module's constants, documented in docs/bench.md ("Verdicts").
 
 Sources: NVIDIA's nvidia-smi documentation for the clock event reasons (``sw_power_cap``: "the
 clocks have been lowered ... to stay under the power limit"; ``hw_thermal_slowdown`` /

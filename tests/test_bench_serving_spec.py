@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import bench_report
+from operations import bench_figures, bench_report
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = json.loads((ROOT / "locks" / "sglang-0.5.9.bench_serving.json").read_text())
@@ -77,6 +77,7 @@ def test_standin_writes_the_real_result_fields():
 
 def test_report_reads_real_result_fields():
     assert set(bench_report.BENCH_FIELDS) <= set(SPEC["result_fields"])
+    assert set(bench_figures.FIELDS) <= set(bench_report.BENCH_FIELDS)  # the decode figures'
 
 
 @pytest.mark.parametrize("field", ["output_throughput", "median_tpot_ms", "p99_itl_ms"])

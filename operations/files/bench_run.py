@@ -75,13 +75,18 @@ def _distributions(python: str) -> tuple[dict, dict]:
 
 
 def _versions(python: str) -> tuple[dict, dict]:
-    """(versions of VERSIONS, the driver and the GPUs; the packages' summaries)."""
+    """(versions of VERSIONS, the driver, the GPUs' name, compute capability and count; the
+    packages' summaries). ``compute_cap`` is nvidia-smi's query field (driver 580's
+    --help-query-gpu, tests/fixtures/h200-device/telemetry/help-query-gpu.txt: "The CUDA
+    Compute Capability, represented as Major DOT Minor")."""
     versions, summaries = _distributions(python)
-    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name",
+    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name,compute_cap",
                              "--format=csv,noheader"], capture_output=True, text=True)
     rows = [line.split(", ") for line in driver.stdout.splitlines() if ", " in line]
     if rows:
         versions["driver"], versions["gpu"] = rows[0][0], rows[0][1]
+        if len(rows[0]) > 2:
+            versions["compute_cap"] = rows[0][2]
         versions["gpu_count"] = str(len(rows))
     return versions, summaries
 

@@ -37,15 +37,29 @@ def test_bench_converged_then_refused_when_unhealthy(converged_host):
     for name in ("results.json", "summary.md", "bench.png", "raw/level-1.json",
                  "raw/level-4.json", "raw/telemetry.csv", "raw/dmon.csv"):
         assert (dest / name).is_file(), name
-    assert "| concurrency | requests completed | output tok/s |" in run.output  # the summary
+    assert "| concurrency | requests completed | output tok/s | decode tok/s (steady state) | " \
+        "published tok/s (ours / theirs) |" in run.output  # the summary
     results = json.loads((dest / "results.json").read_text())
     assert results["server"]["moe_runner_backend"] == "flashinfer_cutlass"
     assert results["versions"]["sglang"] == "0.5.9"
+    # what the report matches published figures on: the card from the host's nvidia-smi, the
+    # rest from the server's own flags; no figure was published for the sandbox's tiny model
+    assert results["served"] == {"gpu": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                                 "compute_capability": "12.0",
+                                 "model": "gpuhost-sandbox/tiny-glm-5",
+                                 "tensor_parallel_size": 8, "speculative": None}
     for level in results["levels"]:
         n = level["concurrency"]
         assert level["bench"]["completed"] == 8
         assert level["requests"] == {"prompts": 8, "completed": 8, "failed": 0}
         assert level["bench"]["output_throughput"] == pytest.approx(EXPECTED_TOK_S[n], rel=0.3)
+        decode, bench = level["decode"], level["bench"]
+        assert decode["basis"] == "itl" and decode["streams"] == n
+        assert decode["tok_s"] == pytest.approx(EXPECTED_TOK_S[n], rel=0.3)  # streams / ITL
+        assert decode["ttft_ms"] == {"p50": bench["median_ttft_ms"], "p99": bench["p99_ttft_ms"]}
+        assert 0 < decode["itl_ms"]["p50"] <= decode["itl_ms"]["p99"]
+        assert decode["peak_output_tok_s"] > 0 and decode["accept_length"] is None
+        assert decode["published"] is None
         assert len(level["gpus"]) == 8
         assert level["verdict"]["name"] == "kernel-bound", level["verdict"]
         assert 35 < level["figures"]["power_pct"] < 60

@@ -9,15 +9,20 @@ sampling_params max_new_tokens, temperature 0, ignore_eos; each chunk's text is 
 far, its meta_info.completion_tokens the count),
 ``--max-concurrency`` requests at a time, after ``--warmup-requests``, and appends one JSON line
 to ``--output-file`` with the real tool's ``result`` fields, computed as its calculate_metrics
-does (TPOT = (latency - TTFT) / (output_len - 1); percentiles as numpy's, linear). Prompts are
-words, not token ids: the stand-in has no tokenizer (the folder must exist, as the real tool
-loads it).
+does (TPOT = (latency - TTFT) / (output_len - 1); percentiles as numpy's, linear;
+``max_output_tokens_per_s`` and ``max_concurrent_requests`` from 1 s buckets of each token's
+time and each request's span; ``accept_length`` from /get_server_info's
+``internal_states[0].avg_spec_accept_length`` for a backend named sglang*, and with it, for
+sglang-oai, each chunk's gap split over its tokens). Prompts are words, not token ids: the
+stand-in has no tokenizer (the folder must exist, as the real tool loads it); a chunk's tokens
+are its words, as the stand-in server streams them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import threading
@@ -114,7 +119,7 @@ def one_request(url: str, model: str, prompt: str, output_len: int, ignore_eos: 
     payload = {"model": model, "prompt": prompt, "best_of": 1, "max_tokens": output_len,
                "stream": True, "temperature": 0.0, "ignore_eos": ignore_eos}
     out = {"success": False, "ttft": 0.0, "itl": [], "latency": 0.0, "output_len": 0,
-           "text": "", "error": "", "start": time.perf_counter()}
+           "text": "", "error": "", "start": time.perf_counter(), "chunks": []}
     st = out["start"]
     recent = st
     try:
@@ -137,6 +142,7 @@ def one_request(url: str, model: str, prompt: str, output_len: int, ignore_eos: 
                         out["ttft"] = now - st
                     else:
                         out["itl"].append(now - recent)
+                        out["chunks"].append(text)
                     recent = now
                     out["text"] += text
                     out["output_len"] = (data.get("usage") or {}).get("completion_tokens",
@@ -239,6 +245,8 @@ def main(argv: list[str]) -> int:
         list(pool.map(run, range(args.num_prompts)))
     if not args.disable_tqdm:
         sys.stderr.write("\n")
+    info = server_info(base)
+    accept_length = spec_accept_length(info) if "sglang" in args.backend else None
     duration = time.perf_counter() - start
     done = [o for o in outputs if o["success"]]
     output_lens = [o["output_len"] for o in done]
@@ -246,7 +254,12 @@ def main(argv: list[str]) -> int:
     e2e = [o["latency"] for o in done]
     tpots = [(o["latency"] - o["ttft"]) / (o["output_len"] - 1) for o in done
              if o["output_len"] > 1]
-    itls = [v for o in done for v in o["itl"]]
+    if accept_length and args.backend == "sglang-oai":
+        itls = [gap / n for o in done for gap, text in zip(o["itl"], o["chunks"])
+                for n in [max(len(text.split()), 1)] for _ in range(n)]
+    else:
+        itls = [v for o in done for v in o["itl"]]
+    peak_tok_s, peak_requests = peaks(done)
     total_input = len(done) * args.random_input_len
     ms = 1000
     result = {
@@ -255,7 +268,7 @@ def main(argv: list[str]) -> int:
         "sharegpt_output_len": None, "random_input_len": args.random_input_len,
         "random_output_len": args.random_output_len,
         "random_range_ratio": args.random_range_ratio,
-        "server_info": server_info(base),
+        "server_info": info,
         "duration": duration, "completed": len(done), "total_input_tokens": total_input,
         "total_input_text_tokens": total_input, "total_input_vision_tokens": 0,
         "total_output_tokens": sum(output_lens),
@@ -274,8 +287,8 @@ def main(argv: list[str]) -> int:
         "mean_itl_ms": mean(itls) * ms, "median_itl_ms": percentile(itls, 50) * ms,
         "std_itl_ms": std(itls) * ms, "p95_itl_ms": percentile(itls, 95) * ms,
         "p99_itl_ms": percentile(itls, 99) * ms,
-        "concurrency": sum(e2e) / duration, "accept_length": None,
-        "max_output_tokens_per_s": None, "max_concurrent_requests": concurrency,
+        "concurrency": sum(e2e) / duration, "accept_length": accept_length,
+        "max_output_tokens_per_s": peak_tok_s, "max_concurrent_requests": peak_requests,
     }
     print("============ Serving Benchmark Result ============")
     print("{:<40} {:<10}".format("Successful requests:", len(done)))
@@ -290,6 +303,39 @@ def main(argv: list[str]) -> int:
     with open(name, "a") as fh:
         fh.write(json.dumps(result) + "\n")
     return 0
+
+
+def peaks(done: list[dict]) -> tuple[float, int]:
+    """The real calculate_metrics' peaks: output tokens (first at start + TTFT, each next one
+    ITL later) and requests in flight, counted in 1 s buckets from the first request's start;
+    the most of each (0.0 and 0 when none completed)."""
+    if not done:
+        return 0.0, 0
+    first = min(o["start"] for o in done)
+    buckets = int(math.ceil(max(o["start"] + o["latency"] for o in done) - first)) + 1
+    tokens, requests = [0] * buckets, [0] * buckets
+    for o in done:
+        at = o["start"] + o["ttft"]
+        for gap in [0.0, *o["itl"]]:
+            at += gap
+            if 0 <= int(at - first) < buckets:
+                tokens[int(at - first)] += 1
+        for second in range(int(o["start"] - first),
+                            min(int(o["start"] + o["latency"] - first) + 1, buckets)):
+            requests[second] += 1
+    return float(max(tokens)), max(requests)
+
+
+def spec_accept_length(info):
+    """As the real benchmark() reads it: a disaggregated server's first decode entry, then
+    ``internal_states[0]["avg_spec_accept_length"]`` (sglang's scheduler sets it only while
+    speculative decoding runs); None otherwise."""
+    if not isinstance(info, dict):
+        return None
+    if "decode" in info:
+        info = info["decode"][0]
+    states = info.get("internal_states")
+    return states[0].get("avg_spec_accept_length") if states else None
 
 
 def server_info(base: str):
