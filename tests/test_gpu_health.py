@@ -173,3 +173,9 @@ def test_a_failed_host_lists_its_lesser_reasons_too():
     v = gpu_health.verdict(xids={79: 1}, remap_pending=1)
     assert v.state == "failed" and v.reasons[0].startswith("Xid 79") \
         and "pending" in v.reasons[1]
+
+
+def test_the_alert_rules_fatal_xids_are_the_verdicts():
+    rules = (ROOT / "templates" / "gpuhost-alerts.yml").read_text()
+    listed = re.search(r'gpuhost_gpu_xid_errors_total\{xid=~"([0-9|]+)"\}', rules).group(1)
+    assert sorted(int(x) for x in listed.split("|")) == sorted(gpu_health.FATAL_XIDS)
