@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from operations import diagnosis, telemetry
+from operations.files import gpu_health
 
 PREFIX_KEY: Final = "gpuhost_"
 
@@ -142,6 +143,9 @@ def build(raw: Path, host: str, label: str | None = None,
         entry["figures"] = asdict(combined)
         entry["verdict"] = asdict(verdict)
         levels.append(entry)
+    reading = raw / "gpu-health.prom"
+    health = asdict(gpu_health.verdict(**{**gpu_health.readings(reading.read_text()),
+                                          "serving": 1.0})) if reading.is_file() else None
     return {
         "host": host, "label": label, "started": meta["started"], "ended": meta["ended"],
         "utc_offset_s": meta["utc_offset_s"], "versions": meta["versions"],
@@ -151,6 +155,8 @@ def build(raw: Path, host: str, label: str | None = None,
         "stand_ins": stand_ins(meta.get("summaries") or {}),
         "levels": levels,
         "endpoint": endpoint or {"kind": "host", "host": host},
+        # the host's GPUs at the bench's end (operations/files/gpu_health.py), None unread
+        "gpu_health": health,
     }
 
 
@@ -214,6 +220,11 @@ def summary(results: dict[str, Any]) -> str:
             and level.get("rc", 0) == 0 else f" ({failed})" if failed else ""
         lines.append(f"- concurrency {level['concurrency']}{failed}: "
                      f"{level['verdict']['text']}")
+    health = results.get("gpu_health")
+    if health:
+        words = "; ".join(health["reasons"])
+        lines.extend(["", f"GPU health at the end: {health['state']}"
+                      + (f" ({words})" if words else "")])
     return "\n".join(lines) + "\n"
 
 

@@ -309,3 +309,52 @@ def render(health_text: str, q_text: str, kernel_log: str | None,
         lines.extend(f"{XID_COUNT[0]}{{{xid_labels(b, [('xid', str(c))])}}} {n}"
                      for (b, c), n in sorted(counts.items()))
     return lines
+
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+_PAIR = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+#: NVML's thermal clock event reason bits (sw_thermal_slowdown 0x20, hw_thermal_slowdown 0x40).
+THERMAL_BITS = 0x20 | 0x40
+
+
+def readings(text: str) -> dict[str, object]:
+    """:func:`verdict`'s keyword arguments from the GPU metrics script's textfile (the same
+    series Prometheus scrapes), each the worst GPU's: for a host's own reading, as the bench
+    fetches it."""
+    series: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and not line.startswith("#"):
+            series.setdefault(m.group(1), []).append(
+                (dict(_PAIR.findall(m.group(2) or "")), float(m.group(3))))
+
+    def values(name: str) -> list[float]:
+        return [v for _, v in series.get(name, [])]
+
+    def per_gpu(name: str) -> dict[str, float]:
+        return {lab.get("gpu", lab.get("pci_bus_id", "")): v for lab, v in series.get(name, [])}
+
+    xids: dict[int, float] = {}
+    for lab, v in series.get(XID_COUNT[0], []):
+        xids[int(lab["xid"])] = xids.get(int(lab["xid"]), 0) + v
+    used, free = per_gpu("DCGM_FI_DEV_FB_USED"), per_gpu("DCGM_FI_DEV_FB_FREE")
+    fb = [100 * used[g] / (used[g] + free[g]) for g in used if g in free and used[g] + free[g]]
+    util = per_gpu("DCGM_FI_DEV_GPU_UTIL")
+    busy_gen = [v for g, v in per_gpu("DCGM_FI_DEV_PCIE_LINK_GEN").items() if util.get(g)]
+    reasons = values("DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
+    return {
+        "reading_ok": min(values("gpuhost_gpu_metrics_ok"), default=None),
+        "gpus_seen": max(values(COUNT[0]), default=None),
+        "gpus_expected": max(values(EXPECTED[0]), default=None),
+        "xids": xids,
+        "ecc_uncorrected": sum(values("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")) or None,
+        "remap_failure": max(values("DCGM_FI_DEV_ROW_REMAP_FAILURE"), default=None),
+        "remap_pending": max(values("DCGM_FI_DEV_ROW_REMAP_PENDING"), default=None),
+        "link_width": min(values("DCGM_FI_DEV_PCIE_LINK_WIDTH"), default=None),
+        "link_width_max": max(values("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH"), default=None),
+        "link_gen": min(busy_gen, default=None),
+        "link_gen_max": max(values("DCGM_FI_DEV_PCIE_MAX_LINK_GEN"), default=None),
+        "busy": 1.0 if busy_gen else None,
+        "fb_used_pct": max(fb, default=None),
+        "thermal": 1.0 if any(int(r) & THERMAL_BITS for r in reasons) else None,
+    }
