@@ -111,7 +111,8 @@ def test_xids_by_code_and_the_last_one(promtool):
     assert s["DCGM_FI_DEV_XID_ERRORS"][0].endswith('pci_bus_id="00000000:00:06.0",'
                                                    'modelName="NVIDIA H100 80GB HBM3"} 79')
     # a GPU the driver no longer lists keeps its Xids, under its bus id
-    assert s["DCGM_FI_DEV_XID_ERRORS"][1] == 'DCGM_FI_DEV_XID_ERRORS{pci_bus_id="00000000:03:00.0"} 14'
+    assert s["DCGM_FI_DEV_XID_ERRORS"][1] == \
+        'DCGM_FI_DEV_XID_ERRORS{pci_bus_id="00000000:03:00.0"} 14'
     counts = {re.search(r'xid="(\d+)"', line).group(1): line.rsplit(" ", 1)[1]
               for line in s["gpuhost_gpu_xid_errors_total"]}
     assert counts == {"63": "2", "79": "1", "14": "1"}

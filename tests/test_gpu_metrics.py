@@ -146,3 +146,26 @@ def test_the_standins_faults_reach_the_textfile(standin, tmp_path, promtool):
     assert f'gpuhost_gpu_xid_errors_total{{pci_bus_id="{bus}",xid="79"}} 1\n' in text
     assert f'DCGM_FI_DEV_XID_ERRORS{{pci_bus_id="{bus}"}} 79\n' in text
     assert "gpuhost_gpu_kernel_log_ok 1\n" in text
+
+
+def test_a_failed_reading_still_gives_the_kernel_logs_xids(standin, tmp_path):
+    """nvidia-smi failing (here a driver/library mismatch; a GPU fallen off the bus can stop it
+    answering too): the Xids of the kernel log are still written, beside the failed reading."""
+    script, env = standin
+    (tmp_path / "loaded").write_text("580.95.05\n")
+    (tmp_path / "faults.json").write_text(json.dumps({"xids": [
+        {"bus": "0000:01:00", "code": 79, "text": "GPU has fallen off the bus."}]}))
+    dmesg = tmp_path / "dmesg"
+    dmesg.write_text("#!" + sys.executable + "\n"
+                     + (ROOT / "sandbox/standins/kernel/dmesg").read_text())
+    dmesg.chmod(0o755)
+    out = tmp_path / "gpu.prom"
+    done = subprocess.run([sys.executable, str(ROOT / "operations/files/gpu_metrics.py"),
+                           "--output", str(out), "--nvidia-smi", str(script), "--dmesg",
+                           str(dmesg), "--expected-gpus", "8"], capture_output=True, text=True,
+                          env=dict(env, GPUHOST_SANDBOX_FAULTS=str(tmp_path / "faults.json")),
+                          timeout=60, check=False)
+    assert done.returncode == 1
+    text = out.read_text()
+    assert 'gpuhost_gpu_xid_errors_total{pci_bus_id="00000000:01:00.0",xid="79"} 1\n' in text
+    assert "DCGM_FI_DEV_COUNT" not in text and text.splitlines()[-1] == "gpuhost_gpu_metrics_ok 0"

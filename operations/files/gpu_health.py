@@ -277,8 +277,9 @@ def render(health_text: str, q_text: str, kernel_log: str | None,
         head(*REPLAYS)
         lines.extend(f"{REPLAYS[0]}{{{gpu_labels(i)}}} {n}" for i, n in sorted(counted.items()))
     seen = {v["count"] for v in health.values() if v["count"] is not None}
-    head(*COUNT)
-    lines.append(f"{COUNT[0]} {int(max(seen)) if seen else len(health)}")
+    if health:  # none: nvidia-smi did not answer, the count is not known
+        head(*COUNT)
+        lines.append(f"{COUNT[0]} {int(max(seen)) if seen else len(health)}")
     if expected is not None:
         head(*EXPECTED)
         lines.append(f"{EXPECTED[0]} {expected}")

@@ -34,9 +34,11 @@ The labels are DCGM exporter's: gpu (the index), UUID, device (nvidia<index>), p
 modelName. dmon's PCIe figures are MB/s (1 MB = 10^6 bytes: NVML's KB/s over 1000), whole
 numbers: the rate is known to 1 MB/s.
 
-A reading that fails (no driver, a driver/library mismatch) writes only
-``gpuhost_gpu_metrics_ok 0`` (and exits 1, the journal says why): the GPU series then go stale
-in Prometheus, and the alert on this gauge says where to look.
+A reading that fails (no driver, a driver/library mismatch, a GPU lost) writes
+``gpuhost_gpu_metrics_ok 0`` and the kernel log's Xid series alone (and exits 1, the journal says
+why): the other GPU series then go stale in Prometheus, and the alert on this gauge says where
+to look. The health series (framebuffer, ECC, remapped rows, the PCIe link and replays, Xids,
+the GPU count) are gpu_health.py's.
 
 Runs on the GPU host with the system python3 (standard library only, Python 3.10 and newer),
 from gpuhost-gpu-metrics.service (a oneshot, started by its timer).
@@ -224,7 +226,13 @@ def main(argv: list[str] | None = None) -> int:
         text = read(args.nvidia_smi, args.dmesg, args.expected_gpus)
     except ReadingError as exc:
         print(f"gpu_metrics: no reading: {exc}", file=sys.stderr)
-        write_whole(args.output, f"# HELP {OK[0]} {OK[1]}\n# TYPE {OK[0]} gauge\n{OK[0]} 0\n")
+        # the kernel log's Xids still (a GPU fallen off the bus can stop nvidia-smi answering)
+        try:
+            xids = render_health("", "", kernel_log(args.dmesg), {}, args.expected_gpus)
+        except HealthError:
+            xids = []
+        write_whole(args.output, "".join(line + "\n" for line in xids)
+                    + f"# HELP {OK[0]} {OK[1]}\n# TYPE {OK[0]} gauge\n{OK[0]} 0\n")
         return 1
     write_whole(args.output, text)
     return 0
