@@ -22,6 +22,7 @@ from operations.plan import fact, refuse
 from operations.preflight import InitSystem
 from operations.server import GATE_UNIT, UNIT, UNIT_PATH, backend_url, public_url
 from operations.settings import PREFIX, Settings
+from operations.observability import GPU_METRICS_FILE
 from operations.tls import CA_PATH
 
 #: Where bench.py keeps its scripts and the run's raw outputs on the host (not deploy.py's).
@@ -97,7 +98,8 @@ def _run_argv(settings: Settings, endpoint: tuple[str, str | None, str] | None =
             "--levels", ",".join(str(n) for n in settings.bench_levels),
             "--input-len", str(settings.bench_input_len),
             "--output-len", str(settings.bench_output_len),
-            "--prompts", str(settings.bench_prompts), "--out", RUN_DIR]
+            "--prompts", str(settings.bench_prompts), "--out", RUN_DIR,
+            "--gpu-metrics", GPU_METRICS_FILE]
     if key_file:
         argv += ["--api-key-file", key_file]
     if url.startswith("https://"):

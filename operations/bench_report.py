@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from operations import bench_figures, diagnosis, telemetry
+from operations.files import gpu_health
 
 PREFIX_KEY: Final = "gpuhost_"
 
@@ -153,6 +154,9 @@ def build(raw: Path, host: str, label: str | None = None,
         entry["decode"] = bench_figures.decode(entry.get("bench"), entry["concurrency"],
                                                meta["prompts"], what,
                                                server_info.get("max_running_requests"))
+    reading = raw / "gpu-health.prom"
+    health = asdict(gpu_health.verdict(**{**gpu_health.readings(reading.read_text()),
+                                          "serving": 1.0})) if reading.is_file() else None
     return {
         "host": host, "label": label, "started": meta["started"], "ended": meta["ended"],
         "utc_offset_s": meta["utc_offset_s"], "versions": meta["versions"],
@@ -163,6 +167,8 @@ def build(raw: Path, host: str, label: str | None = None,
         "served": asdict(what),
         "levels": levels,
         "endpoint": endpoint or {"kind": "host", "host": host},
+        # the host's GPUs at the bench's end (operations/files/gpu_health.py), None unread
+        "gpu_health": health,
     }
 
 
@@ -237,6 +243,11 @@ def summary(results: dict[str, Any]) -> str:
         lines += ["", "Beside the published figures for this card, model, tensor parallel size "
                   "and speculative decoding (decode tok/s at steady state, docs/bench.md):", "",
                   *(f"- {line}" for line in compared)]
+    health = results.get("gpu_health")
+    if health:
+        words = "; ".join(health["reasons"])
+        lines.extend(["", f"GPU health at the end: {health['state']}"
+                      + (f" ({words})" if words else "")])
     return "\n".join(lines) + "\n"
 
 

@@ -301,6 +301,7 @@ def node_exporter(name: str, settings: Mapping[str, Settings],
     shipped = [files.put(name=f"Ship {dest}", src=str(REPO_ROOT / src), dest=f"{LIB_DIR}/{dest}",
                          mode="644", create_remote_dir=False)
                for src, dest in (("operations/telemetry.py", "telemetry.py"),
+                                 ("operations/files/gpu_health.py", "gpu_health.py"),
                                  ("operations/files/gpu_metrics.py", "gpu_metrics.py"))]
     listen = node_listen(name, settings, prometheus)
     _bcrypt("the node exporter's credential")
@@ -311,7 +312,7 @@ def node_exporter(name: str, settings: Mapping[str, Settings],
                mode="web-config", key_file=metrics_key_file(s), dest=NODE_EXPORTER_WEB_CONFIG,
                group=CREDENTIAL_GROUP, user=NODE_EXPORTER_USER)
     context = {"lib_dir": LIB_DIR, "output": GPU_METRICS_FILE, "textfile_dir": TEXTFILE_DIR,
-               "interval": s.gpu_metrics_interval}
+               "interval": s.gpu_metrics_interval, "gpu_count": s.gpu_count}
     units = [files.template(name=f"Unit {GPU_METRICS_UNIT}.{kind}",
                             src=str(REPO_ROOT / "templates" / f"{GPU_METRICS_UNIT}.{kind}.j2"),
                             dest=f"/etc/systemd/system/{GPU_METRICS_UNIT}.{kind}", mode="644",

@@ -10,7 +10,9 @@ its uptime (the node exporter's
 second over the last 5 minutes (sglang's ``num_requests_total`` and ``generation_tokens_total``),
 the GPUs' power against their limit (DCGM_FI_DEV_POWER_USAGE over DCGM_FI_DEV_POWER_MGMT_LIMIT,
 all GPUs of the host together), the clock event reasons seen on any GPU (NVML's bits), and
-whether the router answers (``up`` of smg's target, on the Prometheus host).
+whether the router answers (``up`` of smg's target, on the Prometheus host), and the GPUs' verdict
+(healthy, degraded or failed, with the reasons: operations/files/gpu_health.py ``verdict``) from
+the GPU metrics script's health series (the worst GPU of the host for each).
 Beside them, from the controller's bench-results/ (bench.py), the host's last bench: its best
 level's output tokens per second, p99 time to first token and power against the limit.
 """
@@ -25,6 +27,8 @@ from typing import Any, Final
 
 from pyinfra.api import FactBase
 from typing_extensions import override
+
+from operations.files.gpu_health import Verdict, verdict
 
 #: NVML's clock event reason bits (nvmlClocksEventReasons; DCGM_FI_DEV_CLOCKS_EVENT_REASONS),
 #: gpu_idle (0x1) left out: an idle GPU is not held back.
@@ -52,9 +56,25 @@ QUERIES: Final = {
     # smg's own metrics, scraped on the Prometheus host's loopback, labelled with that host
     # (operations/observability.py scrape_targets, job "smg")
     "router_up": 'max by (host) (up{job="smg"})',
+    # the GPUs' health (operations/files/gpu_health.py), each the host's worst GPU
+    "gpu_metrics_ok": "min by (host) (gpuhost_gpu_metrics_ok)",
+    "gpus_seen": "max by (host) (DCGM_FI_DEV_COUNT)",
+    "gpus_expected": "max by (host) (gpuhost_gpu_expected_count)",
+    "xids": "sum by (host, xid) (gpuhost_gpu_xid_errors_total)",
+    "ecc_uncorrected": "sum by (host) (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL)",
+    "remap_failure": "max by (host) (DCGM_FI_DEV_ROW_REMAP_FAILURE)",
+    "remap_pending": "max by (host) (DCGM_FI_DEV_ROW_REMAP_PENDING)",
+    "link_width": "min by (host) (DCGM_FI_DEV_PCIE_LINK_WIDTH)",
+    "link_width_max": "max by (host) (DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH)",
+    "link_gen_busy": "min by (host) (DCGM_FI_DEV_PCIE_LINK_GEN and DCGM_FI_DEV_GPU_UTIL > 0)",
+    "link_gen_max": "max by (host) (DCGM_FI_DEV_PCIE_MAX_LINK_GEN)",
+    "fb_used_pct": "max by (host) (100 * DCGM_FI_DEV_FB_USED "
+                   "/ (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE))",
 }
 #: Queries whose answer is a label's value, not the sample's: name -> label.
 LABELS: Final = {"version": "sglang"}
+#: Queries with one value per host and label: name -> label (``{host: {label value: value}}``).
+BY_LABEL: Final = {"xids": "xid"}
 
 _SCRIPT: Final = """
 import base64, json, sys, time, urllib.parse, urllib.request
@@ -132,6 +152,12 @@ class PrometheusAnswers(FactBase):
             if name in LABELS:
                 answers[name] = {r["metric"].get("host", "?"): r["metric"].get(LABELS[name])
                                  for r in result}
+                continue
+            if name in BY_LABEL:
+                answers[name] = {}
+                for r in result:
+                    answers[name].setdefault(r["metric"].get("host", "?"), {})[
+                        r["metric"].get(BY_LABEL[name], "?")] = self._value(r)
                 continue
             answers[name] = {r["metric"].get("host", "?"): self._value(r) for r in result}
         return answers
@@ -250,6 +276,25 @@ def duties(name: str, routers: Collection[str], prometheus: Collection[str],
     return tuple(runs)
 
 
+def gpu_verdict(name: str, answers: Mapping[str, Mapping[str, Any]]) -> Verdict | None:
+    """Host ``name``'s GPU verdict from :class:`PrometheusAnswers`; None where Prometheus holds
+    no GPU reading of it (a CPU-only host)."""
+    def get(key: str) -> Any:
+        return answers.get(key, {}).get(name)
+
+    if get("gpu_metrics_ok") is None:
+        return None
+    xids = {int(code): n for code, n in (get("xids") or {}).items() if code.isdigit()}
+    thermal = get("reason_sw_thermal_slowdown") == 1 or get("reason_hw_thermal_slowdown") == 1
+    return verdict(xids=xids, gpus_seen=get("gpus_seen"), gpus_expected=get("gpus_expected"),
+                   ecc_uncorrected=get("ecc_uncorrected"), remap_failure=get("remap_failure"),
+                   remap_pending=get("remap_pending"), link_width=get("link_width"),
+                   link_width_max=get("link_width_max"), link_gen=get("link_gen_busy"),
+                   link_gen_max=get("link_gen_max"), busy=get("link_gen_busy") is not None,
+                   fb_used_pct=get("fb_used_pct"), serving=get("up"), thermal=thermal,
+                   reading_ok=get("gpu_metrics_ok"))
+
+
 def host_line(name: str, answers: Mapping[str, Mapping[str, Any]],
               bench: str | None = None, runs: Sequence[str] = ()) -> str:
     """One host's line, from :class:`PrometheusAnswers` (and :func:`last_bench`'s words); a
@@ -287,6 +332,10 @@ def host_line(name: str, answers: Mapping[str, Mapping[str, Any]],
     held = [r for r in REASON_BITS if get(f"reason_{r}") == 1]
     if power is not None:
         parts.append("held back: " + ", ".join(held) if held else "no throttling")
+    health = gpu_verdict(name, answers)
+    if health is not None:
+        parts.append("GPUs " + (health.words() if health.state != "failed"
+                                else "FAILED" + health.words()[len("failed"):]))
     if bench:
         parts.append(bench)
     return " ".join(parts[:2]) + ("; " + "; ".join(parts[2:]) if parts[2:] else "")

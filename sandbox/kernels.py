@@ -12,6 +12,8 @@ A host under nspawn runs this machine's kernel and cannot boot another; so the b
                                                    /run/gpuhost-sandbox/kernel-release
     /usr/local/sbin/dkms                           `dkms autoinstall -k KERNEL`: the stand-in
                                                    NVIDIA module package's build, for KERNEL
+    /usr/local/bin/dmesg                           the kernel log's NVRM lines: the driver's
+                                                   loading line and the injected Xids
 
 A host without kernel images in /boot (every host at ``up``) runs this machine's release, as
 before. NVIDIA's stand-in repository (sandbox/nvidia_repo.py) also serves, from
@@ -37,6 +39,7 @@ FILES = (
     ("uname", "usr/local/bin/uname", 0o755),
     ("boot-kernel", "usr/local/lib/gpuhost-sandbox/boot-kernel", 0o755),
     ("dkms", "usr/local/sbin/dkms", 0o755),
+    ("dmesg", "usr/local/bin/dmesg", 0o755),
     (BOOT_UNIT, f"etc/systemd/system/{BOOT_UNIT}", 0o644),
 )
 

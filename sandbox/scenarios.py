@@ -101,7 +101,17 @@ GPU_DEFAULTS: dict[str, Any] = {
     "persistence_mode": "Enabled",
     "display_active": "Off",
     "ecc_mode": "Enabled",
-    "volatile_ecc_errors": 0,
+    "volatile_ecc_errors": 0,  # uncorrected, volatile
+    # the health readings (operations/files/gpu_health.py) of a healthy GPU: the H100 capture
+    # in tests/fixtures/h100-device/health/
+    "ecc_corrected_volatile": 0,
+    "ecc_corrected_aggregate": 0,
+    "ecc_uncorrected_aggregate": 0,
+    "remapped_rows_correctable": 0,
+    "remapped_rows_uncorrectable": 0,
+    "remapped_rows_pending": "No",
+    "remapped_rows_failure": "No",
+    "pcie_replays": 0,
     "compute_mode": "Default",
     "mig_mode": "Disabled",
     "clocks_event_reasons_active": "0x0000000000000001",  # GPU idle

@@ -54,9 +54,13 @@ def amtool() -> str:
 
 
 #: promtool's lint findings that the names themselves cause where they are another project's,
-#: kept as that project wrote them: sglang's colons, DCGM exporter's UUID and modelName labels.
+#: kept as that project wrote them: sglang's colons, DCGM exporter's UUID and modelName labels
+#: and its counters without _total (DCGM_FI_DEV_PCIE_REPLAY_COUNTER, the ECC totals).
 FOREIGN_NAME_LINTS = ("metric names should not contain ':'",
-                      "label names should be written in 'snake_case' not 'camelCase'")
+                      "label names should be written in 'snake_case' not 'camelCase'",
+                      'counter metrics should have "_total" suffix',
+                      "metric name should not include type 'counter'",
+                      "non-histogram and non-summary metrics should not have \"_count\" suffix")
 
 
 def promtool_check_metrics(promtool: str, text: str) -> list[str]:

@@ -497,3 +497,26 @@ def test_bench_commands_in_the_docs_copy_paste_complete():
     assert "moe_runner_backend=cutlass/" in text
     assert "`<value>/`" not in text
     assert "not built yet" not in text
+
+
+def test_the_bench_gives_the_hosts_gpu_verdict(tmp_path):
+    """bench_run.py's copy of the GPU metrics script's reading (gpu-health.prom): here the real
+    H100's health readings (tests/fixtures/h100-device/health) with an Xid 79 in its kernel log."""
+    from tests.test_gpu_health import IDENTITY, XID_79, health_line, real
+    import gpu_metrics
+
+    raw = raw_run(tmp_path)
+    assert bench_report.build(raw, "h200")["gpu_health"] is None  # no reading: no verdict
+    query = (Path(__file__).resolve().parent / "fixtures/h200-device/telemetry/query.csv"
+             ).read_text().splitlines()[0]
+    (raw / "gpu-health.prom").write_text(gpu_metrics.render(
+        IDENTITY, query + "\n", "", health_line(), real("q.txt"),
+        real("dmesg-nvrm.txt") + XID_79 + "\n", 1))
+    (tmp_path / "out").mkdir()
+    results, text = bench_report.write(raw, tmp_path / "out", "h200")
+    assert results["gpu_health"]["state"] == "failed"
+    assert "GPU health at the end: failed (Xid 79 (the GPU fell off the bus) x1: reboot the " \
+           "host" in text
+    (raw / "gpu-health.prom").write_text(gpu_metrics.render(
+        IDENTITY, query + "\n", "", health_line(), real("q.txt"), real("dmesg-nvrm.txt"), 1))
+    assert bench_report.build(raw, "h200")["gpu_health"] == {"state": "healthy", "reasons": ()}

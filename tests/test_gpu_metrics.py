@@ -113,3 +113,59 @@ def test_a_failed_reading_says_so_in_the_textfile(standin, tmp_path):
     assert done.returncode == 1
     assert "no reading" in done.stderr and "exited" in done.stderr
     assert out.read_text().splitlines()[-1] == "gpuhost_gpu_metrics_ok 0"
+
+
+def test_the_standins_faults_reach_the_textfile(standin, tmp_path, promtool):
+    """The sandbox's faults (sandbox/standins/nvidia/nvidia-smi, sandbox/standins/kernel/dmesg):
+    GPU 7 gone, GPU 2's link at x8, an Xid 79 of GPU 7 in the kernel log."""
+    script, env = standin
+    hw = json.loads((tmp_path / "hardware.json").read_text())
+    bus = hw["gpus"][7]["pci_bus_id"]
+    key = f"{int(bus[:8], 16):04x}:{bus[9:11].lower()}:{bus[12:14].lower()}"
+    (tmp_path / "faults.json").write_text(json.dumps({
+        "gpus": {"7": {"gone": True}, "2": {"pcie_width_current": 8},
+                 "1": {"remapped_rows_pending": "Yes", "pcie_replays": 12}},
+        "xids": [{"bus": key, "code": 79, "text": "GPU has fallen off the bus."}]}))
+    dmesg = tmp_path / "dmesg"
+    dmesg.write_text("#!" + sys.executable + "\n"
+                     + (ROOT / "sandbox/standins/kernel/dmesg").read_text())
+    dmesg.chmod(0o755)
+    env = dict(env, GPUHOST_SANDBOX_FAULTS=str(tmp_path / "faults.json"))
+    out = tmp_path / "gpu.prom"
+    done = subprocess.run([sys.executable, str(ROOT / "operations/files/gpu_metrics.py"),
+                           "--output", str(out), "--nvidia-smi", str(script), "--dmesg",
+                           str(dmesg), "--expected-gpus", "8"],
+                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert promtool_check_metrics(promtool, text) == []
+    assert "DCGM_FI_DEV_COUNT 7\n" in text and "gpuhost_gpu_expected_count 8\n" in text
+    assert re.search(r'DCGM_FI_DEV_PCIE_LINK_WIDTH\{gpu="2",[^}]*\} 8\n', text)
+    assert re.search(r'DCGM_FI_DEV_ROW_REMAP_PENDING\{gpu="1",[^}]*\} 1\n', text)
+    assert re.search(r'DCGM_FI_DEV_PCIE_REPLAY_COUNTER\{gpu="1",[^}]*\} 12\n', text)
+    assert f'gpuhost_gpu_xid_errors_total{{pci_bus_id="{bus}",xid="79"}} 1\n' in text
+    assert f'DCGM_FI_DEV_XID_ERRORS{{pci_bus_id="{bus}"}} 79\n' in text
+    assert "gpuhost_gpu_kernel_log_ok 1\n" in text
+
+
+def test_a_failed_reading_still_gives_the_kernel_logs_xids(standin, tmp_path):
+    """nvidia-smi failing (here a driver/library mismatch; a GPU fallen off the bus can stop it
+    answering too): the Xids of the kernel log are still written, beside the failed reading."""
+    script, env = standin
+    (tmp_path / "loaded").write_text("580.95.05\n")
+    (tmp_path / "faults.json").write_text(json.dumps({"xids": [
+        {"bus": "0000:01:00", "code": 79, "text": "GPU has fallen off the bus."}]}))
+    dmesg = tmp_path / "dmesg"
+    dmesg.write_text("#!" + sys.executable + "\n"
+                     + (ROOT / "sandbox/standins/kernel/dmesg").read_text())
+    dmesg.chmod(0o755)
+    out = tmp_path / "gpu.prom"
+    done = subprocess.run([sys.executable, str(ROOT / "operations/files/gpu_metrics.py"),
+                           "--output", str(out), "--nvidia-smi", str(script), "--dmesg",
+                           str(dmesg), "--expected-gpus", "8"], capture_output=True, text=True,
+                          env=dict(env, GPUHOST_SANDBOX_FAULTS=str(tmp_path / "faults.json")),
+                          timeout=60, check=False)
+    assert done.returncode == 1
+    text = out.read_text()
+    assert 'gpuhost_gpu_xid_errors_total{pci_bus_id="00000000:01:00.0",xid="79"} 1\n' in text
+    assert "DCGM_FI_DEV_COUNT" not in text and text.splitlines()[-1] == "gpuhost_gpu_metrics_ok 0"

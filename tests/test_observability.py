@@ -167,7 +167,7 @@ def test_rules_pass_promtool_check_rules(promtool, tmp_path):
                            str(d / "gpuhost-thresholds.yml")], capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 10 rules found" in done.stdout and "SUCCESS: 3 rules found" in done.stdout
+    assert "SUCCESS: 18 rules found" in done.stdout and "SUCCESS: 3 rules found" in done.stdout
 
 
 def test_rules_pass_promtool_test_rules(promtool, tmp_path):
@@ -233,10 +233,10 @@ def test_prometheus_config_passes_promtool_check_config(promtool, tmp_path):
 
 def test_gpu_metrics_units():
     context = {"lib_dir": "/opt/gpuhost/lib", "output": observability.GPU_METRICS_FILE,
-               "textfile_dir": observability.TEXTFILE_DIR, "interval": 15}
+               "textfile_dir": observability.TEXTFILE_DIR, "interval": 15, "gpu_count": 8}
     service = render("gpuhost-gpu-metrics.service.j2", context)
     assert ("ExecStart=/usr/bin/python3 /opt/gpuhost/lib/gpu_metrics.py --output "
-            "/var/lib/prometheus/node-exporter/gpuhost-gpu.prom") in service
+            "/var/lib/prometheus/node-exporter/gpuhost-gpu.prom --expected-gpus 8") in service
     assert "ReadWritePaths=/var/lib/prometheus/node-exporter" in service
     assert "OnUnitActiveSec=15s" in render("gpuhost-gpu-metrics.timer.j2", context)
 

@@ -93,7 +93,10 @@ class _Prometheus(BaseHTTPRequestHandler):
         result = [{"metric": {"host": "gpu1"}, "value": [1764000000.0, "1"]}] \
             if "up{" in query else \
             [{"metric": {"host": "gpu1", "sglang": "0.5.9"}, "value": [1764000000.0, "1"]}] \
-            if "gpuhost_server_info" in query else []
+            if "gpuhost_server_info" in query else \
+            [{"metric": {"host": "gpu1", "xid": "79"}, "value": [1764000000.0, "2"]},
+             {"metric": {"host": "gpu1", "xid": "13"}, "value": [1764000000.0, "1"]}] \
+            if "gpuhost_gpu_xid_errors_total" in query else []
         body = json.dumps({"status": "success",
                            "data": {"resultType": "vector", "result": result}}).encode()
         self.send_response(200)
@@ -141,6 +144,7 @@ def test_the_fact_asks_every_query_and_reads_the_answers():
     assert set(answers) == set(status.QUERIES)
     assert answers["up"] == {"gpu1": 1.0} and answers["tokens_per_s"] == {}
     assert answers["version"] == {"gpu1": "0.5.9"}
+    assert answers["xids"] == {"gpu1": {"79": 2.0, "13": 1.0}}
 
 
 def test_the_fact_sends_the_password_from_its_file(tmp_path):
@@ -214,3 +218,29 @@ def test_the_hour_fact_reads_ranges():
                                          "values": [[1764000000, "1.5"], [1764000060, "2"]]}]})]
     assert fact.process(out) == {"tokens_per_s": {"gpu1": [(1764000000.0, 1.5),
                                                            (1764000060.0, 2.0)]}}
+
+
+#: A host's GPU health series as status.py reads them: gpu1 healthy, gpu2 with a GPU fallen off
+#: the bus (Xid 79 in the kernel log, 7 of 8 GPUs seen), gpu3 with a link at x8.
+HEALTH = {
+    "gpu_metrics_ok": {"gpu1": 1.0, "gpu2": 1.0, "gpu3": 1.0},
+    "gpus_seen": {"gpu1": 8.0, "gpu2": 7.0, "gpu3": 8.0},
+    "gpus_expected": {"gpu1": 8.0, "gpu2": 8.0, "gpu3": 8.0},
+    "xids": {"gpu2": {"79": 1.0}},
+    "link_width": {"gpu1": 16.0, "gpu2": 16.0, "gpu3": 8.0},
+    "link_width_max": {"gpu1": 16.0, "gpu2": 16.0, "gpu3": 16.0},
+    "fb_used_pct": {"gpu1": 92.0, "gpu2": 0.0, "gpu3": 92.0},
+}
+
+
+def test_each_gpu_host_has_a_verdict():
+    answers = {**ANSWERS, **HEALTH, "up": {"gpu1": 1.0, "gpu2": 0.0, "gpu3": 1.0}}
+    assert status.host_line("gpu1", answers).endswith("; no throttling; GPUs healthy")
+    assert status.host_line("gpu2", answers).endswith(
+        "; GPUs FAILED: 7 of 8 GPUs seen by the driver: reboot the host; reseat or replace the "
+        "missing GPU; Xid 79 (the GPU fell off the bus) x1: reboot the host; reseat or replace "
+        "the GPU if it recurs")
+    assert "; GPUs degraded: a PCIe link at x8 of x16" in status.host_line("gpu3", answers)
+    # no GPU series (a CPU-only router host): no verdict
+    assert "GPUs" not in status.host_line("r1", answers, None, ("the router",))
+    assert status.gpu_verdict("gpu2", answers).state == "failed"

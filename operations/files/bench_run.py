@@ -16,7 +16,8 @@ Writes into --out: ``links.csv`` (each GPU's PCIe generation and width), ``telem
 but the last left out, in ``level-<N>.log``), ``meta.json`` (each level's
 measured run's start and end in nvidia-smi's clock (from bench_serving's "Warmup
 completed" line to its result's first line), the command lines, exit statuses, versions, the
-packages' metadata summaries), and
+packages' metadata summaries), ``gpu-health.prom`` (a copy of the GPU metrics script's last
+reading, --gpu-metrics, where the host has one: the bench's GPU verdict) and
 ``done`` last. Formats: tests/fixtures/h200-device/telemetry/. bench_serving's arguments are
 sglang 0.5.9's (its wheel's bench_serving.py): ``--dataset-name random-ids`` needs no download
 (``random`` fetches ShareGPT from the Hub), ``--random-range-ratio 1.0`` fixes the lengths. With
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -132,6 +134,8 @@ def main() -> int:
     parser.add_argument("--api-key-file")
     parser.add_argument("--backend", choices=("sglang-oai", "sglang"), default="sglang-oai")
     parser.add_argument("--ca-file", help="the CA an https:// --url is verified with")
+    parser.add_argument("--gpu-metrics", help="the GPU metrics script's textfile, copied at the "
+                        "end as gpu-health.prom")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.ca_file:
@@ -225,6 +229,8 @@ def main() -> int:
             sampler.terminate()
             sampler.wait()
         meta["ended"] = _now()
+        if args.gpu_metrics and os.path.isfile(args.gpu_metrics):
+            shutil.copyfile(args.gpu_metrics, out("gpu-health.prom"))
         with open(out("meta.json"), "w") as handle:
             json.dump(meta, handle, indent=1)
         with open(out("done"), "w") as handle:

@@ -34,9 +34,11 @@ The labels are DCGM exporter's: gpu (the index), UUID, device (nvidia<index>), p
 modelName. dmon's PCIe figures are MB/s (1 MB = 10^6 bytes: NVML's KB/s over 1000), whole
 numbers: the rate is known to 1 MB/s.
 
-A reading that fails (no driver, a driver/library mismatch) writes only
-``gpuhost_gpu_metrics_ok 0`` (and exits 1, the journal says why): the GPU series then go stale
-in Prometheus, and the alert on this gauge says where to look.
+A reading that fails (no driver, a driver/library mismatch, a GPU lost) writes
+``gpuhost_gpu_metrics_ok 0`` and the kernel log's Xid series alone (and exits 1, the journal says
+why): the other GPU series then go stale in Prometheus, and the alert on this gauge says where
+to look. The health series (framebuffer, ECC, remapped rows, the PCIe link and replays, Xids,
+the GPU count) are gpu_health.py's.
 
 Runs on the GPU host with the system python3 (standard library only, Python 3.10 and newer),
 from gpuhost-gpu-metrics.service (a oneshot, started by its timer).
@@ -50,6 +52,8 @@ import subprocess
 import sys
 import tempfile
 
+from gpu_health import HEALTH_FIELDS, HealthError
+from gpu_health import render as render_health
 from telemetry import QUERY_FIELDS, TelemetryError, parse_dmon, parse_query
 
 #: Each GPU's identity and power management limit, asked beside QUERY_FIELDS (name last: a
@@ -123,8 +127,17 @@ def parse_identity(text: str) -> dict[int, dict[str, str | float | None]]:
     return out
 
 
-def render(identity_text: str, query_text: str, dmon_text: str) -> str:
-    """The textfile's content (Prometheus' text format 0.0.4) from the three outputs."""
+def _label_pairs(index: int, ident: dict) -> dict[str, str]:
+    pairs = [("gpu", str(index)), ("UUID", ident.get("UUID")), ("device", f"nvidia{index}"),
+             ("pci_bus_id", ident.get("pci_bus_id")), ("modelName", ident.get("modelName"))]
+    return {k: str(v) for k, v in pairs if v is not None}
+
+
+def render(identity_text: str, query_text: str, dmon_text: str, health_text: str | None = None,
+           q_text: str = "", kernel_log: str | None = None, expected: int | None = None) -> str:
+    """The textfile's content (Prometheus' text format 0.0.4) from the outputs: the identity,
+    telemetry and dmon readings, and (where ``health_text`` is given) the health readings of
+    gpu_health.py: ``--query-gpu=HEALTH_FIELDS``, ``-q`` and the kernel log (None: unread)."""
     identity = parse_identity(identity_text)
     try:
         samples = {s.index: s for s in parse_query(query_text)}
@@ -133,11 +146,8 @@ def render(identity_text: str, query_text: str, dmon_text: str) -> str:
         raise ReadingError(str(exc)) from None
 
     def labels(index: int) -> str:
-        ident = identity.get(index, {})
-        pairs = [("gpu", str(index)), ("UUID", ident.get("UUID")),
-                 ("device", f"nvidia{index}"), ("pci_bus_id", ident.get("pci_bus_id")),
-                 ("modelName", ident.get("modelName"))]
-        return ",".join(f'{k}="{_label(str(v))}"' for k, v in pairs if v is not None)
+        pairs = _label_pairs(index, identity.get(index, {}))
+        return ",".join(f'{k}="{_label(v)}"' for k, v in pairs.items())
 
     lines: list[str] = []
 
@@ -156,18 +166,37 @@ def render(identity_text: str, query_text: str, dmon_text: str) -> str:
     for name, doc, attr in PCIE:
         family(name, doc, {i: None if getattr(d, attr) is None else int(getattr(d, attr) * 1e6)
                            for i, d in pcie.items()})
+    if health_text is not None:
+        try:
+            lines.extend(render_health(
+                health_text, q_text, kernel_log,
+                {i: _label_pairs(i, ident) for i, ident in identity.items()}, expected))
+        except HealthError as exc:
+            raise ReadingError(str(exc)) from None
     lines.extend([f"# HELP {OK[0]} {OK[1]}", f"# TYPE {OK[0]} gauge", f"{OK[0]} 1"])
     return "\n".join(lines) + "\n"
 
 
-def read(nvidia_smi: str = "nvidia-smi") -> str:
+def kernel_log(dmesg: str = "dmesg") -> str | None:
+    """The kernel's ring buffer (``dmesg``, as root: Ubuntu's kernel.dmesg_restrict), or None
+    where it cannot be read (the journal says why)."""
+    try:
+        return _run([dmesg])
+    except ReadingError as exc:
+        print(f"gpu_metrics: no kernel log, so no Xid series: {exc}", file=sys.stderr)
+        return None
+
+
+def read(nvidia_smi: str = "nvidia-smi", dmesg: str = "dmesg",
+         expected: int | None = None) -> str:
     """One reading of every GPU, rendered."""
-    identity = _run([nvidia_smi, f"--query-gpu={','.join(IDENTITY_FIELDS)}",
-                     "--format=csv,noheader,nounits"])
-    query = _run([nvidia_smi, f"--query-gpu={','.join(QUERY_FIELDS)}",
-                  "--format=csv,noheader,nounits"])
+    fmt = "--format=csv,noheader,nounits"
+    identity = _run([nvidia_smi, f"--query-gpu={','.join(IDENTITY_FIELDS)}", fmt])
+    query = _run([nvidia_smi, f"--query-gpu={','.join(QUERY_FIELDS)}", fmt])
     dmon = _run([nvidia_smi, "dmon", "-s", "puct", "-c", "1"])
-    return render(identity, query, dmon)
+    health = _run([nvidia_smi, f"--query-gpu={','.join(HEALTH_FIELDS)}", fmt])
+    return render(identity, query, dmon, health, _run([nvidia_smi, "-q"]), kernel_log(dmesg),
+                  expected)
 
 
 def write_whole(path: str, text: str) -> None:
@@ -189,12 +218,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True,
                         help="the .prom file in the node exporter's textfile directory")
     parser.add_argument("--nvidia-smi", default="nvidia-smi")
+    parser.add_argument("--dmesg", default="dmesg")
+    parser.add_argument("--expected-gpus", type=int, default=None,
+                        help="the GPUs host data says the host has (gpuhost_gpu_count)")
     args = parser.parse_args(argv)
     try:
-        text = read(args.nvidia_smi)
+        text = read(args.nvidia_smi, args.dmesg, args.expected_gpus)
     except ReadingError as exc:
         print(f"gpu_metrics: no reading: {exc}", file=sys.stderr)
-        write_whole(args.output, f"# HELP {OK[0]} {OK[1]}\n# TYPE {OK[0]} gauge\n{OK[0]} 0\n")
+        # the kernel log's Xids still (a GPU fallen off the bus can stop nvidia-smi answering)
+        try:
+            xids = render_health("", "", kernel_log(args.dmesg), {}, args.expected_gpus)
+        except HealthError:
+            xids = []
+        write_whole(args.output, "".join(line + "\n" for line in xids)
+                    + f"# HELP {OK[0]} {OK[1]}\n# TYPE {OK[0]} gauge\n{OK[0]} 0\n")
         return 1
     write_whole(args.output, text)
     return 0

@@ -279,3 +279,52 @@ def test_a_stopped_server_fires_its_alert_and_a_restart_clears_it(fleet):
     wait_for("SGLangServerDown cleared", lambda: not firing(fleet, "SGLangServerDown"),
              timeout=180)
     print(f"cleared {time.monotonic() - started:.0f} s after the start")
+
+
+def test_a_failed_gpu_fires_its_alerts_and_status_names_the_host(fleet):
+    """gpu2's stand-in GPUs told to fail as sandbox/standins/nvidia/nvidia-smi says: GPU 7 gone
+    from the driver's list with an Xid 79 in the kernel log, GPU 2's link at x8. Prometheus has
+    the series and fires GPUFatalXid and GPUMissing for gpu2 alone (GPULinkDegraded pending: it
+    waits 5 minutes), status.py says gpu2's GPUs FAILED and why, gpu1's healthy; cleared (as a
+    reboot clears the kernel log), the alerts resolve."""
+    from urllib.parse import quote
+
+    def query(q):
+        return api(fleet, "/api/v1/query?query=" + quote(q))["result"]
+
+    gpu2 = fleet["hosts"]["gpu2"]
+    hw = json.loads(gpu2.ssh("cat /etc/gpuhost-sandbox/hardware.json"))
+    bus = hw["gpus"][7]["pci_bus_id"]
+    key = f"{int(bus[:8], 16):04x}:{bus[9:11].lower()}:{bus[12:14].lower()}"
+    faults = {"gpus": {"7": {"gone": True}, "2": {"pcie_width_current": 8}},
+              "xids": [{"bus": key, "code": 79, "text": "GPU has fallen off the bus."}]}
+    gpu2.ssh("mkdir -p /run/gpuhost-sandbox && cat > /run/gpuhost-sandbox/gpu-faults.json "
+             f"<<'EOF'\n{json.dumps(faults)}\nEOF")
+    started = time.monotonic()
+    try:
+        xid = wait_for("GPUFatalXid firing", lambda: firing(fleet, "GPUFatalXid"), timeout=180)
+        print(f"GPUFatalXid firing {time.monotonic() - started:.0f} s after the fault")
+        assert [(a["labels"]["host"], a["labels"]["xid"], a["labels"]["pci_bus_id"])
+                for a in xid] == [("gpu2", "79", bus)]
+        missing = wait_for("GPUMissing firing", lambda: firing(fleet, "GPUMissing"), 60)
+        assert [a["labels"]["host"] for a in missing] == ["gpu2"]
+        assert {r["metric"]["host"]: r["value"][1] for r in query("DCGM_FI_DEV_COUNT")} == \
+            {"gpu1": "8", "gpu2": "7"}
+        assert [(r["metric"]["host"], r["metric"]["gpu"]) for r in query(
+            "DCGM_FI_DEV_PCIE_LINK_WIDTH < DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH")] == [("gpu2", "2")]
+        link = [a for a in api(fleet, "/api/v1/alerts")["alerts"]
+                if a["labels"]["alertname"] == "GPULinkDegraded"]
+        assert [(a["labels"]["host"], a["state"]) for a in link] == [("gpu2", "pending")]
+        run = lab.deploy(inventory=fleet["inventory"], deploy_file="status.py")
+        assert run.returncode == 0, run.output[-6000:]
+        lines = {line.split(":", 1)[0]: line for line in run.output.splitlines()
+                 if re.match(r"^gpu\d: ", line)}
+        print(lines["gpu2"])
+        assert "; GPUs FAILED: 7 of 8 GPUs seen by the driver" in lines["gpu2"]
+        assert "Xid 79 (the GPU fell off the bus) x1: reboot the host" in lines["gpu2"]
+        assert "a PCIe link at x8 of x16" in lines["gpu2"]
+        assert "; GPUs healthy" in lines["gpu1"], lines["gpu1"]
+    finally:
+        gpu2.ssh("rm -f /run/gpuhost-sandbox/gpu-faults.json")
+    wait_for("the GPU alerts resolved", lambda: not firing(fleet, "GPUFatalXid")
+             and not firing(fleet, "GPUMissing"), timeout=180)
