@@ -97,7 +97,7 @@ def is_current(snapshot: Snapshot, repo: str, revision: str) -> bool:
 def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
             token_file: str | None = None, headroom_gib: float = 1.0,
             architecture: str | None = None, peers: list[model_copy.Peer] | None = None,
-            bwlimit_kib: int | None = None, mirror: str | None = None):
+            bwlimit_kib: int | None = None, mirror: str | None = None, mtp: bool = False):
     """Download ``repo`` at ``revision`` into ``dest`` unless a complete copy is there.
 
     + repo: the Hub repository id, e.g. ``lukealonso/GLM-5-NVFP4``
@@ -115,6 +115,9 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
       reaches its fleet address, else through the controller), once the disk preflight
       (model_fetch.py --check-room) found room for what is missing
     + bwlimit_kib: rsync's --bwlimit for that copy (KiB/s), None for no limit
+    + mtp: the checkpoint must have its MTP layer (gpuhost_speculative_algorithm set): a
+      downloaded weight index without its tensors fails the host there (exit 3), as
+      ``architecture`` does
     + mirror: a folder on the host holding ``<repo>/`` copies (``gpuhost_model_mirror``),
       copied from before the peers and the Hub where its copy is of the same commit; where its
       stamp names no copy of ``revision`` (a missing, empty or other mirror), the peers are
@@ -139,6 +142,8 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
         args += ["--token-file", token_file]
     if architecture:
         args += ["--architecture", architecture]
+    if mtp:
+        args.append("--mtp")
     if peers:
         # before the fetch: a mirror that holds the revision is left to it (model_fetch.py
         # copies from it first), one that does not leaves the copy to the peers

@@ -103,9 +103,21 @@ def backend_url(settings: Settings) -> str:
     return _url(settings.server_host, settings.server_port)
 
 
+def server_env(settings: Settings) -> dict[str, str]:
+    """The server's environment from host data: gpuhost_server_env (the launch profile's
+    unless set), and ``SGLANG_ENABLE_SPEC_V2=True`` with MTP on: without it sglang turns NEXTN
+    into EAGLE and loads the model a second time as its draft, out of memory on these GPUs
+    (voipmonitor/rtx6kpro models/glm5.md, "MTP / Speculative Decoding"; sglang 0.5.9's
+    srt/environ.py: ``SGLANG_ENABLE_SPEC_V2 = EnvBool(False)``, which reads "True")."""
+    env = dict(settings.server_env)
+    if settings.speculative_algorithm is not None:
+        env["SGLANG_ENABLE_SPEC_V2"] = "True"
+    return env
+
+
 def env_context(settings: Settings) -> dict:
     """What templates/server.env.j2 is rendered with."""
-    return {"env": dict(settings.server_env)}
+    return {"env": server_env(settings)}
 
 
 def server_inputs(settings: Settings) -> list[str]:
@@ -798,6 +810,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
             token_file=settings.hf_token_file, headroom_gib=DISK_HEADROOM_GIB,
             architecture=settings.model_architecture, peers=sources,
             bwlimit_kib=settings.model_copy_bwlimit, mirror=settings.model_mirror,
+            mtp=settings.speculative_algorithm is not None,
         ))
         changed += weights
         model_copy.copy_key(settings)

@@ -21,7 +21,7 @@ from typing import Any, Final
 from packaging.version import InvalidVersion, Version
 from pyinfra.api.exceptions import PyinfraError
 
-from operations import REPO_ROOT
+from operations import REPO_ROOT, launch_profiles
 from operations.lock import LockError, read_lock
 from operations.node_group import check_groups
 from operations.p2p_policy import NO_P2P_FLAGS as P2P_SERVER_FLAGS
@@ -37,6 +37,11 @@ from operations.sglang import (
 )
 
 PREFIX: Final = "gpuhost_"
+
+#: The speculative decoding gpuhost turns on: NEXTN, the model's own MTP layer (sglang 0.5.9's
+#: --speculative-algorithm choices: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM; the others need a
+#: draft model or tables gpuhost does not provide).
+SPECULATIVE_ALGORITHMS: Final = ("NEXTN",)
 
 #: CUDA toolkits this toolkit installs, each with the minimum Linux driver it needs (the
 #: "CUDA Toolkit and Corresponding Driver Versions" table of NVIDIA's CUDA release notes,
@@ -139,7 +144,10 @@ class Settings:
     p2p_override: str | None = None
     p2p_remeasure: bool = False
     p2p_check_timeout: int = 120
-    # The server
+    # The server. The launch profile's settings (operations/launch_profiles.py,
+    # PROFILE_SETTINGS) default to the default profile's values for the default lock
+    # (field-glm5-sm120-sglang0.5.9; tests/test_launch_profiles.py checks they agree).
+    launch_profile: str | None = None
     model: str = "lukealonso/GLM-5-NVFP4"
     served_model_name: str = "glm-5"
     tensor_parallel_size: int = 8
@@ -148,17 +156,22 @@ class Settings:
     nodes: tuple[str, ...] = ()
     node_interface: str | None = None
     dist_init_port: int = DIST_INIT_PORT
-    mem_fraction_static: float = 0.92
+    mem_fraction_static: float = 0.85
     max_running_requests: int = 64
     model_architecture: str = "GlmMoeDsaForCausalLM"
-    kv_cache_dtype: str = "fp8_e4m3"
+    kv_cache_dtype: str = "bf16"
     quantization: str | None = "modelopt_fp4"
     attention_backend: str | None = "flashinfer"
     fp8_gemm_backend: str | None = "cutlass"
     fp4_gemm_backend: str | None = "flashinfer_cutlass"
     nsa_decode_backend: str | None = "trtllm"
     nsa_prefill_backend: str | None = "trtllm"
-    moe_runner_backend: str | None = "flashinfer_cutlass"
+    moe_runner_backend: str | None = "cutlass"
+    # MTP (speculative decoding): off unless the algorithm is set
+    speculative_algorithm: str | None = None
+    speculative_num_steps: int | None = 4
+    speculative_eagle_topk: int | None = 1
+    speculative_num_draft_tokens: int | None = 5
     reasoning_parser: str | None = "glm45"
     tool_call_parser: str | None = "glm47"
     trust_remote_code: bool = True
@@ -168,9 +181,13 @@ class Settings:
     #: Local users whose processes may connect to a loopback server (root's always may;
     #: operations/loopback_guard.py)
     server_local_users: tuple[str, ...] = ()
-    server_extra_args: tuple[str, ...] = ()
+    server_extra_args: tuple[str, ...] = (
+        "--chunked-prefill-size", "16384", "--cuda-graph-max-bs", "32",
+        "--model-loader-extra-config", '{"enable_multithread_load": true, "num_threads": 16}')
     server_env: Mapping[str, str] = field(
-        default_factory=lambda: {"OMP_NUM_THREADS": "8", "SAFETENSORS_FAST_GPU": "1"}
+        default_factory=lambda: {"OMP_NUM_THREADS": "8", "SAFETENSORS_FAST_GPU": "1",
+                                 "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
+                                 "SGLANG_ENABLE_DEEP_GEMM": "0"}
     )
     health_timeout: int = 1800
     server_start_timeout: int = 3600
@@ -429,7 +446,7 @@ RESERVED_ENV: Final = ("CUDA_HOME", "PATH", "LD_LIBRARY_PATH", "HF_HUB_OFFLINE",
                        "TORCH_EXTENSIONS_DIR",
                        "NCCL_IB_DISABLE", "NCCL_P2P_LEVEL", "NCCL_ALLOC_P2P_NET_LL_BUFFERS",
                        "NCCL_MIN_NCHANNELS", "NCCL_P2P_DISABLE", "GPUHOST_P2P_SERVER_ARGS",
-                       "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+                       "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "SGLANG_ENABLE_SPEC_V2")
 
 
 def _is_env(value: Any) -> bool:
@@ -543,6 +560,16 @@ RULES: Final[Mapping[str, _Rule]] = {
     "nsa_decode_backend": _text(_NAME, "an NSA decode backend name", optional=True),
     "nsa_prefill_backend": _text(_NAME, "an NSA prefill backend name", optional=True),
     "moe_runner_backend": _text(_NAME, "a MoE runner backend name", optional=True),
+    "launch_profile": _one_of(launch_profiles.NAMES, optional=True),
+    "speculative_algorithm": _one_of(SPECULATIVE_ALGORITHMS, optional=True),
+    "speculative_num_steps": _Rule(lambda v: v is None or (_is_int(v) and 1 <= v <= 16),
+                                   "an integer from 1 to 16" + _UNSET),
+    "speculative_eagle_topk": _Rule(lambda v: v is None or v == 1,
+                                    "1 (sglang 0.5.9 with SGLANG_ENABLE_SPEC_V2, which the "
+                                    "deploy sets for MTP, allows topk 1 only: server_args.py, "
+                                    '"Spec v2 currently only supports topk = 1")' + _UNSET),
+    "speculative_num_draft_tokens": _Rule(lambda v: v is None or (_is_int(v) and 2 <= v <= 64),
+                                          "an integer from 2 to 64" + _UNSET),
     "reasoning_parser": _text(_NAME, "a reasoning parser name", optional=True),
     "tool_call_parser": _text(_NAME, "a tool call parser name", optional=True),
     "trust_remote_code": _BOOL,
@@ -772,9 +799,15 @@ HELP: Final[Mapping[str, str]] = {
         "the model's architecture, as its `config.json` names it (`architectures[0]`); the known "
         "behaviour rows and sglang's automatic choices depend on it; once the weights are on the "
         "host, a `config.json` naming another is refused while planning"),
+    "launch_profile": (
+        "the launch profile whose flags and environment the server keys default to "
+        "(operations/launch_profiles.py; docs/profiles.md): None takes the first profile for "
+        "the GPUs, the model architecture and the locked sglang whose flags that sglang's "
+        "parser accepts; any `gpuhost_` key you set wins over the profile's value. `--dry` "
+        "names the profile, its source and every value it set"),
     "kv_cache_dtype": (
-        "`--kv-cache-dtype`; what the reference launch's `auto` resolved to for GLM-5 on SM120 "
-        "(sglang 0.5.9, `_set_default_nsa_kv_cache_dtype`), made explicit"),
+        "`--kv-cache-dtype`; the profile's (bf16: an FP8 KV cache gives garbled output on "
+        "SM120, voipmonitor/rtx6kpro models/glm5.md)"),
     "quantization": "`--quantization` (None leaves it out)",
     "attention_backend": "`--attention-backend`",
     "fp8_gemm_backend": "`--fp8-gemm-backend`",
@@ -782,8 +815,21 @@ HELP: Final[Mapping[str, str]] = {
     "nsa_decode_backend": "`--nsa-decode-backend` (trtllm avoids the NaN decode crash on SM120)",
     "nsa_prefill_backend": "`--nsa-prefill-backend`",
     "moe_runner_backend": (
-        "`--moe-runner-backend`, the MoE runner backend: the reference lab's measured baseline "
-        "(docs/index.md)"),
+        "`--moe-runner-backend`, the MoE runner backend: the profile's (cutlass, the field's "
+        "best at 64 concurrent requests; the reference lab's measured baseline was "
+        "flashinfer_cutlass)"),
+    "speculative_algorithm": (
+        "`--speculative-algorithm`: `NEXTN` turns MTP (speculative decoding with the model's own "
+        "MTP layer) on, with `SGLANG_ENABLE_SPEC_V2=True` in the server's environment; refused "
+        "while planning where the locked sglang lacks the flag or the checkpoint's weight index "
+        "lacks the MTP layer; None: off"),
+    "speculative_num_steps": (
+        "`--speculative-num-steps` with MTP on (the profile's); None leaves the three step "
+        "counts to sglang, which then needs all three unset"),
+    "speculative_eagle_topk": "`--speculative-eagle-topk` with MTP on: 1 or None",
+    "speculative_num_draft_tokens": (
+        "`--speculative-num-draft-tokens` with MTP on; sglang 0.5.9 makes it steps + 1 where "
+        "topk is 1"),
     "reasoning_parser": "`--reasoning-parser`",
     "tool_call_parser": "`--tool-call-parser`",
     "trust_remote_code": "`--trust-remote-code`",
@@ -795,8 +841,12 @@ HELP: Final[Mapping[str, str]] = {
         "loopback, e.g. the account you run clients or an SSH tunnel from; everyone else's are "
         "refused by the host's firewall (docs/security.md); only with a loopback "
         "`gpuhost_server_host` (a wider bind is reached through its gate, with the API key)"),
-    "server_extra_args": "more sglang flags, appended as given",
-    "server_env": "more environment for the server",
+    "server_extra_args": (
+        "more sglang flags, appended as given; the profile's (`--chunked-prefill-size`, "
+        "`--cuda-graph-max-bs`, `--model-loader-extra-config`) unless you set this key"),
+    "server_env": (
+        "the server's environment; the profile's (with `SGLANG_ENABLE_JIT_DEEPGEMM=0`: "
+        "DeepGEMM has no SM120 path) unless you set this key"),
     "health_timeout": "seconds the deploy waits for the server to serve the model",
     "server_start_timeout": (
         "seconds systemd gives one start of the server (weight loading included) before it counts "
@@ -948,6 +998,31 @@ def _sourced(exc: SettingsError, sources: Mapping[str, str] | None) -> str:
     return message + (f" It is set in {where}." if where else " It is the default.")
 
 
+def _typed(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Host data's ``gpuhost_`` values by setting name, as the Settings fields take them
+    (version-like numbers as the text typed, lists as tuples)."""
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str) or not key.startswith(PREFIX):
+            continue
+        name = key[len(PREFIX):]
+        if name in _NUMBER_AS_TEXT and isinstance(value, (int, float)) \
+                and not isinstance(value, bool):
+            value = str(value)
+        values[name] = tuple(value) if name in ("server_extra_args", "allowed_dropins",
+                                                "bench_levels", "nodes",
+                                                "api_gate_trusted_peers",
+                                                "server_local_users", "tls_names") \
+            else value
+    return values
+
+
+def profile_choice(host: str, data: Mapping[str, Any]) -> ProfileChoice:
+    """:func:`launch_choice` of a host's raw host data (already validated by
+    :func:`for_run`), for the plan's log (operations/stack_check.py)."""
+    return launch_choice(host, _typed(data))
+
+
 def from_host_data(host: str, data: Mapping[str, Any],
                    sources: Mapping[str, str] | None = None) -> Settings:
     """Build one host's :class:`Settings` from its merged host data.
@@ -970,20 +1045,14 @@ def from_host_data(host: str, data: Mapping[str, Any],
             problems.append(_sourced(exc, sources))
     if problems:
         raise SettingsError("\n".join(problems), problems=problems)
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        if not key.startswith(PREFIX):
-            continue
-        name = key[len(PREFIX):]
-        if name in _NUMBER_AS_TEXT and isinstance(value, (int, float)) \
-                and not isinstance(value, bool):
-            value = str(value)
-        values[name] = tuple(value) if name in ("server_extra_args", "allowed_dropins",
-                                                "bench_levels", "nodes",
-                                                "api_gate_trusted_peers",
-                                                "server_local_users", "tls_names") \
-            else value
-
+    values = _typed(data)
+    if values.get("serving", Settings.serving):
+        try:
+            choice = launch_choice(host, values)
+        except SettingsError as exc:
+            problems.append(_sourced(exc, sources))
+        else:
+            values = choice.applied(values)
     if "bench_levels" not in values:
         values["bench_levels"] = default_bench_levels(values.get(
             "max_running_requests", Settings.max_running_requests))
@@ -998,6 +1067,93 @@ def from_host_data(host: str, data: Mapping[str, Any],
     if problems:
         raise SettingsError("\n".join(problems), problems=problems)
     return settings
+
+
+@dataclass(frozen=True)
+class ProfileChoice:
+    """The launch profile a host's data gets (operations/launch_profiles.py).
+
+    + profile: the profile, None where none is for the host's GPUs, model and sglang
+    + given: the profile's settings the host data sets itself (they win)
+    + passed_over: profiles for the host that the locked sglang's parser refused, with why
+    + sglang: the locked sglang's version ("" where the lock cannot be read)
+    + named: whether gpuhost_launch_profile named it (else the default choice)
+    """
+
+    profile: launch_profiles.LaunchProfile | None
+    given: frozenset[str]
+    passed_over: tuple[tuple[str, str], ...]
+    sglang: str
+    named: bool = False
+
+    def applied(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` with the profile's value of each setting they do not set, and the
+        profile's name as gpuhost_launch_profile."""
+        out = dict(values)
+        if self.profile is None:
+            return out
+        for setting, value in self.profile.settings().items():
+            if setting not in self.given:
+                out[setting] = dict(value) if isinstance(value, Mapping) else value
+        out["launch_profile"] = self.profile.name
+        return out
+
+
+def launch_choice(host: str, values: Mapping[str, Any]) -> ProfileChoice:
+    """The launch profile for one host's settings (``values``: host data without the prefix,
+    each value allowed on its own): the one gpuhost_launch_profile names, else the first of
+    launch_profiles.PROFILES for the host's compute capability (gpuhost_compute_capability),
+    model architecture and locked sglang whose command line, with the host's own values
+    winning, the locked sglang's parser accepts (locks/sglang-<version>.args.json).
+
+    Raises :class:`SettingsError` for a named profile that is for other GPUs, another model
+    architecture or another sglang, or whose flags the locked sglang refuses. Where the lock
+    cannot be read, no profile (the lock's own check says why)."""
+    given = frozenset(k for k in values if k in launch_profiles.PROFILE_SETTINGS)
+    base = Settings(**values)
+    try:
+        sglang = read_lock(base.lock_path).get("sglang")
+        spec = load_parser_spec(sglang.version) if sglang is not None else None
+    except (LockError, FlagError):
+        spec = None
+    if spec is None:
+        return ProfileChoice(None, given, (), "")
+    version = spec.version
+    here = (base.compute_capability, base.model_architecture, version)
+    fits = launch_profiles.matching(*here)
+
+    def refusal(profile: launch_profiles.LaunchProfile) -> str | None:
+        ours = {k: v for k, v in profile.settings().items() if k not in given}
+        try:
+            check_server_args(server_args(replace(base, **ours)), spec)
+        except FlagError as exc:
+            return str(exc)
+        return None
+
+    if base.launch_profile is not None:
+        profile = launch_profiles.named(base.launch_profile)
+        if profile not in fits:
+            raise _fail(host, "launch_profile", base.launch_profile,
+                        f"a profile for compute capability {here[0]}, {PREFIX}model_architecture "
+                        f"{here[1]} and the locked sglang {version} ({profile.name} is for "
+                        f"compute capability {profile.compute_capability}, "
+                        f"{', '.join(profile.architectures)}, sglang {profile.sglang or 'any'}); "
+                        f"for this host: {', '.join(p.name for p in fits) or 'none'}, or None")
+        why = refusal(profile)
+        if why is not None:
+            raise _fail(host, "launch_profile", base.launch_profile,
+                        f"a profile whose flags the locked sglang {version} accepts ({why}); "
+                        "for this host: " + (", ".join(p.name for p in fits
+                                                       if refusal(p) is None) or "none")
+                        + ", or None")
+        return ProfileChoice(profile, given, (), version, named=True)
+    passed: list[tuple[str, str]] = []
+    for profile in fits:
+        why = refusal(profile)
+        if why is None:
+            return ProfileChoice(profile, given, tuple(passed), version)
+        passed.append((profile.name, why))
+    return ProfileChoice(None, given, tuple(passed), version)
 
 
 def _check_key(host: str, key: Any, value: Any) -> None:
@@ -1123,6 +1279,42 @@ def _check_lock(host: str, s: Settings) -> None:
     if not s.lock_path.is_file():
         raise _fail(host, "lock", s.lock, f"an existing lock file (not found: {s.lock_path})")
     _check_server_flags(host, s)
+
+
+def _check_speculative(host: str, s: Settings) -> None:
+    """MTP: the locked sglang has the speculative flags and NEXTN among its algorithms; the
+    step counts set together or all left to sglang (sglang 0.5.9's server_args.py asserts
+    speculative_eagle_topk and speculative_num_draft_tokens are None where
+    speculative_num_steps is). Whether the checkpoint has the MTP layer is read from its
+    weight index while planning (operations/stack_check.py)."""
+    if s.speculative_algorithm is None:
+        return
+    try:
+        sglang = read_lock(s.lock_path).get("sglang")
+        spec = load_parser_spec(sglang.version) if sglang else None
+    except (LockError, FlagError):
+        return  # said by _check_lock
+    if spec is None:
+        return
+    by_flag = spec.by_flag()
+    for flag in ("--speculative-algorithm", "--speculative-num-steps",
+                 "--speculative-eagle-topk", "--speculative-num-draft-tokens"):
+        if flag not in by_flag:
+            raise _fail(host, "speculative_algorithm", s.speculative_algorithm,
+                        f"None: the locked sglang {spec.version} has no {flag} "
+                        f"(locks/sglang-{spec.version}.args.json)")
+    choices = by_flag["--speculative-algorithm"].choices or ()
+    if s.speculative_algorithm not in choices:
+        raise _fail(host, "speculative_algorithm", s.speculative_algorithm,
+                    f"None: the locked sglang {spec.version} offers "
+                    f"{', '.join(choices) or 'no algorithm'} for --speculative-algorithm")
+    if s.speculative_num_steps is None:
+        for key in ("speculative_eagle_topk", "speculative_num_draft_tokens"):
+            if getattr(s, key) is not None:
+                raise _fail(host, key, getattr(s, key),
+                            f"None with {PREFIX}speculative_num_steps None: sglang "
+                            f"{spec.version} chooses the three step counts together or takes "
+                            "all three as given (server_args.py asserts it)")
 
 
 def _check_mok(host: str, s: Settings) -> None:
@@ -1260,6 +1452,19 @@ def _check_router_exposure(host: str, s: Settings) -> None:
                         "the router may run on a serving host")
 
 
+def _known_flags(flags: list[str], spec: Any) -> list[tuple[str, Any]]:
+    """:func:`flags_named` of those of ``flags`` the locked sglang has (an older one may lack
+    some of the flags gpuhost owns: the speculative ones; a key that would render one is
+    refused on its own, _check_speculative)."""
+    found = []
+    for flag in flags:
+        try:
+            found += flags_named([flag], spec)
+        except FlagError:
+            continue
+    return found
+
+
 def _check_server_flags(host: str, s: Settings) -> None:
     try:
         lock = read_lock(s.lock_path)
@@ -1273,7 +1478,7 @@ def _check_server_flags(host: str, s: Settings) -> None:
         spec = load_parser_spec(sglang.version)
         check_server_args(server_args(s), spec)
         extra = flags_named(list(s.server_extra_args), spec)
-        owned = {arg.flags: flag for flag, arg in flags_named(list(OWNED_FLAGS), spec)}
+        owned = {arg.flags: flag for flag, arg in _known_flags(list(OWNED_FLAGS), spec)}
         rendered = {arg.flags for _, arg in
                     flags_named([*server_args(replace(s, server_extra_args=())),
                                  *P2P_SERVER_FLAGS], spec)}
@@ -1489,6 +1694,7 @@ def _check_observability_ports(host: str, s: Settings) -> None:
 _TOGETHER: Final = (_check_bench, _check_tensor_parallel, _check_flavour, _check_driver,
                     _check_mok, _check_server_exposure, _check_router_exposure,
                     _check_trusted_peers, _check_dist_init_port, _check_venv_path, _check_lock,
+                    _check_speculative,
                     _check_sweep, _check_serving, _check_observability_ports,
                     _check_tls)
 #: The checks of the host's GPUs, driver, ML venv and server: a host that serves no model
@@ -1496,7 +1702,7 @@ _TOGETHER: Final = (_check_bench, _check_tensor_parallel, _check_flavour, _check
 #: such as group_data/all.py may set them for every host of the inventory).
 _SERVING_ONLY: Final = (_check_tensor_parallel, _check_flavour, _check_driver, _check_mok,
                         _check_server_exposure, _check_dist_init_port, _check_venv_path,
-                        _check_lock, _check_sweep)
+                        _check_lock, _check_speculative, _check_sweep)
 
 
 def for_inventory(hosts: Iterable[tuple[str, Mapping[str, Any]]],

@@ -41,6 +41,10 @@ OWNED_FLAGS: Final = {
     "--nsa-decode-backend": ("nsa_decode_backend",),
     "--nsa-prefill-backend": ("nsa_prefill_backend",),
     "--moe-runner-backend": ("moe_runner_backend",),
+    "--speculative-algorithm": ("speculative_algorithm",),
+    "--speculative-num-steps": ("speculative_num_steps", "speculative_algorithm"),
+    "--speculative-eagle-topk": ("speculative_eagle_topk", "speculative_algorithm"),
+    "--speculative-num-draft-tokens": ("speculative_num_draft_tokens", "speculative_algorithm"),
     "--enable-flashinfer-allreduce-fusion": ("enable_flashinfer_allreduce_fusion",),
     "--host": ("server_host",),
     "--port": ("server_port", "server_backend_port"),
@@ -90,6 +94,14 @@ class ServerKeys(Protocol):
     @property
     def moe_runner_backend(self) -> str | None: ...
     @property
+    def speculative_algorithm(self) -> str | None: ...
+    @property
+    def speculative_num_steps(self) -> int | None: ...
+    @property
+    def speculative_eagle_topk(self) -> int | None: ...
+    @property
+    def speculative_num_draft_tokens(self) -> int | None: ...
+    @property
     def enable_flashinfer_allreduce_fusion(self) -> bool: ...
     @property
     def server_is_public(self) -> bool: ...
@@ -115,7 +127,8 @@ def server_args(settings: ServerKeys, role: NodeFlags | None = None) -> list[str
     """``python -m sglang.launch_server`` arguments, in the reference launch's order
     (../shared/reference-lab.md), with ``--tensor-parallel-size`` spelled out (the reference's
     ``--tp`` works only as an argparse abbreviation of ``--tp-size``). Flags whose setting is
-    None are left out; P2P-dependent flags (--disable-custom-all-reduce) come from the P2P
+    None are left out (the speculative step counts also without ``--speculative-algorithm``);
+    P2P-dependent flags (--disable-custom-all-reduce) come from the P2P
     decision, not from here.
 
     The model is the local folder (``settings.model_path``) the weights were downloaded to.
@@ -158,6 +171,12 @@ def server_args(settings: ServerKeys, role: NodeFlags | None = None) -> list[str
         ("--moe-runner-backend", s.moe_runner_backend),
     ]
     args += [a for flag, value in optional if value is not None for a in (flag, value)]
+    if s.speculative_algorithm is not None:  # MTP: the step counts only with it
+        args += ["--speculative-algorithm", s.speculative_algorithm]
+        steps = [("--speculative-num-steps", s.speculative_num_steps),
+                 ("--speculative-eagle-topk", s.speculative_eagle_topk),
+                 ("--speculative-num-draft-tokens", s.speculative_num_draft_tokens)]
+        args += [a for flag, value in steps if value is not None for a in (flag, str(value))]
     if s.enable_flashinfer_allreduce_fusion:
         args.append("--enable-flashinfer-allreduce-fusion")
     # Prometheus' /metrics on the server's own port (operations/observability.py scrapes it):

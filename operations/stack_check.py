@@ -7,11 +7,12 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 
 from operations.gpu import NvidiaDriver
-from operations.files.model_config import architecture, mismatch
+from operations.files.model_config import WEIGHT_INDEX, architecture, mismatch, missing_mtp
 from operations.host import FileText
+from operations.launch_profiles import report
 from operations.lock import LockError, read_lock
 from operations.plan import fact, is_dry_run, refuse
-from operations.settings import Settings
+from operations.settings import PREFIX, Settings, profile_choice
 from operations.sglang import FlagError, ParserSpec, flags_named, load_parser_spec
 from operations.sglang_choices import left_to_sglang
 from operations.stack_facts import Target, applicable, brief, describe
@@ -57,17 +58,23 @@ def model_architecture(config_text: str | None) -> str | None:
 
 @deploy("Stack")
 def known_behaviour(settings: Settings) -> None:
-    """Print each row of the stack's known behaviour that applies to this host (the locked
-    versions, the GPUs' compute capability, the settings), one line each with its source; a
-    row that refuses takes the host out while planning (operations.plan), naming the setting
-    to change and its alternatives. On compute capability 12.x, also warn about each backend
+    """Name the host's launch profile (operations/launch_profiles.py), its source and what it
+    sets (in --dry each value with its reason). Print each row of the stack's known behaviour
+    that applies to this host (the locked versions, the GPUs' compute capability, the
+    settings), one line each with its source; a row that refuses takes the host out while
+    planning (operations.plan), naming the setting to change and its alternatives. On compute capability 12.x, also warn about each backend
     setting left ``auto`` or unset, naming what sglang would choose. Where the weights are
-    already on the host, their ``config.json`` must name ``gpuhost_model_architecture``, or the
-    host is refused."""
+    already on the host, their ``config.json`` must name ``gpuhost_model_architecture``, and
+    with MTP on (``gpuhost_speculative_algorithm``) their weight index must name the MTP
+    layer's tensors, or the host is refused (a download checks both: model_fetch.py)."""
     try:
         lock = read_lock(settings.lock_path)
     except LockError:
         return  # refused while the settings were read
+    choice = profile_choice(host.name, host.data.dict())
+    for line in report(choice.profile, choice.given, choice.passed_over, choice.sglang,
+                       choice.named, whole=is_dry_run()):
+        logger.info(f"{host.print_prefix}Stack: {line}")
     versions = lock.versions()
     sglang = versions.get("sglang", "")
     try:
@@ -80,6 +87,14 @@ def known_behaviour(settings: Settings) -> None:
                                                       settings.model_architecture)
     if wrong is not None:
         refuse("Stack", wrong)
+    if settings.speculative_algorithm is not None and config_text is not None:
+        no_mtp = missing_mtp(config_text,
+                             fact(FileText, path=f"{settings.model_path}/{WEIGHT_INDEX}"),
+                             settings.model_path)
+        if no_mtp is not None:
+            refuse("Stack", f"{PREFIX}speculative_algorithm = {settings.speculative_algorithm!r} "
+                   f"is not allowed for {settings.model}: None, or a checkpoint with its MTP "
+                   f"layer (for GLM-5-NVFP4: festr2/GLM-5-NVFP4-MTP): {no_mtp}")
     found, origin = capabilities(settings)
     for capability in found:
         target = Target(versions, capability, settings, ep)

@@ -35,6 +35,18 @@ class Condition:
 
 
 @dataclass(frozen=True)
+class EnvCondition:
+    """A variable of the server's environment (gpuhost_server_env, the launch profile's unless
+    set) and the values with which a row applies (None: the variable unset)."""
+
+    name: str
+    values: tuple[str | None, ...]
+
+    def holds(self, settings: Settings) -> bool:
+        return settings.server_env.get(self.name) in self.values
+
+
+@dataclass(frozen=True)
 class StackFact:
     """One known behaviour of the stack.
 
@@ -50,6 +62,7 @@ class StackFact:
     + any_of: conditions of which one must hold (when there are any)
     + min_concurrency: ``gpuhost_max_running_requests`` at least this (None: any)
     + tensor_parallel_only: only without expert parallelism or a MoE all-to-all backend
+    + expert_parallel_only: only with expert parallelism or a MoE all-to-all backend
     + workaround: what to do about a risk
     + change, alternatives: for a refusal, the setting to change and the values allowed instead
     """
@@ -62,10 +75,11 @@ class StackFact:
     versions: str = ""
     compute_capability: str = ""
     architectures: tuple[str, ...] = ()
-    where: tuple[Condition, ...] = ()
-    any_of: tuple[Condition, ...] = ()
+    where: tuple[Condition | EnvCondition, ...] = ()
+    any_of: tuple[Condition | EnvCondition, ...] = ()
     min_concurrency: int | None = None
     tensor_parallel_only: bool = False
+    expert_parallel_only: bool = False
     workaround: str = ""
     change: str | None = None
     alternatives: tuple[str, ...] = ()
@@ -86,8 +100,12 @@ class Target:
 _SM12X: Final = ">=12.0,<13.0"
 _GLM5: Final = ("GlmMoeDsaForCausalLM",)
 _SGLANG_059: Final = "sglang-0.5.9-py3-none-any.whl"
+#: voipmonitor/rtx6kpro's GLM-5 page (operations/launch_profiles.py reads its launch).
+_FIELD: Final = ("https://github.com/voipmonitor/rtx6kpro/blob/"
+                 "b80ffe7d9dbda90e4524274cd72ab2494aa4bceb/models/glm5.md")
 
-#: The table. Sources read on 2026-12-01.
+#: The table. Sources read on 2026-12-01 (the rows after flashinfer-cutlass-fp4-gemm-pdl-race on
+#: 2026-12-06).
 FACTS: Final[tuple[StackFact, ...]] = (
     StackFact(
         name="flashinfer-trtllm-moe-sm12x",
@@ -221,6 +239,75 @@ FACTS: Final[tuple[StackFact, ...]] = (
                    "gate's single request does not show it, a benchmark at 64 concurrent "
                    "requests can",
     ),
+    # A warning, not a refusal: the page reports it for its builds (sglang from source after
+    # 0.5.9, a FlashInfer path without KV scales), while the reference lab served GLM-5 with
+    # sglang 0.5.9's fp8_e4m3 and measured it; the health gate asks for a real completion.
+    StackFact(
+        name="fp8-kv-cache-garbled-sm120",
+        verdict="warn",
+        happens="an FP8 KV cache gives garbled output on SM120, or one token and a stop: the "
+                "FlashInfer backend reads the cached KV prefix back without its FP8 scales",
+        source=f"{_FIELD} (BF16 KV Cache Mandatory; All Errors and Fixes, Error 6)",
+        versions=">=0.5.9",
+        compute_capability=_SM12X,
+        architectures=_GLM5,
+        # auto is fp8_e4m3 for this model on compute capability 10 and up (dsa-auto-kv-cache-fp8)
+        where=(Condition("kv_cache_dtype", ("fp8_e4m3", "fp8_e5m2", "auto")),),
+        workaround=f"set {PREFIX}kv_cache_dtype to bf16 (the launch profiles' field-glm5-sm120 "
+                   "value; about 200K tokens of context at mem fraction 0.92 by the page)",
+    ),
+    # A warning: the reference lab served on sglang 0.5.9 without these variables.
+    StackFact(
+        name="deepgemm-jit-on-sm120",
+        verdict="warn",
+        happens="DeepGEMM has no SM120 path (it needs WGMMA or TCGEN05), yet sglang turns its "
+                "JIT on by default and takes its Blackwell paths on every major 10 to 12 "
+                "(is_blackwell_supported); the page's builds failed with \"AttributeError: "
+                "'ImportError' object has no attribute 'get_num_sms'\"",
+        source=f"{_FIELD} (SM120 Architecture Limitations; Error 1); {_SGLANG_059} "
+               "sglang/srt/environ.py (SGLANG_ENABLE_JIT_DEEPGEMM = EnvBool(True)) and "
+               "sglang/srt/layers/deep_gemm_wrapper/configurer.py (DEEPGEMM_BLACKWELL)",
+        versions=">=0.5.9",
+        compute_capability=_SM12X,
+        where=(EnvCondition("SGLANG_ENABLE_JIT_DEEPGEMM", (None, "1", "true", "True")),),
+        workaround=f"keep SGLANG_ENABLE_JIT_DEEPGEMM=0 and SGLANG_ENABLE_DEEP_GEMM=0 in "
+                   f"{PREFIX}server_env (the launch profile's field-glm5-sm120 environment)",
+    ),
+    # Corrected, and said so: the deploy sets the variable (operations/server.py, server_env).
+    StackFact(
+        name="nextn-needs-spec-v2",
+        verdict="warn",
+        happens="without SGLANG_ENABLE_SPEC_V2=True sglang turns NEXTN into EAGLE and loads the "
+                "model a second time as its draft: out of memory on 96 GB cards (57 GB of "
+                "weights per GPU at TP 8); with it, speculative_eagle_topk must be 1",
+        source=f"{_FIELD} (MTP / Speculative Decoding); {_SGLANG_059} "
+               "sglang/srt/server_args.py (NEXTN becomes EAGLE; \"Spec v2 currently only "
+               "supports topk = 1\") and sglang/srt/environ.py (SGLANG_ENABLE_SPEC_V2 = "
+               "EnvBool(False))",
+        versions=">=0.5.9",
+        where=(Condition("speculative_algorithm", ("NEXTN",)),),
+        workaround="none needed: the deploy puts SGLANG_ENABLE_SPEC_V2=True in the server's "
+                   "environment whenever gpuhost_speculative_algorithm is set",
+    ),
+    StackFact(
+        name="flashinfer-cutedsl-moe-ep-sm12x",
+        verdict="refuse",
+        happens="with expert parallelism the MoE runner backend flashinfer_cutedsl runs "
+                "FlashInfer's CuTe DSL masked grouped GEMM, which is for SM100 only "
+                "(\"['sm_100', 'sm_103'] are the only supported SM versions for cute-dsl "
+                "backend\")",
+        source="flashinfer_python-0.6.3 flashinfer/cute_dsl/blockscaled_gemm.py "
+               "(Sm100BlockScaledPersistentDenseGemmKernel: supported_sm_versions, tcgen05); "
+               f"{_SGLANG_059} sglang/srt/layers/moe/ep_moe/layer.py "
+               "(forward_flashinfer_cutedsl)",
+        package="flashinfer-python",
+        versions="==0.6.3",
+        compute_capability=_SM12X,
+        where=(Condition("moe_runner_backend", ("flashinfer_cutedsl",)),),
+        expert_parallel_only=True,
+        change="moe_runner_backend",
+        alternatives=("cutlass", "flashinfer_cutlass", "triton"),
+    ),
 )
 
 
@@ -250,6 +337,7 @@ def applies(row: StackFact, target: Target) -> bool:
         and (not row.any_of or any(c.holds(s) for c in row.any_of))
         and (row.min_concurrency is None or s.max_running_requests >= row.min_concurrency)
         and not (row.tensor_parallel_only and target.expert_parallel)
+        and not (row.expert_parallel_only and not target.expert_parallel)
     )
 
 

@@ -1,4 +1,4 @@
-"""The sandbox lab's stand-in of the Hugging Face Hub: one small gated model repository, served
+"""The sandbox lab's stand-in of the Hugging Face Hub: two small gated model repositories, served
 on each host link's address (port 8090) with the endpoints huggingface_hub 0.36's
 snapshot_download and model_info use (read from huggingface_hub's source: hf_api.py
 model_info, file_download.py get_hf_file_metadata and http_get, utils/_http.py
@@ -12,6 +12,13 @@ hf_raise_for_status):
                                                             X-Linked-Etag (sha256), X-Linked-Size
     GET  /<repo>/resolve/<rev>/<file>                       the same, with the content
     GET  /cdn-lfs/<sha256>?expires=..&sig=..                LFS content (signed URL, Range)
+
+The two repositories are GLM-5-shaped as the field's two NVFP4 checkpoints are (voipmonitor/
+rtx6kpro models/glm5.md: lukealonso/GLM-5-NVFP4 has no MTP weights, festr2/GLM-5-NVFP4-MTP
+restores layer 78): both config.json files name ``num_nextn_predict_layers: 1`` (GLM-5's
+config.json does, with ``num_hidden_layers: 78``), and only the MTP one's weight index maps the
+MTP layer's tensors, ``model.layers.<num_hidden_layers>.*`` (the name sglang 0.5.9 loads them
+by: deepseek_weight_loader.py, nextn_layer_prefix), in a shard of its own.
 
 The stand-in counts the bytes of every response body it sends, per client address and per
 repository file (metadata requests count as "api"), for tests and the rebuild bench:
@@ -44,6 +51,8 @@ from pathlib import Path
 
 PORT = 8090
 REPO_ID = "gpuhost-sandbox/tiny-glm-5"
+#: The same model with its MTP layer (as festr2/GLM-5-NVFP4-MTP is lukealonso/GLM-5-NVFP4's).
+MTP_REPO_ID = "gpuhost-sandbox/tiny-glm-5-mtp"
 TOKEN_ON_HOST = "/root/hf_token"  # where `up` puts the token on each host (mode 0600)
 LFS_SUFFIXES = (".safetensors",)
 SHARD_BYTES = 768 * 1024
@@ -87,15 +96,19 @@ def _safetensors(name: str, nbytes: int) -> bytes:
     return len(header).to_bytes(8, "little") + header + body
 
 
-def repository() -> list[RepoFile]:
-    """The stand-in model: a GLM-shaped config, a tokenizer, two safetensors shards."""
-    shards = {f"model-0000{i}-of-00002.safetensors": f"model.layers.{i - 1}.mlp.weight"
-              for i in (1, 2)}
+def repository(mtp: bool = False) -> list[RepoFile]:
+    """The stand-in model: a GLM-shaped config, a tokenizer, two safetensors shards; with
+    ``mtp``, a third shard holding the MTP layer (``model.layers.2.*``, the layer after the
+    config's two)."""
+    count = 3 if mtp else 2
+    shards = {f"model-0000{i}-of-0000{count}.safetensors": f"model.layers.{i - 1}.mlp.weight"
+              for i in range(1, count + 1)}
     files = {
         "README.md": b"---\nlicense: mit\nextra_gated_prompt: sandbox stand-in\n---\n"
                      b"# tiny-glm-5\n\nA gpuhost sandbox stand-in repository (no real weights).\n",
         "config.json": json.dumps({"architectures": ["GlmMoeDsaForCausalLM"],
                                    "model_type": "glm_moe_dsa", "num_hidden_layers": 2,
+                                   "num_nextn_predict_layers": 1,
                                    "hidden_size": 64, "vocab_size": 256,
                                    "torch_dtype": "bfloat16"}, indent=2).encode(),
         "generation_config.json": b'{"do_sample": false, "eos_token_id": 0}\n',
@@ -119,13 +132,32 @@ def commit_sha(files: list[RepoFile]) -> str:
     return h.hexdigest()
 
 
+@dataclass(frozen=True)
+class Repo:
+    id: str
+    files: list[RepoFile]
+
+    @property
+    def by_path(self) -> dict[str, RepoFile]:
+        return {f.path: f for f in self.files}
+
+    @property
+    def sha(self) -> str:
+        return commit_sha(self.files)
+
+
 class Hub:
     def __init__(self, token: str):
         self.token = token
-        self.files = repository()
-        self.by_path = {f.path: f for f in self.files}
-        self.by_sha256 = {f.sha256: f for f in self.files if f.lfs}
-        self.sha = commit_sha(self.files)
+        self.repos = {r.id: r for r in (Repo(REPO_ID, repository()),
+                                        Repo(MTP_REPO_ID, repository(mtp=True)))}
+        # one content, one CDN object (as the Hub's LFS store): a shard both repositories hold
+        # is counted under the first one's path
+        self.by_sha256: dict[str, RepoFile] = {}
+        for r in self.repos.values():
+            for f in r.files:
+                if f.lfs:
+                    self.by_sha256.setdefault(f.sha256, f)
         self.secret = secrets.token_bytes(32)
         self.served: dict[str, dict] = {}
         self.lock = threading.Lock()
@@ -140,15 +172,17 @@ class Hub:
         with self.lock:
             return json.loads(json.dumps(self.served))
 
-    def resolve(self, revision: str) -> str | None:
-        return self.sha if revision in ("main", self.sha) else None
+    def resolve(self, repo: str, revision: str) -> str | None:
+        sha = self.repos[repo].sha
+        return sha if revision in ("main", sha) else None
 
     def sign(self, sha256: str, expires: int) -> str:
         return hmac.new(self.secret, f"{sha256}:{expires}".encode(), "sha256").hexdigest()
 
-    def model_info(self, blobs: bool) -> dict:
+    def model_info(self, repo_id: str, blobs: bool) -> dict:
+        repo = self.repos[repo_id]
         siblings = []
-        for f in self.files:
+        for f in repo.files:
             entry: dict = {"rfilename": f.path}
             if blobs:
                 entry["blobId"] = f.blob_id if not f.lfs else \
@@ -159,13 +193,13 @@ class Hub:
                                     "pointerSize": len(f.pointer)}
             siblings.append(entry)
         stamp = "2026-01-01T00:00:00.000Z"
-        return {"_id": hashlib.md5(REPO_ID.encode()).hexdigest()[:24], "id": REPO_ID,
-                "modelId": REPO_ID, "author": REPO_ID.split("/")[0], "sha": self.sha,
+        return {"_id": hashlib.md5(repo_id.encode()).hexdigest()[:24], "id": repo_id,
+                "modelId": repo_id, "author": repo_id.split("/")[0], "sha": repo.sha,
                 "lastModified": stamp, "createdAt": stamp, "private": False,
                 "disabled": False, "gated": "manual", "downloads": 0, "likes": 0,
                 "library_name": "transformers", "tags": ["safetensors", "glm_moe_dsa"],
                 "pipeline_tag": "text-generation", "siblings": siblings,
-                "usedStorage": sum(len(f.data) for f in self.files)}
+                "usedStorage": sum(len(f.data) for f in repo.files)}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -195,11 +229,11 @@ class Handler(BaseHTTPRequestHandler):
             headers["X-Error-Code"] = error_code
         self._send(code, json.dumps({"error": message}).encode(), headers)
 
-    def _authorized(self) -> bool:
+    def _authorized(self, repo: str) -> bool:
         auth = self.headers.get("Authorization") or ""
         scheme, _, token = auth.partition(" ")
         if not auth:
-            self._error(401, "GatedRepo", f"Access to model {REPO_ID} is restricted. You must "
+            self._error(401, "GatedRepo", f"Access to model {repo} is restricted. You must "
                         "have access to it and be authenticated to access it. Please log in.")
             return False
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(),
@@ -231,25 +265,25 @@ class Handler(BaseHTTPRequestHandler):
         self._error(404, None, "Sorry, we can't find the page you are looking for.")
 
     def _repo_ok(self, repo: str) -> bool:
-        if repo != REPO_ID:
+        if repo not in self.hub.repos:
             self._error(401, "RepoNotFound", "Repository not found")
             return False
-        return self._authorized()
+        return self._authorized(repo)
 
     def _api(self, repo: str, revision: str, blobs: bool) -> None:
         if not self._repo_ok(repo):
             return
-        if self.hub.resolve(revision) is None:
+        if self.hub.resolve(repo, revision) is None:
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-        self._send(200, json.dumps(self.hub.model_info(blobs)).encode())
+        self._send(200, json.dumps(self.hub.model_info(repo, blobs)).encode())
 
     def _resolve(self, repo: str, revision: str, filename: str) -> None:
         if not self._repo_ok(repo):
             return
-        sha = self.hub.resolve(revision)
+        sha = self.hub.resolve(repo, revision)
         if sha is None:
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-        f = self.hub.by_path.get(filename)
+        f = self.hub.repos[repo].by_path.get(filename)
         if f is None:
             return self._error(404, "EntryNotFound", f"{filename} does not exist on \"{revision}\"")
         self.served_file = f.path
@@ -301,7 +335,8 @@ def serve(token: str, port: int, addresses: list[str]) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    print(f"hub stand-in ({REPO_ID} at {Handler.hub.sha}) on "
+    print("hub stand-in (" + ", ".join(f"{r.id} at {r.sha}" for r in Handler.hub.repos.values())
+          + ") on "
           f"{', '.join(f'{a}:{port}' for a in addresses)}", flush=True)
     stop.wait()
     for server in servers:

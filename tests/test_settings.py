@@ -19,9 +19,29 @@ def settings(lock, **data):
     return from_host_data("gpu1", {"gpuhost_lock": lock, **data})
 
 
-def test_defaults_are_the_reference_launch(lock):
+def test_defaults_are_the_field_profile_for_sglang_059(lock):
+    # The default is the best launch profile the locked sglang 0.5.9 accepts
+    # (operations/launch_profiles.py): the field's GLM-5 launch on SM120 with 0.5.9's own FP4
+    # GEMM backend (0.5.9 has no --fp4-gemm-backend cutlass).
     s = settings(lock)
+    assert s.launch_profile == "field-glm5-sm120-sglang0.5.9"
     assert s.tensor_parallel_size == 8 and s.gpu_count == 8
+    assert s.mem_fraction_static == 0.85
+    assert s.moe_runner_backend == "cutlass"
+    # An FP8 KV cache gives garbled output on SM120 (voipmonitor/rtx6kpro models/glm5.md).
+    assert s.kv_cache_dtype == "bf16"
+    assert s.fp4_gemm_backend == "flashinfer_cutlass"
+    assert s.model_architecture == "GlmMoeDsaForCausalLM"
+    assert s.nsa_decode_backend == s.nsa_prefill_backend == "trtllm"
+    assert s.server_env["SGLANG_ENABLE_JIT_DEEPGEMM"] == "0"
+    assert s.speculative_algorithm is None
+    assert s.cuda_home == "/usr/local/cuda-12.8"
+    assert s.cuda_arch == "120"
+    assert s.server_host == "127.0.0.1"
+
+
+def test_the_reference_lab_profile_is_its_hand_made_launch(lock):
+    s = settings(lock, gpuhost_launch_profile="reference-lab")
     assert s.mem_fraction_static == 0.92
     # The measured baseline's MoE runner backend, not the last launch's experiment
     # (../shared/reference-lab.md): flashinfer_trtllm has no SM12x kernels.
@@ -30,11 +50,8 @@ def test_defaults_are_the_reference_launch(lock):
     # _set_default_nsa_kv_cache_dtype), and sglang 0.5.9's FP4 GEMM default, both explicit.
     assert s.kv_cache_dtype == "fp8_e4m3"
     assert s.fp4_gemm_backend == "flashinfer_cutlass"
-    assert s.model_architecture == "GlmMoeDsaForCausalLM"
-    assert s.nsa_decode_backend == s.nsa_prefill_backend == "trtllm"
-    assert s.cuda_home == "/usr/local/cuda-12.8"
-    assert s.cuda_arch == "120"
-    assert s.server_host == "127.0.0.1"
+    assert s.server_extra_args == ()
+    assert dict(s.server_env) == {"OMP_NUM_THREADS": "8", "SAFETENSORS_FAST_GPU": "1"}
 
 
 def test_pyinfra_keys_are_left_alone(lock):

@@ -213,7 +213,8 @@ def test_every_flag_gpuhost_renders_is_owned_by_a_key():
                      nsa_decode_backend="trtllm", nsa_prefill_backend="trtllm",
                      moe_runner_backend="flashinfer_cutlass", reasoning_parser="glm45",
                      tool_call_parser="glm47", trust_remote_code=True,
-                     enable_flashinfer_allreduce_fusion=True)
+                     enable_flashinfer_allreduce_fusion=True, speculative_algorithm="NEXTN",
+                     server_extra_args=())
     owned = {arg.flags for _, arg in flags_named([*OWNED_FLAGS, *ALWAYS_FLAGS], spec)}
     rendered = {arg.flags for _, arg in flags_named(server_args(every), spec)}
     assert rendered <= owned

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from operations import launch_profiles
 from operations.settings import Settings
 from operations.sglang import load_parser_spec
 from operations.sglang_choices import BACKEND_SETTINGS, choice, left_to_sglang
@@ -26,10 +27,20 @@ def names(t):
     return [row.name for row in applicable(t)]
 
 
-def test_the_reference_lab_defaults():
-    # GLM-5 on SM120 with the reference lab's settings: the two risks, no refusal.
-    assert names(target()) == ["deepgemm-paged-mqa-logits-sm120",
+def test_the_default_profile():
+    # GLM-5 on SM120 with the default launch profile (CUTLASS MoE): the risks, no refusal.
+    assert names(target()) == ["modelopt-fp4-moe-one-kernel",
+                               "deepgemm-paged-mqa-logits-sm120",
                                "flashinfer-cutlass-fp4-gemm-pdl-race"]
+
+
+def test_the_reference_lab_profile():
+    # The reference lab's hand-made launch: the two risks and its FP8 KV cache, no refusal.
+    lab = launch_profiles.named("reference-lab").settings()
+    assert names(target(**lab)) == ["deepgemm-paged-mqa-logits-sm120",
+                                    "flashinfer-cutlass-fp4-gemm-pdl-race",
+                                    "fp8-kv-cache-garbled-sm120",
+                                    "deepgemm-jit-on-sm120"]
 
 
 def test_rows_name_a_source_and_what_to_do():
@@ -103,7 +114,8 @@ def test_modelopt_fp4_backends_that_share_one_kernel(backend):
 
 
 def test_flashinfer_cutlass_is_a_moe_path_of_its_own():
-    assert not applies(ROW["modelopt-fp4-moe-one-kernel"], target())
+    assert not applies(ROW["modelopt-fp4-moe-one-kernel"],
+                       target(moe_runner_backend="flashinfer_cutlass"))
 
 
 def test_auto_moe_is_flashinfer_trtllm_on_sm100():
@@ -247,3 +259,40 @@ def test_a_real_run_warns_in_one_short_line():
         assert short.startswith(f"{row.name}: ") and short.endswith(
             "(--dry: what to do, the source)")
         assert "flashinfer-python 0.6.3" in short or "sglang 0.5.9" in short
+
+
+@pytest.mark.parametrize(("kv", "cc", "applies_"), [
+    ("fp8_e4m3", "12.0", True), ("auto", "12.0", True), ("fp8_e5m2", "12.1", True),
+    ("bf16", "12.0", False), ("fp8_e4m3", "10.0", False), ("fp8_e4m3", "9.0", False)])
+def test_fp8_kv_cache_warns_on_sm12x_only(kv, cc, applies_):
+    row = ROW["fp8-kv-cache-garbled-sm120"]
+    assert row.verdict == "warn" and "rtx6kpro" in row.source
+    assert applies(row, target(cc=cc, kv_cache_dtype=kv)) is applies_
+    assert not applies(row, target(kv_cache_dtype=kv, model_architecture="LlamaForCausalLM"))
+
+
+@pytest.mark.parametrize(("env", "applies_"), [
+    ({}, True), ({"SGLANG_ENABLE_JIT_DEEPGEMM": "1"}, True),
+    ({"SGLANG_ENABLE_JIT_DEEPGEMM": "0"}, False),
+    ({"SGLANG_ENABLE_JIT_DEEPGEMM": "false"}, False)])
+def test_deepgemm_jit_left_on_warns_on_sm12x(env, applies_):
+    row = ROW["deepgemm-jit-on-sm120"]
+    assert applies(row, target(server_env=env)) is applies_
+    assert not applies(row, target(cc="9.0", server_env=env))
+    assert not applies(row, target())  # the profile's environment turns it off
+
+
+def test_nextn_says_the_deploy_sets_spec_v2():
+    row = ROW["nextn-needs-spec-v2"]
+    assert not applies(row, target())
+    line = describe(row, target(speculative_algorithm="NEXTN"))
+    assert "the deploy puts SGLANG_ENABLE_SPEC_V2=True" in line and "loads the model" in line
+
+
+def test_cutedsl_moe_is_refused_with_expert_parallelism_on_sm12x():
+    row = ROW["flashinfer-cutedsl-moe-ep-sm12x"]
+    assert applies(row, target(moe_runner_backend="flashinfer_cutedsl", ep=True))
+    assert not applies(row, target(moe_runner_backend="flashinfer_cutedsl"))
+    assert not applies(row, target(cc="10.0", moe_runner_backend="flashinfer_cutedsl", ep=True))
+    line = describe(row, target(moe_runner_backend="flashinfer_cutedsl", ep=True))
+    assert "set gpuhost_moe_runner_backend (now 'flashinfer_cutedsl') to one of cutlass" in line

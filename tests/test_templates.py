@@ -35,14 +35,45 @@ def unit_lines(text):
     return [line for line in text.splitlines() if line and not line.startswith("#")]
 
 
-def test_unit_is_the_reference_launch(settings):
+def test_unit_is_the_default_profiles_launch(settings):
     text = render("sglang.service.j2", unit_context(settings()))
+    (exec_start,) = [line for line in unit_lines(text) if line.startswith("ExecStart=")]
+    words = shlex.split(exec_start.removeprefix("ExecStart="))
+    args = words[1:-1]
+    # voipmonitor/rtx6kpro models/glm5.md's launch, with sglang 0.5.9's FP4 GEMM backend
+    for flag, value in (("--kv-cache-dtype", "bf16"), ("--moe-runner-backend", "cutlass"),
+                        ("--attention-backend", "flashinfer"), ("--mem-fraction-static", "0.85"),
+                        ("--fp4-gemm-backend", "flashinfer_cutlass"),
+                        ("--chunked-prefill-size", "16384"), ("--cuda-graph-max-bs", "32")):
+        assert args[args.index(flag) + 1] == value, flag
+    assert not [a for a in args if a.startswith("--speculative")]
+    env = render("server.env.j2", env_context(settings()))
+    assert "SGLANG_ENABLE_JIT_DEEPGEMM=0" in env.splitlines()
+    assert "SGLANG_ENABLE_SPEC_V2" not in env
+
+
+def test_mtp_renders_the_speculative_flags_and_spec_v2(settings):
+    s = settings(gpuhost_speculative_algorithm="NEXTN")
+    words = shlex.split(next(line for line in unit_lines(render("sglang.service.j2",
+                                                                 unit_context(s)))
+                             if line.startswith("ExecStart=")).removeprefix("ExecStart="))
+    at = words.index("--speculative-algorithm")
+    assert words[at:at + 8] == ["--speculative-algorithm", "NEXTN", "--speculative-num-steps",
+                                "4", "--speculative-eagle-topk", "1",
+                                "--speculative-num-draft-tokens", "5"]
+    assert "SGLANG_ENABLE_SPEC_V2=True" in render("server.env.j2", env_context(s)).splitlines()
+
+
+def test_unit_is_the_reference_launch(settings):
+    text = render("sglang.service.j2", unit_context(settings(
+        gpuhost_launch_profile="reference-lab")))
     (exec_start,) = [line for line in unit_lines(text) if line.startswith("ExecStart=")]
     words = shlex.split(exec_start.removeprefix("ExecStart="))
     # the lock's own venv, not the link at gpuhost_venv_path (operations/venvs.py)
     assert words[0] == f"{stack_venv(settings().lock_path)}/bin/python"
     assert words[-1] == "$GPUHOST_P2P_SERVER_ARGS"
     reference = shlex.split(REFERENCE)[1:]
+
     reference.remove("--disable-custom-all-reduce")  # from the P2P decision, not host data
     # The full name: --tp works only through argparse's prefix matching of --tp-size.
     reference[reference.index("--tp")] = "--tensor-parallel-size"

@@ -57,3 +57,49 @@ def mismatch(text: str, path: str, wanted: str) -> str | None:
     return (f"the model's {path} names the architecture {named}{how}, host data says "
             f"gpuhost_model_architecture = {wanted!r}: set it to {named!r}, which the known "
             "behaviour is matched against")
+
+
+#: The weight index of a sharded safetensors checkpoint (transformers' SAFE_WEIGHTS_INDEX_NAME).
+WEIGHT_INDEX = "model.safetensors.index.json"
+
+
+def mtp_layer(config_text: str) -> int | None:
+    """The index of the MTP (NextN) layer sglang loads from a checkpoint with this config.json:
+    ``num_hidden_layers``, or 0 for a one-layer model; None where the config has no single
+    NextN layer. sglang 0.5.9's sglang/srt/models/deepseek_common/deepseek_weight_loader.py
+    (GLM-5's GlmMoeDsaForCausalLM is a DeepseekV2ForCausalLM): ``num_nextn_predict_layers``
+    must be 1, ``nextn_layer_id = 0 if num_hidden_layers == 1 else num_hidden_layers``, its
+    tensors named ``model.layers.<nextn_layer_id>.*``."""
+    try:
+        data = json.loads(config_text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("num_nextn_predict_layers") != 1:
+        return None
+    layers = data.get("num_hidden_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        return None
+    return 0 if layers == 1 else layers
+
+
+def missing_mtp(config_text: str, index_text: str | None, where: str) -> str | None:
+    """Why the checkpoint in folder ``where`` cannot serve MTP (NEXTN): its config.json names
+    no single NextN layer, it has no weight index, or the index's ``weight_map`` names no
+    tensor of that layer (a quantized checkpoint can drop them while its config still names
+    ``num_nextn_predict_layers``: voipmonitor/rtx6kpro models/glm5.md, lukealonso/GLM-5-NVFP4
+    against festr2/GLM-5-NVFP4-MTP). None when it has the layer."""
+    layer = mtp_layer(config_text)
+    if layer is None:
+        return (f"{where}/config.json names no MTP layer (num_nextn_predict_layers 1 and "
+                "num_hidden_layers, as sglang loads it)")
+    if index_text is None:
+        return f"{where} has no {WEIGHT_INDEX} to read the MTP layer's tensors from"
+    try:
+        names = json.loads(index_text).get("weight_map") or {}
+    except (ValueError, AttributeError):
+        names = {}
+    prefix = f"model.layers.{layer}."
+    if any(isinstance(n, str) and n.startswith(prefix) for n in names):
+        return None
+    return (f"{where}/{WEIGHT_INDEX} has no tensor of the MTP layer ({prefix}*: config.json's "
+            f"num_hidden_layers is {layer})")

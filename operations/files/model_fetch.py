@@ -33,7 +33,9 @@ Runs on the GPU host with the ML venv's python (huggingface_hub comes with the l
 6. with --architecture (gpuhost_model_architecture): the downloaded config.json must name it
    (model_config.py, shipped beside), else exit 3 naming the key and both values. The stamp
    is written first: the copy is complete and right, host data is what is wrong, and the
-   Stack stage of the next run reads the same config.json while planning.
+   Stack stage of the next run reads the same config.json while planning;
+7. with --mtp (gpuhost_speculative_algorithm set): the downloaded weight index must name the MTP
+   layer's tensors (model_config.missing_mtp), else exit 3 the same way.
 
 The token file must hold one line of header-safe text (secret_file.py, shipped beside this
 script): else exit 1 saying so. The token is passed to huggingface_hub only, never printed:
@@ -53,7 +55,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from model_config import mismatch
+from model_config import WEIGHT_INDEX, mismatch, missing_mtp
 from no_space import enospc, human, where
 from secret_file import SecretFileError, describe, read_secret
 
@@ -229,6 +231,8 @@ def _main() -> int:
     parser.add_argument("--token-file", help="root-only file holding the Hub token")
     parser.add_argument("--headroom-gib", type=float, default=1.0)
     parser.add_argument("--architecture", help="what config.json must name (architectures[0])")
+    parser.add_argument("--mtp", action="store_true", help="the checkpoint must have its MTP "
+                        "layer (gpuhost_speculative_algorithm set)")
     parser.add_argument("--copied-from", help="where the files already in --dest were copied "
                         "from (a peer), for the message: each is verified by its hash")
     parser.add_argument("--mirror", type=Path, help="a folder holding <repo>/ copies with their "
@@ -349,6 +353,16 @@ def _main() -> int:
                            f"host data says gpuhost_model_architecture = {args.architecture!r}")
         if wrong_arch is not None:
             print(f"refused: {wrong_arch}", file=sys.stderr)
+            return 3
+    if args.mtp:
+        config, index = args.dest / "config.json", args.dest / WEIGHT_INDEX
+        no_mtp = missing_mtp(config.read_text(errors="replace") if config.is_file() else "",
+                             index.read_text(errors="replace") if index.is_file() else None,
+                             str(args.dest))
+        if no_mtp is not None:
+            print(f"refused: gpuhost_speculative_algorithm is set, but {no_mtp}: set it to "
+                  "null, or serve a checkpoint with its MTP layer (for GLM-5-NVFP4: "
+                  "festr2/GLM-5-NVFP4-MTP)", file=sys.stderr)
             return 3
     return 0
 

@@ -187,15 +187,16 @@ def test_the_audit_sees_a_real_run(audited_host, tmp_path):
     run = lab.deploy("--dry", inventory=str(inventory))
     assert run.returncode == 0, run.output[-3000:]
     assert any("nvidia-smi" in c for c in audit.commands(audited_host))
-    # The reference lab's defaults: the known behaviours that apply are printed, each with its
+    # The default launch profile: the known behaviours that apply are printed, each with its
     # source, and none refuses (operations/stack_facts.py).
-    for row, source in (("deepgemm-paged-mqa-logits-sm120", "sgl-project/sglang/issues/26087"),
+    for row, source in (("modelopt-fp4-moe-one-kernel", "modelopt_quant.py"),
+                        ("deepgemm-paged-mqa-logits-sm120", "sgl-project/sglang/issues/26087"),
                         ("flashinfer-cutlass-fp4-gemm-pdl-race",
                          "flashinfer-ai/flashinfer/issues/2708")):
         (line,) = [x for x in run.output.splitlines() if f"Stack: warn: {row}:" in x]
         assert "on compute capability 12.0" in line and source in line, line
     assert "Stack: refused" not in run.output
-    assert "2 known behaviour(s) apply" in run.output
+    assert "3 known behaviour(s) apply" in run.output
 
 
 def test_a_moe_backend_without_kernels_for_the_gpus_is_refused_while_planning(audited_host,

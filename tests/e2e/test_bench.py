@@ -40,7 +40,7 @@ def test_bench_converged_then_refused_when_unhealthy(converged_host):
     assert "| concurrency | requests completed | output tok/s | decode tok/s (steady state) | " \
         "published tok/s (ours / theirs) |" in run.output  # the summary
     results = json.loads((dest / "results.json").read_text())
-    assert results["server"]["moe_runner_backend"] == "flashinfer_cutlass"
+    assert results["server"]["moe_runner_backend"] == "cutlass"  # the launch profile's
     assert results["versions"]["sglang"] == "0.5.9"
     # what the report matches published figures on: the card from the host's nvidia-smi, the
     # rest from the server's own flags; no figure was published for the sandbox's tiny model
@@ -86,7 +86,7 @@ def test_bench_converged_then_refused_when_unhealthy(converged_host):
         == "none"
 
 
-SWEEP = '{"moe_runner_backend": ["flashinfer_cutedsl", "cutlass", "triton"]}'
+SWEEP = '{"moe_runner_backend": ["flashinfer_cutedsl", "flashinfer_cutlass", "triton"]}'
 
 
 def test_sweep_records_failures_ranks_and_restores(converged_host):
@@ -94,11 +94,11 @@ def test_sweep_records_failures_ranks_and_restores(converged_host):
     assert lab.deploy().returncode == 0
     unit = host.ssh("cat /etc/systemd/system/sglang.service")
     env = host.ssh("cat /etc/gpuhost/server.env")
-    # cutlass crashes at start, triton answers NaN text, flashinfer_cutedsl is twice as fast
-    # as the configured flashinfer_cutlass (the scenario's default rates).
+    # flashinfer_cutlass crashes at start, triton answers NaN text, flashinfer_cutedsl is twice
+    # as fast as the configured cutlass (the launch profile's; the scenario's default rates).
     host.ssh("python3 - <<'EOF'\nimport json\np = '/etc/gpuhost-sandbox/hardware.json'\n"
              "d = json.load(open(p))\n"
-             "d['serving']['backend_modes'] = {'cutlass': 'crash-on-start', "
+             "d['serving']['backend_modes'] = {'flashinfer_cutlass': 'crash-on-start', "
              "'triton': 'degenerate'}\n"
              "d['serving']['output_tokens_per_s']['flashinfer_cutedsl'] = "
              "{'1': 22, '16': 240}\njson.dump(d, open(p, 'w'))\nEOF")
@@ -109,20 +109,19 @@ def test_sweep_records_failures_ranks_and_restores(converged_host):
     dest = Path(re.search(r"bench: (\S+)/results\.json", run.output).group(1))
     outcomes = {o["value"]: o for o in
                 json.loads((dest / "results.json").read_text())["sweep"]["outcomes"]}
-    assert outcomes["cutlass"]["status"] == "failed"
-    assert any("crash-on-start" in line for line in outcomes["cutlass"]["journal"])
+    assert outcomes["flashinfer_cutlass"]["status"] == "failed"
+    assert any("crash-on-start" in line for line in outcomes["flashinfer_cutlass"]["journal"])
     assert outcomes["triton"]["status"] == "failed"
     assert "degenerate" in outcomes["triton"]["reason"]
     assert outcomes["flashinfer_cutedsl"]["status"] == "ok"
-    assert outcomes["flashinfer_cutlass"]["baseline"] and outcomes["flashinfer_cutlass"]["status"] \
-        == "ok"
+    assert outcomes["cutlass"]["baseline"] and outcomes["cutlass"]["status"] == "ok"
     level1 = outcomes["flashinfer_cutedsl"]["results"]["levels"][0]
     assert level1["bench"]["output_throughput"] == pytest.approx(22, rel=0.3)
     summary = (dest / "summary.md").read_text()
     gain = re.search(r"- concurrency 1: flashinfer_cutedsl wins, \+([\d.]+) % output tok/s "
-                     r"over flashinfer_cutlass \(run-to-run spread [\d.]+ %\)", summary)
+                     r"over cutlass \(run-to-run spread [\d.]+ %\)", summary)
     assert gain and 60 < float(gain.group(1)) < 140, summary  # 22 against 11 tok/s
-    assert outcomes["flashinfer_cutlass"]["repeat"]["levels"]  # the spread, measured
+    assert outcomes["cutlass"]["repeat"]["levels"]  # the spread, measured
     assert "Figures from stand-ins" in summary
     assert "--data gpuhost_moe_runner_backend=flashinfer_cutedsl" in summary
     assert (dest / "bench.png").is_file()
@@ -134,7 +133,7 @@ def test_sweep_records_failures_ranks_and_restores(converged_host):
     assert host.ssh("cat /etc/gpuhost/server.env") == env
     pid = host.main_pid()
     args = host.process_args(pid)
-    assert args[args.index("--moe-runner-backend") + 1] == "flashinfer_cutlass"
+    assert args[args.index("--moe-runner-backend") + 1] == "cutlass"
     after = lab.deploy("--json")
     assert after.returncode == 0, after.output[-6000:]
     assert changed_operations(after) == []

@@ -42,7 +42,7 @@ def test_fresh_host_converges_then_nothing_changes(reference_host):
     args = host.process_args(pid)
     assert "--disable-custom-all-reduce" in args
     assert args[args.index("--tensor-parallel-size") + 1] == "8"
-    assert args[args.index("--moe-runner-backend") + 1] == "flashinfer_cutlass"
+    assert args[args.index("--moe-runner-backend") + 1] == "cutlass"  # the launch profile's
     models = json.loads(host.http_get("http://127.0.0.1:8000/v1/models"))
     assert [m["id"] for m in models["data"]] == ["glm-5"]
     assert host.ssh("stat -c %a /etc/gpuhost/server.env").strip() == "600"

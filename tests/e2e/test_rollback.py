@@ -150,10 +150,11 @@ def test_an_earlier_gpuhosts_venv_is_taken_over_without_a_build(host, new_lock):
 def test_a_flag_the_server_rejects_at_start_is_rolled_back(host, new_lock, tmp_path):
     venv, pid = stack_venv(new_lock), host.main_pid()
     host.ssh("python3 - <<'EOF'\nimport json\np = '/etc/gpuhost-sandbox/hardware.json'\n"
-             "d = json.load(open(p))\nd['serving']['backend_modes'] = {'cutlass': "
+             "d = json.load(open(p))\nd['serving']['backend_modes'] = {'flashinfer_cutlass': "
              "'crash-on-start'}\njson.dump(d, open(p, 'w'))\nEOF")
     unit = host.ssh("cat /etc/systemd/system/sglang.service")
-    run = deploy_with(tmp_path, gpuhost_lock=str(new_lock), gpuhost_moe_runner_backend="cutlass")
+    run = deploy_with(tmp_path, gpuhost_lock=str(new_lock),
+                      gpuhost_moe_runner_backend="flashinfer_cutlass")
     assert run.returncode != 0
     assert "last 50 lines of the journal" in run.output, run.output[-6000:]
     assert "crash-on-start mode" in run.output  # the failed start's own journal line
@@ -164,7 +165,7 @@ def test_a_flag_the_server_rejects_at_start_is_rolled_back(host, new_lock, tmp_p
     new_pid = host.main_pid()
     assert new_pid != pid and serves(host)
     args = host.process_args(new_pid)
-    assert args[args.index("--moe-runner-backend") + 1] == "flashinfer_cutlass"
+    assert args[args.index("--moe-runner-backend") + 1] == "cutlass"  # the launch profile's
     assert host.ssh("cat /etc/systemd/system/sglang.service") == unit
     assert served_venv(host) == venv
     assert host.ssh("test -e /var/lib/gpuhost/rollback.json && echo left || echo gone"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox import hub
 from tests.e2e import lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -84,6 +85,12 @@ def test_first_deploy_serves_the_downloaded_model(host):
     args = host.process_args(pid)
     assert args[args.index("--model") + 1] == model
     assert host.process_env(pid)["HF_HUB_OFFLINE"] == "1"
+    # the launch profile's flags and environment (operations/launch_profiles.py)
+    for flag, value in (("--kv-cache-dtype", "bf16"), ("--moe-runner-backend", "cutlass"),
+                        ("--mem-fraction-static", "0.85"), ("--chunked-prefill-size", "16384")):
+        assert args[args.index(flag) + 1] == value, flag
+    assert host.process_env(pid)["SGLANG_ENABLE_JIT_DEEPGEMM"] == "0"
+    assert "--speculative-algorithm" not in args
     assert host.ssh("stat -c %a /etc/gpuhost/server.env").strip() == "600"
     show = host.ssh(f"systemctl show -p Restart -p LimitMEMLOCK -p StartLimitBurst {UNIT}")
     assert "Restart=on-failure" in show and "LimitMEMLOCK=infinity" in show
@@ -252,3 +259,45 @@ def test_bad_input_refused_while_planning(host, deploy):
     assert ("gpuhost_server_port = 8123 is not allowed: a port no other unit listens on "
             "(gpuhost-test-squatter.service listens on it)") in run.output
     assert host.main_pid() == pid  # nothing was changed
+
+
+def test_mtp_refused_without_the_layer_and_served_with_it(host, deploy):
+    """--dry names the launch profile and its source; MTP on the default checkpoint (its weight
+    index lacks the MTP layer, as lukealonso/GLM-5-NVFP4's) is refused while planning, nothing
+    changed; on the checkpoint with it (festr2/GLM-5-NVFP4-MTP's stand-in) the unit gets the
+    speculative flags and SGLANG_ENABLE_SPEC_V2=True, the server restarts once, then stays."""
+    back = deploy()
+    assert back.returncode == 0, back.output[-6000:]
+    pid = host.main_pid()
+    dry = deploy("--dry")
+    assert dry.returncode == 0, dry.output[-6000:]
+    assert "Stack: launch profile field-glm5-sm120-sglang0.5.9 (the first profile the locked " \
+           "sglang 0.5.9 accepts; field-glm5-sm120 passed over: --fp4-gemm-backend cutlass" \
+        in dry.output, dry.output[-6000:]
+    assert "[source: https://github.com/voipmonitor/rtx6kpro/blob/" in dry.output
+    assert "launch profile field-glm5-sm120-sglang0.5.9 sets --kv-cache-dtype bf16 " \
+           "(gpuhost_kv_cache_dtype): " in dry.output
+
+    refused = deploy(gpuhost_speculative_algorithm="NEXTN")
+    assert refused.returncode != 0
+    assert ("gpuhost_speculative_algorithm = 'NEXTN' is not allowed for "
+            f"{hub.REPO_ID}: None, or a checkpoint with its MTP layer") in refused.output, \
+        refused.output[-6000:]
+    assert "has no tensor of the MTP layer (model.layers.2.*" in refused.output
+    assert host.main_pid() == pid
+
+    since = time.time() - 1
+    mtp = {"gpuhost_model": hub.MTP_REPO_ID, "gpuhost_speculative_algorithm": "NEXTN"}
+    run = deploy("--json", **mtp)
+    assert run.returncode == 0, run.output[-6000:]
+    assert starts(host, since) == 1
+    new_pid = host.main_pid()
+    args = host.process_args(new_pid)
+    at = args.index("--speculative-algorithm")
+    assert args[at:at + 8] == ["--speculative-algorithm", "NEXTN", "--speculative-num-steps",
+                               "4", "--speculative-eagle-topk", "1",
+                               "--speculative-num-draft-tokens", "5"]
+    assert host.process_env(new_pid)["SGLANG_ENABLE_SPEC_V2"] == "True"
+    settled = deploy("--json", **mtp)
+    assert changed(settled) == [] and host.main_pid() == new_pid
+    assert starts(host, since) == 1

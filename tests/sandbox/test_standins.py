@@ -1102,3 +1102,36 @@ def test_sglang_metrics_need_the_flag(sglang_env):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize(("mtp", "spec_v2", "expected"), [
+    (True, "True", "None"),
+    (False, "True", "Scheduler hit an exception: ValueError: MTP speculative decoding layer 2 "
+                    "weights missing from checkpoint."),
+    (True, None, "Scheduler hit an exception: torch.OutOfMemoryError"),
+])
+def test_sglang_serves_nextn_with_spec_v2_and_the_mtp_layer_only(sglang_env, tmp_path, mtp,
+                                                                 spec_v2, expected):
+    """The stand-in takes the speculative flags as sglang 0.5.9's parser does and serves NEXTN
+    where the real server would: with SGLANG_ENABLE_SPEC_V2=True and a checkpoint whose weight
+    index maps the MTP layer (the hub stand-in's two repositories)."""
+    from sandbox import hub
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in hub.repository(mtp=mtp):
+        if f.path in ("config.json", "model.safetensors.index.json"):
+            (model / f.path).write_bytes(f.data)
+    code = ("import json, sys; from sglang._standin.args import build_parser, load_spec, "
+            "server_args; from sglang._standin.server import check_speculative; "
+            "args = server_args(build_parser(load_spec()).parse_args(sys.argv[1:])); "
+            "print(check_speculative(args))")
+    env = {k: v for k, v in sglang_env().items() if k != "SGLANG_ENABLE_SPEC_V2"}
+    if spec_v2:
+        env["SGLANG_ENABLE_SPEC_V2"] = spec_v2
+    out = subprocess.run(
+        [PYTHON, "-c", code, "--model", str(model), "--speculative-algorithm", "NEXTN",
+         "--speculative-num-steps", "4", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "5"],
+        capture_output=True, text=True, env=env, timeout=60, check=True)
+    assert out.stdout.strip().splitlines()[-1].startswith(expected), out.stdout + out.stderr

@@ -201,6 +201,39 @@ def corrupting_all_reduce(args):
     return None
 
 
+def check_speculative(args):
+    """What the real server does with --speculative-algorithm NEXTN, as far as the stand-in can
+    tell without weights: sglang 0.5.9 turns NEXTN into EAGLE (server_args.py); without
+    SGLANG_ENABLE_SPEC_V2=True (environ.py: EnvBool, "true"/"1") it loads the model a second
+    time as the draft, out of memory on these GPUs, and a checkpoint whose weight index lacks
+    the MTP layer (model.layers.<num_hidden_layers>.*, deepseek_weight_loader.py) fails to load
+    (voipmonitor/rtx6kpro models/glm5.md, Error 7). The messages are the stand-in's. None
+    when it serves."""
+    if args.get("speculative_algorithm") is None:
+        return None
+    if os.environ.get("SGLANG_ENABLE_SPEC_V2", "").lower() not in ("1", "true"):
+        return ("Scheduler hit an exception: torch.OutOfMemoryError: CUDA out of memory "
+                "(sandbox stand-in: NEXTN without SGLANG_ENABLE_SPEC_V2=True loads the model "
+                "a second time as its EAGLE draft)")
+    model = args["model_path"]
+    try:
+        with open(os.path.join(model, "config.json")) as fh:
+            config = json.load(fh)
+        with open(os.path.join(model, "model.safetensors.index.json")) as fh:
+            names = json.load(fh).get("weight_map") or {}
+    except (OSError, ValueError):
+        return None  # a model folder the stand-in cannot read: the weights' own check says it
+    layers = config.get("num_hidden_layers") or 0
+    layer = 0 if layers == 1 else layers
+    if not any(n.startswith(f"model.layers.{layer}.") for n in names):
+        return (f"Scheduler hit an exception: ValueError: MTP speculative decoding layer "
+                f"{layer} weights missing from checkpoint.")
+    logger.info("speculative decoding: NEXTN as EAGLE with spec v2 (steps %s, topk %s, draft "
+                "tokens %s)", args.get("speculative_num_steps"),
+                args.get("speculative_eagle_topk"), args.get("speculative_num_draft_tokens"))
+    return None
+
+
 def main(argv):
     spec = load_spec()
     parser = build_parser(spec)
@@ -226,6 +259,10 @@ def main(argv):
     problem = check_gpus(args)
     if problem:
         logger.error("Refusing to start: %s", problem)
+        return 1
+    problem = check_speculative(args)
+    if problem:
+        logger.error(problem)
         return 1
 
     startup = float(
