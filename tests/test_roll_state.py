@@ -47,7 +47,7 @@ def test_an_interrupted_rolls_drained_worker_is_back_before_another_is_drained(
     assert "gpu1 (http://10.0.0.1:8000) is out of the router (drained by an earlier roll): " \
            "registering it again (202)" in out
     assert "gpu1 (http://10.0.0.1:8000) back in, healthy (the router's own health checks; " \
-           "drained by an earlier roll)" in out
+           "it was drained by an earlier roll)" in out
     assert set(roll_state.read(str(roll_state_file))) == {GPU2}
     assert roll_state.read(str(roll_state_file))[GPU2]["state"] == "drained"
 

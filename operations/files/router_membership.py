@@ -117,12 +117,15 @@ def resume(router: str, url: str, interval: float) -> dict[str, dict]:
     others = [u for u in Roll.fleet if u != url]
     deadline = time.monotonic() + Roll.resume_timeout
     asked: set[str] = set()
+    said: set[str] = set()
     while True:
         by_url = {w.get("url"): w for w in all_listed(router)}
+        for u in [u for u in asked - said if u in by_url and serving(by_url[u])]:
+            why = f"{entries[u]['state']} by an earlier roll" if u in entries else "not listed"
+            print(f"router: {_name(u, entries)} ({u}) back in, healthy (the router's own health "
+                  f"checks; it was {why})", flush=True)
+            said.add(u)
         for u in [u for u in entries if u != url and u in by_url and serving(by_url[u])]:
-            if u in asked:
-                print(f"router: {_name(u, entries)} ({u}) back in, healthy (the router's own "
-                      f"health checks; {entries[u]['state']} by an earlier roll)", flush=True)
             entries = roll_state.mark(u, "", None, Roll.state)
         # one listed but unhealthy is the router's own health checks' to bring back; one it
         # does not list, only a registration
