@@ -146,7 +146,9 @@ def test_a_full_disk_stops_leave_with_one_line_before_the_worker_is_taken_out(
     def full(entries, path):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(roll_state, "_write", full)
+    # the module router_membership imported (top-level roll_state where another test put
+    # operations/files on sys.path, as on the host)
+    monkeypatch.setattr(router_membership.roll_state, "_write", full)
     monkeypatch.setattr("sys.argv", ["x", "leave", "--router", router_url, "--url", GPU2,
                                      "--timeout", "1", "--control-key-file", str(control),
                                      "--state", str(roll_state_file), "--fleet", f"gpu2={GPU2}"])
