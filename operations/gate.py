@@ -18,7 +18,7 @@ Each gate (templates/gate-nginx.conf.j2):
   per client address); with an allow-list (the router's), any other path is 404 whatever the
   key;
 - refuses a query string with 400 before anything else (a key goes in the Authorization
-  header only), but the router's own load query (:data:`ROUTER_QUERIES`);
+  header only), but the router's own load query, passed without it (:data:`ROUTER_QUERIES`);
 - speaks TLS as Mozilla's intermediate configuration (:data:`TLS_CIPHERS`);
 - sends the server no client key: the backend key where it has one (the router's: smg's
   ``--api-key``), else no Authorization at all;
@@ -68,11 +68,13 @@ OPEN_PATHS: Final = ("/health",)
 #: gpuhost_router_health_check_interval_secs).
 HEALTH_RATE: Final = 1
 HEALTH_BURST: Final = 5
-#: The request lines with a query string a gate passes, byte for byte (every other query string
-#: is refused with 400 before it reaches the server, whose access log would keep it: sglang's
-#: uvicorn logs the whole request line): smg 1.13.0's load monitor's call to each worker (the
-#: wheel's smg_rs.abi3.so holds ``/v1/loads?include=core,disagg,queues,memory``, as
-#: model_gateway/src/worker/monitor.rs formats it; sglang 0.5.9 serves /v1/loads).
+#: The request lines with a query string a gate passes, byte for byte, without their query
+#: string (every other query string is refused with 400 before it reaches the server, whose
+#: access log would keep it: sglang's uvicorn logs the whole request line): smg 1.13.0's load
+#: monitor's call to each worker (the wheel's smg_rs.abi3.so holds
+#: ``/v1/loads?include=core,disagg,queues,memory``, as model_gateway/src/worker/monitor.rs
+#: formats it). sglang 0.5.9's /v1/loads without ``include`` answers every section, those
+#: four among them (entrypoints/v1_loads.py: "Default: all").
 ROUTER_QUERIES: Final = ("/v1/loads?include=core,disagg,queues,memory",)
 #: Seconds for a whole request head (and an idle kept-alive connection): the lower bound of
 #: Apache mod_reqtimeout's default (header=20-40,MinRate=500), what the home-made gate had.
@@ -132,7 +134,7 @@ class Gate:
     key_files: tuple[str, ...]
     backend_key_file: str | None = None
     allow_paths: tuple[str, ...] = ()
-    #: request lines with a query string passed as they are (:data:`ROUTER_QUERIES`)
+    #: request lines with a query string passed without it (:data:`ROUTER_QUERIES`)
     allowed_queries: tuple[str, ...] = ()
     trusted_peers: tuple[str, ...] = ()
     #: The host's certificate and its key (operations/tls.py gate_files) where the gate serves
