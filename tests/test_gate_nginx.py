@@ -205,7 +205,20 @@ def test_sslyze_grades_the_rendered_gate_mozillas_intermediate(gate_url):
     the same in tests/e2e/test_tls.py."""
     port, ca, _ = gate_url
     run = subprocess.run([sys.executable, "-m", "sslyze", "--mozilla_config=intermediate",
-                          f"--certinfo_ca_file={ca}", f"127.0.0.1:{port}"],
+                          "--resum", f"--certinfo_ca_file={ca}", f"127.0.0.1:{port}"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and f"127.0.0.1:{port}: OK - Compliant." in run.stdout, \
         run.stdout[-3000:] + run.stderr[-2000:]
+    # no session tickets (Mozilla's nginx configuration; its compliance check leaves them out)
+    assert "With TLS Tickets: NOT SUPPORTED" in run.stdout, run.stdout[-3000:]
+    # what it read: the ECDSA certificate's three TLS 1.2 suites, TLS 1.3's three, no older TLS
+    tls12 = run.stdout.split("* TLS 1.2 Cipher Suites:")[1].split("* TLS 1.3")[0]
+    assert sorted(re.findall(r"^\s+(TLS_\w+)\s", tls12, re.M)) == [
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256"], tls12
+    tls13 = run.stdout.split("* TLS 1.3 Cipher Suites:")[1].split("\n *")[0]
+    assert sorted(re.findall(r"^\s+(TLS_\w+)\s", tls13, re.M)) == [
+        "TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256"], tls13
+    for old in ("SSL 2.0", "SSL 3.0", "TLS 1.0", "TLS 1.1"):
+        section = run.stdout.split(f"* {old} Cipher Suites:")[1].split("* ")[0]
+        assert "the server rejected all cipher suites" in section, (old, section)
