@@ -104,8 +104,9 @@ BACKEND_TIMEOUT: Final = 600
 #: nginx 1.22.1 and OpenSSL 3.0: ``ssl_protocols`` its tls_versions, ``ssl_ecdh_curve`` its
 #: tls_curves (the TLS 1.3 groups too), ``ssl_ciphers`` its ``ciphers.openssl`` (TLS 1.2; the
 #: TLS 1.3 suites are OpenSSL's default, its ciphersuites), ``ssl_prefer_server_ciphers off``
-#: (server_preferred_order false), ``ssl_session_tickets off`` (nginx < 1.23.2 never rotates
-#: its ticket key), ``ssl_session_timeout 1d``. The generator's ``ssl_dhparam`` (ffdhe2048)
+#: (server_preferred_order false), ``ssl_session_tickets off`` (below nginx 1.23.2, which
+#: rotates the ticket keys of a shared session cache: the generator's commit a172281),
+#: ``ssl_session_timeout 1d``. The generator's ``ssl_dhparam`` (ffdhe2048)
 #: is not given: without it nginx 1.22 uses no DHE suite (nginx.org ngx_http_ssl_module,
 #: ssl_dhparam), and the three DHE-RSA suites could serve an RSA certificate alone, where
 #: the fleet's are ECDSA (operations/tls.py).
