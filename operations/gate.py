@@ -14,8 +14,12 @@ Each gate (templates/gate-nginx.conf.j2):
 
 - passes a request with ``Authorization: Bearer <key>`` for a key of its key files, refuses
   the rest with 401 from the head alone (in the server's rewrite phase, before the body is
-  read or its size looked at); open paths (health) pass without a key; with an allow-list
-  (the router's), any other path is 404 whatever the key;
+  read or its size looked at); ``/health`` passes without a key (:data:`OPEN_PATHS`, limited
+  per client address); with an allow-list (the router's), any other path is 404 whatever the
+  key;
+- refuses a query string with 400 before anything else (a key goes in the Authorization
+  header only), but the router's own load query, passed without it (:data:`ROUTER_QUERIES`);
+- speaks TLS as Mozilla's intermediate configuration (:data:`TLS_CIPHERS`);
 - sends the server no client key: the backend key where it has one (the router's: smg's
   ``--api-key``), else no Authorization at all;
 - bounds each client address (limit_conn, limit_req), the head and body timeouts, the body
@@ -46,8 +50,32 @@ CONF_DIR: Final = "/etc/gpuhost/nginx"
 PACKAGE: Final = "nginx"
 #: The distribution's own unit, masked where gpuhost installs the package.
 DISTRIBUTION_UNIT: Final = "nginx.service"
-#: The paths every gate passes without a key (sglang and smg keep them open too).
-OPEN_PATHS: Final = ("/health", "/health_generate")
+#: The paths every gate passes without a key: ``/health`` alone. smg 1.13.0 probes a worker it
+#: registers once without the key before it sends its worker key (router_workers.py), and a
+#: load balancer in front of the router asks it keyless. ``/health_generate`` needs the key:
+#: nothing of the fleet calls it keyless (smg health-checks ``--health-check-endpoint``,
+#: /health, with the worker's key as ``bearer_auth``: model_gateway/src/worker/worker.rs
+#: http_health_check; its own /health_generate is a proxy_get_request to one worker with the
+#: request's headers, which the router's gate sets to the fleet key: routers/http/router.rs;
+#: the 1.13.0 wheel's smg_rs.abi3.so holds both), and it makes a GPU generate.
+OPEN_PATHS: Final = ("/health",)
+#: sglang 0.5.9's /health is its /health_generate too (entrypoints/http_server.py: one handler
+#: for both, one token generated when the server is idle, unless
+#: SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, default true, environ.py): the open path is
+#: limited per client address where it comes without a key, HEALTH_RATE a second with a burst
+#: of HEALTH_BURST (smg's one keyless probe per registration, a load balancer's check every
+#: few seconds); beyond, 429. Requests with the key are not counted (smg's checks every
+#: gpuhost_router_health_check_interval_secs).
+HEALTH_RATE: Final = 1
+HEALTH_BURST: Final = 5
+#: The request lines with a query string a gate passes, byte for byte, without their query
+#: string (every other query string is refused with 400 before it reaches the server, whose
+#: access log would keep it: sglang's uvicorn logs the whole request line): smg 1.13.0's load
+#: monitor's call to each worker (the wheel's smg_rs.abi3.so holds
+#: ``/v1/loads?include=core,disagg,queues,memory``, as model_gateway/src/worker/monitor.rs
+#: formats it). sglang 0.5.9's /v1/loads without ``include`` answers every section, those
+#: four among them (entrypoints/v1_loads.py: "Default: all").
+ROUTER_QUERIES: Final = ("/v1/loads?include=core,disagg,queues,memory",)
 #: Seconds for a whole request head (and an idle kept-alive connection): the lower bound of
 #: Apache mod_reqtimeout's default (header=20-40,MinRate=500), what the home-made gate had.
 HEAD_TIMEOUT: Final = 20
@@ -69,9 +97,26 @@ BURST: Final = 400
 #: Seconds the server may take between two reads or writes (a long prefill before the first
 #: byte of an answer).
 BACKEND_TIMEOUT: Final = 600
-#: The TLS versions a gate speaks: 1.2 and 1.3, Mozilla's "intermediate" configuration
-#: (ssl-config.mozilla.org, guidelines 5.7), which every client of the fleet speaks.
+#: TLS as Mozilla's intermediate configuration, guideline 5.7
+#: (https://ssl-config.mozilla.org/guidelines/5.7.json, ``configurations.intermediate``: the
+#: same file sslyze 6.3 grades with, sslyze/mozilla_tls_profile/5.7.json), as its generator
+#: (mozilla/ssl-config-generator 858f8f7, src/js/helpers/nginx.js) writes it for Debian 12's
+#: nginx 1.22.1 and OpenSSL 3.0: ``ssl_protocols`` its tls_versions, ``ssl_ecdh_curve`` its
+#: tls_curves (the TLS 1.3 groups too), ``ssl_ciphers`` its ``ciphers.openssl`` (TLS 1.2; the
+#: TLS 1.3 suites are OpenSSL's default, its ciphersuites), ``ssl_prefer_server_ciphers off``
+#: (server_preferred_order false), ``ssl_session_tickets off`` (below nginx 1.23.2, which
+#: rotates the ticket keys of a shared session cache: the generator's commit a172281),
+#: ``ssl_session_timeout 1d``. The generator's ``ssl_dhparam`` (ffdhe2048)
+#: is not given: without it nginx 1.22 uses no DHE suite (nginx.org ngx_http_ssl_module,
+#: ssl_dhparam), and the three DHE-RSA suites could serve an RSA certificate alone, where
+#: the fleet's are ECDSA (operations/tls.py).
 TLS_PROTOCOLS: Final = "TLSv1.2 TLSv1.3"
+TLS_CURVES: Final = "X25519:prime256v1:secp384r1"
+TLS_CIPHERS: Final = ("ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
+                      "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
+                      "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305:"
+                      "DHE-RSA-AES128-GCM-SHA256:DHE-RSA-AES256-GCM-SHA384:"
+                      "DHE-RSA-CHACHA20-POLY1305")
 WORKER_PROCESSES: Final = 2
 WORKER_CONNECTIONS: Final = 4096
 
@@ -90,6 +135,8 @@ class Gate:
     key_files: tuple[str, ...]
     backend_key_file: str | None = None
     allow_paths: tuple[str, ...] = ()
+    #: request lines with a query string passed without it (:data:`ROUTER_QUERIES`)
+    allowed_queries: tuple[str, ...] = ()
     trusted_peers: tuple[str, ...] = ()
     #: The host's certificate and its key (operations/tls.py gate_files) where the gate serves
     #: TLS: one file, or two given in host data
@@ -140,6 +187,9 @@ def conf_context(gate: Gate) -> dict:
     for path in gate.allow_paths:
         if not re.fullmatch(r"/[A-Za-z0-9_/.-]*", path):
             raise ValueError(f"not a plain path: {path!r}")
+    for line in gate.allowed_queries:
+        if not re.fullmatch(r"/[A-Za-z0-9_/.-]*\?[A-Za-z0-9_.,=&-]+", line):
+            raise ValueError(f"not a plain path and query: {line!r}")
     return {
         "description": gate.description,
         "unit": gate.unit,
@@ -154,6 +204,9 @@ def conf_context(gate: Gate) -> dict:
         "per_address_connections": PER_ADDRESS_CONNECTIONS,
         "rate": RATE,
         "burst": BURST,
+        "health_rate": HEALTH_RATE,
+        "health_burst": HEALTH_BURST,
+        "allowed_queries": list(gate.allowed_queries),
         "open_patterns": [path_pattern(p) for p in OPEN_PATHS],
         "allow_patterns": [path_pattern(p) for p in gate.allow_paths],
         "trusted_peers": list(gate.trusted_peers),
@@ -165,6 +218,8 @@ def conf_context(gate: Gate) -> dict:
         "tls_cert": gate.tls_cert,
         "tls_key": gate.tls_key,
         "tls_protocols": TLS_PROTOCOLS,
+        "tls_curves": TLS_CURVES,
+        "tls_ciphers": TLS_CIPHERS,
     }
 
 

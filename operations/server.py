@@ -217,12 +217,13 @@ def venvs_pruned(venvs_dir: str, keep: int, kept: list[str], remove: list[str]):
 def worker_gate(settings: Settings) -> gate.Gate:
     """The API key gate in front of a public server (operations/gate.py): the client key and
     the fleet key the router sends (operations/fleet.py), every path (sglang's own), the
-    trusted peers host data names."""
+    trusted peers host data names; the one query string the router sends (gate.ROUTER_QUERIES)."""
     return gate.Gate(
         unit=GATE_UNIT, description="API key gate in front of the SGLang server",
         part_of=UNIT, runtime_dir=RUNTIME_DIRS[GATE_UNIT], listen_host=settings.server_host,
         listen_port=settings.server_port, backend_url=backend_url(settings),
         key_files=tuple(filter(None, [settings.api_key_file, settings.fleet_key_file])),
+        allowed_queries=gate.ROUTER_QUERIES,
         trusted_peers=tuple(settings.api_gate_trusted_peers),
         **tls.gate_files(settings, settings.server_is_public))
 

@@ -4,18 +4,26 @@ suite run's image of a converged host (lab.up_from_image): the router on gpu1, w
 too, in front of gpu1, gpu2 and gpu3, every gate on the lab switch. The fleet CA is made on the
 controller with the openssl command docs/security.md gives. Clients are Python scripts on gpu3
 (lab addresses only) verifying with the CA's certificate, as the docs' clients do.
+
+Issue 41 (a stranger on the fleet network, gpu3 without a key): sslyze grades every gate
+against Mozilla's intermediate profile, run from gpu3's network namespace; a key in a query
+string gets 400 and reaches no journal; a /health_generate flood reaches no server and a
+keyless /health flood is cut at the gate (figures printed).
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from sandbox.layout import HostSpec
 from tests.e2e import lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -102,6 +110,40 @@ print(json.dumps({"requests": counts["ok"] + counts["failed"], "ok": counts["ok"
                   "errors": errors[:5], "seconds": round(time.monotonic() - start, 1)}))
 """
 
+#: ``count`` keyless GETs of ``url`` from ``threads`` clients at once, each on a kept-alive
+#: connection (a new one after an error); prints how many answered each status.
+FLOOD = r"""
+import collections, http.client, json, ssl, sys, threading, urllib.parse
+url, ca, count, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+parts = urllib.parse.urlsplit(url)
+context = ssl.create_default_context(cafile=ca)
+statuses = collections.Counter(); lock = threading.Lock(); left = [count]
+
+def send():
+    conn = None
+    while True:
+        with lock:
+            if not left[0]:
+                return
+            left[0] -= 1
+        try:
+            conn = conn or http.client.HTTPSConnection(parts.hostname, parts.port, timeout=30,
+                                                       context=context)
+            conn.request("GET", parts.path)
+            r = conn.getresponse(); r.read(); status = r.status
+        except (OSError, http.client.HTTPException) as exc:
+            conn, status = None, type(exc).__name__
+        with lock:
+            statuses[str(status)] += 1
+
+workers = [threading.Thread(target=send) for _ in range(threads)]
+for w in workers:
+    w.start()
+for w in workers:
+    w.join()
+print(json.dumps(dict(statuses)))
+"""
+
 #: The router's worker URLs, read on its loopback with the control key (root only).
 WORKERS = r"""
 import json, urllib.request as u
@@ -143,6 +185,7 @@ def fleet(tmp_path_factory):
     client.ssh(f"umask 077; printf '%s\\n' {keys['router API key']} > /root/client.key; "
                f"cat > /root/probe.py <<'EOF'\n{PROBE}\nEOF\n"
                f"cat > /root/client.py <<'EOF'\n{CLIENT}\nEOF\n"
+               f"cat > /root/flood.py <<'EOF'\n{FLOOD}\nEOF\n"
                f"cat > /root/other-ca.crt <<'EOF'\n{Path(other[0]).read_text()}EOF\n"
                f"cat > /root/fleet-ca.crt <<'EOF'\n{Path(ca[0]).read_text()}EOF")
     hosts[ROUTER_HOST].ssh(f"cat > /root/workers.py <<'EOF'\n{WORKERS}\nEOF")
@@ -210,6 +253,130 @@ def test_the_router_and_every_worker_answer_over_tls_with_the_fleet_ca(fleet):
     # a local user of a worker gets no completion, over TLS or not
     assert probe(client, f"https://{addresses['gpu2']}:8000/v1/models", key="-",
                  user="nobody")[0] == 401
+
+
+def test_sslyze_grades_every_gate_mozillas_intermediate(fleet):
+    """sslyze (PyPI, the test extras) with its Mozilla check (``--mozilla_config=intermediate``:
+    Mozilla's guideline 5.7, sslyze/mozilla_tls_profile/5.7.json), trusting the fleet CA,
+    against the router's gate (8100) and every worker's (8000): run from the controller's venv
+    inside gpu3's network namespace, a stranger on the fleet network."""
+    hosts, _, ca, _ = fleet
+    addresses = switch()
+    targets = [f"{addresses[ROUTER_HOST]}:8100"] + [f"{addresses[n]}:8000" for n in sorted(hosts)]
+    run = subprocess.run(["ip", "netns", "exec", HostSpec(int(CLIENT_HOST[3:])).netns,
+                          sys.executable, "-m", "sslyze", "--mozilla_config=intermediate",
+                          "--resum", f"--certinfo_ca_file={ca[0]}", *targets],
+                         capture_output=True, text=True, timeout=600)
+    compliance = run.stdout[run.stdout.upper().find("COMPLIANCE AGAINST"):]
+    print(f"\nsslyze --mozilla_config=intermediate:\n{compliance}")
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    for target in targets:
+        assert f"{target}: OK - Compliant." in compliance, (target, compliance)
+    # what the scanner read of each: TLS 1.2 and 1.3 alone, no CBC or CCM suite
+    sections = run.stdout.split("* TLS 1.2 Cipher Suites:")[1:]
+    assert len(sections) == len(targets), run.stdout[-6000:]
+    for tls12 in sections:
+        tls12 = tls12.split("* TLS 1.3")[0]
+        assert "CBC" not in tls12 and "CCM" not in tls12 and "GCM" in tls12, tls12
+    for old in ("SSL 2.0", "SSL 3.0", "TLS 1.0", "TLS 1.1"):
+        for section in run.stdout.split(f"* {old} Cipher Suites:")[1:]:
+            assert "rejected all cipher suites" in section.split("* ")[0], (old, section)
+    # no session tickets (Mozilla's nginx configuration; its compliance check leaves them out)
+    assert run.stdout.count("With TLS Tickets: NOT SUPPORTED") == len(targets), run.stdout
+
+
+def cursors(hosts) -> dict[str, str]:
+    """Each host's journal cursor now."""
+    return {n: h.ssh("journalctl -q -n 0 --show-cursor").strip().removeprefix("-- cursor: ")
+            for n, h in hosts.items()}
+
+
+def journal_since(host: lab.Host, cursor: str, *units: str) -> str:
+    unit_args = " ".join(f"-u {u}" for u in units)
+    return host.ssh(f"journalctl -q -o cat --no-pager {unit_args} --after-cursor '{cursor}'")
+
+
+def test_a_key_in_a_query_string_gets_400_and_reaches_no_journal(fleet):
+    """A stranger on gpu3 (and a holder of the key too) puts a key in the query string, the way
+    a client library that takes ``api_key=`` might: 400 from the gate, before the server; after
+    it no journal of any host holds a request line with a query string, nor any key. The keys
+    are read on the host inside each command (``$(cat ...)``): they never pass through here."""
+    hosts, _, _, _ = fleet
+    client, addresses = hosts[CLIENT_HOST], switch()
+    since = cursors(hosts)
+    router, worker = f"https://{addresses[ROUTER_HOST]}:8100", f"https://{addresses['gpu2']}:8000"
+    asked = [(f"{router}/v1/models?api_key=", "/root/client.key", "-"),
+             (f"{router}/v1/chat/completions?key=", "/root/client.key", "-"),
+             (f"{router}/health?api_key=", "/root/client.key", "-"),
+             (f"{router}/v1/models?api_key=", "/root/client.key", "/root/client.key"),
+             (f"{worker}/v1/models?api_key=", lab.API_KEY_FILE, "-"),
+             (f"{worker}/health_generate?key=", lab.API_KEY_FILE, "-"),
+             (f"{worker}/v1/models?api_key=", lab.API_KEY_FILE, lab.API_KEY_FILE),
+             (f"{worker}/v1/models?foo=bar", lab.API_KEY_FILE, lab.API_KEY_FILE)]
+    for url, in_query, header in asked:
+        out = client.ssh(f"python3 /root/probe.py \"{url}$(cat {in_query})\" /root/fleet-ca.crt "
+                         f"{header}")
+        status, _, reason = out.strip().partition(" ")
+        assert status == "400" and "Authorization header" in reason, (url, header, out)
+    time.sleep(2)  # journald's own flush
+    request_line = re.compile(r'"[A-Z]+ /[^" ]*\?[^" ]* HTTP/')
+    for name, h in hosts.items():
+        journal = journal_since(h, since[name])
+        assert not request_line.search(journal), (name, request_line.findall(journal)[:5])
+        assert "api_key=" not in journal and "?key=" not in journal, name
+        keys = " ".join(f for f in (lab.FLEET_KEY_FILE, lab.API_KEY_FILE, lab.ROUTER_KEY_FILE,
+                                    "/etc/gpuhost/*.key")
+                        if h.ssh(f"ls {f} 2>/dev/null", check=False).strip())
+        found = h.ssh(f"journalctl -q -o cat --no-pager --after-cursor '{since[name]}' | "
+                      f"grep -c -F -f <(awk NF {keys}) || true").strip()
+        assert found == "0", (name, f"{found} journal lines hold a key")
+    # the gate's own line: the path alone, the 400
+    gate = journal_since(hosts["gpu2"], since["gpu2"], "sglang-gate.service")
+    assert f'{addresses[CLIENT_HOST]} "GET /v1/models" 400' in gate, gate[-2000:]
+
+
+def test_a_strangers_health_flood_is_cut_at_the_gate(fleet):
+    """``/health_generate`` (sglang generates a token for it) needs the key on every gate: a
+    stranger's flood of it reaches no server (counted in every server's journal, sglang's
+    request lines). ``/health`` (the same generation in sglang 0.5.9) stays open for smg's first
+    keyless probe: a stranger's flood of it is cut at the gate to the per-address burst and rate
+    (operations/gate.py HEALTH_BURST, HEALTH_RATE): its 200s are the requests sglang answered
+    (the gate answers none itself), its 429s the gate's. The gate's own lines for the stranger
+    are printed beside them (syslog datagrams: journald may miss some in a flood)."""
+    from operations import gate
+    hosts, _, _, _ = fleet
+    client, addresses = hosts[CLIENT_HOST], switch()
+    router, worker = f"https://{addresses[ROUTER_HOST]}:8100", f"https://{addresses['gpu2']}:8000"
+    count = 300
+    since = cursors(hosts)
+    floods = {}
+    began = time.monotonic()
+    for url in (f"{router}/health_generate", f"{worker}/health_generate", f"{worker}/health"):
+        floods[url] = json.loads(client.ssh(f"python3 /root/flood.py {url} /root/fleet-ca.crt "
+                                            f"{count} 8").strip().splitlines()[-1])
+    seconds = time.monotonic() - began
+    time.sleep(2)
+    reached = {n: len(re.findall(r'"GET /health_generate HTTP/', journal_since(
+        h, since[n], "sglang.service"))) for n, h in hosts.items()}
+    gate_log = journal_since(hosts["gpu2"], since["gpu2"], "sglang-gate.service")
+    stranger = addresses[CLIENT_HOST]
+    passed = len(re.findall(rf'^{re.escape(stranger)} "GET /health" 200 ', gate_log, re.M))
+    cut = len(re.findall(rf'^{re.escape(stranger)} "GET /health" 429 ', gate_log, re.M))
+    health = floods[f"{worker}/health"]
+    answered = health.get("200", 0)
+    print(f"\na stranger's floods of {count} requests each, 8 clients at once, {seconds:.0f} s "
+          f"in all: {floods}; /health_generate requests that reached a server: {reached}; "
+          f"keyless /health on gpu2: {answered} of {count} reached sglang, the rest cut at the "
+          f"gate (429); the gate's journal: {passed} passed, {cut} cut")
+    assert floods[f"{router}/health_generate"] == {"401": count}
+    assert floods[f"{worker}/health_generate"] == {"401": count}
+    assert reached == {n: 0 for n in hosts}, reached
+    assert answered + health.get("429", 0) == count, health
+    assert passed <= answered and cut <= health["429"], (passed, cut, health)
+    assert gate.HEALTH_BURST + 1 <= answered <= gate.HEALTH_BURST + 1 + int(
+        seconds * gate.HEALTH_RATE) + 1, health
+    # the key holder still gets it, through the router
+    assert probe(client, f"{router}/health_generate") == (200, "ok")
 
 
 def test_prometheus_scrapes_the_servers_over_tls(fleet):
