@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from operations.run_exit import end_run
+from operations.service_users import GATE_USER
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
 
 ROUTER_GROUP: Final = "gpuhost_router"
@@ -209,6 +210,15 @@ def admitted_users(s: Settings) -> dict[int, tuple[str, ...]]:
     port of :func:`guarded_ports`: ``gpuhost_server_local_users`` to a loopback server (the
     settings refuse them for a wider bind)."""
     return {s.server_port: s.server_local_users} if s.serving and s.server_local_users else {}
+
+
+def service_users(fleet: Fleet, name: str, s: Settings) -> dict[int, tuple[str, ...]]:
+    """gpuhost's service users (operations/service_users.py) whom the loopback guard lets
+    connect to a port of :func:`guarded_ports`: the gates' nginx workers to the ports behind
+    the gates (the server's backend port where it is public, the router's)."""
+    ports = [s.server_backend_port] if s.serving and s.server_is_public else []
+    ports += [s.router_backend_port] if name in fleet.routers else []
+    return {port: (GATE_USER,) for port in ports}
 
 
 def for_run(inventory, settings: Mapping[str, Settings]) -> tuple[Fleet, dict[str, Settings]]:

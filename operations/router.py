@@ -73,10 +73,17 @@ from operations.secret_files import check_secret_file
 from operations.server import (PortListeners, gate_files, path_restarted, systemd_quote,
                                unit_enabled)
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
+from operations.unit_sandbox import Sandbox
 
 UNIT: Final = "sglang-router.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
 GATE_UNIT: Final = "sglang-router-gate.service"
+#: The router's unit sandbox (operations/unit_sandbox.py): no capability, no device, no
+#: writable path; the network (its port, its workers, the host's interfaces: AF_NETLINK); the
+#: key files and the CA read where they are (``ProtectHome=read-only``); /proc whole (tokio and
+#: Python read the CPUs' count and memory there).
+SANDBOX: Final = Sandbox(families=("AF_INET", "AF_INET6", "AF_UNIX", "AF_NETLINK"),
+                         home="read-only", proc="all")
 GATE_UNIT_PATH: Final = f"/etc/systemd/system/{GATE_UNIT}"
 #: The router's Prometheus metrics, on the loopback (smg's default port, 29000).
 METRICS_PORT: Final = ROUTER_METRICS_PORT
@@ -137,6 +144,7 @@ def unit_context(settings: Settings, ca: tls.FleetCA | None = None) -> dict:
         # its workers' TLS verified with the fleet CA alone (smg 1.13.0 ``--ca-cert-paths``:
         # seen refusing a worker whose certificate another CA signed, "UnknownIssuer")
         "ca_args": f" --ca-cert-paths {tls.CA_PATH}" if settings.tls_ca_cert_file else "",
+        "sandbox": SANDBOX.text(),
     }
 
 
