@@ -3,6 +3,7 @@
 | user | what runs as it |
 |---|---|
 | ``gpuhost-gate`` | the gates' nginx workers (sglang-gate, sglang-router-gate); their master stays root, reads the keys and the TLS key, and hands the workers the sockets |
+| ``gpuhost-router`` | the router (smg, sglang-router.service); its keys reach it through systemd's credentials (LoadCredential=), never its own read of their files |
 
 Each is a system account (useradd(8) ``--system``: a uid below SYS_UID_MAX, no aging) with a
 group of its own of the same name, no home (``/nonexistent``, as Debian's own daemons' users,
@@ -23,6 +24,8 @@ from operations.host import PasswdEntry
 
 #: The gates' nginx workers (nginx's ``user`` directive).
 GATE_USER: Final = "gpuhost-gate"
+#: The router (smg).
+ROUTER_USER: Final = "gpuhost-router"
 HOME: Final = "/nonexistent"
 SHELL: Final = "/usr/sbin/nologin"
 

@@ -43,11 +43,16 @@ BASE: Final = (
     "UMask=0077",
 )
 
-#: The GPUs' character devices, by their names in /proc/devices (the NVIDIA driver registers
-#: ``nvidia-frontend`` for /dev/nvidia[0-9]* and /dev/nvidiactl, ``nvidia-uvm`` for
-#: /dev/nvidia-uvm*, ``nvidia-caps`` for /dev/nvidia-caps/*; systemd.resource-control(5),
-#: DeviceAllow=: "char-" followed by a name from /proc/devices).
-GPU_DEVICES: Final = ("char-nvidia-frontend rw", "char-nvidia-uvm rw", "char-nvidia-caps r")
+#: The GPUs' character devices, by their drivers' names in /proc/devices: every name that
+#: starts with ``nvidia`` (systemd.resource-control(5), DeviceAllow= "char-<name>"; systemd
+#: matches each /proc/devices line against it with fnmatch, src/core/bpf-devices.c
+#: bpf_devices_allow_list_major). The open kernel modules name major 195 ``nvidia`` and
+#: ``nvidiactl`` (open-gpu-kernel-modules, kernel-open/nvidia/nv.c nvidia_init_module), the
+#: older proprietary ones ``nvidia-frontend``; beside them ``nvidia-uvm`` (/dev/nvidia-uvm*,
+#: CUDA's unified memory), ``nvidia-caps`` (MIG), ``nvidia-modeset``. systemd reads
+#: /proc/devices when the unit starts: a driver module loaded later is not in the list until
+#: the next start (see templates/sglang.service.j2 for nvidia-uvm).
+GPU_DEVICES: Final = ("char-nvidia* rw",)
 
 
 @dataclass(frozen=True)

@@ -229,7 +229,7 @@ done
 """
 
 
-def test_every_unit_gpuhost_installs_is_sandboxed_and_no_gate_worker_runs_as_root(fleet):
+def test_every_unit_gpuhost_installs_is_sandboxed_and_no_gate_worker_nor_router_is_root(fleet):
     hosts, _, _, _ = fleet
     for name, h in hosts.items():
         scores = dict(line.split() for line in h.ssh(EXPOSURES).splitlines() if line.strip())
@@ -248,6 +248,10 @@ def test_every_unit_gpuhost_installs_is_sandboxed_and_no_gate_worker_runs_as_roo
         workers = {user for user, args in procs if args.startswith("nginx: worker process")}
         masters = {user for user, args in procs if args.startswith("nginx: master process")}
         assert workers == {"gpuhost-gate"} and masters == {"root"}, (name, procs)
+        if name == ROUTER_HOST:  # smg as its own user (its title: smg::router)
+            routers = set(h.ssh("ps -eo user:32,args | grep '[s]mg::router' | cut -d' ' -f1")
+                          .split())
+            assert routers == {"gpuhost-router"}, routers
 
 
 def test_prometheus_scrapes_the_servers_over_tls(fleet):
