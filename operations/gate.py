@@ -75,6 +75,7 @@ BACKEND_TIMEOUT: Final = 600
 #: (ssl-config.mozilla.org, guidelines 5.7), which every client of the fleet speaks.
 TLS_PROTOCOLS: Final = "TLSv1.2 TLSv1.3"
 WORKER_PROCESSES: Final = 2
+WORKER_CONNECTIONS: Final = 4096
 #: The gate's unit sandbox (operations/unit_sandbox.py). The master starts its workers as
 #: GATE_USER: setuid and setgid (initgroups), chown of their temporary folders (nginx's
 #: ngx_create_paths); it tells them to reload or stop through their channel (a socketpair,
@@ -84,7 +85,6 @@ WORKER_PROCESSES: Final = 2
 SANDBOX: Final = Sandbox(capabilities=("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN"),
                          families=("AF_INET", "AF_INET6", "AF_UNIX"), writable=(CONF_DIR,),
                          home="read-only", privileged=True)
-WORKER_CONNECTIONS: Final = 4096
 
 
 @dataclass(frozen=True)

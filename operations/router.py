@@ -79,13 +79,13 @@ from operations.unit_sandbox import Sandbox
 UNIT: Final = "sglang-router.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
 GATE_UNIT: Final = "sglang-router-gate.service"
+GATE_UNIT_PATH: Final = f"/etc/systemd/system/{GATE_UNIT}"
 #: The router's unit sandbox (operations/unit_sandbox.py): no capability, no device, no
 #: writable path, no home folder (its keys come as the unit's credentials, the fleet CA is
 #: /etc/gpuhost/tls's); the network (its port, its workers, the host's interfaces:
 #: AF_NETLINK); /proc whole (tokio and Python read the CPUs' count and memory there).
 SANDBOX: Final = Sandbox(families=("AF_INET", "AF_INET6", "AF_UNIX", "AF_NETLINK"),
                          proc="all")
-GATE_UNIT_PATH: Final = f"/etc/systemd/system/{GATE_UNIT}"
 #: The router's Prometheus metrics, on the loopback (smg's default port, 29000).
 METRICS_PORT: Final = ROUTER_METRICS_PORT
 CHECK_SCRIPT: Final = f"{LIB_DIR}/router_workers.py"
