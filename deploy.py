@@ -58,7 +58,8 @@ if deploy_lock.held(settings):
     else:
         preflight(settings)
         loopback_guard(fleet.guarded_ports(the_fleet, host.name, settings),
-                       fleet.admitted_users(settings))
+                       fleet.admitted_users(settings),
+                       fleet.service_users(the_fleet, host.name, settings))
         if host.name in fleet_cas:  # the CA's certificate; the host's own for a public gate
             tls.certificates(settings, fleet_cas[host.name])
         if settings.serving:  # else a router host with no GPU, driver, ML venv nor server

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from operations.run_exit import end_run
+from operations.service_users import GATE_USER, ROUTER_USER
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
 
 ROUTER_GROUP: Final = "gpuhost_router"
@@ -214,6 +215,21 @@ def admitted_users(s: Settings) -> dict[int, tuple[str, ...]]:
     port of :func:`guarded_ports`: ``gpuhost_server_local_users`` to a loopback server (the
     settings refuse them for a wider bind)."""
     return {s.server_port: s.server_local_users} if s.serving and s.server_local_users else {}
+
+
+def service_users(fleet: Fleet, name: str, s: Settings) -> dict[int, tuple[str, ...]]:
+    """gpuhost's service users (operations/service_users.py) whom the loopback guard lets
+    connect to a port of :func:`guarded_ports`: the gates' nginx workers to the ports behind
+    the gates (the server's backend port where it is public, the router's); a router's smg to
+    its own host's server, which it reaches on the loopback (:func:`worker_url`)."""
+    users: dict[int, tuple[str, ...]] = {}
+    if s.serving:
+        port = s.server_backend_port if s.server_is_public else s.server_port
+        users[port] = ((GATE_USER,) if s.server_is_public else ()) + (
+            (ROUTER_USER,) if name in fleet.routers else ())
+    if name in fleet.routers:
+        users[s.router_backend_port] = (GATE_USER,)
+    return {port: listed for port, listed in users.items() if listed}
 
 
 def for_run(inventory, settings: Mapping[str, Settings]) -> tuple[Fleet, dict[str, Settings]]:

@@ -42,6 +42,8 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt
 
 from operations.p2p import LIB_DIR
+from operations.service_users import GATE_USER
+from operations.unit_sandbox import SYSTEMCTL, Sandbox
 
 NGINX: Final = "/usr/sbin/nginx"
 #: The gates' nginx configurations and their keys' includes.
@@ -119,6 +121,15 @@ TLS_CIPHERS: Final = ("ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256
                       "DHE-RSA-CHACHA20-POLY1305")
 WORKER_PROCESSES: Final = 2
 WORKER_CONNECTIONS: Final = 4096
+#: The gate's unit sandbox (operations/unit_sandbox.py). The master starts its workers as
+#: GATE_USER: setuid and setgid (initgroups), chown of their temporary folders (nginx's
+#: ngx_create_paths); it tells them to reload or stop through their channel (a socketpair,
+#: no signal: no CAP_KILL); it writes the keys' include (gate_keys.py) in CONF_DIR, reads the
+#: key files and the certificate where the operator put them, and the workers setrlimit their
+#: open files (worker_rlimit_nofile: @resources).
+SANDBOX: Final = Sandbox(capabilities=("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN"),
+                         families=("AF_INET", "AF_INET6", "AF_UNIX"), writable=(CONF_DIR,),
+                         home="read-only", privileged=True)
 
 
 @dataclass(frozen=True)
@@ -154,6 +165,12 @@ class Gate:
     @property
     def keys_path(self) -> str:
         return f"{CONF_DIR}/{self.name}.keys"
+
+    @property
+    def temp_dir(self) -> str:
+        """nginx's temporary files: the unit's CacheDirectory= (systemd.exec(5): under
+        /var/cache), named as its runtime folder."""
+        return f"/var/cache/{self.runtime_dir}"
 
     @property
     def keys_unit(self) -> str:
@@ -197,6 +214,8 @@ def conf_context(gate: Gate) -> dict:
         "worker_connections": WORKER_CONNECTIONS,
         "rlimit_nofile": 4 * WORKER_CONNECTIONS,
         "pid_file": f"/run/{gate.runtime_dir}/nginx.pid",
+        "worker_user": GATE_USER,
+        "temp_dir": gate.temp_dir,
         "log_tag": gate.name.replace("-", "_"),
         "head_timeout": HEAD_TIMEOUT,
         "io_timeout": IO_TIMEOUT,
@@ -252,6 +271,9 @@ def unit_context(gate: Gate, inputs: list[str] | None, quote) -> dict:
         "memory_max": "256M",
         "tasks_max": 272,
         "nofile": 4 * WORKER_CONNECTIONS,
+        "worker_user": GATE_USER,
+        "cache_dir": gate.runtime_dir,
+        "sandbox": SANDBOX.text(),
     }
 
 
@@ -263,6 +285,7 @@ def path_context(gate: Gate, quote) -> dict:
         # the keys, and the certificate and its key (a reload reads them again)
         "key_files": [quote(p) for p in dict.fromkeys(filter(None, (
             *gate.key_files, gate.backend_key_file, gate.tls_cert, gate.tls_key)))],
+        "sandbox": SYSTEMCTL.text(),
     }
 
 

@@ -44,7 +44,9 @@ from pyinfra.operations import apt, files, systemd
 from typing_extensions import override
 
 from operations.plan import fact, refuse
+from operations.service_users import service_user
 from operations.settings import PREFIX
+from operations.unit_sandbox import NFT
 
 TABLE: Final = "gpuhost_loopback_guard"
 RULES_PATH: Final = "/etc/gpuhost/loopback-guard.nft"
@@ -57,18 +59,21 @@ METRICS_RULES_PATH: Final = "/etc/gpuhost/metrics-guard.nft"
 METRICS_UNIT: Final = "gpuhost-metrics-guard.service"
 
 
-def rules(ports: tuple[int, ...], uids: Mapping[int, tuple[int, ...]] | None = None) -> str:
+def rules(ports: tuple[int, ...], uids: Mapping[int, tuple[int, ...]] | None = None,
+          names: Mapping[int, tuple[str, ...]] | None = None) -> str:
     """The nft file for ``ports``: the table created if missing, deleted, and defined anew
     (so that a load replaces it whole). ``uids`` names, per port, the users besides root
     whose sockets may connect (an anonymous set: ``meta skuid != { 0, 1001 }``, nft(8)'s
-    SETS)."""
-    uids = uids or {}
-    root_only = ", ".join(str(p) for p in ports if not uids.get(p))
+    SETS); ``names``, per port, gpuhost's own service users (operations/service_users.py),
+    by name, which nft resolves when it loads the file (the deploy makes them before)."""
+    uids, names = uids or {}, names or {}
+    root_only = ", ".join(str(p) for p in ports if not uids.get(p) and not names.get(p))
     lines = [f'\t\toifname "lo" tcp dport {{ {root_only} }} meta skuid != 0 reject with tcp reset\n']
     lines = lines if root_only else []
     for port in ports:
-        if uids.get(port):
-            admitted = ", ".join(str(u) for u in (0, *sorted(set(uids[port]))))
+        if uids.get(port) or names.get(port):
+            admitted = ", ".join([str(u) for u in (0, *sorted(set(uids.get(port, ()))))]
+                                 + [f'"{n}"' for n in sorted(set(names.get(port, ())))])
             lines.append(f'\t\toifname "lo" tcp dport {port} meta skuid != {{ {admitted} }} '
                          "reject with tcp reset\n")
     return (f"# Managed by gpuhost from host data (operations/loopback_guard.py).\n"
@@ -98,21 +103,26 @@ def unit() -> str:
             "RemainAfterExit=yes\n"
             f"ExecStart=/usr/sbin/nft -f {RULES_PATH}\n"
             f"ExecReload=/usr/sbin/nft -f {RULES_PATH}\n"
-            f"ExecStop=/usr/sbin/nft delete table inet {TABLE}\n\n"
+            f"ExecStop=/usr/sbin/nft delete table inet {TABLE}\n"
+            + NFT.text() + "\n"
             "[Install]\n"
             "WantedBy=multi-user.target\n"
             f"RequiredBy={before}\n")
 
 
 def loopback_guard(ports: tuple[int, ...],
-                   users: Mapping[int, tuple[str, ...]] | None = None) -> None:
+                   users: Mapping[int, tuple[str, ...]] | None = None,
+                   services: Mapping[int, tuple[str, ...]] | None = None) -> None:
     """nftables from the distribution, the table for ``ports`` loaded now and at each boot,
     reloaded (never restarted: the servers require it) when the ports change. ``users``: per
     port, the local users besides root who may connect; each must exist on the host (its uid
     goes in the table, so that a user renamed or removed later admits nobody new), else the
-    host is refused while planning. Nothing planned for no port."""
+    host is refused while planning. ``services``: per port, gpuhost's service users who may
+    connect, made here first (by name in the table). Nothing planned for no port."""
     if not ports:
         return
+    for user in sorted({u for listed in (services or {}).values() for u in listed}):
+        service_user(name=f"User {user}", user=user)
     uids = _uids(users or {})
     if uids is None:
         return
@@ -120,7 +130,8 @@ def loopback_guard(ports: tuple[int, ...],
     apt.packages(name="nftables for the loopback guard", packages=["nftables"],
                  no_recommends=True, update="nftables" not in installed)
     files.directory(name="gpuhost settings folder", path="/etc/gpuhost", mode="755")
-    table = files.put(name=f"Loopback guard {RULES_PATH}", src=StringIO(rules(ports, uids)),
+    table = files.put(name=f"Loopback guard {RULES_PATH}",
+                      src=StringIO(rules(ports, uids, services)),
                       dest=RULES_PATH, mode="644", create_remote_dir=False)
     service = files.put(name=f"Unit {UNIT}", src=StringIO(unit()), dest=UNIT_PATH, mode="644",
                         create_remote_dir=False)
@@ -209,7 +220,8 @@ def metrics_unit() -> str:
             "RemainAfterExit=yes\n"
             f"ExecStart=/usr/sbin/nft -f {METRICS_RULES_PATH}\n"
             f"ExecReload=/usr/sbin/nft -f {METRICS_RULES_PATH}\n"
-            f"ExecStop=/usr/sbin/nft delete table inet {METRICS_TABLE}\n\n"
+            f"ExecStop=/usr/sbin/nft delete table inet {METRICS_TABLE}\n"
+            + NFT.text() + "\n"
             "[Install]\n"
             "WantedBy=multi-user.target\n")
 

@@ -72,6 +72,7 @@ from operations.run_exit import end_run
 from operations.secret_template import secret_template
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
 from operations.tls import CA_PATH, needs_tls
+from operations.unit_sandbox import GPU_DEVICES, Sandbox
 
 NODE_EXPORTER: Final = "prometheus-node-exporter"
 NODE_EXPORTER_DEFAULTS: Final = "/etc/default/prometheus-node-exporter"
@@ -81,6 +82,12 @@ GPU_METRICS_FILE: Final = f"{TEXTFILE_DIR}/gpuhost-gpu.prom"
 #: The deploy's info series of the server (status.py's version).
 SERVER_INFO_FILE: Final = f"{TEXTFILE_DIR}/gpuhost-server.prom"
 GPU_METRICS_UNIT: Final = "gpuhost-gpu-metrics"
+#: nvidia-smi's needs: the GPUs' devices, /proc/driver/nvidia, no network; dmesg's: the
+#: kernel's ring buffer (the driver's Xid lines, operations/files/gpu_health.py); it writes the
+#: textfile folder only.
+GPU_METRICS_SANDBOX: Final = Sandbox(capabilities=("CAP_SYSLOG",), writable=(TEXTFILE_DIR,),
+                                     devices=(*GPU_DEVICES, "/dev/kmsg r"), network=False,
+                                     proc="all", kernel_log=True)
 #: The units the node exporter's systemd collector reports (the server, its gate, the readings).
 WATCHED_UNITS: Final = ("sglang", "sglang-gate", GPU_METRICS_UNIT)
 PROMETHEUS: Final = "prometheus"
@@ -293,6 +300,13 @@ def _running(unit: str) -> bool:
     return bool(fact(SystemdStatus, services=f"{unit}.service").get(f"{unit}.service"))
 
 
+def gpu_metrics_context(interval: int, gpu_count: int) -> dict:
+    """What templates/gpuhost-gpu-metrics.{service,timer}.j2 are rendered with (``interval``:
+    seconds between two readings; ``gpu_count``: the GPUs the host data expects)."""
+    return {"lib_dir": LIB_DIR, "output": GPU_METRICS_FILE, "textfile_dir": TEXTFILE_DIR,
+            "interval": interval, "gpu_count": gpu_count, "sandbox": GPU_METRICS_SANDBOX.text()}
+
+
 def node_exporter(name: str, settings: Mapping[str, Settings],
                   prometheus: tuple[str, ...]) -> None:
     """The node exporter and the GPU readings on a GPU host."""
@@ -311,8 +325,7 @@ def node_exporter(name: str, settings: Mapping[str, Settings],
     credential(name=f"The node exporter's credential {NODE_EXPORTER_WEB_CONFIG}",
                mode="web-config", key_file=metrics_key_file(s), dest=NODE_EXPORTER_WEB_CONFIG,
                group=CREDENTIAL_GROUP, user=NODE_EXPORTER_USER)
-    context = {"lib_dir": LIB_DIR, "output": GPU_METRICS_FILE, "textfile_dir": TEXTFILE_DIR,
-               "interval": s.gpu_metrics_interval, "gpu_count": s.gpu_count}
+    context = gpu_metrics_context(s.gpu_metrics_interval, s.gpu_count)
     units = [files.template(name=f"Unit {GPU_METRICS_UNIT}.{kind}",
                             src=str(REPO_ROOT / "templates" / f"{GPU_METRICS_UNIT}.{kind}.j2"),
                             dest=f"/etc/systemd/system/{GPU_METRICS_UNIT}.{kind}", mode="644",

@@ -73,11 +73,19 @@ from operations.secret_files import check_secret_file
 from operations.server import (PortListeners, gate_files, path_restarted, systemd_quote,
                                unit_enabled)
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
+from operations.service_users import ROUTER_USER, service_user
+from operations.unit_sandbox import Sandbox
 
 UNIT: Final = "sglang-router.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
 GATE_UNIT: Final = "sglang-router-gate.service"
 GATE_UNIT_PATH: Final = f"/etc/systemd/system/{GATE_UNIT}"
+#: The router's unit sandbox (operations/unit_sandbox.py): no capability, no device, no
+#: writable path, no home folder (its keys come as the unit's credentials, the fleet CA is
+#: /etc/gpuhost/tls's); the network (its port, its workers, the host's interfaces:
+#: AF_NETLINK); /proc whole (tokio and Python read the CPUs' count and memory there).
+SANDBOX: Final = Sandbox(families=("AF_INET", "AF_INET6", "AF_UNIX", "AF_NETLINK"),
+                         proc="all")
 #: The router's Prometheus metrics, on the loopback (smg's default port, 29000).
 METRICS_PORT: Final = ROUTER_METRICS_PORT
 CHECK_SCRIPT: Final = f"{LIB_DIR}/router_workers.py"
@@ -124,7 +132,9 @@ def unit_context(settings: Settings, ca: tls.FleetCA | None = None) -> dict:
         "venv": settings.router_venv_path,
         "lib_dir": LIB_DIR,
         "own_url": own_url(settings),
-        "api_key_file": systemd_quote(api_key_file(settings)),
+        # LoadCredential='s path: the rest of its line, as it is (settings allow no space)
+        "api_key_path": api_key_file(settings),
+        "service_user": ROUTER_USER,  # not "user": files.template's owner of the file
         "control_key_file": CONTROL_KEY_FILE,
         "worker_key_args": (f" --worker-key-file {systemd_quote(settings.fleet_key_file)}"
                             if settings.fleet_key_file else ""),
@@ -140,6 +150,7 @@ def unit_context(settings: Settings, ca: tls.FleetCA | None = None) -> dict:
         # its workers' TLS verified with the fleet CA alone (smg 1.13.0 ``--ca-cert-paths``:
         # seen refusing a worker whose certificate another CA signed, "UnknownIssuer")
         "ca_args": f" --ca-cert-paths {tls.CA_PATH}" if settings.tls_ca_cert_file else "",
+        "sandbox": SANDBOX.text(),
     }
 
 
@@ -374,6 +385,7 @@ def router(settings: Settings, workers: tuple[Worker, ...],
         name="Locked router", venv=venv, requirements=f"{LOCK_DIR}/router.txt",
         wanted=lock.versions(), index_url=settings.pip_index_url,
         remove_unlocked=[p.name for p in lock.pins])
+    service_user(name=f"User {ROUTER_USER}", user=ROUTER_USER)
     unit = files.template(name=f"Unit {UNIT}",
                           src=str(REPO_ROOT / "templates" / "sglang-router.service.j2"),
                           dest=UNIT_PATH, mode="644", **unit_context(settings, ca))

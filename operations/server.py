@@ -32,13 +32,14 @@ from operations.p2p import RECORD as P2P_RECORD
 from operations.folders import folders_down_to, top_folders
 from operations.host import FileText, HostAddresses, address_problem
 from operations.mlenv import VenvAt
-from operations.kernel_cache import (KernelCacheFolders, cache_env, cache_key, kernel_cache,
-                                     remove_superseded)
+from operations.kernel_cache import (KERNEL_CACHE_ROOT, KernelCacheFolders, cache_env, cache_key,
+                                     kernel_cache, remove_superseded)
 from operations.plan import fact, refuse
 from operations.preflight import InitSystem
 from operations.secret_files import check_secret_file
 from operations.secret_template import secret_template
 from operations.settings import PREFIX, Settings
+from operations.unit_sandbox import GPU_DEVICES, Sandbox
 from operations.sglang import server_args
 from operations.venvs import (VENVS_DIR, VenvFolders, digest_of_venv, host_venv,
                               recorded_venvs, unit_venv, venv_link)
@@ -46,6 +47,17 @@ from operations.venvs import (VENVS_DIR, VenvFolders, digest_of_venv, host_venv,
 UNIT: Final = "sglang.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
 GATE_UNIT: Final = "sglang-gate.service"
+#: The server's home under /var/cache (the unit's CacheDirectory=).
+CACHE_DIR: Final = "gpuhost-sglang"
+#: The server's unit sandbox (operations/unit_sandbox.py): the GPUs' devices; the kernel caches
+#: writable (KERNEL_CACHE_ROOT); the network (NCCL and Gloo read the interfaces through
+#: AF_NETLINK); a local model read where it is (``ProtectHome=read-only``); memory writable and
+#: executable (Triton's and CUDA's JIT); its system calls beyond @system-service left as they
+#: are (sglang raises its open files' limit, setrlimit; torch and NCCL set CPU and memory
+#: affinity, @resources); /proc whole (torch and NVML read cpuinfo, meminfo, /proc/driver).
+SANDBOX: Final = Sandbox(families=("AF_INET", "AF_INET6", "AF_UNIX", "AF_NETLINK"),
+                         writable=(KERNEL_CACHE_ROOT,), home="read-only", devices=GPU_DEVICES,
+                         jit=True, privileged=True, proc="all")
 GATE_UNIT_PATH: Final = f"/etc/systemd/system/{GATE_UNIT}"
 SERVER_ENV_FILE: Final = "/etc/gpuhost/server.env"
 #: The server unit's drop-in folder (systemd.unit(5): ``<unit>.d/*.conf`` under
@@ -258,6 +270,8 @@ def unit_context(settings: Settings, role: NodeRole | None = None) -> dict:
         "runtime_dir": RUNTIME_DIRS[UNIT],
         "inputs_args": " ".join(systemd_quote(a) for a in server_inputs(settings)),
         "kernel_cache_env": cache_env(cache_key(settings)),
+        "cache_dir": CACHE_DIR,
+        "sandbox": SANDBOX.text(),
     }
 
 

@@ -241,9 +241,13 @@ def test_loopback_router_has_its_gate_too_and_its_unit_names_no_worker_and_no_ke
     assert start[:2] == ["/opt/gpuhost/router-venv/bin/python",
                          "/opt/gpuhost/lib/router_launch.py"]
     args = " ".join(start)
-    assert ("--api-key-file /root/fleet.key --control-key-file "
-            "/etc/gpuhost/router-control.key -- --host 127.0.0.1 --port 30100 --policy "
-            "cache_aware") in args
+    # the key files reach smg's user as the unit's credentials (%d), as root reads them
+    assert ("--api-key-file %d/api-key --control-key-file %d/control-key -- --host 127.0.0.1 "
+            "--port 30100 --policy cache_aware") in args
+    assert [line for line in text.splitlines() if line.startswith("LoadCredential=")] == [
+        "LoadCredential=api-key:/root/fleet.key",
+        "LoadCredential=control-key:/etc/gpuhost/router-control.key"]
+    assert service["User"] == "gpuhost-router"
     assert "--worker-urls" not in args and "--api-key " not in args
     assert "--prometheus-host 127.0.0.1" in args  # smg's default is every interface
     assert "--health-check-interval-secs 10" in args
@@ -265,7 +269,7 @@ def test_public_router_binds_the_loopback_behind_its_gate_and_the_key_stays_in_i
     text = render("sglang-router.service.j2", router.unit_context(s))
     assert "--host 127.0.0.1 --port 30100" in text and "/root/router.key" not in text
     # no fleet key (no gated worker elsewhere): a backend key of its own, made on the host
-    assert "--api-key-file /etc/gpuhost/router-backend.key" in text
+    assert "LoadCredential=api-key:/etc/gpuhost/router-backend.key" in text
     assert "Wants=sglang-router-gate.service" in text
     gate = render("gate.service.j2", router.gate_context(s))
     assert ("gate_keys.py --out /etc/gpuhost/nginx/sglang-router-gate.keys --key-file "

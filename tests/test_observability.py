@@ -232,8 +232,7 @@ def test_prometheus_config_passes_promtool_check_config(promtool, tmp_path):
 
 
 def test_gpu_metrics_units():
-    context = {"lib_dir": "/opt/gpuhost/lib", "output": observability.GPU_METRICS_FILE,
-               "textfile_dir": observability.TEXTFILE_DIR, "interval": 15, "gpu_count": 8}
+    context = observability.gpu_metrics_context(15, 8)
     service = render("gpuhost-gpu-metrics.service.j2", context)
     assert ("ExecStart=/usr/bin/python3 /opt/gpuhost/lib/gpu_metrics.py --output "
             "/var/lib/prometheus/node-exporter/gpuhost-gpu.prom --expected-gpus 8") in service

@@ -379,6 +379,48 @@ def test_a_strangers_health_flood_is_cut_at_the_gate(fleet):
     assert probe(client, f"{router}/health_generate") == (200, "ok")
 
 
+#: Issue 41's targets for `systemd-analyze security`'s overall exposure: the server and the
+#: router, which parse every client's request, at most 4.9; every other unit gpuhost installs
+#: at most 2.5.
+EXPOSURE_TARGETS = {"sglang.service": 4.9, "sglang-router.service": 4.9}
+OTHER_EXPOSURE = 2.5
+#: Every service unit file gpuhost wrote ("Managed by gpuhost" on its first line), and each
+#: one's overall exposure as the host's own systemd-analyze scores it.
+EXPOSURES = r"""
+for f in /etc/systemd/system/*.service; do
+  [ -L "$f" ] && continue
+  head -n 1 "$f" | grep -q '^# Managed by gpuhost' || continue
+  u=$(basename "$f")
+  echo "$u $(systemd-analyze security --no-pager "$u" | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')"
+done
+"""
+
+
+def test_every_unit_gpuhost_installs_is_sandboxed_and_no_gate_worker_nor_router_is_root(fleet):
+    hosts, _, _, _ = fleet
+    for name, h in hosts.items():
+        scores = dict(line.split() for line in h.ssh(EXPOSURES).splitlines() if line.strip())
+        expected = {"sglang.service", "sglang-gate.service", "sglang-gate-keys.service",
+                    "gpuhost-loopback-guard.service", "gpuhost-gpu-metrics.service"}
+        if name == ROUTER_HOST:
+            expected |= {"sglang-router.service", "sglang-router-gate.service",
+                         "sglang-router-gate-keys.service", "gpuhost-metrics-guard.service"}
+        assert expected <= set(scores), (name, sorted(scores))
+        over = {u: s for u, s in scores.items()
+                if float(s) > EXPOSURE_TARGETS.get(u, OTHER_EXPOSURE)}
+        assert over == {}, (name, scores)
+        # nginx's workers as the gates' own user, their master alone as root
+        procs = [line.split(None, 1) for line in
+                 h.ssh("ps -eo user:32,args | grep '[n]ginx: '").splitlines()]
+        workers = {user for user, args in procs if args.startswith("nginx: worker process")}
+        masters = {user for user, args in procs if args.startswith("nginx: master process")}
+        assert workers == {"gpuhost-gate"} and masters == {"root"}, (name, procs)
+        if name == ROUTER_HOST:  # smg as its own user (its title: smg::router)
+            routers = set(h.ssh("ps -eo user:32,args | grep '[s]mg::router' | cut -d' ' -f1")
+                          .split())
+            assert routers == {"gpuhost-router"}, routers
+
+
 def test_prometheus_scrapes_the_servers_over_tls(fleet):
     """Prometheus on the router host scrapes each server through its gate over https,
     verifying with the fleet CA (its own host's through the gate at the loopback)."""

@@ -24,8 +24,10 @@ Under load: a streamed /v1/completions (what sglang.bench_serving --backend sgla
 or /generate (--backend sglang) yields max_tokens (max_new_tokens) tokens when ignore_eos is
 set, at the rate the scenario sets for the --moe-runner-backend and the number of generations
 running (serving.output_tokens_per_s: all streams' output tokens per second, log-linear between
-its levels); the number running is kept in /run/gpuhost-sandbox/serving-load.json for the
-nvidia-smi stand-in.
+its levels); the number running is kept in /dev/shm/gpuhost-sandbox-serving-load.json for the
+nvidia-smi stand-in (readable by every user: where a real GPU's load is the driver's, which no
+sandboxing of the server's unit hides, /dev/shm is what its ProtectSystem=strict leaves
+writable, operations/unit_sandbox.py).
 
 On a scenario whose P2P corrupts data (peer_transfers "wrong-data"), the answers are degenerate
 as well when the tensor parallel group's all-reduce would go peer-to-peer: NCCL's, as the torch
@@ -58,7 +60,7 @@ DEFAULT_CONTEXT_LEN = 131072
 
 
 HARDWARE = os.environ.get("GPUHOST_SANDBOX_HARDWARE", "/etc/gpuhost-sandbox/hardware.json")
-LOAD_FILE = os.environ.get("GPUHOST_SANDBOX_LOAD", "/run/gpuhost-sandbox/serving-load.json")
+LOAD_FILE = os.environ.get("GPUHOST_SANDBOX_LOAD", "/dev/shm/gpuhost-sandbox-serving-load.json")
 
 
 def serving_scenario():
@@ -102,6 +104,7 @@ class Load:
             try:
                 os.makedirs(os.path.dirname(LOAD_FILE), exist_ok=True)
                 with open(LOAD_FILE + ".tmp", "w") as fh:
+                    os.fchmod(fh.fileno(), 0o644)
                     json.dump({"active": self.active, "time": now, "busy": self.busy,
                                "busy_time": now}, fh)
                 os.replace(LOAD_FILE + ".tmp", LOAD_FILE)
