@@ -78,8 +78,9 @@ def gate_url(tmp_path_factory):
     g = dataclasses.replace(worker_gate(s), listen_port=port, tls_cert=str(pem),
                             tls_key=str(pem),
                             backend_url=f"http://127.0.0.1:{backend.server_address[1]}")
+    # the temporary files under the work folder (the unit's CacheDirectory= on a host)
     context = {**gate.conf_context(g), "keys_file": str(work / "gate.keys"),
-               "pid_file": str(work / "nginx.pid")}
+               "pid_file": str(work / "nginx.pid"), "temp_dir": str(work)}
     conf = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "templates")).get_template(
         "gate-nginx.conf.j2").render(**context)
     # here: no user to switch to, the gate's own log in a file (not this machine's journal)
@@ -87,9 +88,6 @@ def gate_url(tmp_path_factory):
     conf, n = re.subn(r"access_log syslog:\S+ gpuhost;",
                       f"access_log {work}/access.log gpuhost;", conf)
     assert n == 1
-    temp = "".join(f"    {kind}_temp_path {work}/{kind};\n"  # Debian's are under /var/lib/nginx
-                   for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    conf = conf.replace("http {\n", "http {\n" + temp, 1)
     (work / "gate.conf").write_text(conf)
     subprocess.run([sys.executable, str(ROOT / "operations/files/gate_keys.py"), "--out",
                     str(work / "gate.keys"), "--key-file", str(key_file)], check=True)
