@@ -271,7 +271,8 @@ def test_4_5_a_changed_unit_before_the_restart(host, work, state, systemctl_inst
     assert f"--max-running-requests {requests}" in host.ssh(
         "cat /etc/systemd/system/sglang.service")
     assert host.main_pid() == pid, "the server was restarted"
-    assert str(requests) not in host.process_args(pid)
+    args = host.process_args(pid)  # the running server still has the old value
+    assert args[args.index("--max-running-requests") + 1] != str(requests), args
     reload = host.ssh(f"/usr/bin/systemctl show -p NeedDaemonReload --value {UNIT}").strip()
     assert reload == ("yes" if verb == "daemon-reload" else "no")
     recovered = converge(changed)
