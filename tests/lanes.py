@@ -71,7 +71,7 @@ SECONDS = {
     "tests/e2e/test_apt_sources.py": 126,  # 63 s failing; 126 s in a partial run that day
     "tests/e2e/test_bad_input.py": 287,
     "tests/e2e/test_bench.py": 370,  # 216 s failing
-    "tests/e2e/test_deploy.py": 295,
+    "tests/e2e/test_deploy.py": 325,  # 295 s before it took test_p2p's reference-lab scenario
     "tests/e2e/test_drift.py": 369,
     # test_driver, 754 s as one module, split by its tests' shares in a 522 s run that day
     "tests/e2e/test_driver.py::test_driver_change_dry_refused_then_allowed_and_mismatch_"
@@ -96,18 +96,14 @@ SECONDS = {
     "tests/e2e/test_observability.py": 280,  # 26 s failing at its fixture; from the image
     # 547 s under a heavier load (the planes module's ratio: about 280 s)
     "tests/e2e/test_operators.py": 362,  # failing
-    "tests/e2e/test_p2p.py::test_fresh_host_dry_run_and_a_bad_override": 39,
     "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
     "[bare-metal-p2p]": 177,
     "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
-    "[p2p-ok-wrong-data]": 223,
+    "[p2p-ok-wrong-data]": 300,  # 223 s, then the remeasure test's deploy and checks
     "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
     "[q35-cns]": 224,
     "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
-    "[reference-lab]": 226,
-    "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
-    "[single-gpu]": 236,
-    "tests/e2e/test_p2p.py::test_remeasure_on_request_stops_the_server_first": 182,
+    "[single-gpu]": 255,  # 236 s, then the fresh host's two --dry runs
     "tests/e2e/test_pending_kernel.py": 271,
     "tests/e2e/test_planes.py": 175,  # 412 s from bare, failing; 422 s beside 1016 s
     "tests/e2e/test_rebuild.py": 350,  # failing
@@ -302,7 +298,7 @@ def main(args: list[str]) -> int:
         with printing:
             print(text, flush=True)
 
-    started = time.monotonic()
+    started, cpu_before = time.monotonic(), cpu_times()
     with tempfile.TemporaryDirectory(prefix="gpuhost-lanes-") as reports:
         todo = Todo(every, Path(reports) / "images")
 
@@ -319,7 +315,31 @@ def main(args: list[str]) -> int:
             t.start()
         for t in threads:
             t.join()
+    print(cpu_line(cpu_before, cpu_times()))
     return summary(every, time.monotonic() - started)
+
+
+def cpu_times() -> list[int] | None:
+    """The machine's CPU time so far, in USER_HZ, from /proc/stat's ``cpu`` line (proc(5):
+    user nice system idle iowait irq softirq steal ...); None where there is none."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(x) for x in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_line(before: list[int] | None, after: list[int] | None) -> str:
+    """How busy the machine's CPUs were over the run: what says whether more lanes could help
+    (idle left) or only less work (none left)."""
+    if before is None or after is None:
+        return "CPU over the run: not known (no /proc/stat)"
+    spent = [b - a for a, b in zip(before, after)]
+    total = sum(spent) or 1
+    idle, iowait = spent[3], spent[4]
+    return (f"CPU over the run: {100 * (total - idle - iowait) / total:.0f} % busy, "
+            f"{100 * iowait / total:.0f} % waiting on I/O, {100 * idle / total:.0f} % idle "
+            f"(/proc/stat, {os.cpu_count()} CPUs)")
 
 
 def summary(every: list[Unit], wall: float) -> int:

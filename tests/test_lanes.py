@@ -20,16 +20,15 @@ def test_every_e2e_module_is_a_unit_and_the_rest_is_one_more():
 
 
 def test_each_p2p_test_is_a_unit_of_its_own_and_spreads_over_the_lanes():
-    """test_p2p's tests each boot a host (five scenarios, two more): one unit would hold a lane
-    for all seven boots and converges."""
+    """test_p2p's tests each boot a host (four scenarios): one unit would hold a lane for all
+    four boots and converges."""
     p2p = [u for u in lanes.units() if u.name.startswith("tests/e2e/test_p2p.py")]
     names = {u.name for u in p2p}
-    assert len(p2p) == 7 and all(u.args == [u.name] for u in p2p)
+    assert len(p2p) == 4 and all(u.args == [u.name] for u in p2p)
     assert ("tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
             "[bare-metal-p2p]") in names
-    assert "tests/e2e/test_p2p.py::test_remeasure_on_request_stops_the_server_first" in names
-    # a test of a bare converge weighs as one boot (its fixture's) and its three deploys
-    assert {u.weight for u in p2p} == {6, 5}
+    # a test of a bare converge weighs as one boot (its fixture's) and its deploys
+    assert {u.weight for u in p2p} == {6}
 
 
 def test_each_driver_test_is_a_unit_of_its_own():
@@ -193,3 +192,12 @@ def test_units_defer_tree_removal_and_each_lane_ends_with_a_plain_down(tmp_path,
     assert down_cmd[1:] == ["-m", "sandbox", "down"]
     assert lanes.DEFER_REMOVAL not in down_env and down_env["GPUHOST_SANDBOX_LAB"] == "7"
     assert said == ["[lab 7] sandbox down: exit 0 in 0 s"]
+
+
+def test_the_cpu_line_says_how_busy_the_machine_was():
+    """From two readings of /proc/stat's cpu line: busy, I/O wait and idle shares."""
+    before = [100, 0, 50, 800, 50, 0, 0, 0]
+    after = [400, 0, 150, 1200, 150, 0, 0, 0]  # 400 busy, 400 idle, 100 iowait of 900
+    line = lanes.cpu_line(before, after)
+    assert "44 % busy, 11 % waiting on I/O, 44 % idle" in line, line
+    assert lanes.cpu_line(None, after) == "CPU over the run: not known (no /proc/stat)"

@@ -1,5 +1,7 @@
 """The main job, end to end: a fresh sandbox host converges to a serving GLM-5 unit, and a
-second run changes nothing."""
+second run changes nothing. It is also the reference lab's P2P scenario (tests/e2e/test_p2p.py
+has the others): P2P measured off on the first deploy, printed, recorded and turned into the
+server's NCCL environment and flags, measured once."""
 
 import json
 
@@ -31,6 +33,9 @@ def test_fresh_host_converges_then_nothing_changes(reference_host):
     host = reference_host
     first = lab.deploy()
     assert first.returncode == 0, first.output[-6000:]
+    assert "P2P: P2P off: " in first.output, first.output[-6000:]
+    record = json.loads(host.ssh("cat /var/lib/gpuhost/p2p.json"))
+    assert record["decision"]["p2p"] == "off" and record["verification"]["verified"] is True
 
     assert host.ssh("systemctl is-active sglang.service").strip() == "active"
     assert host.ssh("systemctl is-enabled sglang.service").strip() == "enabled"
@@ -38,6 +43,7 @@ def test_fresh_host_converges_then_nothing_changes(reference_host):
     env = host.process_env(pid)
     for key, value in NO_P2P_ENV.items():
         assert env.get(key) == value, (key, env)
+    assert "NCCL_P2P_DISABLE" not in env  # P2P off, its verification passed: not disabled
     assert env["CUDA_HOME"] == "/usr/local/cuda-12.8"
     args = host.process_args(pid)
     assert "--disable-custom-all-reduce" in args
@@ -55,6 +61,11 @@ def test_fresh_host_converges_then_nothing_changes(reference_host):
     assert second.returncode == 0, second.output[-6000:]
     assert changed_operations(second) == []
     assert host.main_pid() == pid
+    assert json.loads(host.ssh("cat /var/lib/gpuhost/p2p.json"))["measured_at"] == \
+        record["measured_at"]
+    dry = lab.deploy("--dry")
+    assert dry.returncode == 0, dry.output[-6000:]
+    assert "P2P off: " in dry.output and "(measured " in dry.output
 
     # The weights are on the host now: their config.json's architecture is what the known
     # behaviour is matched against, and host data naming another is refused while planning.

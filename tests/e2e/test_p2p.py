@@ -1,8 +1,15 @@
 """P2P end to end, one fresh sandbox host per scenario: the server's process ends with the NCCL
 environment and flags its measured P2P gives; the decision is printed per host (run and --dry);
 a second run re-measures nothing and changes nothing; gpuhost_p2p_remeasure measures again,
-with the server stopped first. Checked over ssh (/proc/<MainPID>/environ and cmdline, the
-record), never through pyinfra."""
+with the server stopped first (on the p2p-ok-wrong-data host, after its own checks); on the
+single-GPU host, before its first deploy, --dry says P2P will be measured and a bad override is
+refused. The reference lab's scenario is tests/e2e/test_deploy.py's fresh host (the same first
+deploy, second run and --dry, on a boot of its own there). Checked over ssh
+(/proc/<MainPID>/environ and cmdline, the record), never through pyinfra.
+
+One host per scenario and no more: each boot and converge from bare costs a lane 3 to 5
+minutes of the suite (tests/lanes.py SECONDS), so what a scenario's host can show after its own
+checks is shown there rather than on a host of its own."""
 
 from __future__ import annotations
 
@@ -25,7 +32,6 @@ NCCL_KEYS = set(P2P_DISABLED)
 #: scenario: (P2P decision, NCCL environment, --disable-custom-all-reduce, verified)
 EXPECTED = {
     "bare-metal-p2p": ("on", BASE, False, True),
-    "reference-lab": ("off", NO_P2P, True, True),
     "q35-cns": ("off", NO_P2P, True, True),
     "p2p-ok-wrong-data": ("off", P2P_DISABLED, True, False),
     "single-gpu": ("n/a", BASE, False, None),
@@ -49,6 +55,8 @@ def changed(run: lab.Run) -> list[str]:
 def test_measured_p2p_ends_in_the_servers_environment_and_flags(scenario_host):
     scenario, host = scenario_host
     p2p, env, disabled, verified = EXPECTED[scenario]
+    if scenario == "single-gpu":
+        fresh_host_dry_run_and_a_bad_override(host)
 
     first = lab.deploy()
     assert first.returncode == 0, first.output[-6000:]
@@ -79,39 +87,36 @@ def test_measured_p2p_ends_in_the_servers_environment_and_flags(scenario_host):
     assert dry.returncode == 0, dry.output[-6000:]
     assert f"P2P {p2p}: " in dry.output and "(measured " in dry.output
 
-
-def test_remeasure_on_request_stops_the_server_first():
-    (host,) = lab.up(hosts=1, scenario="p2p-ok-wrong-data")
-    try:
-        first = lab.deploy()
-        assert first.returncode == 0, first.output[-6000:]
-        pid = host.main_pid()
-        before = json.loads(host.ssh("cat /var/lib/gpuhost/p2p.json"))["measured_at"]
-        host.ssh("sleep 1.1")  # measured_at has seconds
-        again = lab.deploy("--data", "gpuhost_p2p_remeasure=true")
-        assert again.returncode == 0, again.output[-6000:]
-        assert "gpuhost_p2p_remeasure is set" in again.output
-        after = json.loads(host.ssh("cat /var/lib/gpuhost/p2p.json"))
-        assert after["measured_at"] != before and after["decision"]["p2p"] == "off"
-        new_pid = host.main_pid()
-        assert new_pid not in (0, pid)  # stopped for the measurement, started again
-        assert host.process_env(new_pid)["NCCL_P2P_LEVEL"] == "PHB"
-    finally:
-        lab.sandbox("down", check=False)
+    if scenario == "p2p-ok-wrong-data":
+        remeasure_on_request_stops_the_server_first(host)
 
 
-def test_fresh_host_dry_run_and_a_bad_override():
-    (host,) = lab.up(hosts=1, scenario="single-gpu")
-    try:
-        dry = lab.deploy("--dry")
-        assert dry.returncode == 0, dry.output[-6000:]
-        assert "P2P will be measured after the driver loads" in dry.output
-        assert "P2P platform: kvm, no DMI" in dry.output  # the Firecracker-like scenario
-        bad = lab.deploy("--dry", "--data", "gpuhost_p2p_override=maybe")
-        assert bad.returncode != 0
-        assert ("host gpu1: gpuhost_p2p_override = 'maybe' is not allowed: one of on, off, "
-                "or None to leave it unset") in bad.output
-        assert "Traceback" not in bad.output
-        assert host.ssh("test -e /var/lib/gpuhost/p2p.json || echo absent").strip() == "absent"
-    finally:
-        lab.sandbox("down", check=False)
+def remeasure_on_request_stops_the_server_first(host: lab.Host) -> None:
+    """On a converged host: gpuhost_p2p_remeasure measures again, the server stopped for it and
+    started again with the new record's environment."""
+    pid = host.main_pid()
+    before = json.loads(host.ssh("cat /var/lib/gpuhost/p2p.json"))["measured_at"]
+    host.ssh("sleep 1.1")  # measured_at has seconds
+    again = lab.deploy("--data", "gpuhost_p2p_remeasure=true")
+    assert again.returncode == 0, again.output[-6000:]
+    assert "gpuhost_p2p_remeasure is set" in again.output
+    after = json.loads(host.ssh("cat /var/lib/gpuhost/p2p.json"))
+    assert after["measured_at"] != before and after["decision"]["p2p"] == "off"
+    new_pid = host.main_pid()
+    assert new_pid not in (0, pid)  # stopped for the measurement, started again
+    assert host.process_env(new_pid)["NCCL_P2P_LEVEL"] == "PHB"
+
+
+def fresh_host_dry_run_and_a_bad_override(host: lab.Host) -> None:
+    """On a fresh host, before its first deploy: --dry says when P2P will be measured, and a
+    bad override is refused with nothing written."""
+    dry = lab.deploy("--dry")
+    assert dry.returncode == 0, dry.output[-6000:]
+    assert "P2P will be measured after the driver loads" in dry.output
+    assert "P2P platform: kvm, no DMI" in dry.output  # the Firecracker-like scenario
+    bad = lab.deploy("--dry", "--data", "gpuhost_p2p_override=maybe")
+    assert bad.returncode != 0
+    assert ("host gpu1: gpuhost_p2p_override = 'maybe' is not allowed: one of on, off, "
+            "or None to leave it unset") in bad.output
+    assert "Traceback" not in bad.output
+    assert host.ssh("test -e /var/lib/gpuhost/p2p.json || echo absent").strip() == "absent"
