@@ -80,7 +80,10 @@ def no_deploy_left_behind():
 
 @pytest.fixture(scope="module")
 def host():
-    (h,) = lab.up(hosts=1, scenario="reference-lab")
+    # a converged host where the suite keeps images: its first deploy here is this module's
+    # first (as the sudo user, in German); a bare converge as that user is every bare
+    # module's (the sandbox's default login), tests/e2e/test_deploy.py's first of all
+    (h,) = lab.up_from_image(hosts=1, first_deploy=False)
     # 40 s builds (real: up to an hour), so that a deploy can be met in the middle of one
     h.set_scenario_host(flash_attn_build_seconds=40)
     yield h
