@@ -95,7 +95,7 @@ SECONDS = {
     "tests/e2e/test_nothing_lost.py": 275,
     "tests/e2e/test_observability.py": 280,  # 26 s failing at its fixture; from the image
     # 547 s under a heavier load (the planes module's ratio: about 280 s)
-    "tests/e2e/test_operators.py": 362,  # failing
+    "tests/e2e/test_operators.py": 300,  # 452 s from bare beside helpers; now from the image
     "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
     "[bare-metal-p2p]": 177,
     "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
