@@ -44,8 +44,8 @@ def test_driver_too_old_for_the_locked_torch(tmp_path):
     lock = lock_with(tmp_path, "torch==2.9.1+cu130")
     with pytest.raises(SettingsError) as err:
         settings(lock, gpuhost_driver_branch="575", gpuhost_cuda_toolkit="13.0")
-    assert "gpuhost_driver_branch = '575' is not allowed: a branch that supports CUDA 13.0 " \
-        "(driver >= 580.65.06)" in str(err.value)
+    assert "gpuhost_driver_branch = '575' is not allowed: with gpuhost_cuda_toolkit = '13.0', " \
+        "a branch that supports CUDA 13.0 (driver >= 580.65.06)" in str(err.value)
     with pytest.raises(SettingsError) as err:
         settings(lock, gpuhost_driver_version="580.65.05", gpuhost_cuda_toolkit="13.0")
     assert "gpuhost_driver_version = '580.65.05' is not allowed: a driver >= 580.65.06" in str(
@@ -69,8 +69,8 @@ def test_unknown_torch_cuda_is_refused(tmp_path):
     ("data", "message"),
     [
         ({"gpuhost_driver_branch": "550"},
-         ("gpuhost_driver_branch = '550' is not allowed: a branch that supports CUDA 12.8 "
-         "(driver >= 570.26)")),
+         ("gpuhost_driver_branch = '550' is not allowed: with gpuhost_cuda_toolkit = '12.8', "
+          "a branch that supports CUDA 12.8 (driver >= 570.26)")),
         ({"gpuhost_driver_branch": 581},  # a number, as pyinfra's --data gives it
          "gpuhost_driver_branch = '581' is not allowed: one of 535, 550"),
         ({"gpuhost_driver_flavour": "nouveau"},

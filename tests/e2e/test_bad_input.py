@@ -98,7 +98,8 @@ CASES = [
     ("cuda-unknown", {"gpuhost_cuda_toolkit": "11.8"},
      ["gpuhost_cuda_toolkit", "'11.8'", "one of 12.8, 13.0"]),
     ("cuda13-on-570", {"gpuhost_cuda_toolkit": "13.0", "gpuhost_driver_branch": "570"},
-     ["gpuhost_driver_branch", "'570'", "a branch that supports CUDA 13.0"]),
+     ["gpuhost_driver_branch = '570' is not allowed: with gpuhost_cuda_toolkit = '13.0', a "
+      "branch that supports CUDA 13.0 (driver >= 580.65.06): 580, 590"]),
     ("compute-capability", {"gpuhost_compute_capability": "sm_120"},
      ["gpuhost_compute_capability", "'sm_120'", "a compute capability"]),
     ("p2p-override", {"gpuhost_p2p_override": "auto"},
