@@ -101,3 +101,44 @@ def test_bad_driver_data(tmp_path, data, message):
 def test_every_toolkit_has_a_minimum_driver():
     from operations.settings import CUDA_TOOLKITS
     assert set(CUDA_TOOLKITS) <= set(CUDA_MIN_DRIVER)
+
+
+def test_the_cuda_toolkit_picks_its_stacks_lock_unless_gpuhost_lock_is_set():
+    from pathlib import Path
+
+    from operations import REPO_ROOT
+    from operations.settings import CUDA_TOOLKITS
+    assert set(CUDA_TOOLKITS) == {"12.8", "13.0"}
+    assert from_host_data("gpu1", {}).lock == "locks/cuda12.8.txt"
+    thirteen = from_host_data("gpu1", {"gpuhost_cuda_toolkit": 13.0})  # as --data gives it
+    assert (thirteen.cuda_toolkit, thirteen.lock) == ("13.0", "locks/cuda13.0.txt")
+    for cuda, lock in CUDA_TOOLKITS.items():  # each lock's torch is its toolkit's CUDA
+        assert torch_cuda(read_lock(Path(REPO_ROOT / lock))) == cuda
+    # a lock named in host data wins, and must be of the toolkit's CUDA major
+    with pytest.raises(SettingsError) as err:
+        from_host_data("gpu1", {"gpuhost_cuda_toolkit": "13.0",
+                                "gpuhost_lock": "locks/cuda12.8.txt"})
+    assert str(err.value).startswith(
+        "host gpu1: gpuhost_cuda_toolkit = '13.0' is not allowed: a CUDA 12.x toolkit: the "
+        "locked torch 2.9.1 is built for CUDA 12.8")
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"gpuhost_cuda_toolkit": "13.0", "gpuhost_driver_branch": "570"},
+     "host gpu1: gpuhost_driver_branch = '570' is not allowed: with gpuhost_cuda_toolkit = "
+     "'13.0', a branch that supports CUDA 13.0 (driver >= 580.65.06): 580, 590; or "
+     "gpuhost_cuda_toolkit = '12.8'."),
+    ({"gpuhost_cuda_toolkit": "13.0", "gpuhost_driver_branch": "535"},
+     "host gpu1: gpuhost_driver_branch = '535' is not allowed: with gpuhost_cuda_toolkit = "
+     "'13.0', a branch that supports CUDA 13.0 (driver >= 580.65.06): 580, 590."),
+    ({"gpuhost_cuda_toolkit": "13.0", "gpuhost_driver_version": "580.65.05"},
+     "host gpu1: gpuhost_driver_version = '580.65.05' is not allowed: a driver >= 580.65.06, "
+     "the minimum for CUDA 13.0 (gpuhost_cuda_toolkit)."),
+])
+def test_the_cuda13_stack_below_the_r580_floor_is_refused_once(data, message):
+    # one line per cause: the CUDA 13 lock's torch needs what the toolkit needs, said once
+    with pytest.raises(SettingsError) as err:
+        from_host_data("gpu1", data)
+    assert str(err.value) == message
+    assert from_host_data("gpu1", {"gpuhost_cuda_toolkit": "13.0",
+                                   "gpuhost_driver_version": "580.65.06"}).driver_branch == "580"
