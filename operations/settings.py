@@ -57,8 +57,7 @@ CUDA_MIN_DRIVER: Final[Mapping[str, str]] = {
 
 #: CUDA toolkits this toolkit installs (NVIDIA's cuda-toolkit-X-Y in /usr/local/cuda-X.Y), each
 #: with its stack's lock, which a host without gpuhost_lock gets (locks/README.md).
-CUDA_TOOLKITS: Final[Mapping[str, str]] = {"12.8": "locks/cuda12.8.txt",
-                                           "13.0": "locks/cuda13.0.txt"}
+CUDA_TOOLKITS: Final = {"12.8": "locks/cuda12.8.txt", "13.0": "locks/cuda13.0.txt"}
 
 #: The CUDA release of PyPI's default Linux x86_64 torch wheels (no local version, no
 #: nvidia-cuda-runtime pin in the lock), by torch release (pytorch.org "Previous versions",
@@ -1019,8 +1018,8 @@ def _typed(data: Mapping[str, Any]) -> dict[str, Any]:
                                                 "api_gate_trusted_peers",
                                                 "server_local_users", "tls_names") \
             else value
-    if values.get("cuda_toolkit", Settings.cuda_toolkit) in CUDA_TOOLKITS:
-        values.setdefault("lock", CUDA_TOOLKITS[values.get("cuda_toolkit", "12.8")])
+    if (cuda := values.get("cuda_toolkit", Settings.cuda_toolkit)) in CUDA_TOOLKITS:
+        values.setdefault("lock", CUDA_TOOLKITS[cuda])
     return values
 
 
@@ -1256,19 +1255,20 @@ def _check_flavour(host: str, s: Settings) -> None:
 def _check_driver(host: str, s: Settings) -> None:
     """The driver branch (and version) at least the minimum of gpuhost_cuda_toolkit's CUDA
     (CUDA_MIN_DRIVER: NVIDIA's release notes, Table 3; CUDA 13.0 needs R580, >= 580.65.06)."""
-    minimum = Version(CUDA_MIN_DRIVER[s.cuda_toolkit])
-    if Version(s.driver_branch) < Version(str(minimum.major)):
-        fits = [c for c in CUDA_TOOLKITS if int(s.driver_branch) >= Version(CUDA_MIN_DRIVER[c]).major]
-        raise _fail(host, "driver_branch", s.driver_branch, f"with {PREFIX}cuda_toolkit = "
-                    f"{s.cuda_toolkit!r}, a branch that supports CUDA {s.cuda_toolkit} (driver "
-                    f">= {CUDA_MIN_DRIVER[s.cuda_toolkit]}): " + ", ".join(b for b in DRIVER_BRANCHES if int(b) >=
-                                                   minimum.major)
-                    + "".join(f"; or {PREFIX}cuda_toolkit = {c!r}" for c in fits))
+    text = CUDA_MIN_DRIVER[s.cuda_toolkit]
+    floor = Version(text).major
+    if int(s.driver_branch) < floor:
+        fits = "".join(f"; or {PREFIX}cuda_toolkit = {c!r}" for c in CUDA_TOOLKITS
+                       if int(s.driver_branch) >= Version(CUDA_MIN_DRIVER[c]).major)
+        raise _fail(host, "driver_branch", s.driver_branch,
+                    f"with {PREFIX}cuda_toolkit = {s.cuda_toolkit!r}, a branch that supports "
+                    f"CUDA {s.cuda_toolkit} (driver >= {text}): "
+                    + ", ".join(b for b in DRIVER_BRANCHES if int(b) >= floor) + fits)
     if s.driver_version is not None and not s.driver_version.startswith(f"{s.driver_branch}."):
         raise _fail(host, "driver_version", s.driver_version,
                     f"a version of driver branch {s.driver_branch} ({PREFIX}driver_branch)")
-    if s.driver_version is not None and Version(s.driver_version) < minimum:
-        raise _fail(host, "driver_version", s.driver_version, f"a driver >= {CUDA_MIN_DRIVER[s.cuda_toolkit]}, the "
+    if s.driver_version is not None and Version(s.driver_version) < Version(text):
+        raise _fail(host, "driver_version", s.driver_version, f"a driver >= {text}, the "
                     f"minimum for CUDA {s.cuda_toolkit} ({PREFIX}cuda_toolkit)")
 
 
@@ -1621,8 +1621,8 @@ def _check_torch_cuda(host: str, s: Settings, lock: Any) -> None:
     if Version(cuda).major != Version(s.cuda_toolkit).major:
         raise _fail(host, "cuda_toolkit", s.cuda_toolkit,
                     f"a CUDA {Version(cuda).major}.x toolkit: the locked torch "
-                    f"{lock.get('torch').version} is built for CUDA {cuda}, and what builds against "
-                    f"it (flash-attn, FlashInfer's JIT) needs an nvcc of the same major "
+                    f"{lock.get('torch').version} is built for CUDA {cuda}, and what builds "
+                    f"against it (flash-attn, FlashInfer's JIT) needs an nvcc of that major "
                     f"({PREFIX}lock = {s.lock!r})")
     if cuda == s.cuda_toolkit:
         return  # the same minimum as the toolkit's: _check_driver says it

@@ -211,9 +211,9 @@ def header(stack: str, cmd: list[str], notes: list[str], facts: dict) -> str:
         f"#   regenerate: python tools/lock.py {stack}",
         f"#   which runs: {' '.join(cmd)}",
         f"# Input: locks/{stack}.in. Every requirement is pinned with == and carries its sha256",
-        *(["# hashes. Install with pip --require-hashes --no-deps; flash-attn (an sdist) last, with",
-           "# --no-build-isolation once torch and its build requirements are in (locks/README.md)."]
-          if facts.get("flash-attn") else
+        *(["# hashes. Install with pip --require-hashes --no-deps; flash-attn (an sdist) last, "
+           "with\n# --no-build-isolation once torch and its build requirements are in "
+           "(locks/README.md)."] if facts.get("flash-attn") else
           ["# hashes. Install with pip --require-hashes --no-deps (locks/README.md)."]),
         "#",
         f"# sglang {facts['sglang']} Requires-Dist (its wheel's METADATA): {pins}.",
