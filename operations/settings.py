@@ -1183,13 +1183,13 @@ def _check_key(host: str, key: Any, value: Any) -> None:
         return
     name = key[len(PREFIX):]
     if name not in _FIELDS:
-        # Compared without the prefix, which every key shares and would make all look close.
-        close = difflib.get_close_matches(name, sorted(_FIELDS), n=1, cutoff=0.7)
+        # Compared without the prefix, which every key shares; issue 39 names the CUDA key so
+        close = {"cuda_version": ["cuda_toolkit"]}.get(name) or difflib.get_close_matches(
+            name, sorted(_FIELDS), n=1, cutoff=0.7)
         hint = (f" did you mean {PREFIX}{close[0]}?" if close
                 else f" known keys: {', '.join(known)}")
         raise SettingsError(f"host {host}: unknown key {key}:{hint}", key=key)
-    if name in _NUMBER_AS_TEXT and isinstance(value, (int, float)) \
-            and not isinstance(value, bool):
+    if name in _NUMBER_AS_TEXT and isinstance(value, (int, float)) and not isinstance(value, bool):
         value = str(value)
     if _control_characters(value):
         raise _fail(host, name, value, "a value without control characters (newlines, "

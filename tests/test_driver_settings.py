@@ -142,3 +142,10 @@ def test_the_cuda13_stack_below_the_r580_floor_is_refused_once(data, message):
     assert str(err.value) == message
     assert from_host_data("gpu1", {"gpuhost_cuda_toolkit": "13.0",
                                    "gpuhost_driver_version": "580.65.06"}).driver_branch == "580"
+
+
+def test_the_issues_name_for_the_cuda_key_points_to_it():
+    with pytest.raises(SettingsError) as err:
+        from_host_data("gpu1", {"gpuhost_cuda_version": "13.0"})
+    assert str(err.value) == ("host gpu1: unknown key gpuhost_cuda_version: did you mean "
+                              "gpuhost_cuda_toolkit?")
