@@ -20,7 +20,8 @@ gpuhost_model = "lukealonso/GLM-5-NVFP4"
 gpuhost_served_model_name = "glm-5"
 gpuhost_tensor_parallel_size = 8
 
-# The driver branch and the CUDA toolkit: branch 580 supports both CUDA 12.8 and Blackwell.
+# The driver branch and the CUDA stack: branch 580 supports CUDA 12.8, CUDA 13.0 and Blackwell.
+# gpuhost_cuda_toolkit picks the toolkit and its lock (locks/cuda12.8.txt, locks/cuda13.0.txt);
+# gpuhost_lock, set, names another lock.
 gpuhost_driver_branch = "580"
 gpuhost_cuda_toolkit = "12.8"
-gpuhost_lock = "locks/cuda12.8.txt"

@@ -14,7 +14,10 @@ Sources read on 2026-12-06: voipmonitor/rtx6kpro's models/glm5.md at commit
 b80ffe7d9dbda90e4524274cd72ab2494aa4bceb (2026-03-31; the benchmark tables of commit b13bf21,
 2026-03-30, are unchanged there and at the page's head, 29f3863 of 2026-05-04), the sglang
 0.5.9 and 0.5.10 parsers (locks/sglang-0.5.9.args.json, locks/sglang-0.5.10.args.json) and
-sglang-0.5.9-py3-none-any.whl's sglang/srt/server_args.py and sglang/srt/environ.py.
+sglang-0.5.9-py3-none-any.whl's sglang/srt/server_args.py and sglang/srt/environ.py; for the
+CUDA 13 stack (locks/cuda13.0.txt), the sglang 0.5.17 parser (locks/sglang-0.5.17.args.json)
+and sglang-0.5.17-cp312-cp312-manylinux_2_34_x86_64.whl's fp4_utils.py and
+speculative/base_spec_worker.py. Each profile names the CUDA its figure was measured on.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class LaunchProfile:
     + summary: one line
     + source: where the launch is published (a page at a commit, a file)
     + figure: what it measured, with the stack it ran on ("" where nothing was measured)
+    + cuda: the CUDA release of the stack it was measured on ("13.0": torch 2.11 cu130)
     + compute_capability: a PEP 440 specifier of the GPUs' compute capability
     + architectures: model architectures (config.json's ``architectures[0]``)
     + sglang: a PEP 440 specifier of the locked sglang's version ("" for any)
@@ -63,6 +67,7 @@ class LaunchProfile:
     summary: str
     source: str
     figure: str
+    cuda: str
     compute_capability: str
     architectures: tuple[str, ...]
     sglang: str
@@ -95,6 +100,8 @@ _FIELD_FIGURE: Final = (
     "context 0; 1424.6 at 64 with MTP NEXTN): 8 x RTX PRO 6000 Blackwell, TP 8, "
     "GLM-5-NVFP4, sglang built from source with SM120 patches, torch 2.11 cu130, March 2026 "
     f"({_FIELD}, Benchmark Results)")
+#: The CUDA the page's builds ran: torch 2.11 cu130 (its figure's stack, above).
+_FIELD_CUDA: Final = "13.0"
 _SM12X: Final = ">=12.0,<13.0"
 _GLM5: Final = ("GlmMoeDsaForCausalLM",)
 
@@ -175,6 +182,7 @@ PROFILES: Final[tuple[LaunchProfile, ...]] = (
                 "CUTLASS MoE and FP4 GEMM, BF16 KV cache, FlashInfer attention",
         source=_FIELD,
         figure=_FIELD_FIGURE,
+        cuda=_FIELD_CUDA,
         compute_capability=_SM12X,
         architectures=_GLM5,
         sglang=">=0.5.9",
@@ -191,6 +199,7 @@ PROFILES: Final[tuple[LaunchProfile, ...]] = (
                 "FlashInfer's CUTLASS one (0.5.9 has no --fp4-gemm-backend cutlass)",
         source=_FIELD,
         figure=_FIELD_FIGURE,
+        cuda=_FIELD_CUDA,
         compute_capability=_SM12X,
         architectures=_GLM5,
         sglang=">=0.5.9,<0.5.10",
@@ -206,6 +215,28 @@ PROFILES: Final[tuple[LaunchProfile, ...]] = (
         left=_FIELD_LEFT,
     ),
     LaunchProfile(
+        name="field-glm5-sm120-cuda13",
+        summary="field-glm5-sm120 on the CUDA 13 stack's sglang (locks/cuda13.0.txt): its FP4 "
+                "GEMM backend is FlashInfer's CUTLASS one (no --fp4-gemm-backend cutlass there)",
+        source=_FIELD,
+        figure=_FIELD_FIGURE,
+        cuda=_FIELD_CUDA,
+        compute_capability=_SM12X,
+        architectures=_GLM5,
+        # 0.5.11 is the first sglang on torch 2.11 cu130; 0.5.20 dropped --nsa-*-backend
+        sglang=">=0.5.11,<0.5.20",
+        values=(*_FIELD_COMMON,
+                Value("fp4_gemm_backend", "flashinfer_cutlass", "the page's "
+                      "--fp4-gemm-backend cutlass is not among sglang 0.5.17's choices "
+                      "(locks/sglang-0.5.17.args.json); sglang-0.5.17's "
+                      "sglang/srt/layers/quantization/fp4_utils.py (initialize_fp4_gemm_config) "
+                      "resolves auto to flashinfer_cutlass on SM120, made explicit"),
+                Value("speculative_num_draft_tokens", 5, "the page's 6 with 4 steps and "
+                      "topk 1: sglang 0.5.17 asserts draft tokens == steps + 1 for topk 1 "
+                      "(sglang/srt/speculative/base_spec_worker.py)")),
+        left=_FIELD_LEFT,
+    ),
+    LaunchProfile(
         name="reference-lab",
         summary="the reference lab's hand-made launch (FP8 KV cache, FlashInfer CUTLASS MoE, "
                 "trtllm NSA backends)",
@@ -214,6 +245,7 @@ PROFILES: Final[tuple[LaunchProfile, ...]] = (
                "made explicit as what sglang 0.5.9 resolves it to)",
         figure="about 225 output tok/s (516 total) at 64 concurrent requests, 11 tok/s for "
                "one stream: 8 x RTX PRO 6000 Blackwell, TP 8, sglang 0.5.9, CUDA 12.8",
+        cuda="12.8",
         compute_capability=_SM12X,
         architectures=_GLM5,
         sglang="==0.5.9",
@@ -298,12 +330,13 @@ def shown(setting: str, value: Any) -> str:
 
 def report(profile: LaunchProfile | None, given: Iterable[str],
            passed_over: Iterable[tuple[str, str]], sglang: str, named: bool,
-           whole: bool) -> list[str]:
+           whole: bool, cuda: str | None = None) -> list[str]:
     """What the plan says of a host's launch profile: its name, how it was chosen (named by
     gpuhost_launch_profile, or the first the locked sglang accepts, with the profiles passed
     over and why), its source and figure; then every value it set (``whole``: one line each
     with its reason, then what of the source launch it left out; else all in one line) and
-    the keys of the host's own that won over it."""
+    the keys of the host's own that won over it; where the host's stack runs another CUDA
+    (``cuda``, gpuhost_cuda_toolkit) than the profile was measured on, a line that says so."""
     passed = "; ".join(f"{name} passed over: {why}" for name, why in passed_over)
     if profile is None:
         return [f"no launch profile for these GPUs, model architecture and sglang {sglang}"
@@ -324,6 +357,10 @@ def report(profile: LaunchProfile | None, given: Iterable[str],
         lines.append(f"launch profile {profile.name} sets "
                      + "; ".join(shown(v.setting, v.value) for v in ours)
                      + " (--dry: the reason for each)")
+    if cuda is not None and cuda != profile.cuda:
+        lines.append(f"launch profile {profile.name} was measured on CUDA {profile.cuda}; this "
+                     f"host's stack is CUDA {cuda} (gpuhost_cuda_toolkit): its figure is not "
+                     "this stack's")
     if mine:
         lines.append(f"launch profile {profile.name}: your own "
                      + ", ".join(f"gpuhost_{v.setting}" for v in mine)

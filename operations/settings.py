@@ -55,8 +55,9 @@ CUDA_MIN_DRIVER: Final[Mapping[str, str]] = {
     "13.0": "580.65.06",
 }
 
-#: CUDA toolkits this toolkit installs (NVIDIA's cuda-toolkit-X-Y in /usr/local/cuda-X.Y).
-CUDA_TOOLKITS: Final = ("12.8", "13.0")
+#: CUDA toolkits this toolkit installs (NVIDIA's cuda-toolkit-X-Y in /usr/local/cuda-X.Y), each
+#: with its stack's lock, which a host without gpuhost_lock gets (locks/README.md).
+CUDA_TOOLKITS: Final = {"12.8": "locks/cuda12.8.txt", "13.0": "locks/cuda13.0.txt"}
 
 #: The CUDA release of PyPI's default Linux x86_64 torch wheels (no local version, no
 #: nvidia-cuda-runtime pin in the lock), by torch release (pytorch.org "Previous versions",
@@ -724,8 +725,10 @@ HELP: Final[Mapping[str, str]] = {
         "`\"refuse\"` the run, `\"keep\"` it as it is (checked against the CUDA minimum), or "
         "`\"replace\"` it with NVIDIA's packages"),
     "cuda_toolkit": (
-        "CUDA toolkit to install (`cuda-toolkit-12-8` in `/usr/local/cuda-12.8`); `\"13.0\"` also "
-        "known"),
+        "the CUDA stack: the toolkit to install (`cuda-toolkit-12-8` in `/usr/local/cuda-12.8`; "
+        "`\"13.0\"`: `cuda-toolkit-13-0`, driver branch 580 or newer) and, unless "
+        "`gpuhost_lock` is set, its lock (`locks/cuda12.8.txt`, `locks/cuda13.0.txt`); "
+        "docs/driver.md"),
     "cuda_repo_url": "base URL of NVIDIA's CUDA repository (a mirror's, or the sandbox's)",
     "cuda_keyring_sha256": (
         "sha256 the repository's `cuda-archive-keyring.gpg` must have; None checks nothing beyond "
@@ -752,7 +755,8 @@ HELP: Final[Mapping[str, str]] = {
         "missing, a symlink (replaced), an empty folder, or a venv of an earlier gpuhost holding "
         "nothing but what a venv has, which is removed once the lock's venv passed the health "
         "gate; a file or a folder holding anything else is named and left alone"),
-    "lock": "the ML stack lock (relative to the repository, or absolute)",
+    "lock": ("the ML stack lock (relative to the repository, or absolute); unset, the lock of "
+             "`gpuhost_cuda_toolkit`'s stack"),
     "pip_index_url": "the package index the lock installs from",
     "max_jobs": "lower flash-attn's MAX_JOBS below the computed bound (never above it)",
     "nvcc_threads": "lower flash-attn's NVCC_THREADS (default 4, or fewer on small hosts)",
@@ -1014,6 +1018,8 @@ def _typed(data: Mapping[str, Any]) -> dict[str, Any]:
                                                 "api_gate_trusted_peers",
                                                 "server_local_users", "tls_names") \
             else value
+    if (cuda := values.get("cuda_toolkit", Settings.cuda_toolkit)) in CUDA_TOOLKITS:
+        values.setdefault("lock", CUDA_TOOLKITS[cuda])
     return values
 
 
@@ -1177,13 +1183,13 @@ def _check_key(host: str, key: Any, value: Any) -> None:
         return
     name = key[len(PREFIX):]
     if name not in _FIELDS:
-        # Compared without the prefix, which every key shares and would make all look close.
-        close = difflib.get_close_matches(name, sorted(_FIELDS), n=1, cutoff=0.7)
+        # Compared without the prefix, which every key shares; issue 39 names the CUDA key so
+        close = {"cuda_version": ["cuda_toolkit"]}.get(name) or difflib.get_close_matches(
+            name, sorted(_FIELDS), n=1, cutoff=0.7)
         hint = (f" did you mean {PREFIX}{close[0]}?" if close
                 else f" known keys: {', '.join(known)}")
         raise SettingsError(f"host {host}: unknown key {key}:{hint}", key=key)
-    if name in _NUMBER_AS_TEXT and isinstance(value, (int, float)) \
-            and not isinstance(value, bool):
+    if name in _NUMBER_AS_TEXT and isinstance(value, (int, float)) and not isinstance(value, bool):
         value = str(value)
     if _control_characters(value):
         raise _fail(host, name, value, "a value without control characters (newlines, "
@@ -1247,32 +1253,23 @@ def _check_flavour(host: str, s: Settings) -> None:
 
 
 def _check_driver(host: str, s: Settings) -> None:
-    minimum = Version(CUDA_MIN_DRIVER[s.cuda_toolkit])
-    branch_ok = Version(s.driver_branch) >= Version(str(minimum.major))
-    if not branch_ok:
-        raise _fail(
-            host,
-            "driver_branch",
-            s.driver_branch,
-            f"a branch that supports CUDA {s.cuda_toolkit} (driver >= {CUDA_MIN_DRIVER[s.cuda_toolkit]}): "
-            + ", ".join(b for b in DRIVER_BRANCHES if Version(b) >= Version(str(minimum.major))),
-        )
-    if s.driver_version is not None:
-        if not s.driver_version.startswith(f"{s.driver_branch}."):
-            raise _fail(
-                host,
-                "driver_version",
-                s.driver_version,
-                f"a version of driver branch {s.driver_branch} ({PREFIX}driver_branch)",
-            )
-        if Version(s.driver_version) < minimum:
-            raise _fail(
-                host,
-                "driver_version",
-                s.driver_version,
-                f"a driver >= {CUDA_MIN_DRIVER[s.cuda_toolkit]}, the minimum for CUDA "
-                f"{s.cuda_toolkit}",
-            )
+    """The driver branch (and version) at least the minimum of gpuhost_cuda_toolkit's CUDA
+    (CUDA_MIN_DRIVER: NVIDIA's release notes, Table 3; CUDA 13.0 needs R580, >= 580.65.06)."""
+    text = CUDA_MIN_DRIVER[s.cuda_toolkit]
+    floor = Version(text).major
+    if int(s.driver_branch) < floor:
+        fits = "".join(f"; or {PREFIX}cuda_toolkit = {c!r}" for c in CUDA_TOOLKITS
+                       if int(s.driver_branch) >= Version(CUDA_MIN_DRIVER[c]).major)
+        raise _fail(host, "driver_branch", s.driver_branch,
+                    f"with {PREFIX}cuda_toolkit = {s.cuda_toolkit!r}, a branch that supports "
+                    f"CUDA {s.cuda_toolkit} (driver >= {text}): "
+                    + ", ".join(b for b in DRIVER_BRANCHES if int(b) >= floor) + fits)
+    if s.driver_version is not None and not s.driver_version.startswith(f"{s.driver_branch}."):
+        raise _fail(host, "driver_version", s.driver_version,
+                    f"a version of driver branch {s.driver_branch} ({PREFIX}driver_branch)")
+    if s.driver_version is not None and Version(s.driver_version) < Version(text):
+        raise _fail(host, "driver_version", s.driver_version, f"a driver >= {text}, the "
+                    f"minimum for CUDA {s.cuda_toolkit} ({PREFIX}cuda_toolkit)")
 
 
 def _check_lock(host: str, s: Settings) -> None:
@@ -1624,8 +1621,11 @@ def _check_torch_cuda(host: str, s: Settings, lock: Any) -> None:
     if Version(cuda).major != Version(s.cuda_toolkit).major:
         raise _fail(host, "cuda_toolkit", s.cuda_toolkit,
                     f"a CUDA {Version(cuda).major}.x toolkit: the locked torch "
-                    f"{lock.get('torch').version} is built for CUDA {cuda}, and flash-attn's "
-                    f"build needs an nvcc of the same major ({PREFIX}lock = {s.lock!r})")
+                    f"{lock.get('torch').version} is built for CUDA {cuda}, and what builds "
+                    f"against it (flash-attn, FlashInfer's JIT) needs an nvcc of that major "
+                    f"({PREFIX}lock = {s.lock!r})")
+    if cuda == s.cuda_toolkit:
+        return  # the same minimum as the toolkit's: _check_driver says it
     text = CUDA_MIN_DRIVER[cuda]
     minimum = Version(text)
     if s.driver_version is not None and Version(s.driver_version) < minimum:

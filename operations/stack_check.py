@@ -3,6 +3,9 @@ sglang (operations/sglang_choices.py), printed for each host; a certain failure 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
@@ -56,6 +59,18 @@ def model_architecture(config_text: str | None) -> str | None:
     return None if config_text is None else architecture(config_text)[0]
 
 
+def stack_line(settings: Settings, versions: Mapping[str, str], data: Mapping[str, Any]) -> str:
+    """The host's CUDA stack in one line: the toolkit (gpuhost_cuda_toolkit), the lock and
+    whether gpuhost_lock named it or it is the toolkit's (settings.CUDA_TOOLKITS), and the
+    lock's sglang, torch and flashinfer."""
+    how = (f"{PREFIX}lock" if f"{PREFIX}lock" in data
+           else f"the lock of CUDA {settings.cuda_toolkit}'s stack")
+    pins = ", ".join(f"{name} {versions[name]}" for name in
+                     ("sglang", "torch", "flashinfer-python", "flash-attn") if name in versions)
+    return (f"CUDA {settings.cuda_toolkit} ({PREFIX}cuda_toolkit: {settings.cuda_home}), lock "
+            f"{settings.lock} ({how}): {pins}")
+
+
 @deploy("Stack")
 def known_behaviour(settings: Settings) -> None:
     """Name the host's launch profile (operations/launch_profiles.py), its source and what it
@@ -71,11 +86,12 @@ def known_behaviour(settings: Settings) -> None:
         lock = read_lock(settings.lock_path)
     except LockError:
         return  # refused while the settings were read
+    versions = lock.versions()
+    logger.info(f"{host.print_prefix}Stack: {stack_line(settings, versions, host.data.dict())}")
     choice = profile_choice(host.name, host.data.dict())
     for line in report(choice.profile, choice.given, choice.passed_over, choice.sglang,
-                       choice.named, whole=is_dry_run()):
+                       choice.named, whole=is_dry_run(), cuda=settings.cuda_toolkit):
         logger.info(f"{host.print_prefix}Stack: {line}")
-    versions = lock.versions()
     sglang = versions.get("sglang", "")
     try:
         ep = expert_parallel(list(settings.server_extra_args), load_parser_spec(sglang))

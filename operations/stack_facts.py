@@ -65,6 +65,8 @@ class StackFact:
     + expert_parallel_only: only with expert parallelism or a MoE all-to-all backend
     + workaround: what to do about a risk
     + change, alternatives: for a refusal, the setting to change and the values allowed instead
+    + cuda: the CUDA release of the stack the source saw it on, where only a page's builds
+      tell ("13.0": the field page's torch 2.11 cu130); "" where the versions above say it
     """
 
     name: str
@@ -83,6 +85,7 @@ class StackFact:
     workaround: str = ""
     change: str | None = None
     alternatives: tuple[str, ...] = ()
+    cuda: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,8 @@ _SGLANG_059: Final = "sglang-0.5.9-py3-none-any.whl"
 #: voipmonitor/rtx6kpro's GLM-5 page (operations/launch_profiles.py reads its launch).
 _FIELD: Final = ("https://github.com/voipmonitor/rtx6kpro/blob/"
                  "b80ffe7d9dbda90e4524274cd72ab2494aa4bceb/models/glm5.md")
+#: The CUDA of the page's builds (torch 2.11 cu130; operations/launch_profiles.py).
+_FIELD_CUDA: Final = "13.0"
 
 #: The table. Sources read on 2026-12-01 (the rows after flashinfer-cutlass-fp4-gemm-pdl-race on
 #: 2026-12-06).
@@ -255,6 +260,7 @@ FACTS: Final[tuple[StackFact, ...]] = (
         where=(Condition("kv_cache_dtype", ("fp8_e4m3", "fp8_e5m2", "auto")),),
         workaround=f"set {PREFIX}kv_cache_dtype to bf16 (the launch profiles' field-glm5-sm120 "
                    "value; about 200K tokens of context at mem fraction 0.92 by the page)",
+        cuda=_FIELD_CUDA,
     ),
     # A warning: the reference lab served on sglang 0.5.9 without these variables.
     StackFact(
@@ -272,6 +278,7 @@ FACTS: Final[tuple[StackFact, ...]] = (
         where=(EnvCondition("SGLANG_ENABLE_JIT_DEEPGEMM", (None, "1", "true", "True")),),
         workaround=f"keep SGLANG_ENABLE_JIT_DEEPGEMM=0 and SGLANG_ENABLE_DEEP_GEMM=0 in "
                    f"{PREFIX}server_env (the launch profile's field-glm5-sm120 environment)",
+        cuda=_FIELD_CUDA,
     ),
     # Corrected, and said so: the deploy sets the variable (operations/server.py, server_env).
     StackFact(
@@ -288,6 +295,7 @@ FACTS: Final[tuple[StackFact, ...]] = (
         where=(Condition("speculative_algorithm", ("NEXTN",)),),
         workaround="none needed: the deploy puts SGLANG_ENABLE_SPEC_V2=True in the server's "
                    "environment whenever gpuhost_speculative_algorithm is set",
+        cuda=_FIELD_CUDA,
     ),
     StackFact(
         name="flashinfer-cutedsl-moe-ep-sm12x",
@@ -377,4 +385,7 @@ def describe(row: StackFact, target: Target) -> str:
                 f"one of {', '.join(row.alternatives)}")
     else:
         todo = f"workaround: {row.workaround}"
-    return f"{row.name}: {about}: {row.happens}; {todo} [source: {row.source}]"
+    seen = (f"; seen on CUDA {row.cuda} builds, this host's stack is CUDA "
+            f"{target.settings.cuda_toolkit}" if row.cuda and row.cuda !=
+            target.settings.cuda_toolkit else "")
+    return f"{row.name}: {about}: {row.happens}; {todo} [source: {row.source}{seen}]"

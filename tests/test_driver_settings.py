@@ -44,8 +44,8 @@ def test_driver_too_old_for_the_locked_torch(tmp_path):
     lock = lock_with(tmp_path, "torch==2.9.1+cu130")
     with pytest.raises(SettingsError) as err:
         settings(lock, gpuhost_driver_branch="575", gpuhost_cuda_toolkit="13.0")
-    assert "gpuhost_driver_branch = '575' is not allowed: a branch that supports CUDA 13.0 " \
-        "(driver >= 580.65.06)" in str(err.value)
+    assert "gpuhost_driver_branch = '575' is not allowed: with gpuhost_cuda_toolkit = '13.0', " \
+        "a branch that supports CUDA 13.0 (driver >= 580.65.06)" in str(err.value)
     with pytest.raises(SettingsError) as err:
         settings(lock, gpuhost_driver_version="580.65.05", gpuhost_cuda_toolkit="13.0")
     assert "gpuhost_driver_version = '580.65.05' is not allowed: a driver >= 580.65.06" in str(
@@ -69,8 +69,8 @@ def test_unknown_torch_cuda_is_refused(tmp_path):
     ("data", "message"),
     [
         ({"gpuhost_driver_branch": "550"},
-         ("gpuhost_driver_branch = '550' is not allowed: a branch that supports CUDA 12.8 "
-         "(driver >= 570.26)")),
+         ("gpuhost_driver_branch = '550' is not allowed: with gpuhost_cuda_toolkit = '12.8', "
+          "a branch that supports CUDA 12.8 (driver >= 570.26)")),
         ({"gpuhost_driver_branch": 581},  # a number, as pyinfra's --data gives it
          "gpuhost_driver_branch = '581' is not allowed: one of 535, 550"),
         ({"gpuhost_driver_flavour": "nouveau"},
@@ -101,3 +101,51 @@ def test_bad_driver_data(tmp_path, data, message):
 def test_every_toolkit_has_a_minimum_driver():
     from operations.settings import CUDA_TOOLKITS
     assert set(CUDA_TOOLKITS) <= set(CUDA_MIN_DRIVER)
+
+
+def test_the_cuda_toolkit_picks_its_stacks_lock_unless_gpuhost_lock_is_set():
+    from pathlib import Path
+
+    from operations import REPO_ROOT
+    from operations.settings import CUDA_TOOLKITS
+    assert set(CUDA_TOOLKITS) == {"12.8", "13.0"}
+    assert from_host_data("gpu1", {}).lock == "locks/cuda12.8.txt"
+    thirteen = from_host_data("gpu1", {"gpuhost_cuda_toolkit": 13.0})  # as --data gives it
+    assert (thirteen.cuda_toolkit, thirteen.lock) == ("13.0", "locks/cuda13.0.txt")
+    for cuda, lock in CUDA_TOOLKITS.items():  # each lock's torch is its toolkit's CUDA
+        assert torch_cuda(read_lock(Path(REPO_ROOT / lock))) == cuda
+    # a lock named in host data wins, and must be of the toolkit's CUDA major
+    with pytest.raises(SettingsError) as err:
+        from_host_data("gpu1", {"gpuhost_cuda_toolkit": "13.0",
+                                "gpuhost_lock": "locks/cuda12.8.txt"})
+    assert str(err.value).startswith(
+        "host gpu1: gpuhost_cuda_toolkit = '13.0' is not allowed: a CUDA 12.x toolkit: the "
+        "locked torch 2.9.1 is built for CUDA 12.8")
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"gpuhost_cuda_toolkit": "13.0", "gpuhost_driver_branch": "570"},
+     "host gpu1: gpuhost_driver_branch = '570' is not allowed: with gpuhost_cuda_toolkit = "
+     "'13.0', a branch that supports CUDA 13.0 (driver >= 580.65.06): 580, 590; or "
+     "gpuhost_cuda_toolkit = '12.8'."),
+    ({"gpuhost_cuda_toolkit": "13.0", "gpuhost_driver_branch": "535"},
+     "host gpu1: gpuhost_driver_branch = '535' is not allowed: with gpuhost_cuda_toolkit = "
+     "'13.0', a branch that supports CUDA 13.0 (driver >= 580.65.06): 580, 590."),
+    ({"gpuhost_cuda_toolkit": "13.0", "gpuhost_driver_version": "580.65.05"},
+     "host gpu1: gpuhost_driver_version = '580.65.05' is not allowed: a driver >= 580.65.06, "
+     "the minimum for CUDA 13.0 (gpuhost_cuda_toolkit)."),
+])
+def test_the_cuda13_stack_below_the_r580_floor_is_refused_once(data, message):
+    # one line per cause: the CUDA 13 lock's torch needs what the toolkit needs, said once
+    with pytest.raises(SettingsError) as err:
+        from_host_data("gpu1", data)
+    assert str(err.value) == message
+    assert from_host_data("gpu1", {"gpuhost_cuda_toolkit": "13.0",
+                                   "gpuhost_driver_version": "580.65.06"}).driver_branch == "580"
+
+
+def test_the_issues_name_for_the_cuda_key_points_to_it():
+    with pytest.raises(SettingsError) as err:
+        from_host_data("gpu1", {"gpuhost_cuda_version": "13.0"})
+    assert str(err.value) == ("host gpu1: unknown key gpuhost_cuda_version: did you mean "
+                              "gpuhost_cuda_toolkit?")

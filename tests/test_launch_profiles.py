@@ -62,8 +62,9 @@ def test_sglang_0510_gets_the_field_profile_as_published(lock):
 
 @pytest.mark.parametrize("profile", [p.name for p in PROFILES])
 def test_each_profile_accepted_by_a_locked_sglang_renders_what_it_says(lock, profile):
-    version = "0.5.10" if profile == "field-glm5-sm120" else "0.5.9"
-    s = settings(lock(LOCK_0510 if version == "0.5.10" else LOCK_059),
+    version = {"field-glm5-sm120": "0.5.10", "field-glm5-sm120-cuda13": "0.5.17"}.get(profile,
+                                                                                    "0.5.9")
+    s = settings(lock(f"sglang=={version} --hash=sha256:{'0' * 64}\n"),
                  gpuhost_launch_profile=profile)
     check_server_args(server_args(s), load_parser_spec(version))
     for setting, value in named(profile).settings().items():
@@ -99,7 +100,7 @@ def test_the_reference_lab_profile_can_be_named(lock):
 @pytest.mark.parametrize(("data", "message"), [
     ({"gpuhost_launch_profile": "fastest"},
      "gpuhost_launch_profile = 'fastest' is not allowed: one of field-glm5-sm120, "
-     "field-glm5-sm120-sglang0.5.9, reference-lab, or None"),
+     "field-glm5-sm120-sglang0.5.9, field-glm5-sm120-cuda13, reference-lab, or None"),
     ({"gpuhost_launch_profile": "field-glm5-sm120"},
      "gpuhost_launch_profile = 'field-glm5-sm120' is not allowed: a profile whose flags the "
      "locked sglang 0.5.9 accepts (--fp4-gemm-backend cutlass: sglang 0.5.9 allows only"),
@@ -152,3 +153,30 @@ def test_the_plan_names_the_profile_its_source_and_every_value(lock):
 def _report_args(lock_path, **data):
     choice = profile_choice("gpu1", {"gpuhost_lock": lock_path, **data})
     return choice.profile, choice.given, choice.passed_over, choice.sglang, choice.named
+
+
+def test_the_cuda13_stack_gets_the_field_profile_with_flashinfers_fp4_gemm():
+    # gpuhost_cuda_toolkit alone picks locks/cuda13.0.txt (sglang 0.5.17), whose
+    # --fp4-gemm-backend has no cutlass: the published profile is passed over, saying why
+    s = from_host_data("gpu1", {"gpuhost_cuda_toolkit": "13.0"})
+    assert (s.lock, s.launch_profile) == ("locks/cuda13.0.txt", "field-glm5-sm120-cuda13")
+    assert (s.fp4_gemm_backend, s.speculative_num_draft_tokens) == ("flashinfer_cutlass", 5)
+    choice = profile_choice("gpu1", {"gpuhost_cuda_toolkit": "13.0"})
+    ((passed, why),) = choice.passed_over
+    assert passed == "field-glm5-sm120"
+    assert why.startswith("--fp4-gemm-backend cutlass: sglang 0.5.17 allows only auto, ")
+
+
+def test_the_plan_says_which_cuda_a_profile_was_measured_on(lock):
+    assert {p.name: p.cuda for p in PROFILES} == {
+        "field-glm5-sm120": "13.0", "field-glm5-sm120-sglang0.5.9": "13.0",
+        "field-glm5-sm120-cuda13": "13.0", "reference-lab": "12.8"}
+    on_128 = report(*_report_args(lock()), whole=False, cuda="12.8")
+    assert ("launch profile field-glm5-sm120-sglang0.5.9 was measured on CUDA 13.0; this "
+            "host's stack is CUDA 12.8 (gpuhost_cuda_toolkit): its figure is not this "
+            "stack's") in on_128
+    assert report(*_report_args(lock()), whole=False, cuda="13.0") == \
+        report(*_report_args(lock()), whole=False)
+    lab = report(*_report_args(lock(), gpuhost_launch_profile="reference-lab"), whole=False,
+                 cuda="12.8")
+    assert not any("was measured on" in line for line in lab)

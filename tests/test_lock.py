@@ -137,6 +137,26 @@ def test_torch_is_the_cuda_12_8_build(lock):
     assert not any(name.endswith("-cu13") for name in lock)
 
 
+def test_the_cuda13_lock_is_sglangs_torch_a_cuda_13_0_build_and_builds_nothing():
+    # locks/cuda13.0.txt (gpuhost_cuda_toolkit = "13.0"): sglang 0.5.17's METADATA pins
+    # torch==2.11.0, whose PyPI wheel needs CUDA 13's runtime wheel (nvidia-cuda-runtime,
+    # no -cu13 suffix from CUDA 13 on) and an R580 driver
+    text = (LOCKS / "cuda13.0.txt").read_text()
+    lock13 = lock_requirements(text)
+    assert len(lock13) > 50 and all(r["hashes"] for r in lock13.values())
+    head = text.split("\n\n")[0]
+    assert "python tools/lock.py cuda13.0" in head
+    assert "--python-platform x86_64-manylinux_2_34" in head and "--python-version 3.12" in head
+    assert "Minimum NVIDIA driver: 580.65.06 (R580)." in head
+    assert lock13["sglang"]["version"] == "0.5.17"
+    pins = re.search(r"# sglang 0\.5\.17 Requires-Dist[^:]*:(.*)", text).group(1)
+    assert "torch==2.11.0" in pins and lock13["torch"]["version"] == "2.11.0"
+    assert lock13["nvidia-cuda-runtime"]["version"].startswith("13.0.")
+    assert "nvidia-cuda-runtime-cu12" not in lock13 and "nvidia-nccl-cu13" in lock13
+    assert "flash-attn" not in lock13 and "flash-attn-4" in lock13  # a wheel: nothing to build
+    assert (LOCKS / "sglang-0.5.17.args.json").is_file()
+
+
 def test_flash_attn_and_its_build_requirements_are_locked(lock):
     for name in ("flash-attn", "setuptools", "wheel", "packaging", "ninja", "psutil",
                  "huggingface-hub"):

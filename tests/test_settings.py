@@ -84,7 +84,8 @@ def test_pyinfra_keys_are_left_alone(lock):
         ({"gpuhost_served_model_name": ""},
          "gpuhost_served_model_name = '' is not allowed: a name of letters"),
         ({"gpuhost_driver_branch": "535"},
-         "gpuhost_driver_branch = '535' is not allowed: a branch that supports CUDA 12.8 "
+         "gpuhost_driver_branch = '535' is not allowed: with gpuhost_cuda_toolkit = '12.8', a "
+         "branch that supports CUDA 12.8 "
          "(driver >= 570.26): 570, 575, 580, 590"),
         ({"gpuhost_driver_branch": "999"},
          "gpuhost_driver_branch = '999' is not allowed: one of 535, 550, 560, 565, 570, 575, "
@@ -101,7 +102,9 @@ def test_pyinfra_keys_are_left_alone(lock):
         ({"gpuhost_cuda_toolkit": "12.4"},
          "gpuhost_cuda_toolkit = '12.4' is not allowed: one of 12.8, 13.0"),
         ({"gpuhost_cuda_toolkit": "13.0", "gpuhost_driver_branch": "570"},
-         "gpuhost_driver_branch = '570' is not allowed: a branch that supports CUDA 13.0"),
+         "gpuhost_driver_branch = '570' is not allowed: with gpuhost_cuda_toolkit = '13.0', a "
+         "branch that supports CUDA 13.0 (driver >= 580.65.06): 580, 590; or "
+         "gpuhost_cuda_toolkit = '12.8'."),
         ({"gpuhost_compute_capability": "sm120"},
          "gpuhost_compute_capability = 'sm120' is not allowed: a compute capability"),
         ({"gpuhost_server_host": "everywhere"},

@@ -296,3 +296,31 @@ def test_cutedsl_moe_is_refused_with_expert_parallelism_on_sm12x():
     assert not applies(row, target(cc="10.0", moe_runner_backend="flashinfer_cutedsl", ep=True))
     line = describe(row, target(moe_runner_backend="flashinfer_cutedsl", ep=True))
     assert "set gpuhost_moe_runner_backend (now 'flashinfer_cutedsl') to one of cutlass" in line
+
+
+def test_rows_from_the_field_page_say_the_cuda_they_were_seen_on():
+    field = [row.name for row in FACTS if row.cuda]
+    assert field == ["fp8-kv-cache-garbled-sm120", "deepgemm-jit-on-sm120",
+                     "nextn-needs-spec-v2"]
+    row = ROW["fp8-kv-cache-garbled-sm120"]
+    on_128 = describe(row, target(kv_cache_dtype="fp8_e4m3"))
+    assert on_128.endswith("; seen on CUDA 13.0 builds, this host's stack is CUDA 12.8]")
+    assert "seen on" not in describe(row, target(kv_cache_dtype="fp8_e4m3",
+                                                 cuda_toolkit="13.0"))
+    assert "seen on" not in describe(ROW["flashinfer-trtllm-moe-sm12x"], target())
+
+
+def test_the_stack_line_names_the_cuda_and_the_lock():
+    from operations.lock import read_lock
+    from operations.settings import from_host_data
+    from operations.stack_check import stack_line
+    s = from_host_data("gpu1", {"gpuhost_cuda_toolkit": "13.0"})
+    versions = read_lock(s.lock_path).versions()
+    assert stack_line(s, versions, {"gpuhost_cuda_toolkit": "13.0"}) == (
+        "CUDA 13.0 (gpuhost_cuda_toolkit: /usr/local/cuda-13.0), lock locks/cuda13.0.txt (the "
+        "lock of CUDA 13.0's stack): sglang 0.5.17, torch 2.11.0, flashinfer-python 0.6.15.post1")
+    s = from_host_data("gpu1", {"gpuhost_lock": "locks/cuda12.8.txt"})
+    assert stack_line(s, read_lock(s.lock_path).versions(), {"gpuhost_lock": s.lock}) == (
+        "CUDA 12.8 (gpuhost_cuda_toolkit: /usr/local/cuda-12.8), lock locks/cuda12.8.txt "
+        "(gpuhost_lock): sglang 0.5.9, torch 2.9.1, flashinfer-python 0.6.3, flash-attn "
+        "2.8.3.post2")

@@ -10,7 +10,8 @@ the lock's header. Resolution is ``uv pip compile --generate-hashes`` against Py
 target interpreter and platform rather than this machine's; ``--exclude-newer`` makes it
 repeatable. After resolving, the lock is checked: every requirement pinned with == and hashed,
 torch pinned to what sglang's METADATA requires, and torch's CUDA (read from the
-nvidia-cuda-runtime-cu12/-cu13 pin that torch's Linux wheel depends on) equal to the stack's.
+nvidia-cuda-runtime-cu12 pin that torch's Linux wheel depends on, or CUDA 13's
+nvidia-cuda-runtime) equal to the stack's.
 
 Standard library only (plus uv, found next to this interpreter or on PATH; and the helpers of
 tools/sglang_args.py for reading sglang's wheel).
@@ -165,20 +166,26 @@ def verify(pins: dict[str, dict], settings: dict) -> dict:
         problems.append(f"sglang {sgl} requires torch{want_torch}, the lock pins {torch}")
     cuda = settings["cuda"]
     major = cuda.split(".")[0]
-    runtime = pins.get(f"nvidia-cuda-runtime-cu{major}")
+    # CUDA 12's runtime wheel is nvidia-cuda-runtime-cu12; from CUDA 13 on NVIDIA names it
+    # nvidia-cuda-runtime (torch 2.11.0's METADATA: cuda-toolkit[cudart]==13.0.2, which
+    # requires nvidia-cuda-runtime==13.0.96)
+    names = (f"nvidia-cuda-runtime-cu{major}", "nvidia-cuda-runtime")
+    runtime_name = next((n for n in names if n in pins), names[0])
+    runtime = pins.get(runtime_name)
     if runtime is None:
-        problems.append(f"no nvidia-cuda-runtime-cu{major} in the lock: torch is not a CUDA {major} build")
+        problems.append(f"no {' or '.join(names)} in the lock: torch is not a CUDA {major} build")
         runtime_v = "?"
     else:
         runtime_v = runtime["version"]
         if ".".join(runtime_v.split(".")[:2]) != cuda:
-            problems.append(f"nvidia-cuda-runtime-cu{major}=={runtime_v} is not CUDA {cuda}")
+            problems.append(f"{runtime_name}=={runtime_v} is not CUDA {cuda}")
     if problems:
         raise SystemExit("lock does not fit the stack:\n  " + "\n  ".join(problems))
     facts = {
         "sglang": sgl,
         "torch": torch,
         "cuda_runtime": runtime_v,
+        "cuda_runtime_name": runtime_name,
         "cuda": cuda,
         "min_driver": MIN_DRIVER.get(cuda, "see NVIDIA's CUDA release notes"),
         "sglang_pins": {k: reqs[k] for k in
@@ -204,12 +211,14 @@ def header(stack: str, cmd: list[str], notes: list[str], facts: dict) -> str:
         f"#   regenerate: python tools/lock.py {stack}",
         f"#   which runs: {' '.join(cmd)}",
         f"# Input: locks/{stack}.in. Every requirement is pinned with == and carries its sha256",
-        "# hashes. Install with pip --require-hashes --no-deps; flash-attn (an sdist) last, with",
-        "# --no-build-isolation once torch and its build requirements are in (locks/README.md).",
+        *(["# hashes. Install with pip --require-hashes --no-deps; flash-attn (an sdist) last, "
+           "with\n# --no-build-isolation once torch and its build requirements are in "
+           "(locks/README.md)."] if facts.get("flash-attn") else
+          ["# hashes. Install with pip --require-hashes --no-deps (locks/README.md)."]),
         "#",
         f"# sglang {facts['sglang']} Requires-Dist (its wheel's METADATA): {pins}.",
         (f"# torch {facts['torch']}: PyPI's Linux x86_64 wheel, a CUDA {facts['cuda']} build "
-         f"(nvidia-cuda-runtime-cu{facts['cuda'].split('.')[0]}=={facts['cuda_runtime']})."),
+         f"({facts['cuda_runtime_name']}=={facts['cuda_runtime']})."),
         f"# Minimum NVIDIA driver: {facts['min_driver']}.",
         f"# Also: {extra}.",
         "#",
@@ -221,7 +230,7 @@ def header(stack: str, cmd: list[str], notes: list[str], facts: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("stack", help="stack name: reads locks/<stack>.in (cuda12.8, later cuda13.0)")
+    p.add_argument("stack", help="stack name: reads locks/<stack>.in (cuda12.8, cuda13.0)")
     p.add_argument("--check", action="store_true",
                    help="resolve again into a temporary file and compare pins with the lock")
     ns = p.parse_args(argv)

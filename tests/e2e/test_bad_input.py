@@ -98,7 +98,8 @@ CASES = [
     ("cuda-unknown", {"gpuhost_cuda_toolkit": "11.8"},
      ["gpuhost_cuda_toolkit", "'11.8'", "one of 12.8, 13.0"]),
     ("cuda13-on-570", {"gpuhost_cuda_toolkit": "13.0", "gpuhost_driver_branch": "570"},
-     ["gpuhost_driver_branch", "'570'", "a branch that supports CUDA 13.0"]),
+     ["gpuhost_driver_branch = '570' is not allowed: with gpuhost_cuda_toolkit = '13.0', a "
+      "branch that supports CUDA 13.0 (driver >= 580.65.06): 580, 590"]),
     ("compute-capability", {"gpuhost_compute_capability": "sm_120"},
      ["gpuhost_compute_capability", "'sm_120'", "a compute capability"]),
     ("p2p-override", {"gpuhost_p2p_override": "auto"},
@@ -197,6 +198,11 @@ def test_the_audit_sees_a_real_run(audited_host, tmp_path):
         assert "on compute capability 12.0" in line and source in line, line
     assert "Stack: refused" not in run.output
     assert "3 known behaviour(s) apply" in run.output
+    # --dry names the CUDA stack and its lock, and that the default profile's figure is of
+    # another CUDA than the host's
+    assert "Stack: CUDA 12.8 (gpuhost_cuda_toolkit: /usr/local/cuda-12.8), lock " in run.output
+    assert ("launch profile field-glm5-sm120-sglang0.5.9 was measured on CUDA 13.0; this "
+            "host's stack is CUDA 12.8 (gpuhost_cuda_toolkit)") in run.output
 
 
 def test_a_moe_backend_without_kernels_for_the_gpus_is_refused_while_planning(audited_host,
