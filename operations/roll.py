@@ -9,20 +9,23 @@ Per roll position k, in this order (operations at these lines, ``_if`` read when
    serving (a restart now could drop requests or leave the fleet short);
 2. ``leave``: on each host of position k, for each router: first the roll state on the router
    host is read (operations/files/roll_state.py, written whole, kept across runs), and every
-   other worker of the fleet that the router does not list (one an interrupted run drained,
-   one whose link dropped before its restart) is registered again and waited for: smg's own
-   health checks decide whether it serves again. Then ``DELETE /workers/{id}`` of this host,
-   only where another worker still serves (the last serving worker is never drained; a fleet of
-   one worker is, said) and fewer than ``gpuhost_roll_max_unavailable`` other workers are out
-   of the router (those an earlier, interrupted run left out included); otherwise this host
-   fails, its server untouched and serving, saying which hosts are where, and the roll stops.
+   other worker of the fleet it names as taken out by a roll that the router does not list
+   serving (one an interrupted run drained, one whose link dropped before its restart) is
+   registered again and waited for: smg's own health checks decide whether it serves again. A
+   worker the router has never listed (a fleet's first deploy) is not out: neither waited for
+   nor counted; its own ``join`` adds it. Then ``DELETE /workers/{id}`` of this host, unless
+   it is the last serving worker (listed and serving, and no other listed worker serving; a
+   fleet of one worker is drained, said) or ``gpuhost_roll_max_unavailable`` other workers are
+   out by the roll state (those an earlier, interrupted run left out included); otherwise this
+   host fails, its server untouched and serving, saying which hosts are where, and the roll
+   stops.
    The host is waited for until the router lists it no more: smg drains it (``"status":
    "draining"``, no new requests) until its in-flight requests are done, bounded by
    ``gpuhost_roll_drain_timeout`` (operations/files/router_membership.py, run on the router
    host over that host's own connection, :func:`_membership`: a router host that serves no
    model plans no position, and one that serves is itself a host of some position); the roll
    state says ``drained``;
-3. the roll state says ``restarting``; what earlier stages left to the host's turn
+3. the roll state says ``restarting`` (where it names this host); what earlier stages left to the host's turn
    (:func:`in_turn`): on a host whose server
    runs, a driver change (the server stopped, the packages, the reboot, the driver's check:
    operations/nvidia.py) and a P2P measurement (it stops the server: operations/p2p.py) wait
@@ -260,7 +263,7 @@ def _membership(state, host, action: str, timeout: int) -> bool:
         try:
             remote.put(target, script, SCRIPT)
             remote.put(target, STATE_SOURCE, STATE_SCRIPT)
-            ok, out = remote.shell(target, command, timeout=timeout + remote.POLL_TIMEOUT_S)
+            ok, out = remote.shell(target, command, timeout=_limit(action, timeout))
         except remote.ConnectionLost as exc:
             raise OperationError(f"connection to the router host {router} lost ({exc})") \
                 from None
@@ -272,6 +275,14 @@ def _membership(state, host, action: str, timeout: int) -> bool:
             said = (out.stderr_lines or out.stdout_lines or ["said nothing"])[-1]
             raise OperationError(f"the router on {router}: {action} of {url} failed: {said}")
     return True
+
+
+def _limit(action: str, timeout: int) -> int:
+    """Seconds router_membership.py ``action`` may take on the router host: ``leave`` waits up
+    to ``--resume-timeout`` for the workers an earlier roll took out, then up to ``timeout``
+    for the drain; each action polls (``remote.POLL_TIMEOUT_S`` for the last answer)."""
+    resume = ROLL.join_timeout if action == "leave" else 0
+    return timeout + resume + remote.POLL_TIMEOUT_S
 
 
 def _fleet_args(state, router: str, action: str) -> list[str]:

@@ -376,6 +376,7 @@ def _membership_on(monkeypatch, answer):
 
     def shell(h, command, timeout):
         sent.append(("shell", h, str(command)))
+        sent.append(("timeout", timeout))
         return answer()
 
     monkeypatch.setattr(roll.remote, "shell", shell)
@@ -400,7 +401,13 @@ def test_leave_runs_on_the_router_host_over_its_own_connection(monkeypatch, capl
                        "--fleet gpu1=http://127.0.0.1:30000 --fleet gpu2=http://10.0.0.2:8000 "
                        "--fleet gpu3=http://10.0.0.3:8000 --max-unavailable 1 "
                        "--resume-timeout 300")
+    # the resume's wait, the drain's and the last poll: a leave that waits on an earlier
+    # roll's worker is not cut short by the command's own limit
+    assert sent[3] == ("timeout", 300 + 30 + roll.remote.POLL_TIMEOUT_S)
     assert "[gpu3] Roll: on gpu1: router: http://10.0.0.3:8000 drained and out" in caplog.text
+    sent.clear()
+    assert run(state, me, "join", 30) is True
+    assert sent[3] == ("timeout", 30 + roll.remote.POLL_TIMEOUT_S)
 
 
 def test_a_failed_leave_fails_this_host_saying_the_routers_words(monkeypatch):

@@ -82,11 +82,84 @@ def test_the_unavailable_budget_counts_what_an_earlier_run_left_out(
         GPU1: "restarting", GPU3: "drained"}
 
 
-def test_an_unhealthy_worker_not_drained_by_a_roll_counts_too(router_url, monkeypatch, capsys):
+def test_an_unhealthy_worker_the_roll_state_does_not_name_is_not_counted_as_out(
+        router_url, monkeypatch, capsys):
+    """Only what a roll took out counts against the budget: gpu1, listed unhealthy on its own,
+    is the router's health checks' to judge; gpu2 still serves while gpu3 is out."""
     FakeRouter.workers = {GPU1: listed(GPU1, healthy=False), GPU2: listed(GPU2),
                           GPU3: listed(GPU3)}
+    assert leave(router_url, GPU3, monkeypatch, [GPU1, GPU2, GPU3]) == 0
+    assert FakeRouter.calls == [("DELETE", "w3")] and GPU3 not in FakeRouter.workers
+
+
+def test_a_first_deploy_from_an_empty_router_waits_for_no_one_and_refuses_no_one(
+        router_url, roll_state_file, monkeypatch, capsys):
+    """The CI order's first fleet deploy (hosts booted from a converged image, a new router):
+    the router lists no worker yet and gpu2, gpu3 do not answer it yet (their gates come with
+    their own turns). gpu1 is not out of the router, nor are they: nothing is registered or
+    waited for, nothing refused, and no roll state entry is made for a worker the router never
+    listed; gpu1's join adds it."""
+    FakeRouter.workers = {}
+    FakeRouter.down = {GPU2, GPU3}
+    assert leave(router_url, GPU1, monkeypatch, [GPU1, GPU2, GPU3]) == 0
+    assert FakeRouter.calls == []
+    assert capsys.readouterr().out.strip() == (
+        "router: http://10.0.0.1:8000 is not listed: nothing to take out (added once its "
+        "restart passed the health gate)")
+    assert router_membership.restarting(router_url, GPU1, 1, 0.01) == 0
+    assert roll_state.read(str(roll_state_file)) == {}
+    assert router_membership.join(router_url, GPU1, timeout=5, interval=0.01) == 0
+    assert FakeRouter.workers[GPU1]["is_healthy"]
+    # the next position: gpu1 serves, gpu2 has never been listed: taken through, not refused
+    FakeRouter.calls = []
+    assert leave(router_url, GPU2, monkeypatch, [GPU1, GPU2, GPU3]) == 0
+    assert FakeRouter.calls == [] and roll_state.read(str(roll_state_file)) == {}
+
+
+def test_the_roll_state_names_who_is_waited_for_and_counted(router_url, roll_state_file,
+                                                            monkeypatch, capsys):
+    """gpu1 drained by an earlier roll, gpu3 never listed (just added to the inventory): only
+    gpu1 is registered again and waited for; gpu3 is not counted as out, so gpu2 may go."""
+    roll_state.mark(GPU1, "gpu1", "drained", str(roll_state_file))
+    FakeRouter.workers = {GPU2: listed(GPU2)}
+    FakeRouter.down = {GPU3}
+    assert leave(router_url, GPU2, monkeypatch, [GPU1, GPU2, GPU3]) == 0
+    assert FakeRouter.calls == [("POST", GPU1), ("DELETE", "w2")]
+    assert "gpu3" not in capsys.readouterr().out
+    assert {u: e["state"] for u, e in roll_state.read(str(roll_state_file)).items()} == {
+        GPU2: "drained"}
+
+
+def test_a_drained_worker_that_does_not_come_back_is_out_and_refuses_the_next(
+        router_url, roll_state_file, monkeypatch, capsys):
+    roll_state.mark(GPU1, "gpu1", "drained", str(roll_state_file))
+    FakeRouter.workers = {GPU2: listed(GPU2), GPU3: listed(GPU3)}
+    FakeRouter.down = {GPU1}
     assert leave(router_url, GPU3, monkeypatch, [GPU1, GPU2, GPU3]) == router_membership.REFUSED
-    assert "(gpu1 (listed, unhealthy))" in capsys.readouterr().err
+    assert ("DELETE", "w3") not in FakeRouter.calls and FakeRouter.calls[0] == ("POST", GPU1)
+    assert capsys.readouterr().err.strip() == (
+        "router: gpu3 not taken out: 1 other worker(s) of the fleet already out of the router "
+        "(gpu1 (drained by a roll)), and gpuhost_roll_max_unavailable = 1")
+
+
+def test_the_last_serving_worker_is_refused_even_where_the_other_is_not_a_rolls(
+        router_url, monkeypatch, capsys):
+    """gpu1 listed, unhealthy on its own; gpu2 listed and serving: draining gpu2 would leave the
+    router nothing to serve through."""
+    FakeRouter.workers = {GPU1: listed(GPU1, healthy=False), GPU2: listed(GPU2)}
+    assert leave(router_url, GPU2, monkeypatch, [GPU1, GPU2]) == router_membership.REFUSED
+    assert FakeRouter.calls == []
+    assert capsys.readouterr().err.strip() == (
+        "router: gpu2 not taken out: it is the last worker the router serves through (gpu1 "
+        "(listed, unhealthy) out of the router): the fleet would serve nothing")
+
+
+def test_a_worker_that_serves_nothing_itself_is_not_the_last_serving_one(router_url,
+                                                                         monkeypatch):
+    """gpu2 listed but unhealthy, gpu1 never listed: draining gpu2 takes nothing away."""
+    FakeRouter.workers = {GPU2: listed(GPU2, healthy=False)}
+    assert leave(router_url, GPU2, monkeypatch, [GPU1, GPU2]) == 0
+    assert FakeRouter.calls == [("DELETE", "w2")]
 
 
 def test_a_fleet_of_one_worker_is_drained_and_said(router_url, monkeypatch, capsys):

@@ -18,19 +18,24 @@ queued for background processing"}`` and the worker stays listed with ``"status"
 is listed) and the worker is listed once the router checked it.
 
 ``leave``: first the roll state (roll_state.py, on this host, kept across runs) is read, and
-every other worker of the fleet (``--fleet NAME=URL``) that the router does not list healthy
-is registered again (``POST /workers``) and waited for, up to ``--resume-timeout`` seconds: smg's
-own health checks decide, and one that passes them serves again (a worker an interrupted run
-drained, or one whose link dropped before its restart) and leaves the roll state. Then the
-worker is taken out only where the router still serves through another worker (the last
-serving worker is never drained; a fleet of one worker is, said) and fewer than
-``--max-unavailable`` (``gpuhost_roll_max_unavailable``) of the fleet's other workers are out
-of it; otherwise exit 3, saying which hosts are where, and nothing is changed. Taken out: the
-roll state says ``draining``, the worker is removed, and waited for until the router lists it
-no more (its in-flight requests drained), up to ``--timeout`` seconds; past that the drain is
-cut short (said on stderr): the bound the user set; the roll state says ``drained``.
-``restarting``: the roll state says so (its restart begins; only its health gate and ``join``
-take it out of the roll state). ``join``: add the worker (already listed: kept) and wait until
+every other worker of the fleet (``--fleet NAME=URL``) that it names as taken out by a roll
+(``draining``, ``drained``, ``restarting``) and the router does not list serving is registered
+again where it is not listed (``POST /workers``) and waited for, up to ``--resume-timeout``
+seconds: smg's own health checks decide, and one that passes them serves again (a worker an
+interrupted run drained, or one whose link dropped before its restart) and leaves the roll
+state. A worker of the fleet the router has never listed (a fleet's first deploy, from hosts
+that already serve) is not out of the router: it is neither waited for nor counted, its own
+``join`` (or the router check at the end of the run) adds it. Then the worker is taken out
+unless it is the last serving worker: itself listed and serving, and no other listed worker
+serving (a fleet of one worker is taken out, said); and unless ``--max-unavailable``
+(``gpuhost_roll_max_unavailable``) of the fleet's other workers are out by the roll state;
+either way exit 3, saying which hosts are where, and nothing is changed. Taken out: the roll
+state says ``draining``, the worker is removed, and waited for until the router lists it no
+more (its in-flight requests drained), up to ``--timeout`` seconds; past that the drain is cut
+short (said on stderr): the bound the user set; the roll state says ``drained``. One the
+router does not list is not taken out and gets no entry (an earlier roll's entry stays).
+``restarting``: the roll state says so where it names the worker (its restart begins; only its
+health gate and ``join`` take it out of the roll state). ``join``: add the worker (already listed: kept) and wait until
 it is listed healthy, up to ``--timeout`` (exit 1 past it); then its entry leaves the roll
 state. A router that refuses the connection is not running: nothing routes to the worker,
 exit 0, said; so too where the control-plane key file does not exist yet and nothing answers at
@@ -107,59 +112,70 @@ def _name(url: str, entries: dict[str, dict]) -> str:
     return Roll.fleet.get(url) or entries.get(url, {}).get("host") or url
 
 
+def ours(entries: dict[str, dict], url: str) -> list[str]:
+    """The fleet's other workers that the roll state names as taken out by a roll (draining,
+    drained or restarting): the only ones a roll waits for and counts as out. A worker of the
+    fleet the router has never listed (a fleet's first deploy, a worker just added) is not out:
+    its own turn, or the router check at the end of the run, adds it."""
+    return [u for u in Roll.fleet if u != url and u in entries]
+
+
 def resume(router: str, url: str, interval: float) -> dict[str, dict]:
-    """Every other worker of the fleet the router does not list registered again and waited
-    for (module docstring); returns the roll state as it is then. smg 1.13.0 lists a worker
-    added by ``POST /workers`` only once its own checks of it passed (``/health``,
-    ``/v1/models``, ``/server_info``, ``/model_info``: router_workers.py), so a listed worker is
-    one smg found answering; whether it serves is its ``is_healthy`` and ``status``."""
+    """Every other worker of the fleet the roll state names (:func:`ours`) and the router does
+    not list serving: registered again where it is not listed, and waited for (module
+    docstring); returns the roll state as it is then. smg 1.13.0 lists a worker added by
+    ``POST /workers`` only once its own checks of it passed (``/health``, ``/v1/models``,
+    ``/server_info``, ``/model_info``: router_workers.py), so a listed worker is one smg found
+    answering; whether it serves is its ``is_healthy`` and ``status``."""
     entries = roll_state.read(Roll.state)
-    others = [u for u in Roll.fleet if u != url]
     deadline = time.monotonic() + Roll.resume_timeout
     asked: set[str] = set()
-    said: set[str] = set()
     while True:
         by_url = {w.get("url"): w for w in all_listed(router)}
-        for u in [u for u in asked - said if u in by_url and serving(by_url[u])]:
-            why = f"{entries[u]['state']} by an earlier roll" if u in entries else "not listed"
+        for u in [u for u in ours(entries, url) if u in by_url and serving(by_url[u])]:
             print(f"router: {_name(u, entries)} ({u}) back in, healthy (the router's own health "
-                  f"checks; it was {why})", flush=True)
-            said.add(u)
-        for u in [u for u in entries if u != url and u in by_url and serving(by_url[u])]:
+                  f"checks; it was {entries[u]['state']} by an earlier roll)", flush=True)
             entries = roll_state.mark(u, "", None, Roll.state)
-        # one listed but unhealthy is the router's own health checks' to bring back; one it
-        # does not list, only a registration
-        missing = [u for u in others if u not in by_url]
-        if not missing or time.monotonic() >= deadline:
+        # one listed but not serving is the router's own health checks' (or its drain's) to
+        # bring back; one it does not list, only a registration
+        waiting = ours(entries, url)
+        if not waiting or time.monotonic() >= deadline:
             return entries
-        for u in missing:
+        for u in [u for u in waiting if u not in by_url]:
             status, body = call("POST", router + "/workers",
                                 {"url": u, **({"api_key": KEYS["worker"]}
                                               if KEYS["worker"] else {})})
             if u not in asked:
-                why = (f"{entries[u]['state']} by an earlier roll" if u in entries
-                       else "not listed")
-                print(f"router: {_name(u, entries)} ({u}) is out of the router ({why}): "
-                      f"registering it again ({status})", flush=True)
+                print(f"router: {_name(u, entries)} ({u}) is out of the router "
+                      f"({entries[u]['state']} by an earlier roll): registering it again "
+                      f"({status})", flush=True)
                 asked.add(u)
         time.sleep(interval)
 
 
 def budget(router: str, url: str, entries: dict[str, dict]) -> str | None:
-    """Why ``url`` may not be taken out now, or None (module docstring)."""
+    """Why ``url`` may not be taken out now, or None (module docstring): the last serving
+    worker is ``url`` itself listed and serving with no other listed worker serving; the
+    workers out are those of :func:`ours` still in the roll state."""
     by_url = {w.get("url"): w for w in all_listed(router)}
+
+    def why(u: str) -> str:
+        return (f"({entries[u]['state']} by a roll)" if u in entries else
+                "(draining)" if u in by_url and by_url[u].get("status") == "draining" else
+                "(listed, unhealthy)" if u in by_url else "(not listed)")
+
     others = [u for u in Roll.fleet if u != url]
-    out = [u for u in others if not (u in by_url and serving(by_url[u]))]
-    words = ", ".join(f"{_name(u, entries)} " + (
-        f"({entries[u]['state']} by a roll)" if u in entries else
-        "(draining)" if u in by_url and by_url[u].get("status") == "draining" else
-        "(listed, unhealthy)" if u in by_url else "(not listed)") for u in out)
-    serving_others = [u for u, w in by_url.items() if u != url and serving(w)]
     name = Roll.host or url
-    if others and not serving_others:
+    me = by_url.get(url)
+    if others and me is not None and serving(me) \
+            and not any(serving(w) for u, w in by_url.items() if u != url):
+        down = [u for u in others if not (u in by_url and serving(by_url[u]))]
+        words = ", ".join(f"{_name(u, entries)} {why(u)}" for u in down)
         return (f"{name} not taken out: it is the last worker the router serves through "
                 f"({words} out of the router): the fleet would serve nothing")
+    out = ours(entries, url)
     if len(out) >= Roll.max_unavailable:
+        words = ", ".join(f"{_name(u, entries)} {why(u)}" for u in out)
         return (f"{name} not taken out: {len(out)} other worker(s) of the fleet already out of "
                 f"the router ({words}), and gpuhost_roll_max_unavailable = "
                 f"{Roll.max_unavailable}")
@@ -177,8 +193,11 @@ def leave(router: str, url: str, timeout: float, interval: float) -> int:
               "router fail until it is back", flush=True)
     worker = listed(router, url)
     if worker is None:
-        roll_state.mark(url, Roll.host, "drained", Roll.state)
-        print(f"router: {url} is not listed: nothing to take out")
+        # an earlier roll's entry stays as it is; one the router never listed (a first
+        # deploy) is not out of it: join adds it after its restart
+        print(f"router: {url} is not listed: nothing to take out"
+              + (f" ({entries[url]['state']} by an earlier roll)" if url in entries else
+                 " (added once its restart passed the health gate)"))
         return 0
     roll_state.mark(url, Roll.host, "draining", Roll.state)
     status, body = call("DELETE", f"{router}/workers/{worker['id']}")
@@ -201,7 +220,10 @@ def leave(router: str, url: str, timeout: float, interval: float) -> int:
 
 
 def restarting(router: str, url: str, timeout: float, interval: float) -> int:
-    roll_state.mark(url, Roll.host, "restarting", Roll.state)
+    """The roll state says ``restarting`` where it names ``url`` (a roll took it out); a
+    worker the router never listed gets no entry: it is not out of the router."""
+    if url in roll_state.read(Roll.state):
+        roll_state.mark(url, Roll.host, "restarting", Roll.state)
     return 0
 
 
