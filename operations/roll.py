@@ -25,12 +25,11 @@ Per roll position k, in this order (operations at these lines, ``_if`` read when
    host over that host's own connection, :func:`_membership`: a router host that serves no
    model plans no position, and one that serves is itself a host of some position); the roll
    state says ``drained``;
-3. the roll state says ``restarting`` (where it names this host); what earlier stages left to the host's turn
-   (:func:`in_turn`): on a host whose server
-   runs, a driver change (the server stopped, the packages, the reboot, the driver's check:
-   operations/nvidia.py) and a P2P measurement (it stops the server: operations/p2p.py) wait
-   for it, out of the router, instead of stopping every host's server at once where their
-   stages run;
+3. the roll state says ``restarting`` (where it names this host); what earlier stages left to the
+   host's turn (:func:`in_turn`): on a host whose server runs, a driver change (the server stopped,
+   the packages, the reboot, the driver's check: operations/nvidia.py) and a P2P measurement (it
+   stops the server: operations/p2p.py) wait for it, out of the router, instead of stopping every
+   host's server at once where their stages run;
    ``restart``: the server of each host of position k restarts;
 4. ``gate``: the health gate (operations/server.py ``serving``) on it;
 5. ``join``: on each host of position k that passed, for each router: ``POST /workers`` of

@@ -35,13 +35,13 @@ more (its in-flight requests drained), up to ``--timeout`` seconds; past that th
 short (said on stderr): the bound the user set; the roll state says ``drained``. One the
 router does not list is not taken out and gets no entry (an earlier roll's entry stays).
 ``restarting``: the roll state says so where it names the worker (its restart begins; only its
-health gate and ``join`` take it out of the roll state). ``join``: add the worker (already listed: kept) and wait until
-it is listed healthy, up to ``--timeout`` (exit 1 past it); then its entry leaves the roll
-state. A router that refuses the connection is not running: nothing routes to the worker,
-exit 0, said; so too where the control-plane key file does not exist yet and nothing answers at
-the router's URL (a fleet's first run, on a router host that serves too: its server rolls
-before the router stage makes the key and starts the router). A roll state that cannot be
-written (a full disk) stops the action with one line, the old file left as it was.
+health gate and ``join`` take it out of the roll state). ``join``: add the worker (already listed:
+kept) and wait until it is listed healthy, up to ``--timeout`` (exit 1 past it); then its entry
+leaves the roll state. A router that refuses the connection is not running: nothing routes to the
+worker, exit 0, said; so too where the control-plane key file does not exist yet and nothing answers
+at the router's URL (a fleet's first run, on a router host that serves too: its server rolls before
+the router stage makes the key and starts the router). A roll state that cannot be written (a full
+disk) stops the action with one line, the old file left as it was.
 Standard library only.
 """
 
