@@ -144,6 +144,11 @@ def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Sett
                 problems.append(f"host {router}: {PREFIX}{key} = {ROUTER_METRICS_PORT} is not "
                                 f"allowed: a port other than {ROUTER_METRICS_PORT}, where the "
                                 f"router on this host has its metrics (127.0.0.1)")
+        if own.roll_size > own.roll_max_unavailable:
+            problems.append(f"host {router}: {PREFIX}roll_size = {own.roll_size} is not "
+                            f"allowed: at most {PREFIX}roll_max_unavailable "
+                            f"({own.roll_max_unavailable}), the workers a roll may have out "
+                            "of the router at once")
         found = []
         for name in serving:
             if settings[name].nodes and name != settings[name].nodes[0]:

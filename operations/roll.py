@@ -7,22 +7,41 @@ Per roll position k, in this order (operations at these lines, ``_if`` read when
 1. ``turn``: on each host of position k: the roll stopped (a host of an earlier position
    failed) or a router host is out of the run: this host fails, its server untouched and
    serving (a restart now could drop requests or leave the fleet short);
-2. ``leave``: on each host of position k, for each router: ``DELETE /workers/{id}`` of this
-   host, then waited for until the router lists it no more: smg drains it (``"status":
+2. ``leave``: on each host of position k, for each router: first the roll state on the router
+   host is read (operations/files/roll_state.py, written whole, kept across runs), and every
+   other worker of the fleet it names as taken out by a roll that the router does not list
+   serving (one an interrupted run drained, one whose link dropped before its restart) is
+   registered again and waited for: smg's own health checks decide whether it serves again. A
+   worker the router has never listed (a fleet's first deploy) is not out: neither waited for
+   nor counted; its own ``join`` adds it. Then ``DELETE /workers/{id}`` of this host, unless
+   it is the last serving worker (listed and serving, and no other listed worker serving; a
+   fleet of one worker is drained, said) or ``gpuhost_roll_max_unavailable`` other workers are
+   out by the roll state (those an earlier, interrupted run left out included); otherwise this
+   host fails, its server untouched and serving, saying which hosts are where, and the roll
+   stops.
+   The host is waited for until the router lists it no more: smg drains it (``"status":
    "draining"``, no new requests) until its in-flight requests are done, bounded by
    ``gpuhost_roll_drain_timeout`` (operations/files/router_membership.py, run on the router
    host over that host's own connection, :func:`_membership`: a router host that serves no
-   model plans no position, and one that serves is itself a host of some position);
-3. what earlier stages left to the host's turn (:func:`in_turn`): on a host whose server
-   runs, a driver change (the server stopped, the packages, the reboot, the driver's check:
-   operations/nvidia.py) and a P2P measurement (it stops the server: operations/p2p.py) wait
-   for it, out of the router, instead of stopping every host's server at once where their
-   stages run;
+   model plans no position, and one that serves is itself a host of some position); the roll
+   state says ``drained``;
+3. the roll state says ``restarting`` (where it names this host); what earlier stages left to the
+   host's turn (:func:`in_turn`): on a host whose server runs, a driver change (the server stopped,
+   the packages, the reboot, the driver's check: operations/nvidia.py) and a P2P measurement (it
+   stops the server: operations/p2p.py) wait for it, out of the router, instead of stopping every
+   host's server at once where their stages run;
    ``restart``: the server of each host of position k restarts;
 4. ``gate``: the health gate (operations/server.py ``serving``) on it;
 5. ``join``: on each host of position k that passed, for each router: ``POST /workers`` of
    this host, waited for until the router lists it healthy (as ``leave``; a host that failed
-   its gate runs nothing more, and stays out).
+   its gate runs nothing more, and stays out, ``restarting`` in the roll state: the next run
+   counts it as out until the router's health checks pass); then it leaves the roll state.
+
+A host that fails anywhere in its turn stops the roll (``turn`` of the next position). The
+router check at the end of the run (operations/router.py ``router_check``) registers again a
+worker whose host failed after its drain and before its restart (``drained``: its server never
+touched), and says, from the router's own list, which workers are listed and healthy, which
+are out and why.
 
 Why the positions run one after the other: pyinfra plans the deploy file host by host, then
 executes operation by operation, each on every host that has it, and orders operations by a DAG
@@ -57,6 +76,9 @@ from operations import LIB_DIR, REPO_ROOT, remote
 from operations.fleet import CONTROL_KEY_FILE, Fleet
 
 SCRIPT: Final = f"{LIB_DIR}/router_membership.py"
+#: the roll state's reader and writer, beside it on the router host
+STATE_SCRIPT: Final = f"{LIB_DIR}/roll_state.py"
+STATE_SOURCE: Final = str(REPO_ROOT / "operations/files/roll_state.py")
 
 
 @dataclass(frozen=True)
@@ -82,6 +104,7 @@ class Roll:
     #: each router host's fleet key file (the key the router sends a worker it adds)
     worker_keys: dict[str, str | None] = field(default_factory=dict)
     size: int = 1
+    max_unavailable: int = 1
     drain_timeout: int = 120
     join_timeout: int = 300
     restarts: dict[str, Callable[[], bool]] = field(default_factory=dict)
@@ -116,6 +139,7 @@ def configure(fleet: Fleet, router_urls: dict[str, str], settings) -> None:
     ROLL.urls = {r: {w.name: w.url for w in fleet.workers_of(r)} for r in fleet.routers}
     ROLL.worker_keys = {r: settings[r].fleet_key_file for r in fleet.routers}
     ROLL.size = settings[first].roll_size
+    ROLL.max_unavailable = settings[first].roll_max_unavailable
     ROLL.drain_timeout = settings[first].roll_drain_timeout
     ROLL.join_timeout = settings[first].router_wait_timeout
 
@@ -233,10 +257,12 @@ def _membership(state, host, action: str, timeout: int) -> bool:
                 *(["--worker-key-file", ROLL.worker_keys[router]]
                   if ROLL.worker_keys.get(router) else [])]
         command = StringCommand("python3", SCRIPT, action, "--router", own_url, "--url", url,
-                                "--timeout", str(timeout), *keys)
+                                "--timeout", str(timeout), *keys, "--host", host.name,
+                                *_fleet_args(state, router, action))
         try:
             remote.put(target, script, SCRIPT)
-            ok, out = remote.shell(target, command, timeout=timeout + remote.POLL_TIMEOUT_S)
+            remote.put(target, STATE_SOURCE, STATE_SCRIPT)
+            ok, out = remote.shell(target, command, timeout=_limit(action, timeout))
         except remote.ConnectionLost as exc:
             raise OperationError(f"connection to the router host {router} lost ({exc})") \
                 from None
@@ -248,6 +274,27 @@ def _membership(state, host, action: str, timeout: int) -> bool:
             said = (out.stderr_lines or out.stdout_lines or ["said nothing"])[-1]
             raise OperationError(f"the router on {router}: {action} of {url} failed: {said}")
     return True
+
+
+def _limit(action: str, timeout: int) -> int:
+    """Seconds router_membership.py ``action`` may take on the router host: ``leave`` waits up
+    to ``--resume-timeout`` for the workers an earlier roll took out, then up to ``timeout``
+    for the drain; each action polls (``remote.POLL_TIMEOUT_S`` for the last answer)."""
+    resume = ROLL.join_timeout if action == "leave" else 0
+    return timeout + resume + remote.POLL_TIMEOUT_S
+
+
+def _fleet_args(state, router: str, action: str) -> list[str]:
+    """``leave``'s view of the fleet: every worker of this router whose host has not failed in
+    this run (NAME=URL), the unavailable budget, how long a worker out of the router is waited
+    for (router_membership.py)."""
+    if action != "leave":
+        return []
+    failed = {h.name for h in state.failed_hosts}
+    pairs = [f"{name}={url}" for name, url in ROLL.urls.get(router, {}).items()
+             if name not in failed]
+    return [*(a for p in pairs for a in ("--fleet", p)), "--max-unavailable",
+            str(ROLL.max_unavailable), "--resume-timeout", str(ROLL.join_timeout)]
 
 
 def rolled_restart(unit: str, must_restart: Callable[[], bool], expected: bool,
@@ -280,6 +327,8 @@ def rolled_restart(unit: str, must_restart: Callable[[], bool], expected: bool,
         turn(name=f"Roll position {k + 1}: this host's turn", k=k, _if=mine)
         membership(name=f"Roll position {k + 1}: out of the router, drained",
                    action="leave", timeout=ROLL.drain_timeout, _if=mine)
+        membership(name=f"Roll position {k + 1}: restarting (the roll state)",
+                   action="restarting", timeout=ROLL.drain_timeout, _if=mine)
         for t in turns:
             t.plan(mine)
         restarts.append(restart(name=f"Roll position {k + 1}: restart {unit}", unit=unit,

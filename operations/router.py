@@ -96,6 +96,9 @@ KEY_DIR: Final = "/etc/gpuhost"
 BACKEND_KEY_FILE: Final = f"{KEY_DIR}/router-backend.key"
 #: The workers' URLs the last run verified (JSON list), added again after each start.
 MEMBERS_FILE: Final = f"{KEY_DIR}/router-workers.json"
+#: The roll's state (operations/files/roll_state.py): the workers a roll took out, kept
+#: across runs; the worker check registers again one it drained and did not restart.
+ROLL_STATE_FILE: Final = f"{KEY_DIR}/roll-state.json"
 #: The paths the client key reaches through the gate: OpenAI's and SGLang's native generation
 #: paths, the model list and health (smg 1.13.0 serves them; everything else, /workers first,
 #: answers 404 at the gate).
@@ -219,15 +222,18 @@ def _workers_listed(state, host, router: str, workers: tuple[tuple[str, str], ..
     urls, left, kept = _expected(state, workers)
     if left:
         logger.warning(f"{host.print_prefix}Router: not waiting for {', '.join(left)}, which "
-                       "failed in this run: its entry stays as it was")
+                       "failed in this run: not added nor removed, but registered again where "
+                       "the roll drained it and did not touch its server (the roll state)")
     if not urls:
         return True  # nothing this run verified: the list stays as it is
     keep = [a for url in kept for a in ("--keep", url)]
+    names = [a for name, url in workers for a in ("--name", f"{name}={url}")]
     ok, out = remote.shell(host, StringCommand("python3", CHECK_SCRIPT,
                                                *_check_args(router, worker_key_file),
                                                "--timeout", str(timeout), "--register",
                                                "--remove-others", "--save", MEMBERS_FILE,
-                                               *keep, *urls),
+                                               "--roll-state", ROLL_STATE_FILE,
+                                               *names, *keep, *urls),
                            timeout=timeout + 60)
     for line in out.stdout_lines + out.stderr_lines:
         (logger.info if ok else logger.error)(f"{host.print_prefix}Router: {line}")
@@ -277,7 +283,8 @@ def workers_registered(router: str, workers: tuple[tuple[str, str], ...], timeou
         if state.is_executing and _look_now(router, workers):
             yield command
             return
-        host.noop(f"the router lists all {len(urls)} worker(s), healthy, and no other")
+        host.noop(f"the router lists {len(seen.get('listed', {}))} worker(s), each healthy "
+                  "and configured")
         return
     yield command
 
@@ -362,7 +369,7 @@ def router(settings: Settings, workers: tuple[Worker, ...],
     shipped = [files.put(name=f"Ship {script}", src=str(REPO_ROOT / "operations/files" / script),
                          dest=f"{LIB_DIR}/{script}", mode="644", create_remote_dir=False)
                for script in ("router_workers.py", "gate_keys.py", "secret_file.py",
-                              "router_launch.py")]
+                              "router_launch.py", "roll_state.py")]
     # venv_that_runs and locked_packages run through no_space.py, and python3 -m venv needs
     # Debian's and Ubuntu's python3-venv (ensurepip): on a serving host the ML venv stage ships
     # and installs them, a router host that serves no model has no such stage. apt's lists

@@ -7,7 +7,8 @@ the ``FileContents`` fact: for /etc/gpuhost/server.env that is every secret host
 (a ``WANDB_API_KEY``), old and new, on the operator's terminal and in CI logs. This operation is
 ``files.template`` itself, run with pyinfra's diff off; under ``--diff`` it prints its own diff
 of the same lines with every value masked (:func:`masked_diff`), so an operator still sees which
-keys are added, removed or given a new value.
+keys are added, removed or given a new value. Both operations here write their file whole
+(operations/whole_file.py): a full disk leaves the old file as it was, serving, said in one line.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pyinfra.operations import files
 from pyinfra.operations.util.files import generate_color_diff
 
 from operations import shipped_files
+from operations.whole_file import whole
 
 #: A systemd EnvironmentFile assignment (systemd.exec(5), EnvironmentFile=: ``KEY=VALUE``
 #: lines, ``#`` and ``;`` comments, an optional ``export``).
@@ -141,8 +143,8 @@ def _secret_template(src: str, dest: str, mode: str = "600", **data):
         secret_template(name="Server environment", src="templates/server.env.j2",
                         dest="/etc/gpuhost/server.env", env={"WANDB_API_KEY": "..."})
     """
-    yield from _quietly(files.template._inner(src=src, dest=dest, mode=mode, **data),
-                        lambda upload: _say(upload, dest))
+    yield from whole(_quietly(files.template._inner(src=src, dest=dest, mode=mode, **data),
+                              lambda upload: _say(upload, dest)), dest, mode)
 
 
 #: The operation, announcing files.template's reads to the fact cache as files.template does
@@ -153,8 +155,9 @@ secret_template = shipped_files.announced(_secret_template, "template")
 def put_hidden(src: Any, dest: str, mode: str = "600") -> Iterator[Any]:
     """The commands of pyinfra's ``files.put`` (root's file) for a file that holds a private key,
     to yield from inside an operation: pyinfra's diff off, and under --diff one line saying the
-    file changes, its contents hidden (a PEM has no line worth showing masked)."""
-    yield from _quietly(
+    file changes, its contents hidden (a PEM has no line worth showing masked); written whole
+    (operations/whole_file.py)."""
+    yield from whole(_quietly(
         files.put._inner(src=src, dest=dest, user="root", group="root", mode=mode),
         lambda _: host.log(f"Will write {dest} (contents hidden: it holds a private key)",
-                           logger.info))
+                           logger.info)), dest, mode)

@@ -240,6 +240,7 @@ class Settings:
     router_wait_timeout: int = 300
     roll_size: int = 1
     roll_drain_timeout: int = 120
+    roll_max_unavailable: int = 1
     # Observability (operations/observability.py): metrics, Prometheus, alert rules
     #: True/False: this router host runs the fleet's Prometheus or not; None: the first one does
     prometheus: bool | None = None
@@ -659,6 +660,7 @@ RULES: Final[Mapping[str, _Rule]] = {
     "router_wait_timeout": _int_between(10, 86400),
     "roll_size": _int_between(1, 1024),
     "roll_drain_timeout": _int_between(1, 86400),
+    "roll_max_unavailable": _int_between(1, 1024),
     "prometheus": _Rule(lambda v: v is None or isinstance(v, bool),
                         "True (this router host runs the fleet's Prometheus), False, or None "
                         "(the first host of the gpuhost_router group does)"),
@@ -964,6 +966,10 @@ HELP: Final[Mapping[str, str]] = {
     "roll_drain_timeout": (
         "seconds a host out of the router is waited for until its in-flight requests are done; "
         "past that it restarts anyway"),
+    "roll_max_unavailable": (
+        "workers of the fleet a roll may have out of the router at once, those an interrupted "
+        "run left out included (read from the first router host's data; at least "
+        "gpuhost_roll_size)"),
     "prometheus": (
         "on a router host: True runs the fleet's Prometheus there, False not; None: the first "
         "host of the gpuhost_router group runs it (docs/observability.md)"),

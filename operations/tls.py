@@ -49,6 +49,7 @@ from pyinfra.operations import files
 from operations.fleet_ca import RENEW_DAYS, FleetCA, TlsError, for_run, load_ca  # noqa: F401
 from operations.plan import refuse
 from operations.secret_template import put_hidden
+from operations.whole_file import whole
 from operations.settings import PREFIX, Settings
 
 TLS_DIR: Final = "/etc/gpuhost/tls"
@@ -403,8 +404,8 @@ def host_certificate(settings: Settings, ca: FleetCA):
     """The fleet CA's certificate and the host's key and certificate in /etc/gpuhost/tls,
     issued again where :func:`reason_to_issue` says so (its reason is the change's line)."""
     yield from files.directory._inner(path=TLS_DIR, user="root", group="root", mode="755")
-    yield from files.put._inner(src=StringIO(ca.cert_pem), dest=CA_PATH, user="root",
-                                group="root", mode="644")
+    yield from whole(files.put._inner(src=StringIO(ca.cert_pem), dest=CA_PATH, user="root",
+                                      group="root", mode="644"), CA_PATH, "644")
     if not needs_tls(settings):
         host.noop("no public endpoint here: no certificate of its own")
         return

@@ -90,6 +90,9 @@ SECONDS = {
     "tests/e2e/test_listeners.py": 148,  # 17 s failing at its fixture
     "tests/e2e/test_messages.py": 140,
     "tests/e2e/test_mlenv.py": 518,  # 226 s failing
+    # run alone (its own converge included), with issue 40's two killed rolls, at a load
+    # average of 20 to 36
+    "tests/e2e/test_membership.py": 1187,
     "tests/e2e/test_multinode.py": 150,  # 348 s from bare; from the image 310 to 462 s
     # beside 1144 s
     "tests/e2e/test_nothing_lost.py": 275,

@@ -314,7 +314,8 @@ def test_router_check_describes_what_is_missing():
     from operations.files import router_workers
 
     seen = {"listed": {"a": True, "b": False}, "missing": ["c"], "unhealthy": ["b"], "error": ""}
-    assert router_workers.describe(seen) == "not listed: c; unhealthy: b"
+    assert router_workers.describe(seen, ["a", "b", "c"]) == (
+        "1 of 3 configured worker(s) listed and healthy (a); not listed: c; unhealthy: b")
     assert router_workers.describe({"listed": {}, "missing": [], "unhealthy": [],
                                     "error": "URLError: refused"}).startswith("no worker list")
 
@@ -340,8 +341,9 @@ def test_the_router_check_does_not_wait_for_workers_whose_host_failed(monkeypatc
                                   "/root/fleet.key")
     assert len(ran) == 1 and ran[0].endswith(
         "--control-key-file /etc/gpuhost/router-control.key --worker-key-file /root/fleet.key "
-        "--timeout 60 --register --remove-others --save /etc/gpuhost/router-workers.json --keep "
-        "http://10.0.0.2:8000 "
+        "--timeout 60 --register --remove-others --save /etc/gpuhost/router-workers.json "
+        "--roll-state /etc/gpuhost/roll-state.json --name gpu1=http://127.0.0.1:30000 "
+        "--name gpu2=http://10.0.0.2:8000 --keep http://10.0.0.2:8000 "
         "http://127.0.0.1:30000"), ran
     ran.clear()
     state.failed_hosts = [SimpleNamespace(name="gpu1"), SimpleNamespace(name="gpu2")]
@@ -441,7 +443,7 @@ def test_the_router_is_looked_at_again_after_the_runs_restarts(monkeypatch, look
         True, SimpleNamespace(stdout_lines=[json.dumps(look)], stderr_lines=[])))
     planned = list(router.workers_registered._inner(
         router="http://127.0.0.1:30100", workers=workers, timeout=60, restarted=False))
-    assert planned == [] and noops == ["the router lists all 2 worker(s), healthy, and no other"]
+    assert planned == [] and noops == ["the router lists 2 worker(s), each healthy and configured"]
     router.state.is_executing = True
     ran = list(router.workers_registered._inner(
         router="http://127.0.0.1:30100", workers=workers, timeout=60, restarted=False))

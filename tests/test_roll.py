@@ -54,7 +54,8 @@ def test_hosts_with_nothing_to_restart_are_in_no_position(monkeypatch):
 
 
 def test_roll_size_puts_n_hosts_in_a_position(monkeypatch):
-    configured(monkeypatch, {"gpu2", "gpu3", "gpu4"}, roll_size=2, roll_drain_timeout=30)
+    configured(monkeypatch, {"gpu2", "gpu3", "gpu4"}, roll_size=2, roll_drain_timeout=30,
+               roll_max_unavailable=2)
     assert roll._positions() == [["gpu2", "gpu3"], ["gpu4"]]
     assert roll.ROLL.drain_timeout == 30
     assert roll.describe(roll._positions()).startswith(
@@ -116,6 +117,20 @@ def test_a_serving_router_host_in_a_node_group_still_means_no_roll():
 def test_roll_keys_are_checked():
     with pytest.raises(Exception, match="roll_size"):
         settings("h", roll_size=0)
+    with pytest.raises(Exception, match="roll_max_unavailable"):
+        settings("h", roll_max_unavailable=0)
+    with pytest.raises(Exception, match="roll_max_unavailable"):
+        settings("h", roll_max_unavailable="one")
+    assert settings("h").roll_max_unavailable == 1
+
+
+def test_a_roll_size_over_the_unavailable_budget_is_refused_naming_both_keys():
+    s = {"gpu1": gated("10.0.0.1", roll_size=2), "gpu2": gated("10.0.0.2")}
+    with pytest.raises(fleet.FleetError) as caught:
+        fleet.plan([("gpu1", ["gpuhost_router"]), ("gpu2", [])], s)
+    assert caught.value.problems == [
+        "host gpu1: gpuhost_roll_size = 2 is not allowed: at most gpuhost_roll_max_unavailable "
+        "(1), the workers a roll may have out of the router at once"]
 
 
 class FakeRouter(BaseHTTPRequestHandler):
@@ -127,6 +142,11 @@ class FakeRouter(BaseHTTPRequestHandler):
     #: Authorization headers seen, and the bodies of the workers added
     auth: set = set()
     added: list = []
+    #: URLs whose server does not answer: a POST is accepted (202) and the worker never listed
+    #: (smg registers a worker once its own health checks pass)
+    down: set = set()
+    #: every call, in order: (method, path or URL)
+    calls: list = []
 
     def _send(self, code: int, body: dict) -> None:
         data = json.dumps(body).encode()
@@ -149,6 +169,7 @@ class FakeRouter(BaseHTTPRequestHandler):
     def do_DELETE(self):  # noqa: N802
         FakeRouter.auth.add(self.headers.get("Authorization"))
         wid = self.path.rsplit("/", 1)[-1]
+        FakeRouter.calls.append(("DELETE", wid))
         for w in self.workers.values():
             if w["id"] == wid:
                 w.update(status="draining", is_healthy=False, polls=self.drain_polls)
@@ -160,9 +181,12 @@ class FakeRouter(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         FakeRouter.added.append(body)
         url = body["url"]
+        FakeRouter.calls.append(("POST", url))
+        if url in self.down:
+            return self._send(202, {"status": "accepted"})
         if url in self.workers:
             return self._send(409, {"code": "WORKER_ALREADY_EXISTS"})
-        self.workers[url] = {"id": f"id-{len(url)}", "url": url, "is_healthy": True,
+        self.workers[url] = {"id": f"id-{len(FakeRouter.added)}", "url": url, "is_healthy": True,
                              "status": "ready"}
         self._send(202, {"status": "accepted"})
 
@@ -170,10 +194,22 @@ class FakeRouter(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.fixture(autouse=True)
+def roll_state_file(tmp_path, monkeypatch):
+    """router_membership's roll state in a file of the test's own (not /etc/gpuhost)."""
+    path = tmp_path / "roll-state.json"
+    monkeypatch.setattr(router_membership.Roll, "state", str(path))
+    monkeypatch.setattr(router_membership.Roll, "fleet", {})
+    monkeypatch.setattr(router_membership.Roll, "host", "")
+    monkeypatch.setattr(router_membership.Roll, "max_unavailable", 1)
+    return path
+
+
 @pytest.fixture
 def router_url():
     FakeRouter.workers = {"http://10.0.0.2:8000": {"id": "w2", "url": "http://10.0.0.2:8000",
                                                    "is_healthy": True, "status": "ready"}}
+    FakeRouter.down, FakeRouter.calls = set(), []
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeRouter)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -295,7 +331,8 @@ def test_a_host_with_a_change_in_its_turn_restarts_in_the_roll_and_plans_it_each
     # one position per rolling host; the change after leaving the router, before the restart
     assert planned.count("the driver change") == 4 and len(whens) == 4
     first = planned.index("the driver change")
-    assert planned[first - 1] == "Roll position 1: out of the router, drained"
+    assert planned[first - 2:first] == ["Roll position 1: out of the router, drained",
+                                        "Roll position 1: restarting (the roll state)"]
     assert planned[first + 1] == "Roll position 1: restart sglang.service"
     # each position's _if: only the position gpu2 is in
     monkeypatch.setattr(roll, "_positions", lambda: [["gpu2"]])
@@ -339,10 +376,12 @@ def _membership_on(monkeypatch, answer):
 
     def shell(h, command, timeout):
         sent.append(("shell", h, str(command)))
+        sent.append(("timeout", timeout))
         return answer()
 
     monkeypatch.setattr(roll.remote, "shell", shell)
-    state = SimpleNamespace(inventory=SimpleNamespace(get_host=lambda n: router_host))
+    state = SimpleNamespace(inventory=SimpleNamespace(get_host=lambda n: router_host),
+                            failed_hosts=[SimpleNamespace(name="gpu4")])
     me = SimpleNamespace(name="gpu3", print_prefix="[gpu3] ")
     return roll._membership.__wrapped__, state, me, sent, router_host
 
@@ -352,12 +391,23 @@ def test_leave_runs_on_the_router_host_over_its_own_connection(monkeypatch, capl
     run, state, me, sent, router_host = _membership_on(
         monkeypatch, lambda: (True, Out(["router: http://10.0.0.3:8000 drained and out"])))
     assert run(state, me, "leave", 30) is True
-    assert sent[0] == ("put", router_host, roll.SCRIPT)
-    assert sent[1] == ("shell", router_host, "python3 /opt/gpuhost/lib/router_membership.py "
+    assert sent[:2] == [("put", router_host, roll.SCRIPT),
+                        ("put", router_host, roll.STATE_SCRIPT)]
+    # the fleet as this run knows it: gpu4 failed in this run, so it is not counted on
+    assert sent[2] == ("shell", router_host, "python3 /opt/gpuhost/lib/router_membership.py "
                        "leave --router http://127.0.0.1:30100 --url http://10.0.0.3:8000 "
                        "--timeout 30 --control-key-file /etc/gpuhost/router-control.key "
-                       "--worker-key-file /root/fleet.key")
+                       "--worker-key-file /root/fleet.key --host gpu3 "
+                       "--fleet gpu1=http://127.0.0.1:30000 --fleet gpu2=http://10.0.0.2:8000 "
+                       "--fleet gpu3=http://10.0.0.3:8000 --max-unavailable 1 "
+                       "--resume-timeout 300")
+    # the resume's wait, the drain's and the last poll: a leave that waits on an earlier
+    # roll's worker is not cut short by the command's own limit
+    assert sent[3] == ("timeout", 300 + 30 + roll.remote.POLL_TIMEOUT_S)
     assert "[gpu3] Roll: on gpu1: router: http://10.0.0.3:8000 drained and out" in caplog.text
+    sent.clear()
+    assert run(state, me, "join", 30) is True
+    assert sent[3] == ("timeout", 30 + roll.remote.POLL_TIMEOUT_S)
 
 
 def test_a_failed_leave_fails_this_host_saying_the_routers_words(monkeypatch):

@@ -23,13 +23,15 @@ MODULES_OVER = {
     "operations/model_copy.py": 671,
     "operations/nvidia.py": 1379,
     "operations/server.py": 1009,
-    "operations/settings.py": 1883,
+    "operations/settings.py": 1889,
 }
 #: "path:qualified name": lines, for each function over FUNCTION_LINES today.
 FUNCTIONS_OVER = {
     "operations/files/bench_run.py:main": 112,
     "operations/files/health_check.py:_main": 85,
     "operations/files/model_fetch.py:_main": 144,
+    "operations/files/router_workers.py:main": 87,
+    "operations/fleet.py:plan": 83,
     "operations/mlenv.py:mlenv": 165,
     "operations/nvidia.py:nvidia": 208,
     "operations/nvidia.py:plan_driver": 184,

@@ -59,8 +59,10 @@ import urllib.parse
 import urllib.request
 
 try:
+    import roll_state
     from secret_file import SecretFileError, read_secret
 except ImportError:  # imported as operations.files.<this module> (the unit tests)
+    from operations.files import roll_state
     from operations.files.secret_file import SecretFileError, read_secret
 
 
@@ -171,17 +173,54 @@ def start(router: str, members: str | None, timeout: float) -> int:
     return 0
 
 
-def describe(seen: dict) -> str:
+def describe(seen: dict, expected: list[str] = (), keep: list[str] = (),
+             names: dict[str, str] | None = None, entries: dict[str, dict] | None = None) -> str:
+    """What the router's own list says, counted from it: the expected workers listed healthy,
+    those missing or unhealthy, a kept entry (a host failed in this run) as the router has it,
+    and the ones gpuhost did not configure."""
     if seen["error"]:
         return f"no worker list from the router ({seen['error']})"
-    parts = []
+    names, entries = names or {}, entries or {}
+
+    def said(urls) -> str:
+        return ", ".join(f"{names[u]} ({u})" if u in names else u for u in urls)
+
+    listed = seen["listed"]
+    healthy = [u for u in expected if listed.get(u)]
+    parts = [f"{len(healthy)} of {len(expected)} configured worker(s) listed and healthy"
+             + (f" ({said(healthy)})" if healthy else "")]
     if seen["missing"]:
-        parts.append("not listed: " + ", ".join(seen["missing"]))
+        parts.append("not listed: " + said(seen["missing"]))
     if seen["unhealthy"]:
-        parts.append("unhealthy: " + ", ".join(seen["unhealthy"]))
+        parts.append("unhealthy: " + said(seen["unhealthy"]))
+    for k in keep:
+        state = entries.get(k, {}).get("state")
+        how = ("listed and healthy" if listed.get(k) else "listed, unhealthy" if k in listed
+               else "out of the router" + (f", {state} by a roll" if state else ""))
+        parts.append(f"{said([k])}, whose host failed in this run: {how}")
     if seen.get("others"):
-        parts.append("not configured by gpuhost: " + ", ".join(seen["others"]))
-    return "; ".join(parts) or f"all {len(seen['listed'])} worker(s) listed and healthy"
+        parts.append("not configured by gpuhost: " + said(seen["others"]))
+    if seen.get("removing"):
+        parts.append("removed, still draining: " + said(seen["removing"]))
+    return "; ".join(parts)
+
+
+def returned(router: str, back: list[str], entries: dict[str, dict],
+             names: dict[str, str]) -> list[str]:
+    """``back``: the kept workers (hosts failed in this run) that a roll drained and did not
+    restart (their roll state ``drained``: their servers never touched), registered again: the
+    router's own health checks decide whether each serves again (waited for as the expected
+    ones, without failing the check). What was done, in words."""
+    return [f"{names.get(url, url)} ({url}) was drained by the roll and its server not "
+            f"touched: {register(router, url)}" for url in back]
+
+
+def prune(path: str, listed: dict[str, bool]) -> None:
+    """Every roll state entry whose worker the router lists healthy leaves the roll state."""
+    entries = roll_state.read(path)
+    back = {u: e for u, e in entries.items() if not listed.get(u)}
+    if back != entries:
+        roll_state.write(back, path)
 
 
 def main() -> int:
@@ -202,8 +241,13 @@ def main() -> int:
                         help="wait for the router, add --members' workers, exit 0")
     parser.add_argument("--members", help="JSON list of the workers' URLs (with --start)")
     parser.add_argument("--save", help="write the verified list there (JSON list of URLs)")
+    parser.add_argument("--roll-state", help="the roll state's file (roll_state.py): kept "
+                        "workers a roll drained are registered again; healthy ones leave it")
+    parser.add_argument("--name", action="append", default=[], metavar="NAME=URL",
+                        help="a worker's host name, for messages")
     parser.add_argument("urls", nargs="*")
     args = parser.parse_args()
+    names = {url: name for name, _, url in (n.partition("=") for n in args.name)}
     try:
         Keys.control = read_secret(args.control_key_file, "control-plane key file")
         if args.worker_key_file:
@@ -216,23 +260,48 @@ def main() -> int:
     if args.timeout == 0:
         print(json.dumps(look(args.router, args.urls, args.keep)))
         return 0
+    try:
+        entries = roll_state.read(args.roll_state) if args.roll_state else {}
+    except roll_state.StateError as exc:
+        print(f"router: {exc}", file=sys.stderr)
+        entries = {}
+    back = [u for u in args.keep if entries.get(u, {}).get("state") == "drained"]
+    for line in returned(args.router, back, entries, names):
+        print(f"router: {line}", flush=True)
     deadline = time.monotonic() + args.timeout
     said = ""
+    removed: set[str] = set()
     while True:
         seen = look(args.router, args.urls, args.keep)
-        if args.remove_others and not seen["error"]:
-            for url in seen["others"]:
+        if args.remove_others and not seen["error"] and set(seen["others"]) - removed:
+            for url in [u for u in seen["others"] if u not in removed]:
                 print(f"router: {remove(args.router, url)}", flush=True)
-            seen["others"] = []
-        line = describe(seen)
+                removed.add(url)
+            seen = look(args.router, args.urls, args.keep)  # what is true after the removal
+        if args.remove_others:
+            seen["removing"] = [u for u in seen["others"] if u in removed]
+            seen["others"] = [u for u in seen["others"] if u not in removed]
+        line = describe(seen, args.urls, args.keep, names, entries)
         if line != said:
             print(f"router: {line}", flush=True)
             said = line
-        if not seen["error"] and not seen["missing"] and not seen["unhealthy"] \
-                and not seen["others"]:
+        done = not seen["error"] and not seen["missing"] and not seen["unhealthy"] \
+            and not seen["others"]
+        waiting = [u for u in back if not seen["listed"].get(u)]
+        if done and waiting and time.monotonic() < deadline:
+            for url in [u for u in waiting if u not in seen["listed"]]:
+                register(args.router, url)
+            time.sleep(args.interval)
+            continue
+        if done:
             if args.save:
                 save(args.save, sorted(u for u in seen["listed"]
                                        if u in args.urls or kept(u, args.keep)))
+            if args.roll_state:
+                try:
+                    prune(args.roll_state, seen["listed"])
+                except roll_state.StateError as exc:
+                    print(f"router: {exc}", file=sys.stderr)
             return 0
         if args.register and not seen["error"]:
             for url in seen["missing"]:

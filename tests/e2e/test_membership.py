@@ -3,18 +3,24 @@ suite run's image of a converged host (lab.up_from_image), the router on gpu1 (w
 serves too) in front of gpu1 and gpu2; gpu3 joins the fleet and leaves it again while a client
 on gpu2 sends at least 1000 requests through the router, over the lab switch: none fails, and
 the router's process is the same throughout (workers join and leave through its control plane,
-operations/files/router_membership.py). Checked through ssh (the router's own /workers with
-the control key on gpu1, the client's counts), not through pyinfra."""
+operations/files/router_membership.py). In the same window, two rolls are killed (SIGKILL, the
+deploy's whole process group) and run again (issue 40 finding 1): one right after gpu1 was
+drained, one after gpu1's server restarted, before its health gate passed (its next run has
+nothing to restart there: only the roll state brings gpu1 back before gpu2 is drained); none
+fails either, and each ends converged. Checked through ssh (the router's own /workers with
+the control key on gpu1, the roll state there, the client's counts), not through pyinfra."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.e2e import lab
+from tests.e2e.test_interrupted import Deploy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -57,13 +63,17 @@ print(json.dumps(sorted(w["url"] for w in json.load(u.urlopen(r, timeout=10))["w
 """
 
 
-def write_inventory(path: Path, members: tuple[str, ...]) -> str:
+ROLL_STATE = "/etc/gpuhost/roll-state.json"
+
+
+def write_inventory(path: Path, members: tuple[str, ...], **extra) -> str:
     """The fleet of ``members`` (host names), the router on :data:`ROUTER_HOST`."""
     entries = [(h["name"], lab.fleet_data(h, router=h["name"] == ROUTER_HOST))
                for h in json.loads(lab.sandbox("status", "--json").stdout)
                if h["name"] in members]
     for _, data in entries:
         data["gpuhost_router_health_check_interval_secs"] = 2
+        data.update(extra)
     path.write_text("import json\nsandbox = [tuple(e) for e in json.loads("
                     f"{json.dumps(json.dumps(entries))})]\ngpuhost_router = [{ROUTER_HOST!r}]\n")
     return str(path)
@@ -127,6 +137,11 @@ def test_the_fleet_grows_to_three_and_shrinks_back_without_a_failed_request(flee
             assert time.monotonic() < deadline, router_workers(router)
             time.sleep(1)
         assert router_workers(router) == expected(("gpu1", "gpu2"))
+        # the words counted from the router's list: one worker gone, two configured
+        assert "2 of 2 configured worker(s) listed and healthy" in shrunk.output, \
+            shrunk.output[-6000:]
+        assert "all 3 worker(s)" not in shrunk.output
+        killed_rolls(hosts, work)
     finally:
         client.ssh("touch /tmp/client.stop")
         deadline = time.monotonic() + 900  # the client sends its 1000 before it stops
@@ -138,3 +153,45 @@ def test_the_fleet_grows_to_three_and_shrinks_back_without_a_failed_request(flee
           f"{result['requests']} requests, {result['failed']} failed, {result['seconds']} s")
     assert result["failed"] == 0 and result["requests"] >= REQUESTS, result
     assert router.main_pid(ROUTER) == pid
+
+
+def killed_roll(hosts: dict, work: Path, requests: int, name: str, killed_when) -> lab.Run:
+    """A roll of gpu1 and gpu2 (a new ``gpuhost_max_running_requests``) killed (SIGKILL) once
+    ``killed_when(output)`` holds, then run again: gpu1 was out of the router when it died,
+    and the roll state on the router host says so; the run again converges, the roll state
+    empty, both servers on the new flag."""
+    router = hosts[ROUTER_HOST]
+    inventory = write_inventory(work / f"roll-{requests}.py", ("gpu1", "gpu2"),
+                                gpuhost_max_running_requests=requests)
+    run = Deploy(Path(inventory), work / f"{name}.log")
+    deadline = time.monotonic() + 900
+    while not killed_when(run.output()):
+        assert run.proc.poll() is None and time.monotonic() < deadline, run.output()[-6000:]
+        time.sleep(0.1)
+    run.kill()
+    gpu1 = expected(("gpu1",))[0]
+    assert gpu1 not in router_workers(router), run.output()[-4000:]
+    state = json.loads(router.ssh(f"cat {ROLL_STATE}"))
+    assert state[gpu1]["host"] == "gpu1", state
+    print(f"\n{name}: the roll state after the kill: {state}")
+    again = lab.deploy(inventory=inventory)
+    assert again.returncode == 0, again.output[-8000:]
+    assert router_workers(router) == expected(("gpu1", "gpu2"))
+    assert json.loads(router.ssh(f"cat {ROLL_STATE}")) == {}
+    for h in (hosts["gpu1"], hosts["gpu2"]):
+        args = h.process_args(h.main_pid())
+        assert args[args.index("--max-running-requests") + 1] == str(requests)
+    return again
+
+
+def killed_rolls(hosts: dict, work: Path) -> None:
+    """Issue 40 finding 1's kills (module docstring), while the client sends."""
+    drained = f"[gpu1] Roll: on {ROUTER_HOST}: router: http://127.0.0.1:30000 drained and out"
+    killed_roll(hosts, work, 48, "killed-after-the-drain", lambda out: drained in out)
+    pid = hosts["gpu1"].main_pid()
+    again = killed_roll(hosts, work, 40, "killed-after-the-restart",
+                        lambda out: drained in out and hosts["gpu1"].main_pid() not in (pid, 0))
+    # gpu1 had nothing left to restart: the roll state brought it back before gpu2 left
+    back = re.search(r"http://127\.0\.0\.1:30000\)? back in, healthy", again.output)
+    gpu2_out = again.output.find(f"http://{switch()['gpu2']}:8000 taken out")
+    assert back and -1 < back.start() < gpu2_out, again.output[-8000:]
