@@ -41,9 +41,7 @@ from operations import remote
 from operations.disk import no_space_named
 from operations.model_copy import login_rsh
 from operations.pip_index import pip_index_args
-
-#: Where the wheels of one install wait on the host (removed once the controller has them).
-WHEEL_DIR: Final = "/opt/gpuhost/wheels/locked"
+from operations.venvs import WHEEL_DIR  # where the wheels of one install wait on the host
 #: The lock's lines the cache holds no file of, written beside the sent files.
 MISSING: Final = "missing.txt"
 #: The cache's folder under ``gpuhost_wheel_cache``: ``<root>/locked/<sha256>/<file name>``.
