@@ -1,6 +1,7 @@
 """Room for the venv, and a venv a full disk left half-written, on sandbox hosts: a fresh host
-whose venvs' folder is on a small file system is refused while planning (--dry and a real run
-alike) with one line naming the folder, the mount point, the room needed and the room free,
+whose venvs' and models' folders are on a small file system is refused while planning (--dry
+and a real run alike) with one line per folder naming it, the mount point, the room needed and
+the room free,
 before the driver or anything else is touched; then, on one converged host, a serving venv
 whose python or pip does not run is kept as it is and its replacement built beside it by the
 next run, and a file system (a tmpfs mounted over the venvs' folder) that fills while the
@@ -54,6 +55,13 @@ def test_a_fresh_host_without_room_for_the_venv_is_refused_before_any_change(fre
         assert len(said) == 1, run.output[-6000:]
         assert where in said[0] and " GiB needed (" in said[0], said[0]
         assert f"{SMALL_MIB}.0 MiB free" in said[0], said[0]
+        # the models' folder is on it too: the download's room from the Hub's file listing
+        model = [x for x in run.output.splitlines() if "Preflight: refused: no room for the "
+                 "model " in x]
+        assert len(model) == 1, run.output[-6000:]
+        assert (" in /opt/gpuhost/models/" in model[0] and f"{SMALL} on the file system "
+                f"mounted on {SMALL} (df): " in model[0]), model[0]
+        assert f"GiB kept free), {SMALL_MIB / 1024:.2f} GiB free" in model[0], model[0]
     assert fresh_host.ssh(state) == before
     assert fresh_host.ssh(f"ls -A {SMALL}").split() == []
 
