@@ -12,6 +12,7 @@ from typing_extensions import override
 
 from operations import REPO_ROOT, model_copy, remote
 from operations.p2p import LIB_DIR
+from operations.venvs import size_text
 
 #: Written by operations/files/model_fetch.py once a download is complete.
 STAMP: Final = ".gpuhost-model.json"
@@ -151,13 +152,13 @@ def model_room_problem(fact, settings) -> str | None:
     need = room["need"] + int(ROOM_HEADROOM_GIB * 2**30)
     if room["free"] >= need:
         return None
-    gib = 2**30
     return (f"no room for the model {settings.model}@{settings.model_revision} in "
             f"{settings.model_path}: {room['folder']} on the file system mounted on "
-            f"{room['mount']} (df): {need / gib:.2f} GiB needed ({room['need'] / gib:.2f} GiB of "
-            f"the revision's files not there yet, from the Hub's file listing, and "
-            f"{ROOM_HEADROOM_GIB:g} GiB kept free), {room['free'] / gib:.2f} GiB free: make room "
-            "there, mount a larger file system, or set gpuhost_model_dir elsewhere")
+            f"{room['mount']} (df): {size_text(need // 1024)} needed "
+            f"({size_text(room['need'] // 1024)} of the revision's files not there yet, from "
+            f"the Hub's file listing, and {ROOM_HEADROOM_GIB:g} GiB kept free), "
+            f"{size_text(room['free'] // 1024)} free: make room there, mount a larger file "
+            "system, or set gpuhost_model_dir elsewhere")
 
 
 @operation()

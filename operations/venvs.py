@@ -429,10 +429,10 @@ def _fresh_room_problem(room: dict, new_venv: str, need: dict[str, int]) -> str 
         free = room["folders"][folders[0]]["free_kib"]
         total = sum(need.get(f, 0) for f in folders) + int(VENV_HEADROOM_GIB * 2**20)
         if free < total:
-            parts = ", ".join(f"{f} {_size(need.get(f, 0))}" for f in folders)
+            parts = ", ".join(f"{f} {size_text(need.get(f, 0))}" for f in folders)
             short.append(f"{', '.join(folders)} on the file system mounted on {mount} (df): "
-                         f"{_size(total)} needed ({parts}, {VENV_HEADROOM_GIB:g} GiB kept "
-                         f"free), {_size(free)} free")
+                         f"{size_text(total)} needed ({parts}, {VENV_HEADROOM_GIB:g} GiB kept "
+                         f"free), {size_text(free)} free")
     if not short:
         return None
     return (f"no room for the new venv {new_venv} and the lock's downloads: "
@@ -440,7 +440,8 @@ def _fresh_room_problem(room: dict, new_venv: str, need: dict[str, int]) -> str 
             "there, or mount a larger file system")
 
 
-def _size(kib: int) -> str:
+def size_text(kib: int) -> str:
+    """KiB as a room line says them: MiB below 1 GiB, else GiB, one decimal."""
     return f"{kib / 2**20:.1f} GiB" if kib >= 2**20 else f"{kib / 1024:.1f} MiB"
 
 

@@ -77,9 +77,9 @@ def test_a_model_that_does_not_fit_is_refused_naming_folder_mount_need_and_free(
 
     assert model_room_problem(fact, settings) == (
         "no room for the model org/m@main in /opt/gpuhost/models/org/m: /opt/gpuhost on the "
-        f"file system mounted on /opt (df): {3 + ROOM_HEADROOM_GIB:.2f} GiB needed (3.00 GiB "
+        f"file system mounted on /opt (df): {3 + ROOM_HEADROOM_GIB:.1f} GiB needed (3.0 GiB "
         "of the revision's files not there yet, from the Hub's file listing, and 1 GiB kept "
-        "free), 2.00 GiB free: make room there, mount a larger file system, or set "
+        "free), 2.0 GiB free: make room there, mount a larger file system, or set "
         "gpuhost_model_dir elsewhere")
     facts["ModelRoom"]["free"] = 5 * GIB
     assert model_room_problem(fact, settings) is None

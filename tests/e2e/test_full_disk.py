@@ -61,7 +61,7 @@ def test_a_fresh_host_without_room_for_the_venv_is_refused_before_any_change(fre
         assert len(model) == 1, run.output[-6000:]
         assert (" in /opt/gpuhost/models/" in model[0] and f"{SMALL} on the file system "
                 f"mounted on {SMALL} (df): " in model[0]), model[0]
-        assert f"GiB kept free), {SMALL_MIB / 1024:.2f} GiB free" in model[0], model[0]
+        assert f"GiB kept free), {SMALL_MIB}.0 MiB free" in model[0], model[0]
     assert fresh_host.ssh(state) == before
     assert fresh_host.ssh(f"ls -A {SMALL}").split() == []
 
