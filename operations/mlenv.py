@@ -35,7 +35,7 @@ from operations.settings import Settings
 from operations.venv_path import MAX_ENTRIES, VenvHealth, venv_path_problem
 from operations.venvs import (VENVS_DIR, choose_venv, kept_drift, link_problem, recorded_venv,
                               remember, slots, stack_changes, stack_venv, unit_venv,
-                              venv_checked, venv_room_problem)
+                              venv_checked)
 
 #: Memory one nvcc thread takes while compiling flash-attn's kernels, in GiB (flash-attn's
 #: README: "ninja ... without ... enough RAM ... MAX_JOBS"; about 5 GiB per thread is what the
@@ -613,7 +613,7 @@ def mlenv(settings: Settings):
         refuse("ML venv", problem)
         return []
     if health["found"] == "missing" or choice.replaces:
-        problem = venv_room_problem(fact, settings.venv_path, settings.pip_index_url, lock, venv)
+        problem = locked_wheels.room_problem(fact, settings, lock, venv)
         if problem:
             refuse("ML venv", problem)
             return []

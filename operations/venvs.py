@@ -34,7 +34,7 @@ from functools import cache
 from pathlib import Path
 from typing import Final
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import FactProcessError, OperationError
 from typing_extensions import override
@@ -371,11 +371,11 @@ class LockSizes(FactBase[dict]):
             raise FactProcessError(f"wheel_sizes.py: cannot read {output[-3:]!r}") from exc
 
 
-def lock_pins(lock: Lock) -> tuple[str, ...]:
+def lock_pins(pins) -> tuple[str, ...]:
     """LockSizes' arguments: ``name==version:<16 hex of each sha256>`` (prefixes, so that a lock
     of a few thousand hashes stays well inside one argument's limit, MAX_ARG_STRLEN 128 KiB)."""
     return tuple(f"{p.name}=={p.version}:" + ",".join(h.removeprefix("sha256:")[:16]
-                                                      for h in p.hashes) for p in lock.pins)
+                                                      for h in p.hashes) for p in pins)
 
 
 def needs(sizes: dict) -> dict[str, int]:
@@ -402,22 +402,6 @@ def room_problem(room: dict, new_venv: str, sizes: dict | None = None) -> str | 
             f"{VENV_HEADROOM_GIB:g} GiB kept free), and {room['free_kib'] / gib:.1f} GiB are "
             f"free on {room['mount']} (df): free space there (venvs of earlier locks that "
             "gpuhost_venvs_kept keeps are removed only once a new one passed the health gate)")
-
-
-def venv_room_problem(fact, venv_path: str, index_url: str, lock: Lock,
-                      new_venv: str) -> str | None:
-    """:func:`room_problem` from the host's facts (``fact``: operations.plan.fact): the lock's
-    files' sizes are read off the index only where no venv serves (a fresh host). A name the
-    index gave no size of is said, and counts nothing."""
-    room = fact(VenvRoom, venv_path=venv_path, folders=ROOM_FOLDERS)
-    sizes = None
-    if not room["serving_kib"]:
-        sizes = fact(LockSizes, index_url=index_url, pins=lock_pins(lock))
-        unknown = sorted(f"{n} ({s['error']})" for n, s in sizes.items() if "error" in s)
-        if unknown:
-            logger.warning(f"{host.print_prefix}ML venv: the room check counts nothing for "
-                           f"{', '.join(unknown)}: the package index gave no size")
-    return room_problem(room, new_venv, sizes)
 
 
 def _fresh_room_problem(room: dict, new_venv: str, need: dict[str, int]) -> str | None:

@@ -141,6 +141,16 @@ def installed_size(url: str, filename: str, size: int) -> int:
         return unpacked([(m.name, m.size) for m in sdist.getmembers() if m.isfile()])
 
 
+def local_installed_size(path) -> int:
+    """What a wheel or sdist on this machine unpacks to, counted as :func:`installed_size`
+    counts one of the index (the controller's cache: operations/locked_wheels.py)."""
+    if str(path).endswith(".whl"):
+        with zipfile.ZipFile(path) as wheel:
+            return unpacked([(i.filename, i.file_size) for i in wheel.infolist()])
+    with tarfile.open(path) as sdist:
+        return unpacked([(m.name, m.size) for m in sdist.getmembers() if m.isfile()])
+
+
 def measure(index: str, pin: str) -> tuple[str, dict]:
     spec, _, prefixes = pin.partition(":")
     name, _, version = spec.partition("==")
