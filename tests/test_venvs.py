@@ -4,7 +4,10 @@ gpuhost_venv_path where the link to the serving venv goes (operations/venvs.py).
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
+
+import pytest
 
 from operations.lock import read_lock
 from operations.venvs import VENVS_DIR, link_problem, lock_digest, stack_venv
@@ -115,9 +118,11 @@ def test_a_fresh_venv_needs_room_for_the_locks_files_on_each_file_system():
     assert "64.0 MiB free" in both and "512.0 MiB free" in both
 
 
-def test_the_locks_file_sizes_are_read_off_an_index(tmp_path):
+@pytest.mark.parametrize("ranges", [False, True], ids=["whole-file", "byte-ranges"])
+def test_the_locks_file_sizes_are_read_off_an_index(tmp_path, ranges):
     """wheel_sizes.py against a PEP 503 index served by http.server (which ignores Range, so
-    the whole file is read): the download is the file's size, the install its members'
+    the whole file is read) or by the sandbox's server (which answers one range, so only the
+    zip directory is read): the download is the file's size, the install its members'
     uncompressed sizes with each .py's again for its .pyc; a file whose sha256 the lock does
     not name is not counted."""
     import hashlib
@@ -141,7 +146,10 @@ def test_the_locks_file_sizes_are_read_off_an_index(tmp_path):
     (project / "index.html").write_text(
         f'<a href="{wheel.name}#sha256={digest}">{wheel.name}</a>'
         f'<a href="{other.name}#sha256={"0" * 64}">{other.name}</a>')
-    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    from sandbox import httpd
+
+    handler = partial(httpd.Handler if ranges else http.server.SimpleHTTPRequestHandler,
+                      directory=str(tmp_path))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -150,6 +158,11 @@ def test_the_locks_file_sizes_are_read_off_an_index(tmp_path):
                                        f"absent==2.0:{'1' * 16}"))
         out = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
                              check=True).stdout.splitlines()
+        if ranges:  # the zip's end and directory only, not the whole file
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}"
+                                        "/_sandbox/bytes-served") as r:
+                sent = json.loads(r.read())["127.0.0.1"]["files"]
+            assert 0 < sent[f"/simple/demo-pkg/{wheel.name}"] < wheel.stat().st_size
     finally:
         server.shutdown()
     sizes = LockSizes().process(out)
