@@ -148,7 +148,10 @@ def test_the_locks_file_sizes_are_read_off_an_index(tmp_path, ranges):
         f'<a href="{other.name}#sha256={"0" * 64}">{other.name}</a>')
     from sandbox import httpd
 
-    handler = partial(httpd.Handler if ranges else http.server.SimpleHTTPRequestHandler,
+    class Ranged(httpd.Handler):
+        counter = httpd.Counter()  # its own: the class's is shared by every test here
+
+    handler = partial(Ranged if ranges else http.server.SimpleHTTPRequestHandler,
                       directory=str(tmp_path))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

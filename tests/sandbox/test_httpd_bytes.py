@@ -41,7 +41,11 @@ def test_a_byte_range_is_answered_206_and_counted_as_sent(tmp_path):
     import pytest
 
     (tmp_path / "f.whl").write_bytes(bytes(range(256)) * 40)  # 10240 bytes
-    handler = lambda *a, **k: httpd.Handler(*a, directory=str(tmp_path), **k)  # noqa: E731
+
+    class Counted(httpd.Handler):
+        counter = httpd.Counter()  # its own: the class's is shared by every test here
+
+    handler = lambda *a, **k: Counted(*a, directory=str(tmp_path), **k)  # noqa: E731
     server = httpd.Server(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
