@@ -44,6 +44,7 @@ from operations.pip_index import pip_index_args
 from operations.files import wheel_sizes
 from operations.venvs import ROOM_FOLDERS, WHEEL_DIR, LockSizes, VenvRoom, lock_pins
 from operations.venvs import room_problem as venv_room_problem
+
 #: The lock's lines the cache holds no file of, written beside the sent files.
 MISSING: Final = "missing.txt"
 #: The cache's folder under ``gpuhost_wheel_cache``: ``<root>/locked/<sha256>/<file name>``.

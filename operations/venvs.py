@@ -294,10 +294,10 @@ def venv_link(path: str, target: str, health: VenvHealth):
 #: below are estimates where wheel_sizes.py says so).
 VENV_HEADROOM_GIB: Final = 1.0
 #: Where pip's downloads of a fresh venv wait (operations/locked_wheels.py; removed once the
-#: controller has them), and
-#: pip's own cache, which keeps a second copy of what it downloads from the index (pip's
-#: default cache dir, ``~/.cache/pip`` of root under sudo -H: pip's docs, "Caching").
+#: controller has them).
 WHEEL_DIR: Final = "/opt/gpuhost/wheels/locked"
+#: pip's own cache, which keeps a second copy of what it downloads from the index (pip's docs,
+#: "Caching": on by default, ``~/.cache/pip`` on Unix; root's, as the deploy runs pip).
 PIP_CACHE: Final = "/root/.cache/pip"
 #: The folders a fresh venv's install writes to: the venvs', the wheels', pip's cache.
 ROOM_FOLDERS: Final = (VENVS_DIR, WHEEL_DIR, PIP_CACHE)
@@ -329,16 +329,17 @@ class VenvRoom(FactBase[dict]):
                 f"for f in {' '.join(shlex.quote(f) for f in folders)}; do "
                 "d=$f; while [ ! -d \"$d\" ]; do d=${d%/*}; [ -n \"$d\" ] || d=/; done; "
                 "df -Pk \"$d\" | tail -n 1 | "
-                "awk -v f=\"$f\" '{print \"room \" $4 \" \" $6 \" \" f}'; done")
+                "awk -v f=\"$f\" '{m = $6; for (i = 7; i <= NF; i++) m = m \" \" $i; "
+                "print \"room\\t\" $4 \"\\t\" f \"\\t\" m}'; done")
 
     @override
     def process(self, output: list[str]) -> dict:
-        values = dict(line.split(" ", 1) for line in output if " " in line)
+        values = dict(line.split(" ", 1) for line in output if line.startswith("serving_kib "))
         try:
             folders = {}
             for line in output:
-                if line.startswith("room "):
-                    _, free, mount, folder = line.split(" ", 3)
+                if line.startswith("room\t"):  # tabs: a folder or a mount may hold spaces
+                    _, free, folder, mount = line.split("\t", 3)
                     folders[folder] = {"free_kib": int(free), "mount": mount}
             first = next(iter(folders.values()))
             return {"serving_kib": int(values.get("serving_kib") or 0), **first,
@@ -420,8 +421,8 @@ def _fresh_room_problem(room: dict, new_venv: str, need: dict[str, int]) -> str 
     if not short:
         return None
     return (f"no room for the new venv {new_venv} and the lock's downloads: "
-            + "; ".join(short) + " (the lock's file sizes from the package index): make room "
-            "there, or mount a larger file system")
+            + "; ".join(short) + " (the lock's file sizes from the controller's wheel cache and "
+            "the package index): make room there, or mount a larger file system")
 
 
 def size_text(kib: int) -> str:

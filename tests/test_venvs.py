@@ -110,8 +110,8 @@ def test_a_fresh_venv_needs_room_for_the_locks_files_on_each_file_system():
         "no room for the new venv /opt/gpuhost/venvs/ab and the lock's downloads: "
         f"{VENVS_DIR}, {WHEEL_DIR} on the file system mounted on /opt (df): 2.2 GiB needed "
         f"({VENVS_DIR} 900.0 MiB, {WHEEL_DIR} 300.0 MiB, 1 GiB kept free), 2.1 GiB free "
-        "(the lock's file sizes from the package index): make room there, or mount a larger "
-        "file system")
+        "(the lock's file sizes from the controller's wheel cache and the package index): make "
+        "room there, or mount a larger file system")
     assert room_problem(room(2224 * mib, big), "/v/ab", sizes) is None
     both = room_problem(room(64 * mib, 512 * mib), "/v/ab", sizes)
     assert f"; {PIP_CACHE} on the file system mounted on / (df): 1.3 GiB needed" in both
