@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
-from pyinfra import logger
+from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.api.exceptions import OperationError
 
@@ -41,9 +41,10 @@ from operations import remote
 from operations.disk import no_space_named
 from operations.model_copy import login_rsh
 from operations.pip_index import pip_index_args
+from operations.files import wheel_sizes
+from operations.venvs import ROOM_FOLDERS, WHEEL_DIR, LockSizes, VenvRoom, lock_pins
+from operations.venvs import room_problem as venv_room_problem
 
-#: Where the wheels of one install wait on the host (removed once the controller has them).
-WHEEL_DIR: Final = "/opt/gpuhost/wheels/locked"
 #: The lock's lines the cache holds no file of, written beside the sent files.
 MISSING: Final = "missing.txt"
 #: The cache's folder under ``gpuhost_wheel_cache``: ``<root>/locked/<sha256>/<file name>``.
@@ -63,6 +64,35 @@ def cached(wheel_cache: str, hashes: Iterable[str]) -> dict[str, Path]:
         if len(files) == 1:
             found[digest] = files[0]
     return found
+
+
+def room_problem(fact, settings, lock, new_venv: str) -> str | None:
+    """:func:`operations.venvs.room_problem` from the host's facts (``fact``:
+    operations.plan.fact): where no venv serves (a fresh host), with the sizes of the lock's
+    files, each read from the controller's cache where it holds the file (its size, and its
+    members' as wheel_sizes.py counts them), else off the package index from the host
+    (:class:`operations.venvs.LockSizes`). A name no size was found for is said, and counts
+    nothing."""
+    room = fact(VenvRoom, venv_path=settings.venv_path, folders=ROOM_FOLDERS)
+    if room["serving_kib"]:
+        return venv_room_problem(room, new_venv)
+    sizes, uncached = {}, []
+    for pin in lock.pins:
+        found = cached(settings.wheel_cache, [h.removeprefix("sha256:") for h in pin.hashes])
+        if found:
+            path = max(found.values(), key=lambda f: f.stat().st_size)
+            sizes[pin.name] = {"file": path.name, "download": path.stat().st_size,
+                               "installed": wheel_sizes.local_installed_size(path)}
+        else:
+            uncached.append(pin)
+    if uncached:
+        sizes.update(fact(LockSizes, index_url=settings.pip_index_url,
+                          pins=lock_pins(uncached)))
+    unknown = sorted(f"{n} ({s['error']})" for n, s in sizes.items() if "error" in s)
+    if unknown:
+        logger.warning(f"{host.print_prefix}ML venv: the room check counts nothing for "
+                       f"{', '.join(unknown)}: no size found")
+    return venv_room_problem(room, new_venv, sizes)
 
 
 def lock_hashes(requirements_text: str) -> set[str]:

@@ -33,9 +33,9 @@ from operations.pip_index import pip_index_args
 from operations.plan import fact, is_dry_run, refuse
 from operations.settings import Settings
 from operations.venv_path import MAX_ENTRIES, VenvHealth, venv_path_problem
-from operations.venvs import (VENVS_DIR, VenvRoom, choose_venv, kept_drift, link_problem,
-                              recorded_venv, remember, room_problem, slots, stack_changes,
-                              stack_venv, unit_venv, venv_checked)
+from operations.venvs import (VENVS_DIR, choose_venv, kept_drift, link_problem, recorded_venv,
+                              remember, slots, stack_changes, stack_venv, unit_venv,
+                              venv_checked)
 
 #: Memory one nvcc thread takes while compiling flash-attn's kernels, in GiB (flash-attn's
 #: README: "ninja ... without ... enough RAM ... MAX_JOBS"; about 5 GiB per thread is what the
@@ -613,7 +613,7 @@ def mlenv(settings: Settings):
         refuse("ML venv", problem)
         return []
     if health["found"] == "missing" or choice.replaces:
-        problem = room_problem(fact(VenvRoom, venv_path=settings.venv_path), venv)
+        problem = locked_wheels.room_problem(fact, settings, lock, venv)
         if problem:
             refuse("ML venv", problem)
             return []

@@ -10,8 +10,9 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
 from typing_extensions import override
 
-from operations import model_copy, remote
+from operations import REPO_ROOT, model_copy, remote
 from operations.p2p import LIB_DIR
+from operations.venvs import size_text
 
 #: Written by operations/files/model_fetch.py once a download is complete.
 STAMP: Final = ".gpuhost-model.json"
@@ -91,6 +92,73 @@ def is_current(snapshot: Snapshot, repo: str, revision: str) -> bool:
     was downloaded for, or its commit sha)."""
     return (snapshot.get("repo") == repo and snapshot.get("complete") is True
             and revision in (snapshot.get("revision"), snapshot.get("sha")))
+
+
+#: GiB that must stay free on the model's file system after a download (the server stage's
+#: DISK_HEADROOM_GIB, which model_fetch.py --check-room is given at run time).
+ROOM_HEADROOM_GIB: Final = 1.0
+_ROOM_SCRIPT: Final = (REPO_ROOT / "operations" / "files" / "model_room.py").read_text()
+
+
+class ModelRoom(FactBase[dict]):
+    """What a download of ``repo`` at ``revision`` into ``dest`` still needs and the room there
+    (operations/files/model_room.py, which says where each figure comes from), in bytes:
+
+    .. code:: python
+
+        {"need": 1577149, "free": 2147483648, "mount": "/opt", "folder": "/opt"}
+
+    ``{"error": "..."}`` where the Hub did not answer (said, and the run's own check at the
+    download still stands).
+    """
+
+    @override
+    def requires_command(self, **kwargs) -> str:
+        return "python3"
+
+    @override
+    def command(self, endpoint: str, repo: str, revision: str, dest: str,
+                token_file: str | None) -> str:
+        return " ".join(shlex.quote(a) for a in ("python3", "-c", _ROOM_SCRIPT, endpoint, repo,
+                                                  revision, dest, token_file or ""))
+
+    @override
+    def default(self) -> dict:
+        return {"error": "python3 is missing"}
+
+    @override
+    def process(self, output) -> dict:
+        try:
+            return json.loads(output[-1])
+        except (IndexError, ValueError):
+            return {"error": f"model_room.py said {list(output)[-2:]!r}"}
+
+
+def model_room_problem(fact, settings) -> str | None:
+    """Why the model's download does not fit on its file system, or None; read while planning
+    (``fact``: operations.plan.fact) where the model is a Hub repository not yet complete in
+    gpuhost_model_dir. The need is the revision's files not there yet (the Hub's file listing)
+    and ROOM_HEADROOM_GIB."""
+    if settings.model_is_local or is_current(fact(ModelSnapshot, path=settings.model_path),
+                                             settings.model, settings.model_revision):
+        return None
+    room = fact(ModelRoom, endpoint=settings.hf_endpoint, repo=settings.model,
+                revision=settings.model_revision, dest=settings.model_path,
+                token_file=settings.hf_token_file)
+    if "error" in room:
+        logger.warning(f"{host.print_prefix}the model's room is checked at the download only: "
+                       f"the Hub's file listing was not read while planning ({room['error']})")
+        return None
+    need = room["need"] + int(ROOM_HEADROOM_GIB * 2**30)
+    if room["free"] >= need:
+        return None
+    return (f"no room for the model {settings.model}@{settings.model_revision} in "
+            f"{settings.model_path}: {room['folder']} on the file system mounted on "
+            f"{room['mount']} (df): {size_text(need // 1024)} needed "
+            f"({size_text(room['need'] // 1024)} of the revision's files not there yet, from "
+            f"the Hub's file listing, and {ROOM_HEADROOM_GIB:g} GiB kept free), "
+            f"{size_text(room['free'] // 1024)} free: make room there, mount a larger file "
+            "system, or set gpuhost_model_dir elsewhere")
 
 
 @operation()

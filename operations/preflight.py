@@ -9,6 +9,7 @@ from typing_extensions import override
 
 from operations.gpu import NvidiaDriver
 from operations.host import HostResources
+from operations.model import model_room_problem
 from operations.nvidia import repo_folder
 from operations.plan import PlanError, fact, refuse
 from operations.secureboot import SecureBoot
@@ -48,7 +49,8 @@ class InitSystem(FactBase[str]):
 def preflight(settings: Settings) -> None:
     """Facts only: OS and architecture supported by NVIDIA's repository, the GPUs (when the
     driver already answers) matching host data, the Secure Boot state (which the NVIDIA stage
-    weighs against a DKMS build: operations.secureboot). Refuses (operations.plan), with what
+    weighs against a DKMS build: operations.secureboot), room for the model's download
+    (operations.model.model_room_problem). Refuses (operations.plan), with what
     to do, before any change to the host. On a host that serves no model (``gpuhost_serving =
     False``): :func:`router_host_preflight` instead."""
     meta = fact(LinuxDistribution).get("release_meta", {})
@@ -79,6 +81,9 @@ def preflight(settings: Settings) -> None:
         gpus = f"{count} x {driver.gpus[0].name}, driver {driver.driver_version}"
     else:
         gpus = f"driver {driver.status}"
+    problem = model_room_problem(fact, settings)
+    if problem:
+        refuse("Preflight", problem)
     logger.info(
         f"{host.print_prefix}{os_id} {version_id} ({folder}), kernel {fact(OsVersion)}, "
         f"virtualisation {virt}, {secure_boot.summary()}, PID 1 {fact(InitSystem)}, "

@@ -290,55 +290,144 @@ def venv_link(path: str, target: str, health: VenvHealth):
     yield f"ln -sfnT {t} {q}.gpuhost-new && mv -fT {q}.gpuhost-new {q}"
 
 
-#: GiB left free beside a new venv the size of the serving one (pip's downloads and build
-#: folders live in the host's cache and /tmp meanwhile).
+#: GiB left free beside a new venv (pip's build folders live in /tmp meanwhile; the figures
+#: below are estimates where wheel_sizes.py says so).
 VENV_HEADROOM_GIB: Final = 1.0
+#: Where pip's downloads of a fresh venv wait (operations/locked_wheels.py; removed once the
+#: controller has them).
+WHEEL_DIR: Final = "/opt/gpuhost/wheels/locked"
+#: pip's own cache, which keeps a second copy of what it downloads from the index (pip's docs,
+#: "Caching": on by default, ``~/.cache/pip`` on Unix; root's, as the deploy runs pip).
+PIP_CACHE: Final = "/root/.cache/pip"
+#: The folders a fresh venv's install writes to: the venvs', the wheels', pip's cache.
+ROOM_FOLDERS: Final = (VENVS_DIR, WHEEL_DIR, PIP_CACHE)
+#: What the lock's files take (operations/files/wheel_sizes.py), sent as ``python3 -c``.
+_SIZES_SCRIPT: Final = (Path(__file__).parent / "files" / "wheel_sizes.py").read_text()
 
 
 class VenvRoom(FactBase[dict]):
     """The size of the venv at ``venv_path`` (the link's target, or a venv of an earlier gpuhost
-    there; ``du -sk``, KiB) and the room on the file system VENVS_DIR is on (or would be: the
-    nearest folder above it that exists; ``df -Pk``, POSIX output, KiB; df(1)):
+    there; ``du -sk``, KiB) and the room on the file system each of ``folders`` is on (or would
+    be: the nearest folder above it that exists; ``df -Pk``, POSIX output, KiB; df(1)); the
+    first folder's figures also stand alone:
 
     .. code:: python
 
-        {"serving_kib": 9437184, "free_kib": 52428800, "mount": "/"}
+        {"serving_kib": 9437184, "free_kib": 52428800, "mount": "/",
+         "folders": {"/opt/gpuhost/venvs": {"free_kib": 52428800, "mount": "/"}}}
 
     ``serving_kib`` is 0 where no venv is there (a fresh host).
     """
 
     @override
-    def command(self, venv_path: str) -> str:
+    def command(self, venv_path: str, folders: tuple[str, ...] = (VENVS_DIR,)) -> str:
         q = shlex.quote(venv_path)
         return (f"t=$(readlink -f {q} 2>/dev/null); "
                 "if [ -n \"$t\" ] && [ -f \"$t/pyvenv.cfg\" ]; then "
                 "echo \"serving_kib $(du -sk \"$t\" 2>/dev/null | cut -f1)\"; "
                 "else echo serving_kib 0; fi; "
-                f"d={VENVS_DIR}; while [ ! -d \"$d\" ]; do d=${{d%/*}}; [ -n \"$d\" ] || d=/; done; "
-                "df -Pk \"$d\" | tail -n 1 | awk '{print \"free_kib \" $4; print \"mount \" $6}'")
+                f"for f in {' '.join(shlex.quote(f) for f in folders)}; do "
+                "d=$f; while [ ! -d \"$d\" ]; do d=${d%/*}; [ -n \"$d\" ] || d=/; done; "
+                "df -Pk \"$d\" | tail -n 1 | "
+                "awk -v f=\"$f\" '{m = $6; for (i = 7; i <= NF; i++) m = m \" \" $i; "
+                "print \"room\\t\" $4 \"\\t\" f \"\\t\" m}'; done")
 
     @override
     def process(self, output: list[str]) -> dict:
-        values = dict(line.split(" ", 1) for line in output if " " in line)
+        values = dict(line.split(" ", 1) for line in output if line.startswith("serving_kib "))
         try:
-            return {"serving_kib": int(values.get("serving_kib") or 0),
-                    "free_kib": int(values["free_kib"]), "mount": values.get("mount", "?")}
-        except (KeyError, ValueError) as exc:
+            folders = {}
+            for line in output:
+                if line.startswith("room\t"):  # tabs: a folder or a mount may hold spaces
+                    _, free, folder, mount = line.split("\t", 3)
+                    folders[folder] = {"free_kib": int(free), "mount": mount}
+            first = next(iter(folders.values()))
+            return {"serving_kib": int(values.get("serving_kib") or 0), **first,
+                    "folders": folders}
+        except (StopIteration, ValueError) as exc:
             raise FactProcessError(f"du and df: cannot read {output[:3]!r}") from exc
 
 
-def room_problem(room: dict, new_venv: str) -> str | None:
-    """Why the lock's new venv (``new_venv``, not built yet) does not fit beside the serving
-    one, or None: it needs about the serving venv's size and VENV_HEADROOM_GIB free."""
-    needed = room["serving_kib"] + int(VENV_HEADROOM_GIB * 2**20)
-    if not room["serving_kib"] or room["free_kib"] >= needed:
-        return None
+class LockSizes(FactBase[dict]):
+    """What the lock's files take, read off the package index from the host
+    (operations/files/wheel_sizes.py, which says where each figure comes from): name ->
+    ``{"file", "download", "installed"}`` in bytes, or ``{"error": "..."}``.
+
+    .. code:: python
+
+        {"torch": {"file": "torch-2.9.1-py3-none-any.whl", "download": 1045,
+                   "installed": 2210}}
+    """
+
+    @override
+    def command(self, index_url: str, pins: tuple[str, ...]) -> str:
+        return " ".join(["python3", "-c", shlex.quote(_SIZES_SCRIPT), shlex.quote(index_url),
+                         *(shlex.quote(p) for p in pins)])
+
+    @override
+    def process(self, output: list[str]) -> dict:
+        try:
+            return json.loads(output[-1])
+        except (IndexError, ValueError) as exc:
+            raise FactProcessError(f"wheel_sizes.py: cannot read {output[-3:]!r}") from exc
+
+
+def lock_pins(pins) -> tuple[str, ...]:
+    """LockSizes' arguments: ``name==version:<16 hex of each sha256>`` (prefixes, so that a lock
+    of a few thousand hashes stays well inside one argument's limit, MAX_ARG_STRLEN 128 KiB)."""
+    return tuple(f"{p.name}=={p.version}:" + ",".join(h.removeprefix("sha256:")[:16]
+                                                      for h in p.hashes) for p in pins)
+
+
+def needs(sizes: dict) -> dict[str, int]:
+    """KiB each of ROOM_FOLDERS takes for a fresh venv from LockSizes' figures: the venv what its
+    files unpack to, the wheels' folder and pip's cache what is downloaded."""
+    download = sum(s.get("download", 0) for s in sizes.values()) // 1024
+    installed = sum(s.get("installed", 0) for s in sizes.values()) // 1024
+    return {VENVS_DIR: installed, WHEEL_DIR: download, PIP_CACHE: download}
+
+
+def room_problem(room: dict, new_venv: str, sizes: dict | None = None) -> str | None:
+    """Why the lock's new venv (``new_venv``, not built yet) does not fit, or None. Beside a
+    serving venv it needs about the serving venv's size and VENV_HEADROOM_GIB free; on a fresh
+    host (no serving venv) what ``sizes`` (LockSizes) says the lock's files take in each of
+    ROOM_FOLDERS, summed per file system, and VENV_HEADROOM_GIB on each."""
     gib = 2**20
+    if not room["serving_kib"]:
+        return _fresh_room_problem(room, new_venv, needs(sizes or {}))
+    needed = room["serving_kib"] + int(VENV_HEADROOM_GIB * 2**20)
+    if room["free_kib"] >= needed:
+        return None
     return (f"no room for the new venv {new_venv} beside the serving one: it needs about "
             f"{needed / gib:.1f} GiB (the serving venv's {room['serving_kib'] / gib:.1f} GiB and "
             f"{VENV_HEADROOM_GIB:g} GiB kept free), and {room['free_kib'] / gib:.1f} GiB are "
             f"free on {room['mount']} (df): free space there (venvs of earlier locks that "
             "gpuhost_venvs_kept keeps are removed only once a new one passed the health gate)")
+
+
+def _fresh_room_problem(room: dict, new_venv: str, need: dict[str, int]) -> str | None:
+    by_mount: dict[str, list[str]] = {}
+    for folder, where in room.get("folders", {}).items():
+        by_mount.setdefault(where["mount"], []).append(folder)
+    short = []
+    for mount, folders in by_mount.items():
+        free = room["folders"][folders[0]]["free_kib"]
+        total = sum(need.get(f, 0) for f in folders) + int(VENV_HEADROOM_GIB * 2**20)
+        if free < total:
+            parts = ", ".join(f"{f} {size_text(need.get(f, 0))}" for f in folders)
+            short.append(f"{', '.join(folders)} on the file system mounted on {mount} (df): "
+                         f"{size_text(total)} needed ({parts}, {VENV_HEADROOM_GIB:g} GiB kept "
+                         f"free), {size_text(free)} free")
+    if not short:
+        return None
+    return (f"no room for the new venv {new_venv} and the lock's downloads: "
+            + "; ".join(short) + " (the lock's file sizes from the controller's wheel cache and "
+            "the package index): make room there, or mount a larger file system")
+
+
+def size_text(kib: int) -> str:
+    """KiB as a room line says them: MiB below 1 GiB, else GiB, one decimal."""
+    return f"{kib / 2**20:.1f} GiB" if kib >= 2**20 else f"{kib / 1024:.1f} MiB"
 
 
 def stack_changes(serving: dict[str, str], locked: dict[str, str]) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 import shutil
 import signal
 import sys
@@ -55,7 +56,43 @@ class Handler(SimpleHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
-        super().do_GET()
+        if not self._ranged():
+            super().do_GET()
+
+    def _ranged(self) -> bool:
+        """One byte range of a file (RFC 9110 section 14: ``Range: bytes=a-b``, ``a-``, ``-n``),
+        answered 206 with its Content-Range, as the CDNs in front of PyPI and NVIDIA's
+        repository answer (pip's lazy_wheel.py reads a wheel's zip directory so). Not a range
+        this handles (several ranges, If-Range, not a file): False, and the whole file is sent,
+        which RFC 9110 allows a server to do."""
+        spec = self.headers.get("Range", "")
+        path = Path(self.translate_path(self.path))
+        match = re.fullmatch(r"bytes=(\d*)-(\d*)", spec.strip())
+        if not match or self.headers.get("If-Range") or not path.is_file() \
+                or match.groups() == ("", ""):
+            return False
+        size = path.stat().st_size
+        first, last = match.groups()
+        start = int(first) if first else max(0, size - int(last))
+        end = min(size - 1, int(last)) if first and last else size - 1
+        if start >= size or start > end:
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return True
+        with path.open("rb") as f:
+            f.seek(start)
+            data = f.read(end - start + 1)
+        self.send_response(206)
+        self.send_header("Content-Type", self.guess_type(str(path)))
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        self.wfile.write(data)
+        self.counter.count(self.client_address[0], self.path.split("?")[0], len(data))
+        return True
 
     def copyfile(self, source, outputfile) -> None:
         class Counted:

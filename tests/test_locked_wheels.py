@@ -94,3 +94,46 @@ def test_a_fresh_install_downloads_what_is_missing_and_installs_with_every_hash_
     # the folder alone: with the index too pip would take the index's files (hashed links)
     assert "--no-index --find-links /opt/gpuhost/wheels/locked" in install
     assert "--index-url" not in install and "-r /etc/gpuhost/lock/stack.txt" in install
+
+
+def test_a_fresh_venvs_room_counts_the_cached_files_here_and_asks_the_index_for_the_rest(
+        tmp_path):
+    """The controller's cache gives a cached file's size and what its members unpack to; only
+    the lock's other names go to LockSizes (the index, read from the host)."""
+    import zipfile
+
+    from operations.lock import Pin
+    from operations.venvs import PIP_CACHE, VENVS_DIR, WHEEL_DIR
+
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("demo/__init__.py", "x" * 3000)
+        z.writestr("demo/lib.so", b"\0" * 7000)
+    digest = _hex(wheel.read_bytes())
+    cached = tmp_path / "cache" / locked_wheels.SUBDIR / digest
+    cached.mkdir(parents=True)
+    (cached / wheel.name).write_bytes(wheel.read_bytes())
+    lock = types.SimpleNamespace(pins=(
+        Pin("demo", "1.0", (f"sha256:{digest}",), "demo==1.0"),
+        Pin("other", "2.0", ("sha256:" + "f" * 64,), "other==2.0")))
+    settings = types.SimpleNamespace(venv_path="/opt/gpuhost/venv", pip_index_url="http://i/s",
+                                     wheel_cache=str(tmp_path / "cache"))
+    asked = []
+    folders = {f: {"free_kib": 5 * 2**20, "mount": "/"} for f in (VENVS_DIR, WHEEL_DIR,
+                                                                   PIP_CACHE)}
+
+    def fact(cls, **kwargs):
+        if cls.__name__ == "VenvRoom":
+            return {"serving_kib": 0, "free_kib": 5 * 2**20, "mount": "/", "folders": folders}
+        asked.append(kwargs["pins"])
+        return {"other": {"file": "other.whl", "download": 2**30, "installed": 2 * 2**30}}
+
+    problem = locked_wheels.room_problem(fact, settings, lock, "/opt/gpuhost/venvs/ab")
+    assert asked == [("other==2.0:" + "f" * 16,)]
+    # 2 GiB + the cached wheel's 13000 bytes in the venv, 2 x (1 GiB + its size) downloaded,
+    # 1 GiB kept free: 5.0 GiB and some 40 KiB on one file system with 5.0 GiB free
+    assert problem.startswith("no room for the new venv /opt/gpuhost/venvs/ab and the lock's "
+                              f"downloads: {VENVS_DIR}, {WHEEL_DIR}, {PIP_CACHE} on the file "
+                              "system mounted on / (df): 5.0 GiB needed"), problem
+    folders[VENVS_DIR]["free_kib"] = 6 * 2**20  # the first folder's figure counts per mount
+    assert locked_wheels.room_problem(fact, settings, lock, "/v") is None

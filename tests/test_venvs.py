@@ -4,7 +4,10 @@ gpuhost_venv_path where the link to the serving venv goes (operations/venvs.py).
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
+
+import pytest
 
 from operations.lock import read_lock
 from operations.venvs import VENVS_DIR, link_problem, lock_digest, stack_venv
@@ -75,7 +78,6 @@ def test_a_new_venv_needs_room_for_one_more_the_serving_ones_size():
     from operations.venvs import room_problem
 
     gib = 2**20
-    assert room_problem({"serving_kib": 0, "free_kib": 10, "mount": "/"}, "/v/new") is None
     assert room_problem({"serving_kib": 9 * gib, "free_kib": 10 * gib, "mount": "/"},
                         "/v/new") is None
     problem = room_problem({"serving_kib": 9 * gib, "free_kib": 9 * gib, "mount": "/opt"},
@@ -83,6 +85,93 @@ def test_a_new_venv_needs_room_for_one_more_the_serving_ones_size():
     assert problem.startswith("no room for the new venv /opt/gpuhost/venvs/ab beside the "
                               "serving one: it needs about 10.0 GiB (the serving venv's 9.0 "
                               "GiB and 1 GiB kept free), and 9.0 GiB are free on /opt (df)")
+
+
+def test_a_fresh_venv_needs_room_for_the_locks_files_on_each_file_system():
+    """No serving venv (a fresh host): the lock's files' sizes (LockSizes) against each
+    folder's file system, summed where folders share one, with the headroom on each."""
+    from operations.venvs import PIP_CACHE, VENVS_DIR, WHEEL_DIR, room_problem
+
+    mib = 1024
+    sizes = {"torch": {"file": "t.whl", "download": 300 * 2**20, "installed": 900 * 2**20},
+             "odd": {"error": "HTTPError: HTTP Error 404: Not Found"}}
+
+    def room(opt_free: int, root_free: int) -> dict:
+        folders = {VENVS_DIR: {"free_kib": opt_free, "mount": "/opt"},
+                   WHEEL_DIR: {"free_kib": opt_free, "mount": "/opt"},
+                   PIP_CACHE: {"free_kib": root_free, "mount": "/"}}
+        return {"serving_kib": 0, **folders[VENVS_DIR], "folders": folders}
+
+    big = 100 * 1024 * mib
+    assert room_problem(room(big, big), "/opt/gpuhost/venvs/ab", sizes) is None
+    # /opt: 900 + 300 MiB and 1 GiB kept free = 2224 MiB; 2200 MiB is short of it
+    problem = room_problem(room(2200 * mib, big), "/opt/gpuhost/venvs/ab", sizes)
+    assert problem == (
+        "no room for the new venv /opt/gpuhost/venvs/ab and the lock's downloads: "
+        f"{VENVS_DIR}, {WHEEL_DIR} on the file system mounted on /opt (df): 2.2 GiB needed "
+        f"({VENVS_DIR} 900.0 MiB, {WHEEL_DIR} 300.0 MiB, 1 GiB kept free), 2.1 GiB free "
+        "(the lock's file sizes from the controller's wheel cache and the package index): make "
+        "room there, or mount a larger file system")
+    assert room_problem(room(2224 * mib, big), "/v/ab", sizes) is None
+    both = room_problem(room(64 * mib, 512 * mib), "/v/ab", sizes)
+    assert f"; {PIP_CACHE} on the file system mounted on / (df): 1.3 GiB needed" in both
+    assert "64.0 MiB free" in both and "512.0 MiB free" in both
+
+
+@pytest.mark.parametrize("ranges", [False, True], ids=["whole-file", "byte-ranges"])
+def test_the_locks_file_sizes_are_read_off_an_index(tmp_path, ranges):
+    """wheel_sizes.py against a PEP 503 index served by http.server (which ignores Range, so
+    the whole file is read) or by the sandbox's server (which answers one range, so only the
+    zip directory is read): the download is the file's size, the install its members'
+    uncompressed sizes with each .py's again for its .pyc; a file whose sha256 the lock does
+    not name is not counted."""
+    import hashlib
+    import http.server
+    import subprocess
+    import threading
+    import zipfile
+    from functools import partial
+
+    from operations.venvs import LockSizes
+
+    project = tmp_path / "simple" / "demo-pkg"
+    project.mkdir(parents=True)
+    wheel = project / "demo_pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("demo_pkg/__init__.py", "x = 1\n" * 1000)
+        z.writestr("demo_pkg/data.bin", b"\0" * 5000)
+    other = project / "demo_pkg-1.0-py2-none-any.whl"
+    other.write_bytes(b"\0" * 99999)
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    (project / "index.html").write_text(
+        f'<a href="{wheel.name}#sha256={digest}">{wheel.name}</a>'
+        f'<a href="{other.name}#sha256={"0" * 64}">{other.name}</a>')
+    from sandbox import httpd
+
+    class Ranged(httpd.Handler):
+        counter = httpd.Counter()  # its own: the class's is shared by every test here
+
+    handler = partial(Ranged if ranges else http.server.SimpleHTTPRequestHandler,
+                      directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        command = LockSizes().command(f"http://127.0.0.1:{server.server_port}/simple",
+                                      (f"demo-pkg==1.0:{digest[:16]}",
+                                       f"absent==2.0:{'1' * 16}"))
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+        if ranges:  # the zip's end and directory only, not the whole file
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}"
+                                        "/_sandbox/bytes-served") as r:
+                sent = json.loads(r.read())["127.0.0.1"]["files"]
+            assert 0 < sent[f"/simple/demo-pkg/{wheel.name}"] < wheel.stat().st_size
+    finally:
+        server.shutdown()
+    sizes = LockSizes().process(out)
+    assert sizes["demo-pkg"] == {"file": wheel.name, "download": wheel.stat().st_size,
+                                 "installed": 6000 * 2 + 5000}
+    assert sizes["absent"] == {"error": "HTTPError: HTTP Error 404: File not found"}
 
 
 def test_the_room_is_read_off_the_host(tmp_path):
@@ -100,6 +189,12 @@ def test_the_room_is_read_off_the_host(tmp_path):
                          text=True, check=True).stdout.splitlines()
     room = VenvRoom().process(out)
     assert room["serving_kib"] >= 1024 and room["free_kib"] > 0 and room["mount"].startswith("/")
+    folders = (str(tmp_path / "no" / "such"), "/")
+    out = subprocess.run(["sh", "-c", VenvRoom().command(str(link), folders)],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    room = VenvRoom().process(out)
+    assert list(room["folders"]) == list(folders)
+    assert room["folders"]["/"]["mount"] == "/" and room["folders"]["/"]["free_kib"] > 0
 
 
 def test_the_upgrade_keys_are_checked_before_any_host_is_touched():

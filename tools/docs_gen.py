@@ -63,6 +63,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "server": ("SGLang server", "first-deploy.md"),
     "sglang": ("SGLang server", "first-deploy.md"),
     "model_copy": ("SGLang server", "rebuild.md"),
+    "model": ("Preflight", "first-deploy.md"),  # the model download's room, while planning
     "fleet": ("Router", "fleet.md"),
     "router": ("Router", "fleet.md"),
     "roll": ("Roll", "fleet.md"),

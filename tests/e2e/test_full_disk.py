@@ -1,12 +1,17 @@
-"""A venv a full disk left half-written, and the full disk itself, on one converged sandbox host:
-a serving venv whose python or pip does not run is kept as it is and its replacement built
-beside it by the next run, and a full file system
-(a small tmpfs mounted over the venvs' folder) while the lock's venv is created or installed
-into ends the run
-with one line naming ENOSPC, the file system and what is free there. Checked over ssh (the
-venv's python, pip check, the server's MainPID), never through pyinfra."""
+"""Room for the venv, and a venv a full disk left half-written, on sandbox hosts: a fresh host
+whose venvs' and models' folders are on a small file system is refused while planning (--dry
+and a real run alike) with one line per folder naming it, the mount point, the room needed and
+the room free,
+before the driver or anything else is touched; then, on one converged host, a serving venv
+whose python or pip does not run is kept as it is and its replacement built beside it by the
+next run, and a file system (a tmpfs mounted over the venvs' folder) that fills while the
+lock's venv is created or installed into ends the run with one line naming ENOSPC, the file
+system and what is free there. Checked over ssh (dpkg, the folders, the venv's python, pip
+check, the server's MainPID), never through pyinfra."""
 
 from __future__ import annotations
+
+import shlex
 
 import pytest
 
@@ -17,9 +22,49 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 #: the link to the serving venv; the lock's venv itself is under VENVS_DIR (operations/venvs.py)
 VENV = "/opt/gpuhost/venv"
+#: the fresh host's small file system: everything gpuhost puts under /opt (issue 42: /opt on a
+#: file system of its own)
+SMALL = "/opt/gpuhost"
+SMALL_MIB = 64
 #: the tmpfs goes over the venvs' folder: the lock's venv is made in it (the serving one hidden
 #: meanwhile; the server keeps its files open)
 FULL = VENVS_DIR
+
+
+@pytest.fixture
+def fresh_host():
+    """A fresh sandbox host, taken down after its test (the converged host comes after)."""
+    (fresh,) = lab.up(hosts=1, scenario="reference-lab")
+    yield fresh
+    lab.sandbox("down", check=False)
+
+
+def test_a_fresh_host_without_room_for_the_venv_is_refused_before_any_change(fresh_host):
+    fresh_host.ssh(f"mkdir -p {SMALL} && mount -t tmpfs -o size={SMALL_MIB}m tmpfs {SMALL}")
+    # what the NVIDIA stage would change first: packages, apt's sources and keys, the module
+    state = ("dpkg-query -W; ls -A /etc/apt/sources.list.d /etc/apt/preferences.d "
+             "/usr/share/keyrings /etc/modprobe.d")
+    before = fresh_host.ssh(state)
+    line = f"ML venv: refused: no room for the new venv {VENVS_DIR}/"
+    where = (f"{VENVS_DIR}, /opt/gpuhost/wheels/locked on the file system mounted on {SMALL} "
+             "(df): ")
+    for args in (("--dry",), ()):  # --dry first: on a host it would not refuse, no real run
+        run = lab.deploy(*args)
+        assert run.returncode != 0, run.output[-6000:]
+        assert "Traceback" not in run.output, run.output[-6000:]
+        said = [x for x in run.output.splitlines() if line in x]
+        assert len(said) == 1, run.output[-6000:]
+        assert where in said[0] and " GiB needed (" in said[0], said[0]
+        assert f"{SMALL_MIB}.0 MiB free" in said[0], said[0]
+        # the models' folder is on it too: the download's room from the Hub's file listing
+        model = [x for x in run.output.splitlines() if "Preflight: refused: no room for the "
+                 "model " in x]
+        assert len(model) == 1, run.output[-6000:]
+        assert (" in /opt/gpuhost/models/" in model[0] and f"{SMALL} on the file system "
+                f"mounted on {SMALL} (df): " in model[0]), model[0]
+        assert f"GiB kept free), {SMALL_MIB}.0 MiB free" in model[0], model[0]
+    assert fresh_host.ssh(state) == before
+    assert fresh_host.ssh(f"ls -A {SMALL}").split() == []
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +121,25 @@ def test_a_venv_whose_pip_does_not_run_is_recreated(host):
     assert_recreated(host, f"pip exited 1: {served_venv(host)}/bin/python: No module named pip")
 
 
+#: the tmpfs's size: room for the lock's venv as the plan counts it (the stand-in lock's files
+#: unpack to about 32 MiB; 1 GiB kept free: operations/venvs.py), so that the plan passes
+TMPFS_MIB = 1200
+
+
 @pytest.fixture
 def full_disk(host):
-    """A small tmpfs on the host: mounted by the test at the size it needs, removed after."""
-    def mount(size_kib: int) -> None:
-        host.ssh(f"mount -t tmpfs -o size={size_kib}k tmpfs {FULL}")
+    """A tmpfs over the venvs' folder with room enough for the plan, filled once a process
+    whose command line matches ``pattern`` (a regex, bracketed so that the watcher's own
+    command line does not match it) runs, leaving ``left_kib`` free: the disk fills while the
+    deploy writes, after the plan counted the room. Removed after."""
+    def fill_when(pattern: str, left_kib: int) -> None:
+        host.ssh(f"mount -t tmpfs -o size={TMPFS_MIB}m tmpfs {FULL}")
+        watch = (f"for i in $(seq 12000); do if grep -lsaE '{pattern}' /proc/[0-9]*/cmdline "
+                 f">/dev/null; then fallocate -l $(( $(df -Pk {FULL} | awk 'NR==2 {{print $4}}')"
+                 f" - {left_kib} ))k {FULL}/.filler; exit; fi; sleep 0.02; done")
+        host.ssh(f"nohup sh -c {shlex.quote(watch)} >/dev/null 2>&1 &")
 
-    yield mount
+    yield fill_when
     host.ssh(f"umount {FULL} 2>/dev/null", check=False)
 
 
@@ -90,7 +147,7 @@ def test_a_full_disk_while_the_venv_is_created_is_named_and_the_half_venv_recrea
         host, full_disk):
     pid, served = host.main_pid(), served_venv(host)
     venv = other_slot(served)
-    full_disk(4096)  # python -m venv fits, its pip does not
+    full_disk("[e]nsurepip", 512)  # python -m venv fits, its pip does not
     line = (f"installing pip into the venv {venv}: no space left on the device (ENOSPC) "
             f"writing {venv}: {venv} is on tmpfs mounted on {FULL}, ")
     run = lab.deploy()
@@ -99,7 +156,8 @@ def test_a_full_disk_while_the_venv_is_created_is_named_and_the_half_venv_recrea
     # the tmpfs hides the serving venv: said missing, and never made again at its path; its
     # replacement goes to the lock's other folder, where the full disk is named
     assert f"venv at {served} is missing" in run.output, run.output[-6000:]
-    assert line in run.output and "free of 4.0 MiB (df)" in run.output, run.output[-6000:]
+    assert line in run.output and f"free of {TMPFS_MIB / 1024:.1f} GiB (df)" in run.output, \
+        run.output[-6000:]
     # the next run finds the replacement half-made (no pip); it serves nothing, so it is
     # cleared and made again, and the disk is still full
     again = lab.deploy()
@@ -112,9 +170,7 @@ def test_a_full_disk_while_the_venv_is_created_is_named_and_the_half_venv_recrea
 
 def test_a_full_disk_during_the_locked_install_is_named(host, full_disk):
     # room for the venv and its pip, not for the lock's distributions
-    fresh = int(host.ssh("rm -rf /tmp/venv-size && python3 -m venv /tmp/venv-size && "
-                         "du -sk /tmp/venv-size | cut -f1; rm -rf /tmp/venv-size").strip())
-    full_disk(fresh + 2048)
+    full_disk("[p]ip install into", 2048)
     venv = other_slot(served_venv(host))  # the serving one is hidden by the tmpfs
     run = lab.deploy()
     assert run.returncode != 0, run.output[-6000:]

@@ -1,0 +1,91 @@
+"""Room for the model's download, read while planning (operations/model.py ModelRoom,
+operations/files/model_room.py): the revision's files not there yet, from the Hub's file
+listing as huggingface_hub's model_info asks for it, against the free room of the model
+folder's file system."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import threading
+
+from operations.model import ROOM_HEADROOM_GIB, ModelRoom, model_room_problem
+from operations.settings import Settings
+
+GIB = 2**30
+
+
+def _hub(seen: list) -> http.server.ThreadingHTTPServer:
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            if self.path != "/api/models/org/m/revision/v%2F1?blobs=True":
+                self.send_error(404)
+                return
+            body = json.dumps({"sha": "abc", "siblings": [
+                {"rfilename": "config.json", "size": 10},
+                {"rfilename": "w/model.safetensors", "size": 5000}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_the_room_is_the_files_not_there_yet_against_the_free_room(tmp_path):
+    seen: list = []
+    server = _hub(seen)
+    dest = tmp_path / "models" / "org" / "m"
+    (dest / "w").mkdir(parents=True)
+    (dest / "config.json").write_text("0123456789")  # its size: there already
+    (dest / "w" / "model.safetensors").write_bytes(b"x" * 10)  # wrong size: fetched again
+    token = tmp_path / "token"
+    token.write_text("hf_secret\n")
+    try:
+        command = ModelRoom().command(f"http://127.0.0.1:{server.server_port}", "org/m", "v/1",
+                                      str(dest), str(token))
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+        missing = subprocess.run(["sh", "-c", ModelRoom().command(
+            f"http://127.0.0.1:{server.server_port}", "org/none", "main",
+            str(tmp_path / "absent" / "x"), None)], capture_output=True, text=True,
+            check=True).stdout.splitlines()
+    finally:
+        server.shutdown()
+    room = ModelRoom().process(out)
+    assert room["need"] == 5000 and room["folder"] == str(dest) and room["free"] > 0
+    assert room["mount"].startswith("/")
+    assert seen[0] == ("/api/models/org/m/revision/v%2F1?blobs=True", "Bearer hf_secret")
+    assert ModelRoom().process(missing) == {"error": "HTTPError HTTP 404 Not Found"}
+    assert "hf_secret" not in " ".join(out + missing)
+
+
+def test_a_model_that_does_not_fit_is_refused_naming_folder_mount_need_and_free():
+    settings = Settings(model="org/m", model_dir="/opt/gpuhost/models")
+    facts = {"ModelSnapshot": {}, "ModelRoom": {"need": 3 * GIB, "free": 2 * GIB,
+                                                 "mount": "/opt", "folder": "/opt/gpuhost"}}
+
+    def fact(cls, **kwargs):
+        return facts[cls.__name__]
+
+    assert model_room_problem(fact, settings) == (
+        "no room for the model org/m@main in /opt/gpuhost/models/org/m: /opt/gpuhost on the "
+        f"file system mounted on /opt (df): {3 + ROOM_HEADROOM_GIB:.1f} GiB needed (3.0 GiB "
+        "of the revision's files not there yet, from the Hub's file listing, and 1 GiB kept "
+        "free), 2.0 GiB free: make room there, mount a larger file system, or set "
+        "gpuhost_model_dir elsewhere")
+    facts["ModelRoom"]["free"] = 5 * GIB
+    assert model_room_problem(fact, settings) is None
+    facts["ModelRoom"] = {"error": "URLError timed out"}
+    assert model_room_problem(fact, settings) is None  # said; the download's own check stands
+    # a complete copy is not asked about at all
+    facts["ModelSnapshot"] = {"repo": "org/m", "revision": "main", "complete": True}
+    del facts["ModelRoom"]
+    assert model_room_problem(fact, settings) is None
