@@ -18,8 +18,11 @@ Sources:
   directory (read with HTTP range requests as pip's own lazy_wheel.py does, or from the whole
   file where the server ignores ``Range``), plus each ``.py`` member's size again for the
   ``.pyc`` pip compiles beside it (an estimate: CPython's marshalled code is about its
-  source's size); an sdist (flash-attn's) counts its unpacked members, an estimate short of
-  the extension its build makes (the room kept free above the figures covers the rest).
+  source's size); an sdist (flash-attn's) counts at its download size and is not read: a
+  tar.gz has no directory to read by range, and reading it whole would fetch it from the index
+  on every fresh host's planning, also where the run takes a built wheel from the wheel cache
+  and never downloads it (e2e test_rebuild: 0 index bytes for a rebuilt VM); its unpacked
+  sources and the extension its build makes fall within the room kept free above the figures.
 Of a name's several files under the lock's hashes (one per platform), the largest counts.
 """
 
@@ -132,13 +135,12 @@ def installed_size(url: str, filename: str, size: int) -> int:
                 return unpacked([(i.filename, i.file_size) for i in wheel.infolist()])
         except NoRanges:
             pass
+    else:
+        return size  # an sdist: not read (the module's docstring says why)
     with urllib.request.urlopen(url, timeout=TIMEOUT) as answer:
         data = io.BytesIO(answer.read())
-    if filename.endswith(".whl"):
-        with zipfile.ZipFile(data) as wheel:
-            return unpacked([(i.filename, i.file_size) for i in wheel.infolist()])
-    with tarfile.open(fileobj=data) as sdist:
-        return unpacked([(m.name, m.size) for m in sdist.getmembers() if m.isfile()])
+    with zipfile.ZipFile(data) as wheel:
+        return unpacked([(i.filename, i.file_size) for i in wheel.infolist()])
 
 
 def local_installed_size(path) -> int:
