@@ -89,3 +89,22 @@ def test_a_model_that_does_not_fit_is_refused_naming_folder_mount_need_and_free(
     facts["ModelSnapshot"] = {"repo": "org/m", "revision": "main", "complete": True}
     del facts["ModelRoom"]
     assert model_room_problem(fact, settings) is None
+
+
+def test_a_token_file_of_two_lines_is_never_sent_nor_printed(tmp_path):
+    """http.client refuses a header with a newline by a ValueError that quotes the header
+    whole: the token. The fact sends no such token and prints only that it holds none (the
+    secret-file check refuses the file, naming the key; e2e test_bad_input's token-two-lines)."""
+    seen: list = []
+    server = _hub(seen)
+    token = tmp_path / "token"
+    token.write_text("SECRETPART1-aaaa\nSECRETPART2-bbbb\n")
+    try:
+        run = subprocess.run(["sh", "-c", ModelRoom().command(
+            f"http://127.0.0.1:{server.server_port}", "org/m", "main", str(tmp_path / "m"),
+            str(token))], capture_output=True, text=True, check=True)
+    finally:
+        server.shutdown()
+    assert ModelRoom().process(run.stdout.splitlines()) == {
+        "error": "the token file holds no single token"}
+    assert "SECRETPART" not in run.stdout + run.stderr and seen == []

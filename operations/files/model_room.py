@@ -40,12 +40,21 @@ def main(argv: list[str]) -> int:
     try:
         if token_file:
             with open(token_file, encoding="utf-8") as f:
-                headers["Authorization"] = f"Bearer {f.read().strip()}"
+                token = f.read().strip()
+            if not token or any(c.isspace() for c in token):
+                # not one token (the planning's secret-file check refuses it, naming the key):
+                # never sent, never printed (http.client's ValueError would quote it whole)
+                print(json.dumps({"error": "the token file holds no single token"}))
+                return 0
+            headers["Authorization"] = f"Bearer {token}"
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
                                     timeout=60) as answer:
             info = json.load(answer)
-    except (OSError, ValueError) as exc:  # the token never in the text: only the error's kind
-        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc.strerror
+    except Exception as exc:  # the token never in the text: only the error's kind
+        if isinstance(exc, urllib.error.URLError):
+            reason = exc.reason
+        else:
+            reason = exc.strerror if isinstance(exc, OSError) else ""
         code = f"HTTP {exc.code}" if isinstance(exc, urllib.error.HTTPError) else ""
         print(json.dumps({"error": f"{type(exc).__name__} {code} {reason or ''}".strip()}))
         return 0
