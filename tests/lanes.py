@@ -41,6 +41,7 @@ import ast
 import functools
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -131,6 +132,8 @@ class Unit:
     args: list[str]
     rc: int | None = None
     seconds: float = 0.0
+    #: CPU seconds its processes spent, its sandbox hosts' included (LaneCpu); None: not known
+    cpu: float | None = None
     lab: int = 0
     weight: int = 0
     #: seconds it is expected to take: SECONDS, else weight x WEIGHT_SECONDS
@@ -251,22 +254,74 @@ def counts(junit: Path) -> tuple[int, int, int, int]:
     return tuple(total)
 
 
-def run_unit(unit: Unit, lab: int, extra: list[str], reports: Path, say) -> None:
+#: cgroup v1's CPU accounting hierarchy, as this machine's kernel mounts it (cgroups(7))
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+class LaneCpu:
+    """The CPU a lane's units spend: each unit's pytest starts inside a cpuacct group of the
+    lane's own, and whatever it starts stays there (a child inherits its parent's cgroup,
+    cgroups(7)): pyinfra and ssh, the sandbox's detached supervisors, and through them the
+    hosts' systemd-nspawn and every process on the hosts (--keep-unit: nspawn makes no group
+    of its own, sandbox/supervisor.py). A unit's figure is the group's ``cpuacct.usage``
+    (nanoseconds) at its end less at its start, so a unit also carries what the lane's last
+    unit left running (its hosts until this unit's ``up`` takes them down, the tree deleter).
+    The figure says which units the CPU-bound suite spends its time on, as the wall seconds
+    of a unit sharing two cores with the other lanes cannot. No figure where there is no such
+    hierarchy (cgroup v2 alone) or no right to make a group in it."""
+
+    def __init__(self, lab: int, root: Path = CPUACCT):
+        self.group: Path | None = root / f"gpuhost-lanes-{os.getpid()}-lab{lab}"
+        try:
+            self.group.mkdir(exist_ok=True)
+        except OSError:
+            self.group = None
+
+    def command(self, argv: list[str]) -> list[str]:
+        """`argv` run inside the group (a shell that joins it, then execs `argv`: no
+        preexec_fn, which is not safe beside the lanes' threads)."""
+        if self.group is None:
+            return argv
+        procs = shlex.quote(str(self.group / "cgroup.procs"))
+        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *argv]
+
+    def seconds(self) -> float | None:
+        if self.group is None:
+            return None
+        try:
+            return int((self.group / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, ValueError):
+            return None
+
+    def close(self) -> None:
+        if self.group is not None:
+            try:
+                self.group.rmdir()
+            except OSError:  # a process still in it: the group stays, empty groups are cheap
+                pass
+
+
+def run_unit(unit: Unit, lab: int, extra: list[str], reports: Path, say,
+             cpu: LaneCpu | None = None) -> None:
     junit = reports / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', unit.name)}.xml"
     images = reports / "images"
     images.mkdir(exist_ok=True)
     env = {**os.environ, "GPUHOST_SANDBOX_LAB": str(lab), "PYTHONUNBUFFERED": "1",
            "GPUHOST_E2E_IMAGES": str(images), DEFER_REMOVAL: "1"}
-    started = time.monotonic()
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}",
+            *unit.args, *extra]
+    started, cpu_before = time.monotonic(), cpu.seconds() if cpu else None
     say(f"[lab {lab}] {unit.name}: started")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                           f"--junitxml={junit}", *unit.args, *extra],
-                          cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, check=False)
+    proc = subprocess.run(cpu.command(argv) if cpu else argv, cwd=ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
     unit.rc, unit.lab = proc.returncode, lab
     unit.seconds = time.monotonic() - started
+    cpu_after = cpu.seconds() if cpu else None
+    if cpu_before is not None and cpu_after is not None:
+        unit.cpu = cpu_after - cpu_before
     unit.counts = counts(junit)
-    say(f"\n{'=' * 30} {unit.name} (lab {lab}): exit {unit.rc} in {unit.seconds:.0f} s "
+    spent = "" if unit.cpu is None else f" ({unit.cpu:.0f} CPU s)"
+    say(f"\n{'=' * 30} {unit.name} (lab {lab}): exit {unit.rc} in {unit.seconds:.0f} s{spent} "
         f"{'=' * 30}\n{proc.stdout.rstrip()}\n")
 
 
@@ -306,12 +361,14 @@ def main(args: list[str]) -> int:
         todo = Todo(every, Path(reports) / "images")
 
         def lane(lab: int) -> None:
+            cpu = LaneCpu(lab)
             while True:
                 unit = todo.take()
                 if unit is None:
                     clean_up(lab, say)
+                    cpu.close()
                     return
-                run_unit(unit, lab, args, Path(reports), say)
+                run_unit(unit, lab, args, Path(reports), say, cpu)
 
         threads = [threading.Thread(target=lane, args=(int(base) + i,)) for i in range(lanes)]
         for t in threads:
@@ -350,13 +407,17 @@ def summary(every: list[Unit], wall: float) -> int:
           f"{len({u.lab for u in every})} lane(s) {'=' * 30}")
     for unit in every:
         tests, failures, errors, skipped = unit.counts
-        print(f"{unit.seconds:7.0f} s  lab {unit.lab}  exit {unit.rc}  {unit.name}  "
+        spent = "      -" if unit.cpu is None else f"{unit.cpu:7.0f}"
+        print(f"{unit.seconds:7.0f} s {spent} CPU s  lab {unit.lab}  exit {unit.rc}  "
+              f"{unit.name}  "
               f"({tests - failures - errors - skipped} passed, {failures} failed, "
               f"{errors} errors, {skipped} skipped)")
     for lab in sorted({u.lab for u in every}):
         mine = [u for u in every if u.lab == lab]
+        cpu = [u.cpu for u in mine if u.cpu is not None]
+        spent = f", {sum(cpu) / 60:.1f} CPU min" if cpu else ""
         print(f"lane of lab {lab}: {len(mine)} units, {sum(u.seconds for u in mine) / 60:.1f} "
-              f"min busy of the run's {wall / 60:.1f} min")
+              f"min busy of the run's {wall / 60:.1f} min{spent}")
     tests, failures, errors, skipped = (sum(u.counts[i] for u in every) for i in range(4))
     bad = [u.name for u in every if u.rc not in (0, NO_TESTS)]
     print(f"{'=' * 30} {failures} failed, {tests - failures - errors - skipped} passed, "

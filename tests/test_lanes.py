@@ -1,8 +1,11 @@
 """The suite's lanes (tests/lanes.py): what makes a unit, how a unit's report is counted, and
 what the suite's exit status is."""
 
+import os
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from tests import lanes
 from tests.lanes import Unit
@@ -201,3 +204,51 @@ def test_the_cpu_line_says_how_busy_the_machine_was():
     line = lanes.cpu_line(before, after)
     assert "44 % busy, 11 % waiting on I/O, 44 % idle" in line, line
     assert lanes.cpu_line(None, after) == "CPU over the run: not known (no /proc/stat)"
+
+
+def test_a_unit_is_charged_the_cpu_its_lanes_group_spent(tmp_path, monkeypatch, capsys):
+    """The unit runs inside the lane's group (the shell joins it, then execs pytest) and gets
+    the group's cpuacct.usage growth over its run, in seconds; the summary prints it."""
+    group = tmp_path / f"gpuhost-lanes-{os.getpid()}-lab3"
+    cpu = lanes.LaneCpu(3, root=tmp_path)
+    assert cpu.group == group and group.is_dir()
+    (group / "cpuacct.usage").write_text("5000000000\n")
+    seen = []
+
+    def run(cmd, **kwargs):
+        seen.append(cmd)
+        (group / "cpuacct.usage").write_text("47500000000\n")  # 42.5 s more
+        return subprocess.CompletedProcess(cmd, 0, stdout="")
+
+    monkeypatch.setattr(lanes.subprocess, "run", run)
+    unit = Unit("m", ["tests/e2e/test_m.py"], counts=(1, 0, 0, 0))
+    lanes.run_unit(unit, 3, [], tmp_path, lambda text: None, cpu)
+    (cmd,) = seen
+    assert cmd[:2] == ["sh", "-c"] and str(group / "cgroup.procs") in cmd[2]
+    assert cmd[4:7] == [lanes.sys.executable, "-m", "pytest"]
+    assert unit.cpu == 42.5
+    lanes.summary([unit], 60.0)
+    printed = capsys.readouterr().out
+    assert "     42 CPU s  lab 3" in printed and "1.0 min, 0.7 CPU min" in printed
+    (group / "cpuacct.usage").unlink()  # a cgroup's files go with it; these are plain files
+    cpu.close()
+    assert not group.exists()
+
+
+def test_without_a_cpuacct_hierarchy_a_unit_runs_as_it_is_and_has_no_cpu_figure(tmp_path):
+    cpu = lanes.LaneCpu(0, root=tmp_path / "absent")
+    assert cpu.group is None and cpu.seconds() is None
+    assert cpu.command(["pytest"]) == ["pytest"]
+
+
+@pytest.mark.skipif(not (lanes.CPUACCT / "cgroup.procs").exists() or os.geteuid() != 0,
+                    reason="needs cgroup v1's cpuacct hierarchy and root")
+def test_a_real_group_counts_the_cpu_of_a_child_and_its_children():
+    cpu = lanes.LaneCpu(9)
+    try:
+        before = cpu.seconds()
+        burn = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'sum(range(10**7))'])"
+        subprocess.run(cpu.command([lanes.sys.executable, "-c", burn]), check=True)
+        assert cpu.seconds() - before > 0.05
+    finally:
+        cpu.close()
