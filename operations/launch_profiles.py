@@ -23,7 +23,7 @@ speculative/base_spec_worker.py. Each profile names the CUDA its figure was meas
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from packaging.specifiers import SpecifierSet
@@ -173,35 +173,34 @@ _FIELD_LEFT: Final = (
     Left("SGLANG_ENABLE_SPEC_V2=True", "set by the deploy with MTP on (operations/server.py)"),
 )
 
+#: The field's page as published: its variants below differ only where their sglang does.
+_FIELD_PROFILE: Final = LaunchProfile(
+    name="field-glm5-sm120",
+    summary="the field's best published GLM-5-NVFP4 launch on 8 x RTX PRO 6000 (SM120): "
+            "CUTLASS MoE and FP4 GEMM, BF16 KV cache, FlashInfer attention",
+    source=_FIELD,
+    figure=_FIELD_FIGURE,
+    cuda=_FIELD_CUDA,
+    compute_capability=_SM12X,
+    architectures=_GLM5,
+    sglang=">=0.5.9",
+    values=(*_FIELD_COMMON,
+            Value("fp4_gemm_backend", "cutlass", f"{_FIELD} (--fp4-gemm-backend cutlass "
+                  "for 4+ users)"),
+            Value("speculative_num_draft_tokens", 6, f"{_FIELD} "
+                  "(--speculative-num-draft-tokens 6)")),
+    left=_FIELD_LEFT,
+)
+
 #: The profiles, best first: the first that matches a host and that the locked sglang's parser
 #: accepts is the default.
 PROFILES: Final[tuple[LaunchProfile, ...]] = (
-    LaunchProfile(
-        name="field-glm5-sm120",
-        summary="the field's best published GLM-5-NVFP4 launch on 8 x RTX PRO 6000 (SM120): "
-                "CUTLASS MoE and FP4 GEMM, BF16 KV cache, FlashInfer attention",
-        source=_FIELD,
-        figure=_FIELD_FIGURE,
-        cuda=_FIELD_CUDA,
-        compute_capability=_SM12X,
-        architectures=_GLM5,
-        sglang=">=0.5.9",
-        values=(*_FIELD_COMMON,
-                Value("fp4_gemm_backend", "cutlass", f"{_FIELD} (--fp4-gemm-backend cutlass "
-                      "for 4+ users)"),
-                Value("speculative_num_draft_tokens", 6, f"{_FIELD} "
-                      "(--speculative-num-draft-tokens 6)")),
-        left=_FIELD_LEFT,
-    ),
-    LaunchProfile(
+    _FIELD_PROFILE,
+    replace(
+        _FIELD_PROFILE,
         name="field-glm5-sm120-sglang0.5.9",
         summary="field-glm5-sm120 with what sglang 0.5.9 has: its FP4 GEMM backend is "
                 "FlashInfer's CUTLASS one (0.5.9 has no --fp4-gemm-backend cutlass)",
-        source=_FIELD,
-        figure=_FIELD_FIGURE,
-        cuda=_FIELD_CUDA,
-        compute_capability=_SM12X,
-        architectures=_GLM5,
         sglang=">=0.5.9,<0.5.10",
         values=(*_FIELD_COMMON,
                 Value("fp4_gemm_backend", "flashinfer_cutlass", "the page's "
@@ -212,17 +211,12 @@ PROFILES: Final[tuple[LaunchProfile, ...]] = (
                       "topk 1 is what sglang 0.5.9 turns into steps + 1 = 5 "
                       "(server_args.py: speculative_num_draft_tokens is adjusted to "
                       "speculative_num_steps + 1 when speculative_eagle_topk == 1)")),
-        left=_FIELD_LEFT,
     ),
-    LaunchProfile(
+    replace(
+        _FIELD_PROFILE,
         name="field-glm5-sm120-cuda13",
         summary="field-glm5-sm120 on the CUDA 13 stack's sglang (locks/cuda13.0.txt): its FP4 "
                 "GEMM backend is FlashInfer's CUTLASS one (no --fp4-gemm-backend cutlass there)",
-        source=_FIELD,
-        figure=_FIELD_FIGURE,
-        cuda=_FIELD_CUDA,
-        compute_capability=_SM12X,
-        architectures=_GLM5,
         # 0.5.11 is the first sglang on torch 2.11 cu130; 0.5.20 dropped --nsa-*-backend
         sglang=">=0.5.11,<0.5.20",
         values=(*_FIELD_COMMON,
@@ -234,7 +228,6 @@ PROFILES: Final[tuple[LaunchProfile, ...]] = (
                 Value("speculative_num_draft_tokens", 5, "the page's 6 with 4 steps and "
                       "topk 1: sglang 0.5.17 asserts draft tokens == steps + 1 for topk 1 "
                       "(sglang/srt/speculative/base_spec_worker.py)")),
-        left=_FIELD_LEFT,
     ),
     LaunchProfile(
         name="reference-lab",
