@@ -22,7 +22,7 @@ fails saying so; the next run applies host data).
 from pyinfra import host, inventory, state
 
 from operations import (call_order, deploy_lock, fact_cache, fleet, global_arguments, link,
-                        planned_facts, roll, rollback, shipped_files, tls)
+                        planned_facts, proxy, roll, rollback, shipped_files, tls)
 from operations.driver_rollback import fail_if_rolled_back
 from operations.loopback_guard import loopback_guard
 from operations.mlenv import mlenv
@@ -44,6 +44,7 @@ fleet_cas = tls.for_run(fleet_settings)  # the fleet CA, read on the controller
 roll.configure(the_fleet, {r: own_url(fleet_settings[r]) for r in the_fleet.routers},
                fleet_settings)
 use_run_env()
+proxy.use_host_proxy(settings, fleet_settings, inventory)  # every download through it
 link.watch(state, host)
 call_order.install()
 global_arguments.install()
