@@ -168,7 +168,9 @@ _CHOSEN: Final = "_gpuhost_proxy"
 
 def of_host() -> Proxy:
     """The current host's proxy, as :func:`use_host_proxy` chose it (none before it ran)."""
-    return vars(host._get_module()).get(_CHOSEN) or Proxy(None, None, LOOPBACK, "nowhere")
+    current = host._get_module()  # None outside a run (pyinfra/context.py)
+    return (current is not None and vars(current).get(_CHOSEN)) or Proxy(None, None, LOOPBACK,
+                                                                          "nowhere")
 
 
 def download_env() -> tuple[tuple[str, str], ...]:
