@@ -44,13 +44,13 @@ fleet_cas = tls.for_run(fleet_settings)  # the fleet CA, read on the controller
 roll.configure(the_fleet, {r: own_url(fleet_settings[r]) for r in the_fleet.routers},
                fleet_settings)
 use_run_env()
-proxy.use_host_proxy(settings, fleet_settings, inventory)  # every download through it
 link.watch(state, host)
 call_order.install()
 global_arguments.install()
 fact_cache.install()
 shipped_files.install()
 planned_facts.install()
+proxy.use_host_proxy(settings, fleet_settings, inventory)  # every download through it
 
 if deploy_lock.held(settings):
     interrupted = rollback.unfinished() if settings.serving else None
