@@ -27,7 +27,20 @@ from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from operations.settings import Settings
+#: operations.settings.Settings, by name only: settings imports this module for gpuhost_proxy's
+#: rule, so this one reads the settings it is given without importing their class.
+Settings = Any
+
+#: gpuhost_proxy's rule (operations/settings.py RULES): a proxy URL as curl, apt and requests
+#: take it (scheme, host or [IPv6], port 1 to 65535), without a user or password, which the
+#: run's commands and messages would show.
+URL: Final = (r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(6553[0-5]|655[0-2]\d|65[0-4]\d\d"
+              r"|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3})/?")
+URL_ALLOWED: Final = ("an http:// or https:// URL of a proxy with a host and a port (1 to 65535), "
+                      "such as http://proxy.lab:3128, with no user or password")
+#: gpuhost_proxy's sentence in the reference (operations/settings.py HELP).
+HELP: Final = ("every download's HTTP(S) proxy (apt, NVIDIA's key, pip, the Hub; `no_proxy`: the "
+               "loopback, the inventory's hosts); None: `/etc/environment`'s, if any")
 
 #: The file pam_env reads for every login (pam_env.conf(5)).
 ETC_ENVIRONMENT: Final = "/etc/environment"

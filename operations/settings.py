@@ -21,20 +21,13 @@ from typing import Any, Final
 from packaging.version import InvalidVersion, Version
 from pyinfra.api.exceptions import PyinfraError
 
-from operations import REPO_ROOT, launch_profiles
+from operations import REPO_ROOT, launch_profiles, proxy
 from operations.lock import LockError, read_lock
 from operations.node_group import check_groups
 from operations.p2p_policy import NO_P2P_FLAGS as P2P_SERVER_FLAGS
 from operations.run_exit import end_run
-from operations.sglang import (
-    ALWAYS_FLAGS,
-    OWNED_FLAGS,
-    FlagError,
-    check_server_args,
-    flags_named,
-    load_parser_spec,
-    server_args,
-)
+from operations.sglang import (ALWAYS_FLAGS, OWNED_FLAGS, FlagError, check_server_args,
+                               flags_named, load_parser_spec, server_args)
 
 PREFIX: Final = "gpuhost_"
 
@@ -437,9 +430,6 @@ def _overlaps(a: str, b: str) -> bool:
 
 #: An http(s) URL: a host, then anything but whitespace (quoted wherever a shell sees it).
 _URL = r"https?://[^\s/]\S*"
-#: A proxy URL as curl, apt and requests take it, without a user or password (shown in commands)
-_PROXY_URL = (r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(6553[0-5]|655[0-2]\d|65[0-4]\d\d"
-              r"|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3})/?")
 
 
 #: What the server's environment gets from gpuhost itself: the unit (CUDA_HOME, PATH,
@@ -609,8 +599,7 @@ RULES: Final[Mapping[str, _Rule]] = {
     "model_revision": _text(r"(?!.*(?:^|/)\.\.?(?:/|$))[A-Za-z0-9][A-Za-z0-9_.\-/]*(?<!/)",
                             "a branch, tag or commit sha of the model's repository"),
     "hf_endpoint": _text(_URL + r"(?<!/)", "an http(s) URL without a trailing slash"),
-    "proxy": _text(_PROXY_URL, "an http:// or https:// URL of a proxy with a host and a port (1 "
-                   "to 65535), such as http://proxy.lab:3128, with no user or password", True),
+    "proxy": _text(proxy.URL, proxy.URL_ALLOWED, optional=True),
     "hf_token_file": _text(_PATH, f"an absolute path on the host, root-only {_PATH_DETAIL}",
                            optional=True),
     "model_copy_from_peers": _BOOL,
@@ -882,8 +871,7 @@ HELP: Final[Mapping[str, str]] = {
         "server (a branch is resolved at download time: pin a sha to follow a moving branch "
         "deliberately)"),
     "hf_endpoint": "the Hub's URL (huggingface_hub's `HF_ENDPOINT`: a mirror's, or the sandbox's)",
-    "proxy": ("every download's HTTP(S) proxy (apt, NVIDIA's key, pip, the Hub; `no_proxy`: "
-              "the loopback, the inventory's hosts); None: `/etc/environment`'s, if any"),
+    "proxy": proxy.HELP,
     "hf_token_file": (
         "secret file (docs/security.md) on the host holding the Hub token for gated "
         "repositories; its path is all the deploy handles"),
