@@ -27,6 +27,8 @@ from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
+from operations import fact_cache
+
 #: operations.settings.Settings, by name only: settings imports this module for gpuhost_proxy's
 #: rule, so this one reads the settings it is given without importing their class.
 Settings = Any
@@ -196,7 +198,8 @@ def use_host_proxy(settings: Settings, fleet: Mapping[str, Settings], hosts: Ite
                    environment: Mapping[str, str] | None = None) -> Proxy:
     """Give every command of this host's run the host's proxy (host data's ``_env``, which
     pyinfra merges into each command's environment); returns it. Read while planning, before
-    the stages: ``gpuhost_proxy``, else the host's ``/etc/environment`` (one fact)."""
+    the stages: ``gpuhost_proxy``, else the host's ``/etc/environment`` (one fact). A fact
+    class whose command reaches the outside says so (``reaches_outside = True``)."""
     if environment is None:
         environment = {} if settings.proxy else host.get_fact(ProxyEnvironment)
     proxy = host_proxy(settings, environment, local_names(fleet, hosts))
@@ -204,6 +207,9 @@ def use_host_proxy(settings: Settings, fleet: Mapping[str, Settings], hosts: Ite
     if proxy.any:
         current = dict(getattr(host.data, "_env", None) or {})
         host.data._env = {**current, **proxy.env()}
+        # the last run's recorded facts were read in one command with /etc/environment, before
+        # the proxy was known: those that reach the outside are read again, through it
+        fact_cache.drop(host._get_module(), lambda cls: getattr(cls, "reaches_outside", False))
     return proxy
 
 

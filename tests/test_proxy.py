@@ -5,7 +5,14 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from operations import proxy
+from pyinfra.api import Config, FactBase, Inventory, State
+from pyinfra.api import host as host_module
+from pyinfra.api.host import Host
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra.facts.server import Command
+
+from operations import fact_cache, proxy
 from operations.settings import Settings
 
 ETC_ENVIRONMENT = """\
@@ -84,3 +91,41 @@ def test_model_fetch_names_the_hub_and_its_proxy(tmp_path):
     assert line.startswith("model download failed: "), line
     assert line.endswith("(the Hub at https://hub.example, through the proxy "
                          "http://127.0.0.1:9)"), line
+
+
+class _SeenProxy(FactBase):
+    """The proxy a command of the host sees, as a fact that reaches the outside would."""
+
+    reaches_outside = True
+
+    def command(self) -> str:
+        return "echo ${https_proxy:-none}"
+
+    def process(self, output):
+        return output[0]
+
+
+def test_facts_read_before_the_proxy_was_known_are_read_again_through_it(monkeypatch):
+    """/etc/environment's proxy is read in one batch with the last run's recorded facts: once
+    it is known, a fact that reaches the outside answers again, with it; the others are kept.
+    pyinfra's own State, Host and @local connector; each reading a real command here."""
+    monkeypatch.setattr(host_module, "get_fact", host_module.get_fact)
+    for name in ("run_shell_command", "put_file"):
+        monkeypatch.setattr(Host, name, getattr(Host, name))
+    monkeypatch.delattr(host_module, "_gpuhost_fact_cache", raising=False)
+    monkeypatch.delenv("https_proxy", raising=False)
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory, Config())
+    state.current_stage = StateStage.Prepare
+    local = inventory.get_host("@local")
+    with ctx_state.use(state), ctx_host.use(local):
+        local.connect()
+        fact_cache.install()
+        assert local.get_fact(_SeenProxy) == "none"
+        assert local.get_fact(Command, "echo ${https_proxy:-none}") == "none"
+        chosen = proxy.use_host_proxy(Settings(), {}, [],
+                                      environment={"https_proxy": "http://p.lab:3128"})
+        assert chosen.source == "/etc/environment"
+        assert local.get_fact(_SeenProxy) == "http://p.lab:3128"
+        assert local.get_fact(Command, "echo ${https_proxy:-none}") == "none"  # kept
+        assert proxy.of_host() is chosen
