@@ -9,7 +9,8 @@ The lab's outside is behind an HTTP proxy there (tinyproxy from Debian, on the h
 dead one named only in the host's /etc/environment fails the first download, naming the URL and
 the proxy; with gpuhost_proxy the whole converge (Debian's packages, NVIDIA's repository, the
 package index, the Hub) goes through the live one: its log has each, and the stand-ins' own logs
-no request straight from the host."""
+no request straight from the host. The controller's wheel cache is kept, as on a lab: the index
+is asked only what it lacks."""
 
 import json
 import socket
@@ -150,8 +151,7 @@ def new_lines(path: Path, offset: int) -> list[str]:
         return f.read().splitlines()
 
 
-def test_an_entry_adopted_with_host_data_is_used_as_nvidias_repository(fresh_host, outside_proxy,
-                                                                      tmp_path):
+def test_an_entry_adopted_with_host_data_is_used_as_nvidias_repository(fresh_host, outside_proxy):
     host, url = fresh_host, repo_url()
     # The operator's entry and its keyring, as NVIDIA's manual setup would leave them: the
     # keyring readable by apt's own user (_apt verifies signatures; under the sandbox's root
@@ -161,13 +161,14 @@ def test_an_entry_adopted_with_host_data_is_used_as_nvidias_repository(fresh_hos
              f"urlopen('{url}cuda-archive-keyring.gpg').read())\" && "
              f"chmod 644 {MANUAL_KEYRING} && "
              f"echo 'deb [signed-by={MANUAL_KEYRING}] {url} /' > {MANUAL} && chmod 644 {MANUAL}")
-    # the outside through the lab's proxy alone: apt without the sandbox's own proxy, every
-    # wheel from the index (an empty wheel cache)
+    # the outside through the lab's proxy alone: apt without the sandbox's own proxy; the
+    # controller's wheel cache kept (flash-attn's built wheel from it, not a build), so the
+    # index is asked only what the cache lacks: the room check's sizes of the rest (flash-attn's
+    # sdist at least, never cached: its built wheel is) and the download of any missing wheel
     proxy, log = outside_proxy
     gateway = layout.host_from_name(host.name).gateway
     host.ssh(f"rm -f {SANDBOX_APT_PROXY}")
-    data = ["--data", "gpuhost_cuda_repo_adopt=true", "--data", f"gpuhost_proxy={proxy}",
-            "--data", f"gpuhost_wheel_cache={tmp_path / 'no-wheels'}"]
+    data = ["--data", "gpuhost_cuda_repo_adopt=true", "--data", f"gpuhost_proxy={proxy}"]
     dry = lab.deploy("--dry", *data)
     assert dry.returncode == 0, dry.output[-6000:]
     assert f"NVIDIA's repository is used as listed in {MANUAL} line 1" in dry.output
@@ -195,4 +196,3 @@ def test_an_entry_adopted_with_host_data_is_used_as_nvidias_repository(fresh_hos
     again = lab.deploy(*data)
     assert again.returncode == 0, again.output[-6000:]
     assert host.ssh(f"test -e {OWN} || echo absent").strip() == "absent"
-
