@@ -22,7 +22,7 @@ fails saying so; the next run applies host data).
 from pyinfra import host, inventory, state
 
 from operations import (call_order, deploy_lock, fact_cache, fleet, global_arguments, link,
-                        planned_facts, roll, rollback, shipped_files, tls)
+                        planned_facts, proxy, roll, rollback, shipped_files, tls)
 from operations.driver_rollback import fail_if_rolled_back
 from operations.loopback_guard import loopback_guard
 from operations.mlenv import mlenv
@@ -50,6 +50,7 @@ global_arguments.install()
 fact_cache.install()
 shipped_files.install()
 planned_facts.install()
+proxy.use_host_proxy(settings, fleet_settings, inventory)  # every download through it
 
 if deploy_lock.held(settings):
     interrupted = rollback.unfinished() if settings.serving else None

@@ -20,7 +20,7 @@ changed nothing answers them all at once, and one that changed answers them agai
 from __future__ import annotations
 
 import copy
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from pyinfra.api import host as host_module
@@ -125,6 +125,14 @@ def forget(host: Host) -> None:
     """Drop what is kept of ``host``'s facts."""
     vars(host).pop(_FACTS, None)
     vars(host).pop(_TRIED, None)
+
+
+def drop(host: Host, which: Callable[[Any], bool]) -> None:
+    """Drop what is kept of ``host``'s facts of the classes ``which`` is true of; a batch tried
+    them, so their next reading is a command of their own, with its own arguments."""
+    kept = vars(host).get(_FACTS, {})
+    for key in [key for key in kept if which(key[0])]:
+        del kept[key]
 
 
 def install() -> None:

@@ -238,6 +238,9 @@ class BuildPlan:
     nvcc_threads: int
     memory_max_bytes: int
     cache_root: str
+    #: The host's proxy variables (operations/proxy.py), which a systemd-run unit does not
+    #: inherit: pip fetches the sdist from the index inside the unit
+    download_env: tuple[tuple[str, str], ...] = ()
 
 
 class _Remote:
@@ -329,6 +332,7 @@ def build_command(plan: BuildPlan) -> str:
         "FLASH_ATTENTION_FORCE_BUILD": "TRUE",
         "CUDA_HOME": cuda,
         "PATH": f"{cuda}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        **dict(plan.download_env),
     }
     pip = [f"{plan.venv}/bin/python", "-m", "pip", "wheel", "--no-deps", "--require-hashes",
            "--no-build-isolation", "--no-cache-dir", "--disable-pip-version-check",

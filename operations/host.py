@@ -13,7 +13,7 @@ from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError, OperationError
 from typing_extensions import override
 
-from operations import deploy_lock, remote
+from operations import deploy_lock, proxy, remote
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,11 @@ def lists_updated(lock_timeout: int = 600):
             if line.startswith("waiting for apt's lists lock"):
                 logger.info(f"{host.print_prefix}{line}")
         if not ok:
-            raise OperationError("\n".join(out.stderr_lines[-20:]) or "apt-get update failed")
+            chosen = proxy.of_host()
+            route = (f"\napt's downloads went through {proxy.shown(chosen.http or chosen.https)} "
+                     f"(from {chosen.source})" if chosen.any else "")
+            raise OperationError(("\n".join(out.stderr_lines[-20:]) or "apt-get update failed")
+                                 + route)
 
     yield FunctionCommand(update, (), {})
 

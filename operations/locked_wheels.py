@@ -37,7 +37,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.api.exceptions import OperationError
 
-from operations import remote
+from operations import proxy, remote
 from operations.disk import no_space_named
 from operations.model_copy import login_rsh
 from operations.pip_index import pip_index_args
@@ -193,9 +193,12 @@ def fresh_install(venv: str, requirements: str, requirements_text: str, index_ur
     download = no_space_named(f"pip download into {WHEEL_DIR}", WHEEL_DIR, [
         *pip, "download", *common, *pip_index_args(index_url), "--dest", WHEEL_DIR,
         "-r", f"{WHEEL_DIR}/{MISSING}"])
+    failed = shlex.quote(f"the download of the lock's wheels from {index_url} "
+                         f"{proxy.through(proxy.of_host(), index_url)} failed")
     # pip refuses an empty requirements file ("You must give at least one requirement")
     yield StringCommand("sh", "-c", shlex.quote(
-        f"if [ -s {WHEEL_DIR}/{MISSING} ]; then {download.get_raw_value()}; fi"))
+        f"if [ -s {WHEEL_DIR}/{MISSING} ]; then {download.get_raw_value()} || {{ rc=$?; "
+        f"echo {failed} \"(pip's exit status $rc)\" >&2; exit $rc; }}; fi"))
     yield no_space_named(f"pip install into {venv}", venv, [
         *pip, "install", *common, "--no-index", "--find-links", WHEEL_DIR, *pip_options,
         "-r", requirements])

@@ -19,7 +19,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files
 from typing_extensions import override
 
-from operations import REPO_ROOT, locked_wheels
+from operations import REPO_ROOT, locked_wheels, proxy
 from operations.cuda_compat import driver_problem, venv_cuda
 from operations.disk import NO_SPACE, no_space_named
 from operations.folders import top_folders
@@ -694,7 +694,7 @@ def mlenv(settings: Settings):
             cuda_home=settings.cuda_home,
             max_jobs=parallel.max_jobs, nvcc_threads=parallel.nvcc_threads,
             memory_max_bytes=build_memory_max(resources.mem_available_gib),
-            cache_root=settings.wheel_cache),
+            cache_root=settings.wheel_cache, download_env=proxy.download_env()),
         reasons=reasons,
     )
     # a replacement is checked before the unit names it, even where it was built earlier

@@ -112,6 +112,9 @@ class ModelRoom(FactBase[dict]):
     download still stands).
     """
 
+    #: the Hub, from the host: through the host's proxy (operations/proxy.py)
+    reaches_outside = True
+
     @override
     def requires_command(self, **kwargs) -> str:
         return "python3"

@@ -23,7 +23,7 @@ from pyinfra.operations.util import any_changed
 from typing_extensions import override
 
 from operations import REPO_ROOT
-from operations import driver_lock, driver_rollback, remote, roll
+from operations import driver_lock, driver_rollback, proxy, remote, roll
 from operations.apt_simulation import DriverSimulation
 from operations.gpu import NvidiaDriver
 from operations.host import (
@@ -1216,9 +1216,9 @@ def nvidia(settings: Settings):
     keyring = None
     if not plan.adopted or any(signed_by_key(s.signed_by) == signed_by_key(KEYRING)
                                for s in plan.adopted):
-        keyring = files.download(
+        keyring = proxy.downloaded(
             name="NVIDIA repository signing key",
-            src=f"{repo_url}cuda-archive-keyring.gpg",
+            src=f"{repo_url}cuda-archive-keyring.gpg", proxy=proxy.of_host(),
             dest=KEYRING,
             sha256sum=settings.cuda_keyring_sha256,
             mode="644",

@@ -21,20 +21,13 @@ from typing import Any, Final
 from packaging.version import InvalidVersion, Version
 from pyinfra.api.exceptions import PyinfraError
 
-from operations import REPO_ROOT, launch_profiles
+from operations import REPO_ROOT, launch_profiles, proxy
 from operations.lock import LockError, read_lock
 from operations.node_group import check_groups
 from operations.p2p_policy import NO_P2P_FLAGS as P2P_SERVER_FLAGS
 from operations.run_exit import end_run
-from operations.sglang import (
-    ALWAYS_FLAGS,
-    OWNED_FLAGS,
-    FlagError,
-    check_server_args,
-    flags_named,
-    load_parser_spec,
-    server_args,
-)
+from operations.sglang import (ALWAYS_FLAGS, OWNED_FLAGS, FlagError, check_server_args,
+                               flags_named, load_parser_spec, server_args)
 
 PREFIX: Final = "gpuhost_"
 
@@ -199,6 +192,7 @@ class Settings:
     model_dir: str = "/opt/gpuhost/models"
     model_revision: str = "main"
     hf_endpoint: str = "https://huggingface.co"
+    proxy: str | None = None  # every download's (operations/proxy.py)
     hf_token_file: str | None = None
     model_copy_from_peers: bool = True
     model_copy_bwlimit: int | None = None
@@ -605,6 +599,7 @@ RULES: Final[Mapping[str, _Rule]] = {
     "model_revision": _text(r"(?!.*(?:^|/)\.\.?(?:/|$))[A-Za-z0-9][A-Za-z0-9_.\-/]*(?<!/)",
                             "a branch, tag or commit sha of the model's repository"),
     "hf_endpoint": _text(_URL + r"(?<!/)", "an http(s) URL without a trailing slash"),
+    "proxy": _text(proxy.URL, proxy.URL_ALLOWED, optional=True),
     "hf_token_file": _text(_PATH, f"an absolute path on the host, root-only {_PATH_DETAIL}",
                            optional=True),
     "model_copy_from_peers": _BOOL,
@@ -876,6 +871,7 @@ HELP: Final[Mapping[str, str]] = {
         "server (a branch is resolved at download time: pin a sha to follow a moving branch "
         "deliberately)"),
     "hf_endpoint": "the Hub's URL (huggingface_hub's `HF_ENDPOINT`: a mirror's, or the sandbox's)",
+    "proxy": proxy.HELP,
     "hf_token_file": (
         "secret file (docs/security.md) on the host holding the Hub token for gated "
         "repositories; its path is all the deploy handles"),

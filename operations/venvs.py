@@ -359,6 +359,9 @@ class LockSizes(FactBase[dict]):
                    "installed": 2210}}
     """
 
+    #: the index, from the host: through the host's proxy (operations/proxy.py)
+    reaches_outside = True
+
     @override
     def command(self, index_url: str, pins: tuple[str, ...]) -> str:
         return " ".join(["python3", "-c", shlex.quote(_SIZES_SCRIPT), shlex.quote(index_url),

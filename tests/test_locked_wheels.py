@@ -5,6 +5,7 @@ a fresh install (pip still checks every hash)."""
 from __future__ import annotations
 
 import hashlib
+import shlex
 import subprocess
 import types
 from pathlib import Path
@@ -137,3 +138,21 @@ def test_a_fresh_venvs_room_counts_the_cached_files_here_and_asks_the_index_for_
                               "system mounted on / (df): 5.0 GiB needed"), problem
     folders[VENVS_DIR]["free_kib"] = 6 * 2**20  # the first folder's figure counts per mount
     assert locked_wheels.room_problem(fact, settings, lock, "/v") is None
+
+
+def test_a_failed_download_names_the_index_and_its_route(tmp_path):
+    """The download's failure line, run by sh as the host runs it: the index, the route (no
+    proxy outside a run) and pip's exit status, which the command keeps."""
+    commands = list(locked_wheels.fresh_install(
+        "/opt/v", "/etc/gpuhost/lock/stack.txt", "x==1 --hash=sha256:aa\n",
+        "http://10.213.2.1:8080/simple/", "~/.cache/gpuhost/wheels", []))
+    script = str(commands[1].get_raw_value()).split(" ", 2)[2]
+    script = shlex.split(script)[0].replace(locked_wheels.WHEEL_DIR, str(tmp_path))
+    (tmp_path / locked_wheels.MISSING).write_text("x==1\n")
+    head, _, rest = script.partition(" || ")
+    run = subprocess.run(["sh", "-c", "if true; then (exit 4) || " + rest], text=True,
+                         capture_output=True, check=False)
+    assert run.returncode == 4
+    assert run.stderr.strip() == ("the download of the lock's wheels from "
+                                  "http://10.213.2.1:8080/simple/ directly, through no proxy "
+                                  "failed (pip's exit status 4)")

@@ -126,6 +126,13 @@ def test_pyinfra_keys_are_left_alone(lock):
         ({"gpuhost_p2p_override": "maybe"},
          "gpuhost_p2p_override = 'maybe' is not allowed: one of on, off, or None"),
         ({"gpuhost_max_jobs": 0}, "gpuhost_max_jobs = 0 is not allowed: an integer >= 1"),
+        ({"gpuhost_proxy": "proxy.lab:3128"}, "gpuhost_proxy = 'proxy.lab:3128' is not allowed: "
+         "an http:// or https:// URL of a proxy with a host and a port"),
+        ({"gpuhost_proxy": "socks5://proxy.lab:1080"},
+         "gpuhost_proxy = 'socks5://proxy.lab:1080' is not allowed: an http:// or https://"),
+        ({"gpuhost_proxy": "http://proxy.lab"}, "gpuhost_proxy = 'http://proxy.lab' is not "
+         "allowed: an http:// or https:// URL of a proxy with a host and a port"),
+        ({"gpuhost_proxy": "http://u:pw@proxy.lab:3128"}, "with no user or password"),
         ({"gpuhost_lock": "locks/nope.txt"},
          "gpuhost_lock = 'locks/nope.txt' is not allowed: an existing lock file"),
     ],

@@ -40,6 +40,7 @@ STACK_END = "<!-- generated: end -->"
 STAGES: dict[str, tuple[str, str]] = {
     "deploy": ("the run (deploy.py)", "dry-run.md"),
     "deploy_lock": ("the run (deploy.py)", "first-deploy.md"),
+    "proxy": ("the run (deploy.py)", "first-deploy.md"),
     "rollback": ("Rollback", "upgrades.md"),
     "preflight": ("Preflight", "first-deploy.md"),
     "tls": ("TLS", "security.md"),

@@ -205,8 +205,32 @@ def main() -> int:
         if full is not None:
             print(no_space_line(full), file=sys.stderr)
             return 2
-        print(f"model download failed: {describe(exc, _SECRET_LOADED)}", file=sys.stderr)
+        endpoint = _AT.get("endpoint")
+        print(f"model download failed: {describe(exc, _SECRET_LOADED)}"
+              + (f" (the Hub at {endpoint}, {route(endpoint)})" if endpoint else ""),
+              file=sys.stderr)
         return 1
+
+
+def route(url: str) -> str:
+    """How a request to ``url`` leaves this host, as requests (huggingface_hub's client)
+    chooses: the proxy of its scheme from the environment unless ``no_proxy`` names its host
+    (requests.utils.get_environ_proxies: urllib.request's getproxies and proxy_bypass, which
+    read the same variables); never a user or password."""
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
+        return "directly, through no proxy"
+    shown = urllib.parse.urlsplit(proxy)
+    try:
+        port = f":{shown.port}" if shown.port else ""
+    except ValueError:
+        port = ""
+    return f"through the proxy {shown.scheme}://{shown.hostname}{port}"
 
 
 def no_space_line(exc: OSError) -> str:
@@ -241,7 +265,7 @@ def _main() -> int:
                         "(the bytes still missing + --headroom-gib against the free space), "
                         "before a copy from a peer")
     args = parser.parse_args()
-    _AT.update(repo=f"{args.repo}@{args.revision}", dest=str(args.dest))
+    _AT.update(repo=f"{args.repo}@{args.revision}", dest=str(args.dest), endpoint=args.endpoint)
 
     os.environ["HF_ENDPOINT"] = args.endpoint
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -262,8 +286,8 @@ def _main() -> int:
         info = api.model_info(args.repo, revision=args.revision, files_metadata=True)
     except HfHubHTTPError as exc:
         print(f"cannot read {args.repo}@{args.revision} from {args.endpoint}: "
-              f"{str(exc).splitlines()[0]} (is the token in {args.token_file} allowed to read "
-              "it?)", file=sys.stderr)
+              f"{str(exc).splitlines()[0]} ({route(args.endpoint)}; is the token in "
+              f"{args.token_file} allowed to read it?)", file=sys.stderr)
         return 1
     sha = info.sha
     files = {s.rfilename: s.size for s in info.siblings or []}
