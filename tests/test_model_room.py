@@ -108,3 +108,39 @@ def test_a_token_file_of_two_lines_is_never_sent_nor_printed(tmp_path):
     assert ModelRoom().process(run.stdout.splitlines()) == {
         "error": "the token file holds no single token"}
     assert "SECRETPART" not in run.stdout + run.stderr and seen == []
+
+
+def test_a_token_file_that_is_no_regular_file_is_neither_followed_nor_waited_on(tmp_path):
+    """A symlink (to the token, or to /dev/zero), a FIFO and a huge sparse file: the fact reads
+    the token as secret_file.py reads a secret (never followed, never waited on, capped), so
+    planning neither hangs nor reads without end, and nothing is sent (the secret-file check
+    refuses each, naming the key)."""
+    import os
+
+    seen: list = []
+    server = _hub(seen)
+    real = tmp_path / "real"
+    real.write_text("hf_SECRETTOKEN\n")
+    (tmp_path / "link-token").symlink_to(real)
+    (tmp_path / "link-zero").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo")
+    with open(tmp_path / "huge", "wb") as f:
+        f.truncate(8 * GIB)
+    said = {}
+    try:
+        for name in ("link-token", "link-zero", "fifo", "huge"):
+            path = tmp_path / name
+            command = ModelRoom().command(f"http://127.0.0.1:{server.server_port}", "org/m",
+                                          "main", str(tmp_path / "m"), str(path))
+            # bounded, should a regression read /dev/zero again: 2 GiB of memory, 30 s
+            run = subprocess.run(["sh", "-c", f"ulimit -v 2097152; exec {command}"],
+                                 capture_output=True, text=True, check=True, timeout=30)
+            said[name] = ModelRoom().process(run.stdout.splitlines())
+            assert "SECRETTOKEN" not in run.stdout + run.stderr
+    finally:
+        server.shutdown()
+    assert said == {"link-token": {"error": "the token file is not a regular file"},
+                    "link-zero": {"error": "the token file is not a regular file"},
+                    "fifo": {"error": "the token file is not a regular file"},
+                    "huge": {"error": "the token file holds no single token"}}
+    assert seen == []

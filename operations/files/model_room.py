@@ -17,8 +17,10 @@ model_fetch.py's shutil.disk_usage and df(1) count them.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import sys
 import urllib.error
 import urllib.parse
@@ -32,6 +34,33 @@ def mount_of(path: str) -> str:
     return path
 
 
+#: Bytes of the token file read at most: secret_file.py's MAX_CHARS, a CRLF and one more (what
+#: tells a longer file, which then holds no single token).
+TOKEN_BYTES = 4096 + 3
+
+
+def read_token(path: str) -> str | None:
+    """The token file's text, stripped, read as secret_file.py's ``_read_capped`` reads a
+    secret: a symlink not followed (O_NOFOLLOW), nothing waited on (O_NONBLOCK: a FIFO), at most
+    TOKEN_BYTES (a device such as /dev/zero, or a huge file, would be read whole); None where
+    it is not a regular file (the planning's secret-file check refuses it, naming the key)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = b""
+        while len(data) < TOKEN_BYTES and (chunk := os.read(fd, TOKEN_BYTES - len(data))):
+            data += chunk
+    finally:
+        os.close(fd)
+    return data.decode("utf-8").strip() if len(data) < TOKEN_BYTES else ""  # longer: none
+
+
 def main(argv: list[str]) -> int:
     endpoint, repo, revision, dest, token_file = argv[1:6]
     url = (f"{endpoint}/api/models/{repo}/revision/{urllib.parse.quote(revision, safe='')}"
@@ -39,8 +68,10 @@ def main(argv: list[str]) -> int:
     headers = {}
     try:
         if token_file:
-            with open(token_file, encoding="utf-8") as f:
-                token = f.read().strip()
+            token = read_token(token_file)
+            if token is None:
+                print(json.dumps({"error": "the token file is not a regular file"}))
+                return 0
             if not token or any(c.isspace() for c in token):
                 # not one token (the planning's secret-file check refuses it, naming the key):
                 # never sent, never printed (http.client's ValueError would quote it whole)
