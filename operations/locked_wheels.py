@@ -39,6 +39,7 @@ from pyinfra.api.exceptions import OperationError
 
 from operations import remote
 from operations.disk import no_space_named
+from operations.model import model_download
 from operations.model_copy import login_rsh
 from operations.pip_index import pip_index_args
 from operations.files import wheel_sizes
@@ -72,10 +73,16 @@ def room_problem(fact, settings, lock, new_venv: str) -> str | None:
     files, each read from the controller's cache where it holds the file (its size, and its
     members' as wheel_sizes.py counts them), else off the package index from the host
     (:class:`operations.venvs.LockSizes`). A name no size was found for is said, and counts
-    nothing."""
+    nothing. The model's download the run makes later (operations.model.model_download) counts
+    too where it goes to a file system of the venv's (the default folders share one: /opt)."""
     room = fact(VenvRoom, venv_path=settings.venv_path, folders=ROOM_FOLDERS)
+    model = model_download(fact, settings)
+    # the model's download, later in the run, on a file system of the venv's counts there too
+    also = ({"mount": model["mount"], "kib": model["need"] // 1024,
+             "what": f"the model's download into {settings.model_path}"}
+            if model and "error" not in model else None)
     if room["serving_kib"]:
-        return venv_room_problem(room, new_venv)
+        return venv_room_problem(room, new_venv, also=also)
     sizes, uncached = {}, []
     for pin in lock.pins:
         found = cached(settings.wheel_cache, [h.removeprefix("sha256:") for h in pin.hashes])
@@ -92,7 +99,7 @@ def room_problem(fact, settings, lock, new_venv: str) -> str | None:
     if unknown:
         logger.warning(f"{host.print_prefix}ML venv: the room check counts nothing for "
                        f"{', '.join(unknown)}: no size found")
-    return venv_room_problem(room, new_venv, sizes)
+    return venv_room_problem(room, new_venv, sizes, also)
 
 
 def lock_hashes(requirements_text: str) -> set[str]:
