@@ -106,7 +106,7 @@ class ModelRoom(FactBase[dict]):
 
     .. code:: python
 
-        {"need": 1577149, "free": 2147483648, "mount": "/opt", "folder": "/opt"}
+        {"need": 1577149, "free": 2147483648, "mount": "/opt", "folder": "/opt", "unsized": 0}
 
     ``{"error": "..."}`` where the Hub did not answer (said, and the run's own check at the
     download still stands).
@@ -158,6 +158,9 @@ def model_room_problem(fact, settings) -> str | None:
         logger.warning(f"{host.print_prefix}the model's room is checked at the download only: "
                        f"the Hub's file listing was not read while planning ({room['error']})")
         return None
+    if room.get("unsized"):
+        logger.warning(f"{host.print_prefix}the model's room check counts nothing for "
+                       f"{room['unsized']} file(s) the Hub's file listing gives no size of")
     need = room["need"] + int(ROOM_HEADROOM_GIB * 2**30)
     if room["free"] >= need:
         return None

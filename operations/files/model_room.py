@@ -2,7 +2,8 @@
 in ``dest`` yet (as model_fetch.py counts them) and the room free on the file system ``dest``
 is on (or would be: its nearest existing folder). Run by the host's python3 (stdlib only, sent
 as ``python3 -c``: it runs before the venv that holds huggingface_hub exists). Prints one JSON
-line, ``{"need": 1577149, "free": 2147483648, "mount": "/opt", "folder": "/opt"}``, or
+line, ``{"need": 1577149, "free": 2147483648, "mount": "/opt", "folder": "/opt", "unsized":
+0}`` (``unsized``: the files the listing gives no size of, counted nothing), or
 ``{"error": "..."}``.
 
 The file listing is the one model_fetch.py reads for the download: huggingface_hub 0.36.2's
@@ -89,18 +90,25 @@ def main(argv: list[str]) -> int:
         code = f"HTTP {exc.code}" if isinstance(exc, urllib.error.HTTPError) else ""
         print(json.dumps({"error": f"{type(exc).__name__} {code} {reason or ''}".strip()}))
         return 0
-    need = 0
-    for sibling in info.get("siblings") or []:
+    siblings = (info.get("siblings") if isinstance(info, dict) else None) or []
+    if not isinstance(siblings, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("rfilename"), str) for e in siblings):
+        print(json.dumps({"error": "the Hub's file listing has a sibling without rfilename"}))
+        return 0
+    need, unsized = 0, 0
+    for sibling in siblings:
         local = os.path.join(dest, sibling["rfilename"])
-        size = sibling.get("size") or 0
-        if not os.path.isfile(local) or os.path.getsize(local) != size:
+        size = sibling.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            unsized += 1  # counted nothing, and said (operations/model.py)
+        elif not os.path.isfile(local) or os.path.getsize(local) != size:
             need += size
     folder = dest
     while not os.path.isdir(folder):
         folder = os.path.dirname(folder) or "/"
     st = os.statvfs(folder)
     print(json.dumps({"need": need, "free": st.f_bavail * st.f_frsize, "mount": mount_of(folder),
-                      "folder": folder}))
+                      "folder": folder, "unsized": unsized}))
     return 0
 
 
