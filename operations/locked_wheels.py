@@ -95,10 +95,16 @@ def room_problem(fact, settings, lock, new_venv: str) -> str | None:
     if uncached:
         sizes.update(fact(LockSizes, index_url=settings.pip_index_url,
                           pins=lock_pins(uncached)))
-    unknown = sorted(f"{n} ({s['error']})" for n, s in sizes.items() if "error" in s)
-    if unknown:
+    unknown: dict[str, list[str]] = {}
+    for name, size in sorted(sizes.items()):
+        if "error" in size:
+            unknown.setdefault(size["error"], []).append(name)
+    if unknown:  # by error: one unreachable index is one line, not the lock's every name
+        words = "; ".join(", ".join(names[:5]) + (f" and {len(names) - 5} more" if
+                                                   len(names) > 5 else "") + f" ({error})"
+                          for error, names in unknown.items())
         logger.warning(f"{host.print_prefix}ML venv: the room check counts nothing for "
-                       f"{', '.join(unknown)}: no size found")
+                       f"{words}: no size found")
     return venv_room_problem(room, new_venv, sizes, also)
 
 

@@ -182,3 +182,31 @@ def test_the_venv_and_the_models_download_on_one_file_system_are_counted_togethe
                                                                          "/v")
     model["need"] = 10 * 2**30
     assert locked_wheels.room_problem(fact, settings, lock, "/v") is None
+
+
+def test_names_without_a_size_are_said_by_their_error_in_one_short_line(tmp_path, monkeypatch):
+    """An unreachable index gives every name of the lock the same error: said once, with the
+    first five names and how many more, not the lock's 174 names each with its error."""
+    from operations.lock import Pin
+    from operations.venvs import PIP_CACHE, VENVS_DIR, WHEEL_DIR
+
+    pins = tuple(Pin(f"n{i}", "1.0", ("sha256:" + f"{i:064x}",), f"n{i}") for i in range(8))
+    settings = types.SimpleNamespace(venv_path="/v", pip_index_url="http://i/s",
+                                     wheel_cache=str(tmp_path), model_is_local=True)
+    folders = {f: {"free_kib": 50 * 2**20, "mount": "/"} for f in (VENVS_DIR, WHEEL_DIR,
+                                                                    PIP_CACHE)}
+    down = "the index did not answer: timed out"
+
+    def fact(cls, **kwargs):
+        if cls.__name__ == "VenvRoom":
+            return {"serving_kib": 0, "free_kib": 50 * 2**20, "mount": "/", "folders": folders}
+        return {**{f"n{i}": {"error": down} for i in range(7)},
+                "n7": {"error": "HTTPError: HTTP Error 404: Not Found"}}
+
+    said: list[str] = []
+    monkeypatch.setattr(locked_wheels.logger, "warning", said.append)
+    assert locked_wheels.room_problem(fact, settings, types.SimpleNamespace(pins=pins), "/v/a") \
+        is None
+    assert said == [f"{locked_wheels.host.print_prefix}ML venv: the room check counts nothing "
+                    f"for n0, n1, n2, n3, n4 and 2 more ({down}); n7 (HTTPError: HTTP Error 404: "
+                    "Not Found): no size found"]

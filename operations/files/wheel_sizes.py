@@ -43,6 +43,7 @@ import json
 import re
 import sys
 import tarfile
+import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
@@ -184,10 +185,18 @@ def local_installed_size(path) -> int:
         return unpacked([(m.name, m.size) for m in sdist.getmembers() if m.isfile()])
 
 
+#: The first answer that says the index cannot be reached (a connection refused or timed out,
+#: not an HTTP status): the names not asked yet are not asked (a lock of 174 names behind a
+#: firewall that drops the packets waited TIMEOUT for each, 8 at a time: 22 minutes).
+DOWN: list[str] = []
+
+
 def measure(index: str, pin: str) -> tuple[str, dict]:
     spec, _, prefixes = pin.partition(":")
     name, _, version = spec.partition("==")
     wanted = [p for p in prefixes.split(",") if p]
+    if DOWN:
+        return name, {"error": DOWN[0]}
     try:
         files = [f for f in files_of(index, name)
                  if any(f["sha256"].startswith(p) for p in wanted)]
@@ -202,6 +211,10 @@ def measure(index: str, pin: str) -> tuple[str, dict]:
                       "installed": installed_size(chosen["url"], chosen["filename"],
                                                   chosen["size"])}
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, tarfile.TarError) as exc:
+        if isinstance(exc, (urllib.error.URLError, TimeoutError, ConnectionError)) \
+                and not isinstance(exc, urllib.error.HTTPError):
+            DOWN.append(f"the index did not answer: {getattr(exc, 'reason', exc)}")
+            return name, {"error": DOWN[0]}
         return name, {"error": f"{type(exc).__name__}: {exc}"}
 
 
