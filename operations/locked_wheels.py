@@ -39,6 +39,7 @@ from pyinfra.api.exceptions import OperationError
 
 from operations import proxy, remote
 from operations.disk import no_space_named
+from operations.model import model_download
 from operations.model_copy import login_rsh
 from operations.pip_index import pip_index_args
 from operations.files import wheel_sizes
@@ -72,10 +73,16 @@ def room_problem(fact, settings, lock, new_venv: str) -> str | None:
     files, each read from the controller's cache where it holds the file (its size, and its
     members' as wheel_sizes.py counts them), else off the package index from the host
     (:class:`operations.venvs.LockSizes`). A name no size was found for is said, and counts
-    nothing."""
+    nothing. The model's download the run makes later (operations.model.model_download) counts
+    too where it goes to a file system of the venv's (the default folders share one: /opt)."""
     room = fact(VenvRoom, venv_path=settings.venv_path, folders=ROOM_FOLDERS)
+    model = model_download(fact, settings)
+    # the model's download, later in the run, on a file system of the venv's counts there too
+    also = ({"mount": model["mount"], "kib": model["need"] // 1024,
+             "what": f"the model's download into {settings.model_path}"}
+            if model and "error" not in model else None)
     if room["serving_kib"]:
-        return venv_room_problem(room, new_venv)
+        return venv_room_problem(room, new_venv, also=also)
     sizes, uncached = {}, []
     for pin in lock.pins:
         found = cached(settings.wheel_cache, [h.removeprefix("sha256:") for h in pin.hashes])
@@ -88,11 +95,17 @@ def room_problem(fact, settings, lock, new_venv: str) -> str | None:
     if uncached:
         sizes.update(fact(LockSizes, index_url=settings.pip_index_url,
                           pins=lock_pins(uncached)))
-    unknown = sorted(f"{n} ({s['error']})" for n, s in sizes.items() if "error" in s)
-    if unknown:
+    unknown: dict[str, list[str]] = {}
+    for name, size in sorted(sizes.items()):
+        if "error" in size:
+            unknown.setdefault(size["error"], []).append(name)
+    if unknown:  # by error: one unreachable index is one line, not the lock's every name
+        words = "; ".join(", ".join(names[:5]) + (f" and {len(names) - 5} more" if
+                                                   len(names) > 5 else "") + f" ({error})"
+                          for error, names in unknown.items())
         logger.warning(f"{host.print_prefix}ML venv: the room check counts nothing for "
-                       f"{', '.join(unknown)}: no size found")
-    return venv_room_problem(room, new_venv, sizes)
+                       f"{words}: no size found")
+    return venv_room_problem(room, new_venv, sizes, also)
 
 
 def lock_hashes(requirements_text: str) -> set[str]:

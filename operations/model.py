@@ -106,7 +106,7 @@ class ModelRoom(FactBase[dict]):
 
     .. code:: python
 
-        {"need": 1577149, "free": 2147483648, "mount": "/opt", "folder": "/opt"}
+        {"need": 1577149, "free": 2147483648, "mount": "/opt", "folder": "/opt", "unsized": 0}
 
     ``{"error": "..."}`` where the Hub did not answer (said, and the run's own check at the
     download still stands).
@@ -137,21 +137,33 @@ class ModelRoom(FactBase[dict]):
             return {"error": f"model_room.py said {list(output)[-2:]!r}"}
 
 
-def model_room_problem(fact, settings) -> str | None:
-    """Why the model's download does not fit on its file system, or None; read while planning
-    (``fact``: operations.plan.fact) where the model is a Hub repository not yet complete in
-    gpuhost_model_dir. The need is the revision's files not there yet (the Hub's file listing)
-    and ROOM_HEADROOM_GIB."""
+def model_download(fact, settings) -> dict | None:
+    """The :class:`ModelRoom` fact where the run will download the model (a Hub repository not
+    yet complete in gpuhost_model_dir), else None; read while planning (``fact``:
+    operations.plan.fact, one reading for every stage that asks: the preflight's room check,
+    and the ML venv's where the venv shares the model's file system)."""
     if settings.model_is_local or is_current(fact(ModelSnapshot, path=settings.model_path),
                                              settings.model, settings.model_revision):
         return None
-    room = fact(ModelRoom, endpoint=settings.hf_endpoint, repo=settings.model,
+    return fact(ModelRoom, endpoint=settings.hf_endpoint, repo=settings.model,
                 revision=settings.model_revision, dest=settings.model_path,
                 token_file=settings.hf_token_file)
+
+
+def model_room_problem(fact, settings) -> str | None:
+    """Why the model's download (:func:`model_download`) does not fit on its file system, or
+    None. The need is the revision's files not there yet (the Hub's file listing) and
+    ROOM_HEADROOM_GIB."""
+    room = model_download(fact, settings)
+    if room is None:
+        return None
     if "error" in room:
         logger.warning(f"{host.print_prefix}the model's room is checked at the download only: "
                        f"the Hub's file listing was not read while planning ({room['error']})")
         return None
+    if room.get("unsized"):
+        logger.warning(f"{host.print_prefix}the model's room check counts nothing for "
+                       f"{room['unsized']} file(s) the Hub's file listing gives no size of")
     need = room["need"] + int(ROOM_HEADROOM_GIB * 2**30)
     if room["free"] >= need:
         return None

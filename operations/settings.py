@@ -466,9 +466,9 @@ def _control_characters(value: Any) -> bool:
     return False
 
 
-#: Keys whose values are version-like strings: pyinfra's --data turns "570" into 570 and
-#: "13.0" into 13.0, so numbers are taken as the string they were typed as.
-_NUMBER_AS_TEXT: Final = ("driver_branch", "cuda_toolkit", "compute_capability")
+#: Keys whose values are version-like strings: pyinfra's --data turns "570" into 570, "13.0"
+#: into 13.0 and "580.95" into 580.95, so numbers are taken as the string they were typed as.
+_NUMBER_AS_TEXT: Final = ("driver_branch", "cuda_toolkit", "compute_capability", "driver_version")
 
 
 #: A drop-in's file name: systemd reads only ``*.conf`` in a unit's ``.d`` folder

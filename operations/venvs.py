@@ -390,34 +390,43 @@ def needs(sizes: dict) -> dict[str, int]:
     return {VENVS_DIR: installed, WHEEL_DIR: download, PIP_CACHE: download}
 
 
-def room_problem(room: dict, new_venv: str, sizes: dict | None = None) -> str | None:
+def room_problem(room: dict, new_venv: str, sizes: dict | None = None,
+                 also: dict | None = None) -> str | None:
     """Why the lock's new venv (``new_venv``, not built yet) does not fit, or None. Beside a
     serving venv it needs about the serving venv's size and VENV_HEADROOM_GIB free; on a fresh
     host (no serving venv) what ``sizes`` (LockSizes) says the lock's files take in each of
-    ROOM_FOLDERS, summed per file system, and VENV_HEADROOM_GIB on each."""
+    ROOM_FOLDERS, summed per file system, and VENV_HEADROOM_GIB on each. ``also``: what else
+    the run writes (``{"mount", "kib", "what"}``: the model's download), counted on the file
+    system mounted on its ``mount``."""
     gib = 2**20
     if not room["serving_kib"]:
-        return _fresh_room_problem(room, new_venv, needs(sizes or {}))
-    needed = room["serving_kib"] + int(VENV_HEADROOM_GIB * 2**20)
+        return _fresh_room_problem(room, new_venv, needs(sizes or {}), also)
+    extra = also["kib"] if also and also["mount"] == room["mount"] else 0
+    needed = room["serving_kib"] + extra + int(VENV_HEADROOM_GIB * 2**20)
     if room["free_kib"] >= needed:
         return None
+    beside = f", {also['what']} {size_text(extra)}" if extra else ""
     return (f"no room for the new venv {new_venv} beside the serving one: it needs about "
-            f"{needed / gib:.1f} GiB (the serving venv's {room['serving_kib'] / gib:.1f} GiB and "
-            f"{VENV_HEADROOM_GIB:g} GiB kept free), and {room['free_kib'] / gib:.1f} GiB are "
+            f"{needed / gib:.1f} GiB (the serving venv's {room['serving_kib'] / gib:.1f} GiB"
+            f"{beside} and {VENV_HEADROOM_GIB:g} GiB kept free), and "
+            f"{room['free_kib'] / gib:.1f} GiB are "
             f"free on {room['mount']} (df): free space there (venvs of earlier locks that "
             "gpuhost_venvs_kept keeps are removed only once a new one passed the health gate)")
 
 
-def _fresh_room_problem(room: dict, new_venv: str, need: dict[str, int]) -> str | None:
+def _fresh_room_problem(room: dict, new_venv: str, need: dict[str, int],
+                        also: dict | None) -> str | None:
     by_mount: dict[str, list[str]] = {}
     for folder, where in room.get("folders", {}).items():
         by_mount.setdefault(where["mount"], []).append(folder)
     short = []
     for mount, folders in by_mount.items():
         free = room["folders"][folders[0]]["free_kib"]
-        total = sum(need.get(f, 0) for f in folders) + int(VENV_HEADROOM_GIB * 2**20)
+        extra = also["kib"] if also and also["mount"] == mount else 0
+        total = sum(need.get(f, 0) for f in folders) + extra + int(VENV_HEADROOM_GIB * 2**20)
         if free < total:
             parts = ", ".join(f"{f} {size_text(need.get(f, 0))}" for f in folders)
+            parts += f", {also['what']} {size_text(extra)}" if extra else ""
             short.append(f"{', '.join(folders)} on the file system mounted on {mount} (df): "
                          f"{size_text(total)} needed ({parts}, {VENV_HEADROOM_GIB:g} GiB kept "
                          f"free), {size_text(free)} free")
@@ -425,7 +434,8 @@ def _fresh_room_problem(room: dict, new_venv: str, need: dict[str, int]) -> str 
         return None
     return (f"no room for the new venv {new_venv} and the lock's downloads: "
             + "; ".join(short) + " (the lock's file sizes from the controller's wheel cache and "
-            "the package index): make room there, or mount a larger file system")
+            "the package index" + (", the model's from the Hub's file listing" if also else "")
+            + "): make room there, or mount a larger file system")
 
 
 def size_text(kib: int) -> str:

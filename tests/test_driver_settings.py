@@ -76,6 +76,7 @@ def test_unknown_torch_cuda_is_refused(tmp_path):
         ({"gpuhost_driver_flavour": "nouveau"},
          "gpuhost_driver_flavour = 'nouveau' is not allowed: one of open, proprietary"),
         ({"gpuhost_driver_version": "580.95"}, None),
+        ({"gpuhost_driver_version": 580.95}, None),  # a number, as pyinfra's --data gives it
         ({"gpuhost_driver_version": "latest"},
          "gpuhost_driver_version = 'latest' is not allowed: a driver version such as"),
         ({"gpuhost_driver_version": "580.95.05.1"},

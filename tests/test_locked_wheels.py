@@ -14,6 +14,7 @@ import pytest
 from pyinfra.api import FunctionCommand
 
 from operations import locked_wheels
+from operations.model import model_room_problem
 
 A = b"A" * 1000
 B = b"B" * 2000
@@ -118,7 +119,7 @@ def test_a_fresh_venvs_room_counts_the_cached_files_here_and_asks_the_index_for_
         Pin("demo", "1.0", (f"sha256:{digest}",), "demo==1.0"),
         Pin("other", "2.0", ("sha256:" + "f" * 64,), "other==2.0")))
     settings = types.SimpleNamespace(venv_path="/opt/gpuhost/venv", pip_index_url="http://i/s",
-                                     wheel_cache=str(tmp_path / "cache"))
+                                     wheel_cache=str(tmp_path / "cache"), model_is_local=True)
     asked = []
     folders = {f: {"free_kib": 5 * 2**20, "mount": "/"} for f in (VENVS_DIR, WHEEL_DIR,
                                                                    PIP_CACHE)}
@@ -156,3 +157,75 @@ def test_a_failed_download_names_the_index_and_its_route(tmp_path):
     assert run.stderr.strip() == ("the download of the lock's wheels from "
                                   "http://10.213.2.1:8080/simple/ directly, through no proxy "
                                   "failed (pip's exit status 4)")
+
+
+def test_the_venv_and_the_models_download_on_one_file_system_are_counted_together(tmp_path):
+    """The default folders (/opt/gpuhost/venvs, /opt/gpuhost/models) share a file system: a
+    fresh venv (or one beside a serving venv) and the model's download to come in the same run
+    each fit alone and not together; the venv's room check counts both, naming each. Before,
+    each check passed, and the download failed at run time, after the driver and the venv."""
+    from operations.lock import Pin
+    from operations.settings import Settings
+    from operations.venvs import PIP_CACHE, VENVS_DIR, WHEEL_DIR
+
+    gib = 2**20  # KiB
+    lock = types.SimpleNamespace(pins=(Pin("torch", "2.9.1", ("sha256:" + "e" * 64,), "t"),))
+    settings = Settings(model="org/m", wheel_cache=str(tmp_path / "cache"))
+    room = {"serving_kib": 0, "free_kib": 20 * gib, "mount": "/opt",
+            "folders": {f: {"free_kib": 20 * gib, "mount": "/opt"} for f in
+                        (VENVS_DIR, WHEEL_DIR, PIP_CACHE)}}
+    model = {"need": 12 * 2**30, "free": 20 * 2**30, "mount": "/opt", "folder": "/opt"}
+
+    def fact(cls, **kwargs):
+        return {"VenvRoom": room, "ModelSnapshot": {}, "ModelRoom": model,
+                "LockSizes": {"torch": {"file": "t.whl", "download": 2 * 2**30,
+                                        "installed": 4 * 2**30}}}[cls.__name__]
+
+    # alone: the model 12 + 1 GiB of 20, the venv 4 + 2 + 2 + 1 GiB of 20; together 21 GiB
+    assert model_room_problem(fact, settings) is None
+    problem = locked_wheels.room_problem(fact, settings, lock, "/opt/gpuhost/venvs/ab")
+    assert problem == (
+        "no room for the new venv /opt/gpuhost/venvs/ab and the lock's downloads: "
+        f"{VENVS_DIR}, {WHEEL_DIR}, {PIP_CACHE} on the file system mounted on /opt (df): "
+        f"21.0 GiB needed ({VENVS_DIR} 4.0 GiB, {WHEEL_DIR} 2.0 GiB, {PIP_CACHE} 2.0 GiB, the "
+        "model's download into /opt/gpuhost/models/org/m 12.0 GiB, 1 GiB kept free), 20.0 GiB "
+        "free (the lock's file sizes from the controller's wheel cache and the package index, "
+        "the model's from the Hub's file listing): make room there, or mount a larger file "
+        "system")
+    model["mount"] = "/srv"  # the model elsewhere: the venv alone on /opt
+    assert locked_wheels.room_problem(fact, settings, lock, "/v") is None
+    model["mount"] = "/opt"
+    room.update(serving_kib=8 * gib)  # beside a serving venv of 8 GiB: 8 + 12 + 1 of 20
+    assert "(the serving venv's 8.0 GiB, the model's download into /opt/gpuhost/models/org/m " \
+           "12.0 GiB and 1 GiB kept free)" in locked_wheels.room_problem(fact, settings, lock,
+                                                                         "/v")
+    model["need"] = 10 * 2**30
+    assert locked_wheels.room_problem(fact, settings, lock, "/v") is None
+
+
+def test_names_without_a_size_are_said_by_their_error_in_one_short_line(tmp_path, monkeypatch):
+    """An unreachable index gives every name of the lock the same error: said once, with the
+    first five names and how many more, not the lock's 174 names each with its error."""
+    from operations.lock import Pin
+    from operations.venvs import PIP_CACHE, VENVS_DIR, WHEEL_DIR
+
+    pins = tuple(Pin(f"n{i}", "1.0", ("sha256:" + f"{i:064x}",), f"n{i}") for i in range(8))
+    settings = types.SimpleNamespace(venv_path="/v", pip_index_url="http://i/s",
+                                     wheel_cache=str(tmp_path), model_is_local=True)
+    folders = {f: {"free_kib": 50 * 2**20, "mount": "/"} for f in (VENVS_DIR, WHEEL_DIR,
+                                                                    PIP_CACHE)}
+    down = "the index did not answer: timed out"
+
+    def fact(cls, **kwargs):
+        if cls.__name__ == "VenvRoom":
+            return {"serving_kib": 0, "free_kib": 50 * 2**20, "mount": "/", "folders": folders}
+        return {**{f"n{i}": {"error": down} for i in range(7)},
+                "n7": {"error": "HTTPError: HTTP Error 404: Not Found"}}
+
+    said: list[str] = []
+    monkeypatch.setattr(locked_wheels.logger, "warning", said.append)
+    assert locked_wheels.room_problem(fact, settings, types.SimpleNamespace(pins=pins), "/v/a") \
+        is None
+    assert said == [f"{locked_wheels.host.print_prefix}ML venv: the room check counts nothing "
+                    f"for n0, n1, n2, n3, n4 and 2 more ({down}); n7 (HTTPError: HTTP Error 404: "
+                    "Not Found): no size found"]

@@ -16,14 +16,14 @@ from operations.settings import Settings
 GIB = 2**30
 
 
-def _hub(seen: list) -> http.server.ThreadingHTTPServer:
+def _hub(seen: list, siblings: list | None = None) -> http.server.ThreadingHTTPServer:
     class Hub(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             seen.append((self.path, self.headers.get("Authorization")))
             if self.path != "/api/models/org/m/revision/v%2F1?blobs=True":
                 self.send_error(404)
                 return
-            body = json.dumps({"sha": "abc", "siblings": [
+            body = json.dumps({"sha": "abc", "siblings": siblings or [
                 {"rfilename": "config.json", "size": 10},
                 {"rfilename": "w/model.safetensors", "size": 5000}]}).encode()
             self.send_response(200)
@@ -108,3 +108,69 @@ def test_a_token_file_of_two_lines_is_never_sent_nor_printed(tmp_path):
     assert ModelRoom().process(run.stdout.splitlines()) == {
         "error": "the token file holds no single token"}
     assert "SECRETPART" not in run.stdout + run.stderr and seen == []
+
+
+def test_a_token_file_that_is_no_regular_file_is_neither_followed_nor_waited_on(tmp_path):
+    """A symlink (to the token, or to /dev/zero), a FIFO and a huge sparse file: the fact reads
+    the token as secret_file.py reads a secret (never followed, never waited on, capped), so
+    planning neither hangs nor reads without end, and nothing is sent (the secret-file check
+    refuses each, naming the key)."""
+    import os
+
+    seen: list = []
+    server = _hub(seen)
+    real = tmp_path / "real"
+    real.write_text("hf_SECRETTOKEN\n")
+    (tmp_path / "link-token").symlink_to(real)
+    (tmp_path / "link-zero").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo")
+    with open(tmp_path / "huge", "wb") as f:
+        f.truncate(8 * GIB)
+    said = {}
+    try:
+        for name in ("link-token", "link-zero", "fifo", "huge"):
+            path = tmp_path / name
+            command = ModelRoom().command(f"http://127.0.0.1:{server.server_port}", "org/m",
+                                          "main", str(tmp_path / "m"), str(path))
+            # bounded, should a regression read /dev/zero again: 2 GiB of memory, 30 s
+            run = subprocess.run(["sh", "-c", f"ulimit -v 2097152; exec {command}"],
+                                 capture_output=True, text=True, check=True, timeout=30)
+            said[name] = ModelRoom().process(run.stdout.splitlines())
+            assert "SECRETTOKEN" not in run.stdout + run.stderr
+    finally:
+        server.shutdown()
+    assert said == {"link-token": {"error": "the token file is not a regular file"},
+                    "link-zero": {"error": "the token file is not a regular file"},
+                    "fifo": {"error": "the token file is not a regular file"},
+                    "huge": {"error": "the token file holds no single token"}}
+    assert seen == []
+
+
+def test_a_listing_with_files_of_no_size_or_no_name_is_said_not_a_traceback(tmp_path,
+                                                                            monkeypatch):
+    """Siblings the Hub lists without a size (or with one that is no byte count) count nothing
+    and are counted apart, for the plan to say; one without ``rfilename`` is an error line, not
+    the last lines of a traceback."""
+    runs = {}
+    for name, siblings in {"unsized": [{"rfilename": "a", "size": 7}, {"rfilename": "b"},
+                                       {"rfilename": "c", "size": "9"},
+                                       {"rfilename": "d", "size": -1}],
+                           "nameless": [{"rfilename": "a", "size": 7}, {"size": 9}]}.items():
+        server = _hub([], siblings)
+        try:
+            run = subprocess.run(["sh", "-c", ModelRoom().command(
+                f"http://127.0.0.1:{server.server_port}", "org/m", "v/1", str(tmp_path / "m"),
+                None)], capture_output=True, text=True, check=True, timeout=30)
+        finally:
+            server.shutdown()
+        assert run.stderr == ""
+        runs[name] = ModelRoom().process(run.stdout.splitlines())
+    assert runs["unsized"]["need"] == 7 and runs["unsized"]["unsized"] == 3
+    assert runs["nameless"] == {"error": "the Hub's file listing has a sibling without rfilename"}
+    said = []
+    facts = {"ModelSnapshot": {}, "ModelRoom": {**runs["unsized"], "free": 5 * GIB}}
+    monkeypatch.setattr("operations.model.logger.warning", said.append)
+    assert model_room_problem(lambda cls, **kw: facts[cls.__name__], Settings(model="org/m")) \
+        is None
+    assert said and said[0].endswith("the model's room check counts nothing for 3 file(s) the "
+                                     "Hub's file listing gives no size of")

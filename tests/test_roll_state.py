@@ -210,6 +210,42 @@ def test_a_roll_state_that_does_not_parse_is_one_line(tmp_path):
         roll_state.read(str(path))
 
 
+def test_a_roll_state_others_may_write_is_not_trusted_and_nothing_is_taken_out(
+        router_url, roll_state_file, monkeypatch, capsys, tmp_path):
+    """A roll state on the router host that someone else may write (world-writable, another
+    owner) or that is a symlink is refused in one line, naming it and what is allowed, before
+    any worker leaves. Trusted, a local user's edit drained one worker more than the budget:
+    gpu1 out by an interrupted run (down, its entry removed by the stranger), gpu3 left while
+    the budget of 1 was spent."""
+    import pwd
+
+    roll_state.mark(GPU1, "gpu1", "restarting", str(roll_state_file))
+    roll_state_file.chmod(0o666)
+    roll_state_file.write_text("{}\n")  # the stranger's edit: gpu1 no longer out
+    FakeRouter.workers = {GPU2: listed(GPU2), GPU3: listed(GPU3)}
+    FakeRouter.down = {GPU1}
+    with pytest.raises(roll_state.StateError) as caught:  # main() says it: "router: ..."
+        leave(router_url, GPU3, monkeypatch, [GPU1, GPU2, GPU3])
+    assert GPU3 in FakeRouter.workers and ("DELETE", "w3") not in FakeRouter.calls
+    assert str(caught.value) == (
+        f"the roll state {roll_state_file} is not trusted (a regular file, owned by uid "
+        f"{os.geteuid()}, mode 0666): allowed: a regular file owned by the deploy's user (root) "
+        "that no one else may write (mode 0600, as the deploy writes it); see who changed it, "
+        "then remove it (the next run registers every worker the router does not list)")
+    link = tmp_path / "link.json"
+    link.symlink_to(roll_state_file)
+    with pytest.raises(roll_state.StateError, match=r"is not trusted \(a symlink\)"):
+        roll_state.read(str(link))
+    if os.geteuid() == 0:
+        roll_state_file.chmod(0o600)
+        os.chown(roll_state_file, pwd.getpwnam("nobody").pw_uid, -1)
+        with pytest.raises(roll_state.StateError, match="owned by uid 65534, mode 0600"):
+            roll_state.read(str(roll_state_file))
+    # the deploy's own: read as before
+    roll_state.mark(GPU1, "gpu1", "drained", str(tmp_path / "own.json"))
+    assert set(roll_state.read(str(tmp_path / "own.json"))) == {GPU1}
+
+
 def test_a_full_disk_stops_leave_with_one_line_before_the_worker_is_taken_out(
         router_url, roll_state_file, monkeypatch, capsys, tmp_path):
     control = tmp_path / "control.key"

@@ -174,6 +174,103 @@ def test_the_locks_file_sizes_are_read_off_an_index(tmp_path, ranges):
     assert sizes["absent"] == {"error": "HTTPError: HTTP Error 404: File not found"}
 
 
+def test_an_index_url_with_credentials_is_read_as_pip_reads_it(tmp_path):
+    """An index behind HTTP Basic authentication, named with its credentials in the URL as pip
+    takes them (gpuhost_pip_index_url): wheel_sizes.py sends them as pip does, to that host
+    alone, and neither a size nor an error it prints holds the password (urllib alone took
+    ``user:pass@host`` for a host name and quoted it: "nonnumeric port: 'pass@host'")."""
+    import base64
+    import hashlib
+    import http.server
+    import subprocess
+    import threading
+    import zipfile
+    from functools import partial
+
+    from operations.venvs import LockSizes
+
+    secret = "s3cr3t-Index-Token"
+    project = tmp_path / "simple" / "demo-pkg"
+    project.mkdir(parents=True)
+    wheel = project / "demo_pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("demo_pkg/data.bin", b"\0" * 5000)
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    (project / "index.html").write_text(f'<a href="{wheel.name}#sha256={digest}">x</a>')
+    wanted = "Basic " + base64.b64encode(f"ops:{secret}".encode()).decode()
+
+    class Private(http.server.SimpleHTTPRequestHandler):
+        def send_head(self):
+            if self.headers.get("Authorization") != wanted:
+                self.send_error(401)
+                return None
+            return super().send_head()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), partial(Private, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    pins = (f"demo-pkg==1.0:{digest[:16]}",)
+    try:
+        runs = {how: subprocess.run(
+            ["sh", "-c", LockSizes().command(f"http://ops:{word}@127.0.0.1:{server.server_port}"
+                                             "/simple", pins)],
+            capture_output=True, text=True, timeout=60) for how, word in (
+                ("right", secret), ("wrong", secret[::-1]))}
+    finally:
+        server.shutdown()
+    # no port: urllib took "ops:<password>@index.invalid" for host and port
+    runs["no port"] = subprocess.run(
+        ["sh", "-c", LockSizes().command(f"https://ops:{secret}@index.invalid/simple", pins)],
+        capture_output=True, text=True, timeout=60)
+    assert LockSizes().process(runs["right"].stdout.splitlines())["demo-pkg"] == {
+        "file": wheel.name, "download": wheel.stat().st_size, "installed": 5000}
+    assert LockSizes().process(runs["wrong"].stdout.splitlines())["demo-pkg"] == {
+        "error": "HTTPError: HTTP Error 401: Unauthorized"}
+    assert "error" in LockSizes().process(runs["no port"].stdout.splitlines())["demo-pkg"]
+    for run in runs.values():
+        assert secret not in run.stdout + run.stderr and secret[::-1] not in run.stdout
+
+
+def test_an_index_that_does_not_answer_is_asked_once_per_worker_not_once_per_name():
+    """An index behind a firewall that drops the packets (here: a socket that listens and
+    never answers): once a name's reading found it unreachable, the names not asked yet are not
+    asked, each said with that reason; before, each of a lock's 174 names waited TIMEOUT (60 s),
+    8 at a time. The count of connections made tells it, not a clock (the module run in a
+    python of its own with a TIMEOUT of 0.5 s; the connections wait in the listen backlog)."""
+    import socket
+    import subprocess
+    import sys
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    pins = [f"name{i}==1.0:{'a' * 16}" for i in range(40)]
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import wheel_sizes as w; "
+              "w.TIMEOUT = 0.5; sys.exit(w.main(sys.argv[1:]))")
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", script, str(ROOT / "operations" / "files"),
+             f"http://127.0.0.1:{listener.getsockname()[1]}/simple", *pins],
+            capture_output=True, text=True, timeout=120)
+        listener.setblocking(False)
+        made = 0
+        while True:
+            try:
+                listener.accept()[0].close()
+            except BlockingIOError:
+                break
+            made += 1
+    finally:
+        listener.close()
+    sizes = json.loads(run.stdout)
+    assert made <= 8, made  # the pool's first round only
+    assert len(sizes) == 40 and {s["error"] for s in sizes.values()} == {
+        "the index did not answer: timed out"}
+
+
 def test_the_room_is_read_off_the_host(tmp_path):
     import subprocess
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import time
 
 PATH = "/etc/gpuhost/roll-state.json"
@@ -36,12 +37,40 @@ class StateError(Exception):
     """The roll state cannot be read or written: one line, naming the file."""
 
 
+#: What the file must be to be read (the budget and the resume trust it: an entry removed by
+#: someone else hides a worker an interrupted run left out, and the next roll drains one more).
+ALLOWED = ("a regular file owned by the deploy's user (root) that no one else may write "
+           "(mode 0600, as the deploy writes it)")
+_AFTER = "the next run registers every worker the router does not list"
+
+
+def _opened(path: str):
+    """``path`` opened for reading where it is :data:`ALLOWED` (a symlink not followed, a FIFO
+    not waited on), else :class:`StateError`; FileNotFoundError where it is missing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise StateError(f"the roll state {path} is not trusted (a symlink): allowed: "
+                         f"{ALLOWED}; see who made it, then remove it ({_AFTER})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        kind = "a regular file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+        raise StateError(f"the roll state {path} is not trusted ({kind}, owned by uid "
+                         f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}): allowed: "
+                         f"{ALLOWED}; see who changed it, then remove it ({_AFTER})")
+    return os.fdopen(fd, encoding="utf-8")
+
+
 def read(path: str = PATH) -> dict[str, dict]:
     """The entries, by worker URL; {} where the file is missing. An entry whose state is not
     one of :data:`STATES` is dropped; a file that does not parse raises :class:`StateError`
-    (it is written whole: something else wrote it)."""
+    (it is written whole: something else wrote it), and so does one that is not
+    :data:`ALLOWED` (a local user of the router host is a stranger)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with _opened(path) as f:
             data = json.load(f)
     except FileNotFoundError:
         return {}

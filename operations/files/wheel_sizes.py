@@ -24,16 +24,26 @@ Sources:
   and never downloads it (e2e test_rebuild: 0 index bytes for a rebuilt VM); its unpacked
   sources and the extension its build makes fall within the room kept free above the figures.
 Of a name's several files under the lock's hashes (one per platform), the largest counts.
+
+An index URL with credentials (``https://user:token@host/simple``, as pip takes them) is read
+as pip reads it: the user information is taken out of the URL and sent as HTTP Basic
+authentication to that URL's host and port alone (pip 26.3, network/auth.py
+``MultiDomainBasicAuth``: ``split_auth_netloc_from_url``, a missing user or password sent as
+empty), never on a redirect elsewhere (urllib's ``add_unredirected_header``); so no request,
+error or line printed carries them (urllib itself would take ``user:token@host`` for a host
+and quote it in its error).
 """
 
 from __future__ import annotations
 
+import base64
 import html.parser
 import io
 import json
 import re
 import sys
 import tarfile
+import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
@@ -42,6 +52,30 @@ from concurrent.futures import ThreadPoolExecutor
 ACCEPT = ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
           "text/html;q=0.01")
 TIMEOUT = 60
+#: ``Authorization`` header by the netloc (host[:port]) it is sent to; see the docstring.
+AUTH: dict[str, str] = {}
+
+
+def without_auth(url: str) -> str:
+    """``url`` with its user information taken out, kept in :data:`AUTH` for its netloc."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    userinfo, netloc = parts.netloc.rsplit("@", 1)
+    user, _, password = userinfo.partition(":")
+    pair = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
+    AUTH[netloc] = "Basic " + base64.b64encode(pair.encode()).decode()
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def fetch(request: "urllib.request.Request | str"):
+    """urlopen, with the index's credentials where the request goes to its netloc."""
+    if isinstance(request, str):
+        request = urllib.request.Request(request)
+    auth = AUTH.get(urllib.parse.urlsplit(request.full_url).netloc)
+    if auth:
+        request.add_unredirected_header("Authorization", auth)
+    return urllib.request.urlopen(request, timeout=TIMEOUT)
 
 
 class Links(html.parser.HTMLParser):
@@ -59,8 +93,7 @@ def files_of(index: str, name: str) -> list[dict]:
     """The project page's files: [{"filename", "url", "sha256", "size" or None}]."""
     page = urllib.parse.urljoin(index.rstrip("/") + "/", re.sub(r"[-_.]+", "-", name).lower()
                                 + "/")
-    with urllib.request.urlopen(urllib.request.Request(page, headers={"Accept": ACCEPT}),
-                                timeout=TIMEOUT) as answer:
+    with fetch(urllib.request.Request(page, headers={"Accept": ACCEPT})) as answer:
         kind = answer.headers.get_content_type()
         body = answer.read().decode("utf-8", "replace")
         base = answer.geturl()
@@ -104,7 +137,7 @@ class Remote(io.RawIOBase):
             return 0
         request = urllib.request.Request(self.url, headers={
             "Range": f"bytes={self.pos}-{end - 1}"})
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
+        with fetch(request) as answer:
             if answer.status != 206:
                 raise NoRanges()
             data = answer.read()
@@ -118,8 +151,7 @@ class NoRanges(Exception):
 
 
 def head_size(url: str) -> int:
-    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"),
-                                timeout=TIMEOUT) as answer:
+    with fetch(urllib.request.Request(url, method="HEAD")) as answer:
         return int(answer.headers["Content-Length"])
 
 
@@ -137,7 +169,7 @@ def installed_size(url: str, filename: str, size: int) -> int:
             pass
     else:
         return size  # an sdist: not read (the module's docstring says why)
-    with urllib.request.urlopen(url, timeout=TIMEOUT) as answer:
+    with fetch(url) as answer:
         data = io.BytesIO(answer.read())
     with zipfile.ZipFile(data) as wheel:
         return unpacked([(i.filename, i.file_size) for i in wheel.infolist()])
@@ -153,10 +185,18 @@ def local_installed_size(path) -> int:
         return unpacked([(m.name, m.size) for m in sdist.getmembers() if m.isfile()])
 
 
+#: The first answer that says the index cannot be reached (a connection refused or timed out,
+#: not an HTTP status): the names not asked yet are not asked (a lock of 174 names behind a
+#: firewall that drops the packets waited TIMEOUT for each, 8 at a time: 22 minutes).
+DOWN: list[str] = []
+
+
 def measure(index: str, pin: str) -> tuple[str, dict]:
     spec, _, prefixes = pin.partition(":")
     name, _, version = spec.partition("==")
     wanted = [p for p in prefixes.split(",") if p]
+    if DOWN:
+        return name, {"error": DOWN[0]}
     try:
         files = [f for f in files_of(index, name)
                  if any(f["sha256"].startswith(p) for p in wanted)]
@@ -171,11 +211,15 @@ def measure(index: str, pin: str) -> tuple[str, dict]:
                       "installed": installed_size(chosen["url"], chosen["filename"],
                                                   chosen["size"])}
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, tarfile.TarError) as exc:
+        if isinstance(exc, (urllib.error.URLError, TimeoutError, ConnectionError)) \
+                and not isinstance(exc, urllib.error.HTTPError):
+            DOWN.append(f"the index did not answer: {getattr(exc, 'reason', exc)}")
+            return name, {"error": DOWN[0]}
         return name, {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def main(argv: list[str]) -> int:
-    index, pins = argv[1], argv[2:]
+    index, pins = without_auth(argv[1]), argv[2:]
     with ThreadPoolExecutor(max_workers=8) as pool:
         print(json.dumps(dict(pool.map(lambda p: measure(index, p), pins)), sort_keys=True))
     return 0

@@ -11,6 +11,7 @@ check, the server's MainPID), never through pyinfra."""
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pytest
@@ -63,8 +64,30 @@ def test_a_fresh_host_without_room_for_the_venv_is_refused_before_any_change(fre
         assert (" in /opt/gpuhost/models/" in model[0] and f"{SMALL} on the file system "
                 f"mounted on {SMALL} (df): " in model[0]), model[0]
         assert f"GiB kept free), {SMALL_MIB}.0 MiB free" in model[0], model[0]
+    # room for the venv alone and for the model alone, not for both: the venv's line counts
+    # the model's download on the file system they share (each check passed alone, before)
+    parts = re.search(r"needed \((.*), 1 GiB kept free\)", said[0]).group(1).split(", ")
+    venv = sum(_kib(p) for p in parts if p.startswith(("/opt/gpuhost/venvs ",
+                                                         "/opt/gpuhost/wheels/locked ")))
+    model_kib = _kib(re.search(r"\(([\d.]+ [MG]iB) of the revision's files not there yet",
+                               model[0]).group(1))
+    assert model_kib >= 512, said[0]  # a window the lines' rounding (0.1 MiB) cannot close
+    size = 2**20 + max(venv, model_kib) + min(venv, model_kib) // 2
+    fresh_host.ssh(f"umount {SMALL} && mount -t tmpfs -o size={size}k tmpfs {SMALL}")
+    run = lab.deploy("--dry")
+    assert run.returncode != 0 and "Traceback" not in run.output, run.output[-6000:]
+    assert "Preflight: refused" not in run.output, run.output[-6000:]
+    said = [x for x in run.output.splitlines() if line in x]
+    assert len(said) == 1 and "the model's download into /opt/gpuhost/models/" in said[0], \
+        run.output[-6000:]
     assert fresh_host.ssh(state) == before
     assert fresh_host.ssh(f"ls -A {SMALL}").split() == []
+
+
+def _kib(part: str) -> int:
+    """KiB of a room line's "<what> 32.0 MiB" (operations/venvs.py size_text)."""
+    number, unit = part.split()[-2:]
+    return int(float(number) * {"MiB": 1024, "GiB": 2**20}[unit])
 
 
 @pytest.fixture(scope="module")
