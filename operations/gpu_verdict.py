@@ -24,7 +24,11 @@ from __future__ import annotations
 
 from typing import Final
 
+from pyinfra import host
+
 from operations.files.gpu_health import gpu_faults
+from operations.host import FileText
+from operations.plan import fact, refuse
 
 #: The node exporter's textfile folder (Debian's prometheus-node-exporter reads it with
 #: ``--collector.textfile.directory``) and the GPU readings' file in it.
@@ -50,3 +54,16 @@ def restart_refusal(host_name: str, textfile: str | None, action: str) -> str | 
             + "; ".join(faults.reasons)
             + ". Drain it, then reset the GPU (nvidia-smi -r -i <GPU>), reboot the host or "
             "replace the GPU as said, and deploy again once status.py says its GPUs are healthy")
+
+
+def refusal(running: bool, changes: bool) -> None:
+    """While planning the server stage (operations/server.py): refuse its start (not
+    ``running``) or its restart (``changes``: something it reads changed) where the host's GPUs
+    failed. Their readings are read only then: a run that leaves the server alone asks the host
+    nothing more, and is never refused for them."""
+    action = "started" if not running else "restarted" if changes else None
+    if action is None:
+        return
+    said = restart_refusal(host.name, fact(FileText, path=GPU_METRICS_FILE), action)
+    if said:
+        refuse("SGLang server", said)

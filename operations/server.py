@@ -22,7 +22,7 @@ from typing_extensions import override
 
 from operations import REPO_ROOT, gate, group_restart, last_known_good, remote, roll, tls
 from operations import model as model_ops
-from operations import model_copy
+from operations import gpu_verdict, model_copy
 from operations.node_group import NodeRole
 from operations.nodes import NODES_ENV_FILE, internode_argv
 from operations.nvidia import DRIVER_GATE_DROPIN
@@ -30,7 +30,6 @@ from operations.p2p import ENV_FILE as P2P_ENV_FILE
 from operations.p2p import LIB_DIR
 from operations.p2p import RECORD as P2P_RECORD
 from operations.folders import folders_down_to, top_folders
-from operations.gpu_verdict import FAILED_FILE, GPU_METRICS_FILE, restart_refusal
 from operations.host import FileText, HostAddresses, address_problem
 from operations.mlenv import VenvAt
 from operations.kernel_cache import (KERNEL_CACHE_ROOT, KernelCacheFolders, cache_env, cache_key,
@@ -237,7 +236,7 @@ def worker_gate(settings: Settings) -> gate.Gate:
         listen_port=settings.server_port, backend_url=backend_url(settings),
         key_files=tuple(filter(None, [settings.api_key_file, settings.fleet_key_file])),
         allowed_queries=gate.ROUTER_QUERIES,
-        trusted_peers=tuple(settings.api_gate_trusted_peers), failed_file=FAILED_FILE,
+        trusted_peers=tuple(settings.api_gate_trusted_peers), failed_file=gpu_verdict.FAILED_FILE,
         **tls.gate_files(settings, settings.server_is_public))
 
 
@@ -725,18 +724,6 @@ def serving(url: str, model: str, timeout: int, public_url: str | None = None,
     yield FunctionCommand(_wait_serving, (argv, timeout, list(units), record, change), {})
 
 
-def _refused_on_failed_gpus(action: str | None) -> None:
-    """Refuse the planned start or restart of the server (``action``: "started" or
-    "restarted"; None: neither) where the
-    host's GPUs failed (operations/gpu_verdict.py); their readings are read only then, so a
-    run that leaves the server alone asks nothing more."""
-    if action is None:
-        return
-    said = restart_refusal(host.name, fact(FileText, path=GPU_METRICS_FILE), action)
-    if said:
-        refuse("SGLang server", said)
-
-
 @deploy("SGLang server")
 def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
                   role: NodeRole | None = None, peers: Mapping[str, Settings] | None = None):
@@ -760,10 +747,8 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
 
     Refused while planning: PID 1 not systemd; a token or key file that is not a secret file
     (operations/secret_files.py: missing, a symlink, readable by others, not one line of
-    header-safe text); a port another unit listens on; a start or restart of the server on GPUs
-    that failed (operations/gpu_verdict.py: a fatal Xid, a GPU missing, an uncorrectable ECC
-    error), which says what to do. A start or restart of the API key gate
-    alone is verified by the health gate in the same run.
+    header-safe text); a port another unit listens on; failed GPUs (operations/gpu_verdict.py).
+    A start or restart of the API key gate alone is verified by the health gate in the same run.
     """
     init = fact(InitSystem)
     if init != "systemd":
@@ -785,8 +770,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
                         inputs=server_inputs(settings))
     gate_state = fact(ServiceState, unit=GATE_UNIT, runtime_dir=RUNTIME_DIRS[GATE_UNIT],
                       inputs=gate_inputs(settings))
-    was_running = server_state.running
-    gate_was_running = gate_state.running
+    was_running, gate_was_running = server_state.running, gate_state.running
     gated = (UNIT, GATE_UNIT) if settings.server_is_public else (UNIT,)
     verified = (fact(FileText, path=VERIFIED_FILE) or "").split()
     # A rank >= 1 of a server across nodes serves no model: rank 0's gate covers the group.
@@ -912,11 +896,9 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
                           _if=lambda: need_reload or any(u.did_change() for u in units))
     unit_enabled(name=f"Enable {UNIT}", unit=UNIT)
     changed += [*removed, env, unit, *inputs]
+    gpu_verdict.refusal(was_running, server_state.stale or any(o.will_change for o in changed))
     if role is None:
         started = unit_started(name=f"Start {UNIT}", unit=UNIT)
-        _refused_on_failed_gpus("started" if started.will_change else "restarted" if (
-            was_running and (server_state.stale or any(op.will_change for op in changed)))
-            else None)
         # A unit started just now (an earlier stage stopped it) read the files as they are: a
         # restart would only kill that start.
         def must_restart() -> bool:
@@ -946,8 +928,6 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
         must_start = (f"{UNIT} is not running ({server_state.active})" if not was_running
                       else "it runs with other inputs than the files now"
                       if server_state.stale else None)
-        _refused_on_failed_gpus("started" if not was_running else "restarted" if (
-            server_state.stale or any(op.will_change for op in changed)) else None)
         group_restart.register(role, changed, must_start,
                                None if was_running else server_state.stopped_at)
         started, restarted = group_restart.converge(

@@ -53,3 +53,21 @@ def test_the_paths_the_units_share():
     s = from_host_data("gpu1", {"gpuhost_server_host": "10.0.0.5",
                                 "gpuhost_api_key_file": "/root/k"})
     assert worker_gate(s).failed_file == gpu_verdict.FAILED_FILE
+
+
+def test_the_server_stage_reads_the_gpus_only_before_a_start_or_restart(monkeypatch):
+    """A run that leaves the server alone neither reads the GPU textfile nor is refused; a
+    restart or a start on failed GPUs is refused under the server stage's name."""
+    read, refused = [], []
+    failed = textfile(health_line(), XID_79 + "\n")
+    monkeypatch.setattr(gpu_verdict, "fact", lambda cls, **kw: read.append(kw) or failed)
+    monkeypatch.setattr(gpu_verdict, "refuse", lambda stage, said: refused.append((stage, said)))
+    monkeypatch.setattr(gpu_verdict, "host", type("H", (), {"name": "gpu2"})())
+    gpu_verdict.refusal(running=True, changes=False)
+    assert read == [] and refused == []
+    gpu_verdict.refusal(running=True, changes=True)
+    gpu_verdict.refusal(running=False, changes=False)
+    assert read == [{"path": gpu_verdict.GPU_METRICS_FILE}] * 2
+    assert [(stage, said.split(": ", 1)[0]) for stage, said in refused] == [
+        ("SGLang server", "gpu2's GPUs failed, so its server is not restarted"),
+        ("SGLang server", "gpu2's GPUs failed, so its server is not started")]
