@@ -153,6 +153,9 @@ class Gate:
     #: TLS: one file, or two given in host data
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: A file that exists while the host's GPUs failed (operations/gpu_verdict.py): the
+    #: worker's gate answers the open path (/health, the router's health check) 503 meanwhile
+    failed_file: str | None = None
 
     @property
     def name(self) -> str:
@@ -207,6 +210,8 @@ def conf_context(gate: Gate) -> dict:
     for line in gate.allowed_queries:
         if not re.fullmatch(r"/[A-Za-z0-9_/.-]*\?[A-Za-z0-9_.,=&-]+", line):
             raise ValueError(f"not a plain path and query: {line!r}")
+    if gate.failed_file and not re.fullmatch(r"/[A-Za-z0-9_/.-]+", gate.failed_file):
+        raise ValueError(f"not a plain path: {gate.failed_file!r}")
     return {
         "description": gate.description,
         "unit": gate.unit,
@@ -236,6 +241,7 @@ def conf_context(gate: Gate) -> dict:
         "backend_timeout": BACKEND_TIMEOUT,
         "tls_cert": gate.tls_cert,
         "tls_key": gate.tls_key,
+        "failed_file": gate.failed_file,
         "tls_protocols": TLS_PROTOCOLS,
         "tls_curves": TLS_CURVES,
         "tls_ciphers": TLS_CIPHERS,

@@ -63,6 +63,7 @@ from pyinfra.operations import apt, files, server, systemd
 
 from operations import LIB_DIR, REPO_ROOT
 from operations.fleet import Fleet
+from operations.gpu_verdict import FAILED_FILE, GPU_METRICS_FILE, RUNTIME_DIR, TEXTFILE_DIR
 from operations.lock import read_lock
 from operations.loopback_guard import metrics_guard
 from operations.metrics_auth import credential
@@ -77,8 +78,6 @@ from operations.unit_sandbox import GPU_DEVICES, Sandbox
 NODE_EXPORTER: Final = "prometheus-node-exporter"
 NODE_EXPORTER_DEFAULTS: Final = "/etc/default/prometheus-node-exporter"
 #: Debian's build of the node exporter reads this folder by default (its --help).
-TEXTFILE_DIR: Final = "/var/lib/prometheus/node-exporter"
-GPU_METRICS_FILE: Final = f"{TEXTFILE_DIR}/gpuhost-gpu.prom"
 #: The deploy's info series of the server (status.py's version).
 SERVER_INFO_FILE: Final = f"{TEXTFILE_DIR}/gpuhost-server.prom"
 GPU_METRICS_UNIT: Final = "gpuhost-gpu-metrics"
@@ -304,7 +303,8 @@ def gpu_metrics_context(interval: int, gpu_count: int) -> dict:
     """What templates/gpuhost-gpu-metrics.{service,timer}.j2 are rendered with (``interval``:
     seconds between two readings; ``gpu_count``: the GPUs the host data expects)."""
     return {"lib_dir": LIB_DIR, "output": GPU_METRICS_FILE, "textfile_dir": TEXTFILE_DIR,
-            "interval": interval, "gpu_count": gpu_count, "sandbox": GPU_METRICS_SANDBOX.text()}
+            "runtime_dir": RUNTIME_DIR, "failed_file": FAILED_FILE, "interval": interval,
+            "gpu_count": gpu_count, "sandbox": GPU_METRICS_SANDBOX.text()}
 
 
 def node_exporter(name: str, settings: Mapping[str, Settings],

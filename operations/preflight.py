@@ -72,7 +72,9 @@ def preflight(settings: Settings) -> None:
         count = len(driver.gpus)
         if count != settings.gpu_count:
             refuse("Preflight", f"nvidia-smi lists {count} GPU(s), host data says "
-                                f"gpuhost_gpu_count = {settings.gpu_count}: correct the inventory")
+                                f"gpuhost_gpu_count = {settings.gpu_count}: correct the inventory"
+                   + (", or, where a GPU fell off the bus (dmesg | grep 'NVRM: Xid'), reboot "
+                      "the host, reseat or replace it" if count < settings.gpu_count else ""))
         capabilities = sorted({g.compute_capability for g in driver.gpus})
         if capabilities != [settings.compute_capability]:
             refuse("Preflight", f"the GPUs have compute capability {', '.join(capabilities)}, "

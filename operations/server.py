@@ -22,7 +22,7 @@ from typing_extensions import override
 
 from operations import REPO_ROOT, gate, group_restart, last_known_good, remote, roll, tls
 from operations import model as model_ops
-from operations import model_copy
+from operations import gpu_verdict, model_copy
 from operations.node_group import NodeRole
 from operations.nodes import NODES_ENV_FILE, internode_argv
 from operations.nvidia import DRIVER_GATE_DROPIN
@@ -236,7 +236,7 @@ def worker_gate(settings: Settings) -> gate.Gate:
         listen_port=settings.server_port, backend_url=backend_url(settings),
         key_files=tuple(filter(None, [settings.api_key_file, settings.fleet_key_file])),
         allowed_queries=gate.ROUTER_QUERIES,
-        trusted_peers=tuple(settings.api_gate_trusted_peers),
+        trusted_peers=tuple(settings.api_gate_trusted_peers), failed_file=gpu_verdict.FAILED_FILE,
         **tls.gate_files(settings, settings.server_is_public))
 
 
@@ -747,8 +747,8 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
 
     Refused while planning: PID 1 not systemd; a token or key file that is not a secret file
     (operations/secret_files.py: missing, a symlink, readable by others, not one line of
-    header-safe text); a port another unit listens on. A start or restart of the API key gate
-    alone is verified by the health gate in the same run.
+    header-safe text); a port another unit listens on; failed GPUs (operations/gpu_verdict.py).
+    A start or restart of the API key gate alone is verified by the health gate in the same run.
     """
     init = fact(InitSystem)
     if init != "systemd":
@@ -770,8 +770,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
                         inputs=server_inputs(settings))
     gate_state = fact(ServiceState, unit=GATE_UNIT, runtime_dir=RUNTIME_DIRS[GATE_UNIT],
                       inputs=gate_inputs(settings))
-    was_running = server_state.running
-    gate_was_running = gate_state.running
+    was_running, gate_was_running = server_state.running, gate_state.running
     gated = (UNIT, GATE_UNIT) if settings.server_is_public else (UNIT,)
     verified = (fact(FileText, path=VERIFIED_FILE) or "").split()
     # A rank >= 1 of a server across nodes serves no model: rank 0's gate covers the group.
@@ -897,6 +896,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
                           _if=lambda: need_reload or any(u.did_change() for u in units))
     unit_enabled(name=f"Enable {UNIT}", unit=UNIT)
     changed += [*removed, env, unit, *inputs]
+    gpu_verdict.refusal(was_running, server_state.stale or any(o.will_change for o in changed))
     if role is None:
         started = unit_started(name=f"Start {UNIT}", unit=UNIT)
         # A unit started just now (an earlier stage stopped it) read the files as they are: a

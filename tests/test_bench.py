@@ -515,8 +515,8 @@ def test_the_bench_gives_the_hosts_gpu_verdict(tmp_path):
     (tmp_path / "out").mkdir()
     results, text = bench_report.write(raw, tmp_path / "out", "h200")
     assert results["gpu_health"]["state"] == "failed"
-    assert "GPU health at the end: failed (Xid 79 (the GPU fell off the bus) x1: reboot the " \
-           "host" in text
+    assert "GPU health at the end: failed (Xid 79 (the GPU fell off the bus) x1 on GPU 0 " \
+           "(00000000:00:06.0): reboot the host" in text
     (raw / "gpu-health.prom").write_text(gpu_metrics.render(
         IDENTITY, query + "\n", "", health_line(), real("q.txt"), real("dmesg-nvrm.txt"), 1))
     assert bench_report.build(raw, "h200")["gpu_health"] == {"state": "healthy", "reasons": ()}

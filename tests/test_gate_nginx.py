@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import re
+import shutil
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -73,10 +75,13 @@ def gate_url(tmp_path_factory):
     key_file.write_text(KEY + "\n")
     key_file.chmod(0o600)
     port = free_port()
+    # the GPU readings' file where nginx's workers (nobody, here) can look: /run/<dir> 0755
+    run_dir = Path(tempfile.mkdtemp(prefix="gpuhost-gate-test-"))
+    run_dir.chmod(0o755)
     s = from_host_data("gpu1", {"gpuhost_server_host": "127.0.0.1",
                                 "gpuhost_api_key_file": "/root/k"})
     g = dataclasses.replace(worker_gate(s), listen_port=port, tls_cert=str(pem),
-                            tls_key=str(pem),
+                            tls_key=str(pem), failed_file=str(run_dir / "gpus-failed"),
                             backend_url=f"http://127.0.0.1:{backend.server_address[1]}")
     # the temporary files under the work folder (the unit's CacheDirectory= on a host)
     context = {**gate.conf_context(g), "keys_file": str(work / "gate.keys"),
@@ -103,14 +108,15 @@ def gate_url(tmp_path_factory):
             assert run.poll() is None, run.stdout.read()
             assert time.monotonic() < deadline, "nginx does not listen"
             time.sleep(0.1)
-    yield port, str(ca_cert), work
+    yield port, str(ca_cert), work, run_dir
     run.terminate()
     run.wait(10)
     backend.shutdown()
+    shutil.rmtree(run_dir)
 
 
 def get(gate_url, path: str, key: str | None = None) -> int:
-    port, ca, _ = gate_url
+    port, ca = gate_url[:2]
     conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
                                        context=ssl.create_default_context(cafile=ca))
     conn.request("GET", path, headers={"Authorization": f"Bearer {key}"} if key else {})
@@ -156,8 +162,28 @@ def test_health_generate_needs_the_key_and_a_keyless_health_flood_is_cut(gate_ur
     assert [get(gate_url, "/health", KEY) for _ in range(20)] == [200] * 20
 
 
+def test_while_the_gpus_failed_health_answers_503_and_the_rest_is_served(gate_url):
+    """The GPU readings unit's file (operations/gpu_verdict.py FAILED_FILE): while it exists,
+    /health (the router's health check, with the key or without) is 503 and never reaches the
+    server; the inference paths are served; once it is gone, /health passes again."""
+    failed = gate_url[3] / "gpus-failed"
+    time.sleep(1.1)  # the keyless /health limit of the tests before
+    assert get(gate_url, "/health", KEY) == 200
+    failed.write_text("failed: Xid 79 (the GPU fell off the bus) x1 on GPU 7: reboot the host\n")
+    try:
+        Backend.seen.clear()
+        assert get(gate_url, "/health", KEY) == 503
+        assert get(gate_url, "/health") == 503
+        assert get(gate_url, "/v1/models", KEY) == 200
+        assert get(gate_url, "/health_generate", KEY) == 200
+        assert Backend.seen == ["GET /v1/models", "GET /health_generate"]
+    finally:
+        failed.unlink()
+    assert get(gate_url, "/health", KEY) == 200
+
+
 def test_the_gate_speaks_tls_1_2_and_1_3_with_mozillas_suites_and_curves(gate_url):
-    port, ca, _ = gate_url
+    port, ca = gate_url[:2]
 
     def handshake(**options) -> str | None:
         context = ssl.create_default_context(cafile=ca)
@@ -201,7 +227,7 @@ def test_sslyze_grades_the_rendered_gate_mozillas_intermediate(gate_url):
     """sslyze's own check (``--mozilla_config=intermediate``: Mozilla's guideline 5.7, its
     sslyze/mozilla_tls_profile/5.7.json) against the gate as rendered; the sandbox's gates get
     the same in tests/e2e/test_tls.py."""
-    port, ca, _ = gate_url
+    port, ca = gate_url[:2]
     run = subprocess.run([sys.executable, "-m", "sslyze", "--mozilla_config=intermediate",
                           "--resum", f"--certinfo_ca_file={ca}", f"127.0.0.1:{port}"],
                          capture_output=True, text=True, timeout=300)

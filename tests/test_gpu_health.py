@@ -180,3 +180,29 @@ def test_the_alert_rules_fatal_xids_are_the_verdicts():
     rules = (ROOT / "templates" / "gpuhost-alerts.yml").read_text()
     listed = re.search(r'gpuhost_gpu_xid_errors_total\{xid=~"([0-9|]+)"\}', rules).group(1)
     assert sorted(int(x) for x in listed.split("|")) == sorted(gpu_health.FATAL_XIDS)
+
+
+def test_the_verdict_names_the_failed_gpus():
+    """From the textfile: the Xid's GPU by index and bus id, or by bus id alone where the
+    driver no longer lists it; an uncorrectable ECC error's and a failed remap's by index."""
+    log = "\n".join([XID_79, XID_OLD.replace(": 14,", ": 48,")]) + "\n"
+    sick = health_line(ecc_errors_uncorrected_volatile_total="2", remapped_rows_failure="Yes")
+    text = "\n".join(gpu_health.render(sick, "", log, LABELS, 1)) + "\n"
+    v = gpu_health.gpu_faults(text)
+    assert v.state == "failed"
+    assert "Xid 48 (a double bit ECC error) x1 on GPU 00000000:03:00.0: reset the GPU" \
+        in v.words()
+    assert "Xid 79 (the GPU fell off the bus) x1 on GPU 0 (00000000:00:06.0): reboot" \
+        in v.words()
+    assert "2 uncorrectable ECC error(s) on GPU 0 (00000000:00:06.0): reset the GPU " \
+        "(nvidia-smi -r)" in v.words()
+    assert "a row remapping failed on GPU 0 (00000000:00:06.0): replace the GPU" in v.words()
+
+
+def test_the_hosts_own_verdict_leaves_a_failed_reading_alone():
+    """nvidia-smi's silence alone (a driver/library mismatch) fails status.py's verdict, not the
+    host's own (the router and the deploy act on its GPUs' faults only)."""
+    text = "# TYPE gpuhost_gpu_metrics_ok gauge\ngpuhost_gpu_metrics_ok 0\n"
+    assert gpu_health.verdict(**gpu_health.readings(text)).state == "failed"
+    assert gpu_health.gpu_faults(text).state == "healthy"
+    assert gpu_health.gpu_faults("").state == "healthy"

@@ -107,12 +107,16 @@ def test_a_failed_reading_says_so_in_the_textfile(standin, tmp_path):
     script, env = standin
     (tmp_path / "loaded").write_text("580.95.05\n")  # a driver/library mismatch
     out = tmp_path / "gpu.prom"
+    failed = tmp_path / "failed"
     done = subprocess.run([sys.executable, str(ROOT / "operations/files/gpu_metrics.py"),
-                           "--output", str(out), "--nvidia-smi", str(script)],
+                           "--output", str(out), "--nvidia-smi", str(script),
+                           "--failed-file", str(failed)],
                           capture_output=True, text=True, env=env, timeout=60, check=False)
     assert done.returncode == 1
     assert "no reading" in done.stderr and "exited" in done.stderr
-    assert out.read_text().splitlines()[-1] == "gpuhost_gpu_metrics_ok 0"
+    assert "\ngpuhost_gpu_metrics_ok 0\n" in out.read_text()
+    # a reading that failed alone (the NVIDIA stage's reboot ends a mismatch): not failed GPUs
+    assert "\ngpuhost_gpu_failed 0\n" in out.read_text() and not failed.exists()
 
 
 def test_the_standins_faults_reach_the_textfile(standin, tmp_path, promtool):
@@ -132,10 +136,12 @@ def test_the_standins_faults_reach_the_textfile(standin, tmp_path, promtool):
     dmesg.chmod(0o755)
     env = dict(env, GPUHOST_SANDBOX_FAULTS=str(tmp_path / "faults.json"))
     out = tmp_path / "gpu.prom"
-    done = subprocess.run([sys.executable, str(ROOT / "operations/files/gpu_metrics.py"),
-                           "--output", str(out), "--nvidia-smi", str(script), "--dmesg",
-                           str(dmesg), "--expected-gpus", "8"],
-                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    failed = tmp_path / "run" / "failed"
+    failed.parent.mkdir()
+    argv = [sys.executable, str(ROOT / "operations/files/gpu_metrics.py"), "--output", str(out),
+            "--nvidia-smi", str(script), "--dmesg", str(dmesg), "--expected-gpus", "8",
+            "--failed-file", str(failed)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     text = out.read_text()
     assert promtool_check_metrics(promtool, text) == []
@@ -146,6 +152,19 @@ def test_the_standins_faults_reach_the_textfile(standin, tmp_path, promtool):
     assert f'gpuhost_gpu_xid_errors_total{{pci_bus_id="{bus}",xid="79"}} 1\n' in text
     assert f'DCGM_FI_DEV_XID_ERRORS{{pci_bus_id="{bus}"}} 79\n' in text
     assert "gpuhost_gpu_kernel_log_ok 1\n" in text
+    # the host's verdict: failed, the GPUs named; the file the worker's gate reads says why
+    words = failed.read_text()
+    assert words.startswith("failed: 7 of 8 GPUs seen by the driver: reboot the host"), words
+    assert f"Xid 79 (the GPU fell off the bus) x1 on GPU {bus}: reboot the host" in words
+    assert oct(failed.stat().st_mode & 0o777) == "0o644"  # the gate's workers read it
+    reason = re.search(r'^gpuhost_gpu_failed\{reason="([^"]*)"\} 1$', text, re.M)
+    assert reason and reason.group(1) == words.removeprefix("failed: ").strip()
+    # cleared (as a reboot clears them): healthy again, the file gone
+    (tmp_path / "faults.json").write_text("{}")
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "\ngpuhost_gpu_failed 0\n" in out.read_text() and not failed.exists()
+    assert list(failed.parent.iterdir()) == []  # no temporary file left
 
 
 def test_a_failed_reading_still_gives_the_kernel_logs_xids(standin, tmp_path):
@@ -160,12 +179,18 @@ def test_a_failed_reading_still_gives_the_kernel_logs_xids(standin, tmp_path):
                      + (ROOT / "sandbox/standins/kernel/dmesg").read_text())
     dmesg.chmod(0o755)
     out = tmp_path / "gpu.prom"
+    failed = tmp_path / "failed"
     done = subprocess.run([sys.executable, str(ROOT / "operations/files/gpu_metrics.py"),
                            "--output", str(out), "--nvidia-smi", str(script), "--dmesg",
-                           str(dmesg), "--expected-gpus", "8"], capture_output=True, text=True,
+                           str(dmesg), "--expected-gpus", "8", "--failed-file", str(failed)],
+                          capture_output=True, text=True,
                           env=dict(env, GPUHOST_SANDBOX_FAULTS=str(tmp_path / "faults.json")),
                           timeout=60, check=False)
     assert done.returncode == 1
     text = out.read_text()
     assert 'gpuhost_gpu_xid_errors_total{pci_bus_id="00000000:01:00.0",xid="79"} 1\n' in text
-    assert "DCGM_FI_DEV_COUNT" not in text and text.splitlines()[-1] == "gpuhost_gpu_metrics_ok 0"
+    assert "DCGM_FI_DEV_COUNT" not in text and "\ngpuhost_gpu_metrics_ok 0\n" in text
+    # the kernel log's Xid 79 alone fails the host (nvidia-smi's silence does not)
+    assert failed.read_text() == ("failed: Xid 79 (the GPU fell off the bus) x1 on GPU "
+                                  "00000000:01:00.0: reboot the host; reseat or replace the "
+                                  "GPU if it recurs\n")

@@ -167,7 +167,7 @@ def test_rules_pass_promtool_check_rules(promtool, tmp_path):
                            str(d / "gpuhost-thresholds.yml")], capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 18 rules found" in done.stdout and "SUCCESS: 3 rules found" in done.stdout
+    assert "SUCCESS: 19 rules found" in done.stdout and "SUCCESS: 3 rules found" in done.stdout
 
 
 def test_rules_pass_promtool_test_rules(promtool, tmp_path):

@@ -39,7 +39,7 @@ Sources:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 #: Asked of ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits``, in this order.
@@ -196,8 +196,11 @@ def verdict(*, xids: Mapping[int, float] | None = None, gpus_seen: float | None 
             link_gen: float | None = None, link_gen_max: float | None = None,
             busy: float | None = None, fb_used_pct: float | None = None,
             serving: float | None = None, thermal: float | None = None,
-            reading_ok: float | None = None) -> Verdict:
+            reading_ok: float | None = None,
+            where: Mapping[str, Sequence[str]] | None = None) -> Verdict:
     """The host's verdict from its readings (each the worst over its GPUs; None: not read).
+    ``where``: the GPUs of a failure where known (:func:`readings`), by ``xid <code>``,
+    ``ecc`` and ``remap``: named in its reason.
 
     failed: a FATAL_XIDS Xid since boot, fewer GPUs than the host data says, an uncorrectable
     (double bit) volatile ECC error, a failed row remapping, or no reading at all. degraded: a
@@ -208,6 +211,11 @@ def verdict(*, xids: Mapping[int, float] | None = None, gpus_seen: float | None 
     """
     failed: list[str] = []
     degraded: list[str] = []
+
+    def on(key: str) -> str:
+        gpus = (where or {}).get(key)
+        return f" on {', '.join(gpus)}" if gpus else ""
+
     if reading_ok == 0:
         failed.append("nvidia-smi gives no reading: see journalctl -u gpuhost-gpu-metrics")
     if gpus_seen is not None and gpus_expected is not None and gpus_seen < gpus_expected:
@@ -218,13 +226,14 @@ def verdict(*, xids: Mapping[int, float] | None = None, gpus_seen: float | None 
             continue
         if code in FATAL_XIDS:
             what, todo = FATAL_XIDS[code]
-            failed.append(f"Xid {code} ({what}) x{count:.0f}: {todo}")
+            failed.append(f"Xid {code} ({what}) x{count:.0f}{on(f'xid {code}')}: {todo}")
         else:
             degraded.append(f"Xid {code} x{count:.0f} (NVIDIA's Xid catalog says what it is)")
     if ecc_uncorrected:
-        failed.append(f"{ecc_uncorrected:.0f} uncorrectable ECC error(s): reset the GPU")
+        failed.append(f"{ecc_uncorrected:.0f} uncorrectable ECC error(s){on('ecc')}: reset the "
+                      "GPU (nvidia-smi -r)")
     if remap_failure:
-        failed.append("a row remapping failed: replace the GPU")
+        failed.append(f"a row remapping failed{on('remap')}: replace the GPU")
     if remap_pending:
         degraded.append("a row remapping is pending: reset the GPU to activate it")
     if link_width is not None and link_width_max and link_width < link_width_max:
@@ -335,9 +344,22 @@ def readings(text: str) -> dict[str, object]:
     def per_gpu(name: str) -> dict[str, float]:
         return {lab.get("gpu", lab.get("pci_bus_id", "")): v for lab, v in series.get(name, [])}
 
+    def gpu_name(lab: Mapping[str, str]) -> str:
+        if "gpu" in lab:
+            return f"GPU {lab['gpu']}" + (f" ({lab['pci_bus_id']})" if "pci_bus_id" in lab else "")
+        return f"GPU {lab.get('pci_bus_id', '?')}"  # one the driver no longer lists
+
     xids: dict[int, float] = {}
+    where: dict[str, list[str]] = {}
     for lab, v in series.get(XID_COUNT[0], []):
         xids[int(lab["xid"])] = xids.get(int(lab["xid"]), 0) + v
+        if v:
+            where.setdefault(f"xid {lab['xid']}", []).append(gpu_name(lab))
+    for key, name in (("ecc", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
+                      ("remap", "DCGM_FI_DEV_ROW_REMAP_FAILURE")):
+        named = [gpu_name(lab) for lab, v in series.get(name, []) if v]
+        if named:
+            where[key] = named
     used, free = per_gpu("DCGM_FI_DEV_FB_USED"), per_gpu("DCGM_FI_DEV_FB_FREE")
     fb = [100 * used[g] / (used[g] + free[g]) for g in used if g in free and used[g] + free[g]]
     util = per_gpu("DCGM_FI_DEV_GPU_UTIL")
@@ -358,4 +380,15 @@ def readings(text: str) -> dict[str, object]:
         "busy": 1.0 if busy_gen else None,
         "fb_used_pct": max(fb, default=None),
         "thermal": 1.0 if any(int(r) & THERMAL_BITS for r in reasons) else None,
+        "where": where,
     }
+
+
+def gpu_faults(text: str) -> Verdict:
+    """The verdict of a host's own GPU metrics textfile (:func:`readings`) on its GPUs alone:
+    what takes the host out of the router (the worker's gate fails the router's health checks,
+    operations/gate.py) and stops a deploy's restart of its server (operations/gpu_verdict.py).
+    A reading that failed alone does not count (a driver/library mismatch after an upgrade,
+    which the NVIDIA stage's reboot ends, while the server runs on): the kernel log's Xids are
+    read without nvidia-smi, so a GPU fallen off the bus still fails the host."""
+    return verdict(**{**readings(text), "reading_ok": None})

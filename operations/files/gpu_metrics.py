@@ -38,7 +38,10 @@ A reading that fails (no driver, a driver/library mismatch, a GPU lost) writes
 ``gpuhost_gpu_metrics_ok 0`` and the kernel log's Xid series alone (and exits 1, the journal says
 why): the other GPU series then go stale in Prometheus, and the alert on this gauge says where
 to look. The health series (framebuffer, ECC, remapped rows, the PCIe link and replays, Xids,
-the GPU count) are gpu_health.py's.
+the GPU count) are gpu_health.py's. After each reading, the host's own verdict on its GPUs
+(gpu_health.gpu_faults) is the ``gpuhost_gpu_failed`` series (its reasons in a label) and, with
+``--failed-file``, a file that exists while it is failed (the worker's gate reads it:
+operations/gpu_verdict.py).
 
 Runs on the GPU host with the system python3 (standard library only, Python 3.10 and newer),
 from gpuhost-gpu-metrics.service (a oneshot, started by its timer).
@@ -52,7 +55,7 @@ import subprocess
 import sys
 import tempfile
 
-from gpu_health import HEALTH_FIELDS, HealthError
+from gpu_health import HEALTH_FIELDS, HealthError, gpu_faults
 from gpu_health import render as render_health
 from telemetry import QUERY_FIELDS, TelemetryError, parse_dmon, parse_query
 
@@ -83,6 +86,9 @@ PCIE = (
 )
 POWER_LIMIT = ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Current power limit for the device (in W).")
 OK = ("gpuhost_gpu_metrics_ok", "1 when nvidia-smi answered the last reading, else 0.")
+FAILED = ("gpuhost_gpu_failed", "1 while the host's GPUs failed (gpu_health.gpu_faults: a fatal "
+          "Xid, a GPU missing, an uncorrectable ECC error, a failed row remapping), the reasons "
+          "in its label; else 0.")
 
 
 class ReadingError(RuntimeError):
@@ -213,6 +219,22 @@ def write_whole(path: str, text: str) -> None:
         raise
 
 
+def with_verdict(text: str, failed_file: str | None) -> str:
+    """``text`` and its :data:`FAILED` series; where ``failed_file`` is given, that file holds
+    the verdict's words while the host's GPUs failed and is removed otherwise (the worker's gate
+    answers the router's health checks 503 while it exists: operations/gate.py)."""
+    faults = gpu_faults(text)
+    failed = faults.state == "failed"
+    if failed_file:
+        if failed:
+            write_whole(failed_file, faults.words() + "\n")
+        elif os.path.lexists(failed_file):
+            os.unlink(failed_file)
+    sample = (f'{FAILED[0]}{{reason="{_label("; ".join(faults.reasons))}"}} 1' if failed
+              else f"{FAILED[0]} 0")
+    return text + f"# HELP {FAILED[0]} {FAILED[1]}\n# TYPE {FAILED[0]} gauge\n{sample}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True,
@@ -221,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dmesg", default="dmesg")
     parser.add_argument("--expected-gpus", type=int, default=None,
                         help="the GPUs host data says the host has (gpuhost_gpu_count)")
+    parser.add_argument("--failed-file", default=None,
+                        help="written with the verdict while the host's GPUs failed, else "
+                             "removed (the worker's gate reads it)")
     args = parser.parse_args(argv)
     try:
         text = read(args.nvidia_smi, args.dmesg, args.expected_gpus)
@@ -231,10 +256,11 @@ def main(argv: list[str] | None = None) -> int:
             xids = render_health("", "", kernel_log(args.dmesg), {}, args.expected_gpus)
         except HealthError:
             xids = []
-        write_whole(args.output, "".join(line + "\n" for line in xids)
-                    + f"# HELP {OK[0]} {OK[1]}\n# TYPE {OK[0]} gauge\n{OK[0]} 0\n")
+        write_whole(args.output, with_verdict(
+            "".join(line + "\n" for line in xids)
+            + f"# HELP {OK[0]} {OK[1]}\n# TYPE {OK[0]} gauge\n{OK[0]} 0\n", args.failed_file))
         return 1
-    write_whole(args.output, text)
+    write_whole(args.output, with_verdict(text, args.failed_file))
     return 0
 
 

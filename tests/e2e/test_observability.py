@@ -281,50 +281,131 @@ def test_a_stopped_server_fires_its_alert_and_a_restart_clears_it(fleet):
     print(f"cleared {time.monotonic() - started:.0f} s after the start")
 
 
+def smg_health(router: lab.Host, worker: str) -> str | None:
+    """smg's own health of ``worker`` (its metrics on the router host's loopback, root's):
+    "1" healthy, "0" not, None not listed."""
+    status, body = get(router, "http://127.0.0.1:29000/metrics")
+    assert status == "200", status
+    found = re.search(rf'^smg_worker_health{{[^}}]*worker="{re.escape(worker)}"[^}}]*}} (\S+)$',
+                      body, re.M)
+    return found.group(1) if found else None
+
+
+def served(host: lab.Host, since: float) -> int:
+    """Chat completions the host's gate passed since ``since`` (epoch seconds; the hosts share
+    this machine's clock): its journal's lines (templates/gate-nginx.conf.j2 log_format)."""
+    return int(host.ssh(f"journalctl -t sglang_gate --since @{int(since)} -o cat --no-pager | "
+                        "grep -c '\"POST /v1/chat/completions\" 200' || true").strip() or 0)
+
+
 def test_a_failed_gpu_fires_its_alerts_and_status_names_the_host(fleet):
     """gpu2's stand-in GPUs told to fail as sandbox/standins/nvidia/nvidia-smi says: GPU 7 gone
-    from the driver's list with an Xid 79 in the kernel log, GPU 2's link at x8. Prometheus has
-    the series and fires GPUFatalXid and GPUMissing for gpu2 alone (GPULinkDegraded pending: it
-    waits 5 minutes), status.py says gpu2's GPUs FAILED and why, gpu1's healthy; cleared (as a
-    reboot clears the kernel log), the alerts resolve."""
+    from the driver's list with an Xid 79 in the kernel log, GPU 2's link at x8, while a client
+    sends requests through the router. smg's health checks mark gpu2 unhealthy (its gate
+    answers /health 503 while its own GPU verdict is failed) and gpu1 serves every request;
+    Prometheus has the series and fires GPUHostFailed, GPUFatalXid and GPUMissing for gpu2
+    alone (GPULinkDegraded pending: it waits 5 minutes), status.py says gpu2's GPUs FAILED and
+    why, gpu1's healthy; a deploy that would restart gpu2's server is refused and leaves it
+    running; cleared (as a reboot clears the kernel log), the alerts resolve and gpu2 serves
+    through the router again. The client: 0 failed requests."""
     from urllib.parse import quote
+
+    from tests.e2e.test_router import CLIENT
 
     def query(q):
         return api(fleet, "/api/v1/query?query=" + quote(q))["result"]
 
-    gpu2 = fleet["hosts"]["gpu2"]
+    gpu1, gpu2 = fleet["hosts"]["gpu1"], fleet["hosts"]["gpu2"]
+    router = fleet["hosts"][ROUTER_HOST]
+    worker2 = f"http://{fleet['switch']['gpu2']}:8000"
+    assert smg_health(router, worker2) == "1"
     hw = json.loads(gpu2.ssh("cat /etc/gpuhost-sandbox/hardware.json"))
     bus = hw["gpus"][7]["pci_bus_id"]
     key = f"{int(bus[:8], 16):04x}:{bus[9:11].lower()}:{bus[12:14].lower()}"
     faults = {"gpus": {"7": {"gone": True}, "2": {"pcie_width_current": 8}},
               "xids": [{"bus": key, "code": 79, "text": "GPU has fallen off the bus."}]}
-    gpu2.ssh("mkdir -p /run/gpuhost-sandbox && cat > /run/gpuhost-sandbox/gpu-faults.json "
-             f"<<'EOF'\n{json.dumps(faults)}\nEOF")
-    started = time.monotonic()
+    # the client, on the router host through the router's gate (its loopback), with its key
+    router.ssh(f"rm -f /tmp/client.stop /tmp/client.out; cat > /tmp/client.py <<'EOF'\n{CLIENT}\n"
+               f"EOF\nnohup python3 /tmp/client.py http://127.0.0.1:8100 $(cat {ROUTER_KEY_FILE}) "
+               "1000000 900 0.1 > /tmp/client.out 2>&1 &")
+    unit = gpu2.ssh("md5sum /etc/systemd/system/sglang.service")
+    pid = gpu2.main_pid()
     try:
-        xid = wait_for("GPUFatalXid firing", lambda: firing(fleet, "GPUFatalXid"), timeout=180)
-        print(f"GPUFatalXid firing {time.monotonic() - started:.0f} s after the fault")
-        assert [(a["labels"]["host"], a["labels"]["xid"], a["labels"]["pci_bus_id"])
-                for a in xid] == [("gpu2", "79", bus)]
-        missing = wait_for("GPUMissing firing", lambda: firing(fleet, "GPUMissing"), 60)
-        assert [a["labels"]["host"] for a in missing] == ["gpu2"]
-        assert {r["metric"]["host"]: r["value"][1] for r in query("DCGM_FI_DEV_COUNT")} == \
-            {"gpu1": "8", "gpu2": "7"}
-        assert [(r["metric"]["host"], r["metric"]["gpu"]) for r in query(
-            "DCGM_FI_DEV_PCIE_LINK_WIDTH < DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH")] == [("gpu2", "2")]
-        link = [a for a in api(fleet, "/api/v1/alerts")["alerts"]
-                if a["labels"]["alertname"] == "GPULinkDegraded"]
-        assert [(a["labels"]["host"], a["state"]) for a in link] == [("gpu2", "pending")]
-        run = lab.deploy(inventory=fleet["inventory"], deploy_file="status.py")
-        assert run.returncode == 0, run.output[-6000:]
-        lines = {line.split(":", 1)[0]: line for line in run.output.splitlines()
-                 if re.match(r"^gpu\d: ", line)}
-        print(lines["gpu2"])
-        assert "; GPUs FAILED: 7 of 8 GPUs seen by the driver" in lines["gpu2"]
-        assert "Xid 79 (the GPU fell off the bus) x1: reboot the host" in lines["gpu2"]
-        assert "a PCIe link at x8 of x16" in lines["gpu2"]
-        assert "; GPUs healthy" in lines["gpu1"], lines["gpu1"]
+        gpu2.ssh("mkdir -p /run/gpuhost-sandbox && cat > /run/gpuhost-sandbox/gpu-faults.json "
+                 f"<<'EOF'\n{json.dumps(faults)}\nEOF")
+        started = time.monotonic()
+        try:
+            wait_for("smg marks gpu2 unhealthy", lambda: smg_health(router, worker2) == "0",
+                     timeout=120, pause=1)
+            out_at = time.time()
+            print(f"gpu2 out of the router {time.monotonic() - started:.0f} s after the fault")
+            assert gpu2.ssh("cat /run/gpuhost-gpu-health/failed").startswith(
+                "failed: 7 of 8 GPUs seen by the driver")
+            xid = wait_for("GPUFatalXid firing", lambda: firing(fleet, "GPUFatalXid"),
+                           timeout=180)
+            print(f"GPUFatalXid firing {time.monotonic() - started:.0f} s after the fault")
+            assert [(a["labels"]["host"], a["labels"]["xid"], a["labels"]["pci_bus_id"])
+                    for a in xid] == [("gpu2", "79", bus)]
+            missing = wait_for("GPUMissing firing", lambda: firing(fleet, "GPUMissing"), 60)
+            assert [a["labels"]["host"] for a in missing] == ["gpu2"]
+            # the alert that says the host is out of the router, which host and why
+            out = wait_for("GPUHostFailed firing", lambda: firing(fleet, "GPUHostFailed"), 60)
+            assert [a["labels"]["host"] for a in out] == ["gpu2"]
+            assert out[0]["annotations"]["summary"] == \
+                "gpu2 is out of the router: its GPUs failed"
+            assert f"Xid 79 (the GPU fell off the bus) x1 on GPU {bus}: reboot the host" in \
+                out[0]["annotations"]["description"]
+            assert {r["metric"]["host"]: r["value"][1] for r in query("DCGM_FI_DEV_COUNT")} == \
+                {"gpu1": "8", "gpu2": "7"}
+            assert [(r["metric"]["host"], r["metric"]["gpu"]) for r in query(
+                "DCGM_FI_DEV_PCIE_LINK_WIDTH < DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH")] == \
+                [("gpu2", "2")]
+            link = [a for a in api(fleet, "/api/v1/alerts")["alerts"]
+                    if a["labels"]["alertname"] == "GPULinkDegraded"]
+            assert [(a["labels"]["host"], a["state"]) for a in link] == [("gpu2", "pending")]
+            run = lab.deploy(inventory=fleet["inventory"], deploy_file="status.py")
+            assert run.returncode == 0, run.output[-6000:]
+            lines = {line.split(":", 1)[0]: line for line in run.output.splitlines()
+                     if re.match(r"^gpu\d: ", line)}
+            print(lines["gpu2"])
+            assert "; GPUs FAILED: 7 of 8 GPUs seen by the driver" in lines["gpu2"]
+            assert "Xid 79 (the GPU fell off the bus) x1: reboot the host" in lines["gpu2"]
+            assert "a PCIe link at x8 of x16" in lines["gpu2"]
+            assert "; GPUs healthy" in lines["gpu1"], lines["gpu1"]
+            # a deploy that would restart gpu2's server (another --max-running-requests)
+            refused = lab.deploy("--limit", "gpu2", "--data", "gpuhost_max_running_requests=32",
+                                 inventory=fleet["inventory"])
+            said = [line for line in refused.output.splitlines()
+                    if "SGLang server: refused: gpu2's GPUs failed" in line]
+            print("\n".join(said))
+            assert refused.returncode != 0 and len(said) == 1, refused.output[-6000:]
+            assert ("gpu2's GPUs failed, so its server is not restarted: 7 of 8 GPUs seen by "
+                    "the driver: reboot the host") in said[0]
+            assert f"Xid 79 (the GPU fell off the bus) x1 on GPU {bus}: reboot the host" \
+                in said[0]
+            assert "nvidia-smi -r" in said[0]
+            assert gpu2.main_pid() == pid
+            assert gpu2.ssh("md5sum /etc/systemd/system/sglang.service") == unit
+            # every request since gpu2 left the router went to gpu1
+            assert served(gpu2, out_at + 2) == 0
+            assert served(gpu1, out_at + 2) > 0
+        finally:
+            gpu2.ssh("rm -f /run/gpuhost-sandbox/gpu-faults.json")
+        cleared = time.monotonic()
+        wait_for("the GPU alerts resolved", lambda: not firing(fleet, "GPUFatalXid")
+                 and not firing(fleet, "GPUMissing") and not firing(fleet, "GPUHostFailed"),
+                 timeout=180)
+        wait_for("smg takes gpu2 back", lambda: smg_health(router, worker2) == "1", timeout=120,
+                 pause=1)
+        back_at = time.time()
+        print(f"gpu2 back in the router {time.monotonic() - cleared:.0f} s after the clearing")
+        assert gpu2.ssh("ls /run/gpuhost-gpu-health/").strip() == ""
+        wait_for("gpu2 serves through the router again", lambda: served(gpu2, back_at) > 0,
+                 timeout=120, pause=2)
     finally:
-        gpu2.ssh("rm -f /run/gpuhost-sandbox/gpu-faults.json")
-    wait_for("the GPU alerts resolved", lambda: not firing(fleet, "GPUFatalXid")
-             and not firing(fleet, "GPUMissing"), timeout=180)
+        router.ssh("touch /tmp/client.stop")
+        wait_for("the client's count", lambda: router.ssh("cat /tmp/client.out",
+                                                          check=False).strip(), 60, pause=1)
+    result = json.loads(router.ssh("cat /tmp/client.out").strip().splitlines()[-1])
+    print(f"the client through the router: {result}")
+    assert result["failed"] == 0 and result["ok"] >= 100, result
