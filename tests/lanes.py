@@ -17,6 +17,11 @@ tests (by node id, from ``pytest --collect-only -q``) is then a unit of its own,
 over the lanes instead of holding one lane for the sum of their boots (test_p2p alone took
 1000 to 1100 s of a 2434 s run in one lane).
 
+Modules that share a fleet (a session-scoped fixture of tests/e2e/fleets.py) form one unit, one
+pytest process, so the fleet boots and converges once for them: the module that joins another
+names it at its top level (``LANES_UNIT_WITH = "test_tls.py"``) and its tests run after that
+module's. Run alone, either module boots the fleet itself.
+
 The lanes take the units longest first, by the seconds each took in a measured run (SECONDS;
 a unit not listed there, e.g. a new module, by its text: WEIGHT_SECONDS per boot and deploy it
 names): with the text alone, a 461 s module weighed as little as a 39 s one and could start
@@ -57,6 +62,8 @@ E2E = ROOT / "tests" / "e2e"
 NO_TESTS = 5
 #: the top-level name by which a module asks for one unit per test
 PER_TEST = "LANES_UNIT_PER_TEST"
+#: the top-level name by which a module joins another module's unit (its file name)
+WITH = "LANES_UNIT_WITH"
 #: the rest of tests/ (the unit tests) weighs as much as a module of one boot and two deploys
 #: (197 s in the 2434 s CI run, beside test_deploy's 156 s and test_rebuild's 250 s)
 REST_WEIGHT = 5
@@ -98,8 +105,6 @@ SECONDS = {
     "tests/e2e/test_multinode.py": 150,  # 348 s from bare; from the image 310 to 462 s
     # beside 1144 s
     "tests/e2e/test_nothing_lost.py": 275,
-    "tests/e2e/test_observability.py": 280,  # 26 s failing at its fixture; from the image
-    # 547 s under a heavier load (the planes module's ratio: about 280 s)
     "tests/e2e/test_operators.py": 300,  # 452 s from bare beside helpers; now from the image
     "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
     "[bare-metal-p2p]": 177,
@@ -110,15 +115,18 @@ SECONDS = {
     "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
     "[single-gpu]": 255,  # 236 s, then the fresh host's two --dry runs
     "tests/e2e/test_pending_kernel.py": 271,
-    "tests/e2e/test_planes.py": 175,  # 412 s from bare, failing; 422 s beside 1016 s
+    # with test_observability on its fleet: 175 s + 280 s before, scaled by 960 s (465 s +
+    # 495 s) to 513 s, run alone side by side in lab 6
+    "tests/e2e/test_planes.py + tests/e2e/test_observability.py": 243,
     "tests/e2e/test_rebuild.py": 350,  # failing
     "tests/e2e/test_rollback.py": 199,
     "tests/e2e/test_router.py": 700,  # 831 s from bare; its setup 549 s beside 899 s
     "tests/e2e/test_secrets.py": 39,
     "tests/e2e/test_secure_boot.py": 197,
     "tests/e2e/test_server.py": 429,
-    "tests/e2e/test_tls.py": 324,  # the CI run of a195cee; 591 s beside a helper's lab
-    "tests/e2e/test_tls_faults.py": 179,  # the CI run of a195cee
+    # with test_tls_faults on its fleet: 324 s + 179 s before (the CI run of a195cee), scaled
+    # by 664 s (388 s + 276 s) to 452 s, run alone side by side in lab 6
+    "tests/e2e/test_tls.py + tests/e2e/test_tls_faults.py": 342,
     "tests/e2e/test_ubuntu.py": 259,  # failing
 }
 #: a unit's `sandbox down` sets its host trees aside, the next `up` on the lab deletes them in
@@ -164,21 +172,43 @@ def test_weight(path: Path, node_id: str) -> int:
     return sum(text_weight(ast.get_source_segment(source, f) or "") for f in parts)
 
 
-#: what a module's text names when it starts from the run's image of a converged host
-IMAGE_USERS = ("up_converged(", "converged_host", "up_from_image(")
+#: what a module's text names when it starts from the run's image of a converged host (the
+#: last two: tests/e2e/fleets.py's fleets, booted with lab.up_from_image)
+IMAGE_USERS = ("up_converged(", "converged_host", "up_from_image(", "tls_fleet",
+               "cpu_router_fleet")
 
 
 def uses_image(text: str) -> bool:
     return any(name in text for name in IMAGE_USERS)
 
 
-def unit_per_test(path: Path) -> bool:
-    """True when the module sets ``LANES_UNIT_PER_TEST = True`` at its top level."""
+def top_level(path: Path, name: str):
+    """The constant the module assigns to ``name`` at its top level (None if it does not)."""
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-            if any(isinstance(t, ast.Name) and t.id == PER_TEST for t in node.targets):
-                return node.value.value is True
-    return False
+            if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                return node.value.value
+    return None
+
+
+def unit_per_test(path: Path) -> bool:
+    """True when the module sets ``LANES_UNIT_PER_TEST = True`` at its top level."""
+    return top_level(path, PER_TEST) is True
+
+
+def joins(path: Path) -> Path | None:
+    """The module whose unit this one joins (``LANES_UNIT_WITH = "test_x.py"``: a module of
+    its folder that joins none and is one unit), or None. Anything else is an error."""
+    named = top_level(path, WITH)
+    if named is None:
+        return None
+    other = path.parent / str(named)
+    if not isinstance(named, str) or not other.is_file() or other == path or joins(other) \
+            or unit_per_test(other) or unit_per_test(path):
+        raise ValueError(f"{path.name}: {WITH} = {named!r} is not allowed: the file name of "
+                         "another module of its folder, which joins none, and neither with "
+                         f"{PER_TEST}")
+    return other
 
 
 @functools.cache
@@ -196,10 +226,16 @@ def node_ids(path: Path) -> tuple[str, ...]:
     return tuple(found)
 
 
-def module_units(path: Path) -> list[Unit]:
-    """The module as one unit or, where it asks, each test as one."""
+def module_units(path: Path, joined: list[Path] | None = None) -> list[Unit]:
+    """The module as one unit (with the modules that join it, after it, named by all of them:
+    "a.py + b.py") or, where it asks, each test as one."""
     rel = str(path.relative_to(ROOT))
     image = uses_image(path.read_text())
+    if joined:
+        paths = [path, *joined]
+        rels = [str(p.relative_to(ROOT)) for p in paths]
+        return [Unit(" + ".join(rels), rels, weight=sum(weight(p) for p in paths),
+                     image=any(uses_image(p.read_text()) for p in paths))]
     if not unit_per_test(path):
         return [Unit(rel, [rel], weight=weight(path), image=image)]
     tests = node_ids(path)
@@ -230,7 +266,12 @@ class Todo:
 
 def units() -> list[Unit]:
     """Every unit of the suite, the longest expected first (ties by name)."""
-    found = [u for p in sorted(E2E.glob("test_*.py")) for u in module_units(p)]
+    modules = sorted(E2E.glob("test_*.py"))
+    joined: dict[Path, list[Path]] = {}
+    for path in modules:
+        if (other := joins(path)) is not None:
+            joined.setdefault(other, []).append(path)
+    found = [u for p in modules if joins(p) is None for u in module_units(p, joined.get(p))]
     found.append(Unit("the rest of tests/", ["tests", f"--ignore={E2E.relative_to(ROOT)}"],
                       weight=REST_WEIGHT))
     for unit in found:

@@ -15,8 +15,9 @@ def test_every_e2e_module_is_a_unit_and_the_rest_is_one_more():
     found = lanes.units()
     modules = {str(p.relative_to(lanes.ROOT)) for p in lanes.E2E.glob("test_*.py")}
     split = {m for m in modules if lanes.unit_per_test(lanes.ROOT / m)}
-    whole = {u.name for u in found if "::" not in u.name and u.name.startswith("tests/e2e/")}
-    assert whole == modules - split
+    whole = [a for u in found if "::" not in u.name and u.name.startswith("tests/e2e/")
+             for a in u.args]
+    assert sorted(whole) == sorted(modules - split)  # each in one unit, whole or joined
     assert [u.args for u in found if u.name == "the rest of tests/"] == [
         ["tests", "--ignore=tests/e2e"]]
     assert [u.expected for u in found] == sorted((u.expected for u in found), reverse=True)
@@ -93,6 +94,35 @@ def test_a_module_asks_for_a_unit_per_test_at_its_top_level(tmp_path):
     off.write_text("LANES_UNIT_PER_TEST = False\n")
     assert lanes.unit_per_test(asks)
     assert not lanes.unit_per_test(silent) and not lanes.unit_per_test(off)
+
+
+def test_modules_that_share_a_fleet_are_one_unit_the_joined_after():
+    """test_tls_faults.py's tests run on test_tls.py's fleet, test_observability.py's on
+    test_planes.py's (tests/e2e/fleets.py): one pytest process each, one boot and first
+    deploy of the fleet instead of two."""
+    found = {u.name: u for u in lanes.units()}
+    tls = found["tests/e2e/test_tls.py + tests/e2e/test_tls_faults.py"]
+    assert tls.args == ["tests/e2e/test_tls.py", "tests/e2e/test_tls_faults.py"] and tls.image
+    planes = found["tests/e2e/test_planes.py + tests/e2e/test_observability.py"]
+    assert planes.args == ["tests/e2e/test_planes.py", "tests/e2e/test_observability.py"]
+    assert planes.image
+    assert not {"tests/e2e/test_tls_faults.py", "tests/e2e/test_observability.py",
+                "tests/e2e/test_tls.py", "tests/e2e/test_planes.py"} & set(found)
+
+
+def test_a_module_joins_one_of_its_folder_that_joins_none(tmp_path):
+    (tmp_path / "test_a.py").write_text("x = 1\n")
+    (tmp_path / "test_b.py").write_text('LANES_UNIT_WITH = "test_a.py"\n')
+    assert lanes.joins(tmp_path / "test_b.py") == tmp_path / "test_a.py"
+    assert lanes.joins(tmp_path / "test_a.py") is None
+    for bad in ('"test_b.py"', '"test_none.py"', '"test_c.py"', "3"):
+        (tmp_path / "test_c.py").write_text(f"LANES_UNIT_WITH = {bad}\n")
+        with pytest.raises(ValueError, match="test_c.py: LANES_UNIT_WITH = .* is not allowed"):
+            lanes.joins(tmp_path / "test_c.py")
+    (tmp_path / "test_d.py").write_text("LANES_UNIT_PER_TEST = True\n")
+    (tmp_path / "test_c.py").write_text('LANES_UNIT_WITH = "test_d.py"\n')
+    with pytest.raises(ValueError, match="neither with LANES_UNIT_PER_TEST"):
+        lanes.joins(tmp_path / "test_c.py")
 
 
 def test_a_tests_weight_counts_its_own_text_and_its_fixtures(tmp_path):

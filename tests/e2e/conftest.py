@@ -4,6 +4,7 @@ import shutil
 import pytest
 
 from tests.e2e import lab
+from tests.e2e.fleets import cpu_router_fleet, tls_fleet  # noqa: F401 (shared fleets)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,6 +11,7 @@ import secrets
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,7 +160,9 @@ def up_from_image(hosts: int, scenario: str = "reference-lab",
     the run (the loopback guard's nftables, where the server binds off the loopback) fails on
     the stale source; ``first_deploy=False`` for a module whose own first deploy has none."""
     tar, _ = _converged_image(scenario)
+    started = time.monotonic()
     booted = up(hosts=hosts, scenario=scenario, from_image=tar, host_scenarios=host_scenarios)
+    print(f"up_from_image: {hosts} host(s) up in {time.monotonic() - started:.0f} s")
     if tar is not None and first_deploy:
         own = host_scenarios or {}
         listed = [h for h in json.loads(sandbox("status", "--json").stdout)
@@ -169,8 +172,10 @@ def up_from_image(hosts: int, scenario: str = "reference-lab",
             inventory = Path(folder) / "converged.py"
             inventory.write_text(f"import json\nconverged = [tuple(e) for e in "
                                  f"json.loads({entries})]\n")
+            started = time.monotonic()
             first = deploy(inventory=str(inventory))
         assert first.returncode == 0, first.output[-6000:]
+        print(f"up_from_image: their first deploy {time.monotonic() - started:.0f} s")
     return booted
 
 

@@ -3,34 +3,35 @@ gate and a CPU-only router host (gpu3) running the real router and Debian's Prom
 scrapes both servers, the router and both GPU hosts' node exporters (Debian's, with the GPU
 readings of the nvidia-smi stand-in under DCGM exporter's names).
 
-Checks go through ssh to Prometheus' own HTTP API on gpu3's loopback (python3's urllib: the
-router host has no curl), systemctl, and requests over the lab switch; not through pyinfra.
+The fleet is tests/e2e/fleets.py's ``cpu_router_fleet``, test_planes.py's (whose tests come
+first, in the same process: tests/lanes.py ``LANES_UNIT_WITH``); the router there is bound on
+the lab switch. Checks go through ssh to Prometheus' own HTTP API on gpu3's loopback (python3's
+urllib: the router host has no curl), systemctl, and requests over the lab switch; not through
+pyinfra.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import secrets
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.e2e import lab
+from tests.e2e.fleets import CPU_ROUTER_HOST
 from tests.e2e.test_server import changed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+#: tests/lanes.py: this module's tests run in test_planes.py's unit, after its tests
+LANES_UNIT_WITH = "test_planes.py"
 
-KEY_FILE = "/root/sglang-api.key"
 SERVING = ("gpu1", "gpu2")
-ROUTER_HOST = "gpu3"
+ROUTER_HOST = CPU_ROUTER_HOST
 PROMETHEUS = "http://127.0.0.1:9090"
-ROUTER_KEY_FILE = "/root/router-api.key"
-FLEET_KEY_FILE = "/root/fleet.key"
-#: The webhook receiver on the router host (its loopback): each POST's body, one line each.
+#: The webhook receiver on the router host (its loopback: fleets.HOOK_URL): each POST's
+#: body, one line each.
 HOOK_LOG = "/root/webhook.jsonl"
-HOOK_URL = "http://127.0.0.1:9999/hook"
 HOOK = ("import http.server\n"
         "class H(http.server.BaseHTTPRequestHandler):\n"
         "    def do_POST(self):\n"
@@ -52,48 +53,18 @@ GET = ("import base64, sys, urllib.request as u\nh = {}\nif len(sys.argv) > 2:\n
 PASSWORD_FILE = "/etc/prometheus/gpuhost-metrics.password"
 
 
-def write_inventory(path: Path) -> str:
-    listed = json.loads(lab.sandbox("status", "--json").stdout)
-    entries = []
-    for h in listed:
-        data = {**lab.inventory_data(h), "gpuhost_fleet_address": h["switch_address"],
-                "gpuhost_gpu_metrics_interval": 5, "gpuhost_fleet_key_file": FLEET_KEY_FILE}
-        if h["name"] != ROUTER_HOST:
-            data.update(gpuhost_server_host=h["switch_address"], gpuhost_api_key_file=KEY_FILE)
-        else:
-            data.update(gpuhost_router_health_check_interval_secs=2,
-                        gpuhost_router_api_key_file=ROUTER_KEY_FILE,
-                        gpuhost_alert_webhook_url=HOOK_URL)
-        entries.append((h["name"], data))
-    literal = json.dumps(json.dumps(entries))
-    path.write_text(f"import json\nsandbox = [tuple(e) for e in json.loads({literal})]\n"
-                    f"gpuhost_router = [{ROUTER_HOST!r}]\n")
-    return str(path)
-
-
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    hosts = lab.up_from_image(hosts=3, host_scenarios={ROUTER_HOST: "cpu-only"})
-    key = lab.GUARD.register("sk-" + secrets.token_hex(24), "API key")
-    fleet_key = lab.GUARD.register("sk-" + secrets.token_hex(24), "fleet key")
-    router_key = lab.GUARD.register("sk-" + secrets.token_hex(24), "router key")
-    for h in hosts[:2]:
-        h.ssh(f"umask 077; printf '%s\\n' {key} > {KEY_FILE}")
-    for h in hosts:  # the fleet's planes (docs/security.md): the same fleet key everywhere
-        h.ssh(f"umask 077; printf '%s\\n' {fleet_key} > {FLEET_KEY_FILE}")
-    hosts[2].ssh(f"umask 077; printf '%s\\n' {router_key} > {ROUTER_KEY_FILE}")
-    # a webhook receiver where Alertmanager posts (the router host's loopback, root's)
-    hosts[2].ssh(f"cat > /root/webhook.py <<'EOF'\n{HOOK}EOF\n"
-                 "systemd-run --unit=test-webhook python3 /root/webhook.py")
-    switch = {h["name"]: h["switch_address"]
-              for h in json.loads(lab.sandbox("status", "--json").stdout)}
-    inventory = write_inventory(tmp_path_factory.mktemp("obs") / "inventory.py")
-    started = time.monotonic()
-    first = lab.deploy(inventory=inventory)
-    print(f"first deploy: {time.monotonic() - started:.0f} s")
-    assert first.returncode == 0, first.output[-8000:]
-    yield {"hosts": {h.name: h for h in hosts}, "switch": switch, "inventory": inventory}
-    lab.sandbox("down", check=False)
+def fleet(cpu_router_fleet):
+    """The run's fleet (tests/e2e/fleets.py ``cpu_router_fleet``: after test_planes.py's tests
+    in the same process, tests/lanes.py), with a webhook receiver where Alertmanager posts (the
+    router host's loopback, root's) for this module's tests alone: it answers every POST 200,
+    and test_planes.py asks every port of the router host for a completion."""
+    router = cpu_router_fleet.hosts[ROUTER_HOST]
+    router.ssh(f"cat > /root/webhook.py <<'EOF'\n{HOOK}EOF\n"
+               "systemd-run --unit=test-webhook python3 /root/webhook.py")
+    yield {"hosts": cpu_router_fleet.hosts, "switch": cpu_router_fleet.switch,
+           "inventory": cpu_router_fleet.inventory}
+    router.ssh("systemctl stop test-webhook", check=False)
 
 
 def get(host: lab.Host, url: str, user: str = "root", password_file: str = "") -> tuple[str, str]:

@@ -1,7 +1,8 @@
 """The fleet's planes, end to end (issue 29 findings 1 and 2): two serving hosts (gpu1, gpu2)
 behind their gates on the lab switch and a CPU-only router host (gpu3) running the real router
 (smg 1.13.0), tried as an attacker on the fleet network and as a local user (``nobody``) of
-every host would.
+every host would. The fleet is tests/e2e/fleets.py's ``cpu_router_fleet``, which
+test_observability.py's tests take on after these (one pytest process, tests/lanes.py).
 
 - The client key reaches the inference paths only: no control-plane path answers it 2xx, on
   the router's public port or on any other port of the router host.
@@ -20,22 +21,19 @@ ports answered every local user.
 from __future__ import annotations
 
 import json
-import secrets
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
 from tests.e2e import lab
+from tests.e2e.fleets import CPU_ROUTER_HOST, write_inventory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-KEY_FILE = "/root/sglang-api.key"
 ROUTER_KEY_FILE = "/root/router-api.key"
 FLEET_KEY_FILE = "/root/fleet.key"
 CONTROL_KEY_FILE = "/etc/gpuhost/router-control.key"
-ROUTER_HOST = "gpu3"
+ROUTER_HOST = CPU_ROUTER_HOST
 #: The tests' own scripts on each host, readable by nobody (/tmp is emptied when a host reboots
 #: for its driver)
 SCRIPTS = "/usr/local/lib/planes"
@@ -133,48 +131,12 @@ while time.monotonic() < end:
 """
 
 
-@dataclass
-class Fleet:
-    hosts: dict
-    switch: dict
-    inventory: str
-    keys: dict = field(repr=False)
-
-
-def write_inventory(path: Path, extra: dict | None = None,
-                    leave_out: tuple[str, ...] = ()) -> str:
-    listed = json.loads(lab.sandbox("status", "--json").stdout)
-    entries = []
-    for h in listed:
-        if h["name"] in leave_out:
-            continue
-        data = {**lab.inventory_data(h), "gpuhost_fleet_address": h["switch_address"],
-                "gpuhost_fleet_key_file": FLEET_KEY_FILE}
-        if h["name"] == ROUTER_HOST:
-            data.update(gpuhost_router_host=h["switch_address"],
-                        gpuhost_router_api_key_file=ROUTER_KEY_FILE,
-                        gpuhost_router_health_check_interval_secs=2)
-        else:
-            data.update(gpuhost_server_host=h["switch_address"], gpuhost_api_key_file=KEY_FILE,
-                        **(extra or {}))
-        entries.append((h["name"], data))
-    literal = json.dumps(json.dumps(entries))
-    path.write_text(f"import json\nsandbox = [tuple(e) for e in json.loads({literal})]\n"
-                    f"gpuhost_router = [{ROUTER_HOST!r}]\n")
-    return str(path)
-
-
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    hosts = lab.up_from_image(hosts=3, host_scenarios={ROUTER_HOST: "cpu-only"})
-    keys = {what: lab.GUARD.register("sk-" + secrets.token_hex(24), what)
-            for what in ("API key", "router API key", "fleet key")}
-    for h in hosts:
-        h.ssh(f"umask 077; printf '%s\\n' {keys['fleet key']} > {FLEET_KEY_FILE}")
-        if h.name == ROUTER_HOST:
-            h.ssh(f"umask 077; printf '%s\\n' {keys['router API key']} > {ROUTER_KEY_FILE}")
-        else:
-            h.ssh(f"umask 077; printf '%s\\n' {keys['API key']} > {KEY_FILE}")
+def fleet(cpu_router_fleet):
+    """The run's fleet of two serving hosts and a CPU-only router (tests/e2e/fleets.py),
+    shared with test_observability.py, whose tests follow these in the same process
+    (tests/lanes.py), with this module's scripts on every host."""
+    for h in cpu_router_fleet.hosts.values():
         # beside the system's programs (/tmp is emptied when a host reboots for its driver),
         # readable by nobody
         # mode 0755: the hosts' root umask is 077, and nobody runs these
@@ -182,13 +144,7 @@ def fleet(tmp_path_factory):
               f"cat > /root/workers.py <<'EOF'\n{WORKERS}\nEOF")
         for name, text in (("probe", PROBE), ("foreign", FOREIGN), ("slow", SLOW)):
             h.ssh(f"cat > {SCRIPTS}/{name}.py <<'EOF'\n{text}\nEOF\nchmod 644 {SCRIPTS}/{name}.py")
-    switch = {h["name"]: h["switch_address"]
-              for h in json.loads(lab.sandbox("status", "--json").stdout)}
-    inventory = write_inventory(tmp_path_factory.mktemp("planes") / "inventory.py")
-    first = lab.deploy(inventory=inventory)
-    assert first.returncode == 0, first.output[-8000:]
-    yield Fleet({h.name: h for h in hosts}, switch, inventory, keys)
-    lab.sandbox("down", check=False)
+    return cpu_router_fleet
 
 
 def probe(h, url: str, method: str = "GET", key_file: str = "-", body: str | None = None,

@@ -1,7 +1,8 @@
 """TLS on the fleet's public endpoints (issue 29, "Done when": the router and every worker
 answer over TLS with the fleet CA; the rolling upgrade drops no request). Three hosts from the
-suite run's image of a converged host (lab.up_from_image): the router on gpu1, which serves
-too, in front of gpu1, gpu2 and gpu3, every gate on the lab switch. The fleet CA is made on the
+suite run's image of a converged host (tests/e2e/fleets.py ``tls_fleet``, which
+test_tls_faults.py's tests take on after these): the router on gpu1, which serves too, in
+front of gpu1, gpu2 and gpu3, every gate on the lab switch. The fleet CA is made on the
 controller with the openssl command docs/security.md gives. Clients are Python scripts on gpu3
 (lab addresses only) verifying with the CA's certificate, as the docs' clients do.
 
@@ -25,6 +26,7 @@ import pytest
 
 from sandbox.layout import HostSpec
 from tests.e2e import lab
+from tests.e2e.fleets import switch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -43,6 +45,8 @@ ROLL_REQUESTS = 3000
 #: (operations/gate.py RATE, 200 a second; 8 clients without a pause got 429s from it)
 CLIENT_THREADS = 6
 PAUSE_S = 0.035
+#: What the roll (the module's last test) changes, and the fleet keeps after it
+ROLLED = {"gpuhost_moe_runner_backend": "flashinfer_cutedsl"}
 
 #: One request: URL, CA file, key file or "-", then prints "<status> <reason>" (status 0: no
 #: HTTP answer, the reason the TLS or connection error).
@@ -175,30 +179,10 @@ def write_inventory(path: Path, ca: tuple[str, str], extra: dict | None = None,
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    work = tmp_path_factory.mktemp("tls")
-    hosts = {h.name: h for h in lab.up_from_image(hosts=3)}
-    keys = lab.fleet_keys(hosts.values(), routers=[ROUTER_HOST], serving=hosts)
-    ca = make_ca(work, "gpuhost fleet CA")
-    other = make_ca(work, "another CA")
-    client = hosts[CLIENT_HOST]
-    client.ssh(f"umask 077; printf '%s\\n' {keys['router API key']} > /root/client.key; "
-               f"cat > /root/probe.py <<'EOF'\n{PROBE}\nEOF\n"
-               f"cat > /root/client.py <<'EOF'\n{CLIENT}\nEOF\n"
-               f"cat > /root/flood.py <<'EOF'\n{FLOOD}\nEOF\n"
-               f"cat > /root/other-ca.crt <<'EOF'\n{Path(other[0]).read_text()}EOF\n"
-               f"cat > /root/fleet-ca.crt <<'EOF'\n{Path(ca[0]).read_text()}EOF")
-    hosts[ROUTER_HOST].ssh(f"cat > /root/workers.py <<'EOF'\n{WORKERS}\nEOF")
-    inventory = write_inventory(work / "inventory.py", ca)
-    first = lab.deploy(inventory=inventory)
-    assert first.returncode == 0, first.output[-8000:]
-    yield hosts, work, ca, inventory
-    lab.sandbox("down", check=False)
-
-
-def switch() -> dict[str, str]:
-    return {h["name"]: h["switch_address"]
-            for h in json.loads(lab.sandbox("status", "--json").stdout)}
+def fleet(tls_fleet):
+    """The run's TLS fleet (tests/e2e/fleets.py): test_tls_faults.py's tests take it on after
+    this module's, in the same process (tests/lanes.py)."""
+    return tls_fleet
 
 
 def probe(client: lab.Host, url: str, ca: str = "/root/fleet-ca.crt",
@@ -546,8 +530,7 @@ def test_a_hosts_own_certificate_is_served_and_a_readable_key_refused(fleet, tmp
 def test_a_roll_behind_the_tls_router_drops_no_request(fleet, tmp_path):
     hosts, _, ca, _ = fleet
     client, addresses = hosts[CLIENT_HOST], switch()
-    inventory = write_inventory(tmp_path / "rolled.py", ca,
-                                {"gpuhost_moe_runner_backend": "flashinfer_cutedsl"})
+    inventory = write_inventory(tmp_path / "rolled.py", ca, ROLLED)
     before = {n: h.main_pid("sglang.service") for n, h in hosts.items()}
     url = f"https://{addresses[ROUTER_HOST]}:8100"
     client.ssh(f"rm -f /tmp/client.stop /tmp/client.out; nohup python3 /root/client.py {url} "

@@ -1,9 +1,12 @@
 """TLS under faults (issue 29, found by a breaker in lab 6): the fleet CA changed on the
 controller between two runs; a certificate given in host data whose key is another's, and one
-whose key is a symlink. Two
-hosts from the suite run's image of a converged host (lab.up_from_image): the router on gpu1,
-which serves too, in front of gpu1 and gpu2, every gate on the lab switch; gpu2 is the client.
-The CAs are made with the openssl command docs/security.md gives (tests/e2e/test_tls.py's).
+whose key is a symlink. On test_tls.py's fleet (tests/e2e/fleets.py ``tls_fleet``: one pytest
+process with test_tls.py, after its tests, tests/lanes.py ``LANES_UNIT_WITH``): the router on
+gpu1, which serves too, in front of gpu1, gpu2 and gpu3, every gate on the lab switch; gpu3 is
+the client. The CAs are made with the openssl command docs/security.md gives
+(tests/e2e/test_tls.py's). These tests change the fleet's CA: they come last; their deploys
+keep the settings test_tls.py's last test left (ROLLED, its roll's), so that what changes is
+theirs alone.
 """
 
 from __future__ import annotations
@@ -15,33 +18,27 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import lab
-from tests.e2e.test_tls import (PROBE, WORKERS, make_ca, probe, served_fingerprint, switch,
+from tests.e2e.test_tls import (ROLLED, make_ca, probe, served_fingerprint, switch,
                                 write_inventory)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+#: tests/lanes.py: this module's tests run in test_tls.py's unit, after its tests
+LANES_UNIT_WITH = "test_tls.py"
 
 ROUTER_HOST = "gpu1"
-CLIENT_HOST = "gpu2"
+CLIENT_HOST = "gpu3"
 HOST_PEM = "/etc/gpuhost/tls/host.pem"
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    work = tmp_path_factory.mktemp("tls-faults")
-    hosts = {h.name: h for h in lab.up_from_image(hosts=2)}
-    keys = lab.fleet_keys(hosts.values(), routers=[ROUTER_HOST], serving=hosts)
-    first, second = make_ca(work, "gpuhost fleet CA"), make_ca(work, "gpuhost fleet CA 2")
-    hosts[CLIENT_HOST].ssh(
-        f"umask 077; printf '%s\\n' {keys['router API key']} > /root/client.key; "
-        f"cat > /root/probe.py <<'EOF'\n{PROBE}\nEOF\n"
-        f"cat > /root/fleet-ca.crt <<'EOF'\n{Path(first[0]).read_text()}EOF\n"
-        f"cat > /root/fleet-ca-2.crt <<'EOF'\n{Path(second[0]).read_text()}EOF")
-    hosts[ROUTER_HOST].ssh(f"cat > /root/workers.py <<'EOF'\n{WORKERS}\nEOF")
-    inventory = write_inventory(work / "inventory.py", first)
-    run = lab.deploy(inventory=inventory)
-    assert run.returncode == 0, run.output[-8000:]
-    yield hosts, work, (first, second)
-    lab.sandbox("down", check=False)
+def fleet(tls_fleet):
+    """test_tls.py's fleet, with a second fleet CA's certificate on the client beside the
+    first's (test_tls.py's fleet CA, which the fleet is converged with)."""
+    hosts, work, first, _ = tls_fleet
+    second = make_ca(work, "gpuhost fleet CA 2")
+    hosts[CLIENT_HOST].ssh(f"cat > /root/fleet-ca-2.crt <<'EOF'\n"
+                           f"{Path(second[0]).read_text()}EOF")
+    return hosts, work, (first, second)
 
 
 def test_a_new_fleet_ca_reissues_and_the_router_verifies_its_workers_with_it(fleet):
@@ -52,16 +49,17 @@ def test_a_new_fleet_ca_reissues_and_the_router_verifies_its_workers_with_it(fle
     hosts, work, (_, second) = fleet
     client, addresses = hosts[CLIENT_HOST], switch()
     router_pid = hosts[ROUTER_HOST].main_pid("sglang-router.service")
-    run = lab.deploy(inventory=write_inventory(work / "inventory-2.py", second))
+    run = lab.deploy(inventory=write_inventory(work / "inventory-2.py", second, ROLLED))
     assert run.returncode == 0, run.output[-8000:]
     for name in hosts:
         assert f"[{name}] TLS certificate: the host's certificate was not issued by this fleet " \
                "CA: issued again" in run.output, name
     assert "BEGIN PRIVATE KEY" not in run.output
     assert hosts[ROUTER_HOST].main_pid("sglang-router.service") != router_pid
-    # the run ended with "The router lists its 2 worker(s), healthy" (router_check)
+    # the run ended with "The router lists its 3 worker(s), healthy" (router_check)
     urls = json.loads(hosts[ROUTER_HOST].ssh("python3 /root/workers.py"))
-    assert urls == sorted(["http://127.0.0.1:30000", f"https://{addresses['gpu2']}:8000"])
+    assert urls == sorted(["http://127.0.0.1:30000", f"https://{addresses['gpu2']}:8000",
+                           f"https://{addresses['gpu3']}:8000"])
     router = f"https://{addresses[ROUTER_HOST]}:8100/v1/models"
     assert probe(client, router, ca="/root/fleet-ca-2.crt") == (200, "ok")
     status, reason = probe(client, router, ca="/root/fleet-ca.crt")
@@ -91,7 +89,7 @@ def test_a_given_key_of_another_certificate_is_refused_and_a_symlinked_one_serve
     own = {"gpuhost_tls_cert_file": "/etc/ssl/gpuhost/gpu2.crt",
            "gpuhost_tls_key_file": "/etc/ssl/gpuhost/other.key"}
     served = served_fingerprint(hosts[CLIENT_HOST], addresses["gpu2"], 8000)
-    refused = lab.deploy(inventory=write_inventory(work / "other-key.py", second,
+    refused = lab.deploy(inventory=write_inventory(work / "other-key.py", second, ROLLED,
                                                    hosts_extra={"gpu2": own}))
     assert refused.returncode != 0
     assert "[gpu2] TLS: refused: gpuhost_tls_key_file = '/etc/ssl/gpuhost/other.key' is not " \
@@ -101,7 +99,7 @@ def test_a_given_key_of_another_certificate_is_refused_and_a_symlinked_one_serve
     assert "other.key" not in gpu2.ssh("cat /etc/gpuhost/nginx/sglang-gate.conf")
     assert served_fingerprint(hosts[CLIENT_HOST], addresses["gpu2"], 8000) == served
     own["gpuhost_tls_key_file"] = "/etc/ssl/gpuhost/live/privkey.pem"
-    run = lab.deploy(inventory=write_inventory(work / "symlinked-key.py", second,
+    run = lab.deploy(inventory=write_inventory(work / "symlinked-key.py", second, ROLLED,
                                                hosts_extra={"gpu2": own}))
     assert run.returncode == 0, run.output[-6000:]
     wanted = tls.fingerprint(right.partition(end)[2]).replace(":", "").lower()
