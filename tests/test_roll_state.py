@@ -224,7 +224,9 @@ def test_a_roll_state_others_may_write_is_not_trusted_and_nothing_is_taken_out(
     roll_state_file.write_text("{}\n")  # the stranger's edit: gpu1 no longer out
     FakeRouter.workers = {GPU2: listed(GPU2), GPU3: listed(GPU3)}
     FakeRouter.down = {GPU1}
-    with pytest.raises(roll_state.StateError) as caught:  # main() says it: "router: ..."
+    # the class of the module router_membership imported (a top-level roll_state where another
+    # test put operations/files on sys.path, as on the host); main() says it: "router: ..."
+    with pytest.raises(router_membership.roll_state.StateError) as caught:
         leave(router_url, GPU3, monkeypatch, [GPU1, GPU2, GPU3])
     assert GPU3 in FakeRouter.workers and ("DELETE", "w3") not in FakeRouter.calls
     assert str(caught.value) == (
