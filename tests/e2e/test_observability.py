@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 
 import pytest
@@ -431,3 +432,45 @@ def test_an_uncorrectable_ecc_error_and_a_failed_remap_take_the_host_out_until_c
     wait_for("smg takes gpu1 back", lambda: smg_health(router, worker1) == "1", timeout=120,
              pause=1)
     assert gpu1.ssh("ls /run/gpuhost-gpu-health/").strip() == ""
+
+
+#: Alerts posted to Alertmanager's own API (api/v2/alerts, a JSON list of postable alerts) on
+#: the router host's loopback: argv[1] the JSON, ends in 5 minutes or (argv[2] "end") now.
+POST_ALERTS = ("import datetime as d, json, sys, urllib.request as u\n"
+               "end = d.datetime.now(d.timezone.utc) + d.timedelta(\n"
+               "    minutes=0 if sys.argv[2:] == ['end'] else 5)\n"
+               "alerts = [{'labels': a, 'endsAt': end.isoformat()}\n"
+               "          for a in json.loads(sys.argv[1])]\n"
+               "r = u.Request('http://127.0.0.1:9093/api/v2/alerts',\n"
+               "              json.dumps(alerts).encode(), {'Content-Type': 'application/json'})\n"
+               "print(u.urlopen(r, timeout=10).status)\n")
+
+
+def test_a_host_whose_gpus_failed_pages_once_not_again_as_missing_from_the_router(fleet):
+    """templates/gpuhost-alertmanager.yml.j2's inhibit rule, in the fleet's real Alertmanager:
+    GPUHostFailed and HostMissingFromRouter of one host (the host left the router because its
+    GPUs failed) leave HostMissingFromRouter suppressed, inhibited by GPUHostFailed; another
+    host's HostMissingFromRouter (no GPU fault) stays active. Hosts gpu8 and gpu9 are names no
+    other test uses; the alerts are ended after."""
+    router = fleet["hosts"][ROUTER_HOST]
+    alerts = [{"alertname": "GPUHostFailed", "host": "gpu9", "severity": "critical"},
+              {"alertname": "HostMissingFromRouter", "host": "gpu9", "severity": "critical",
+               "worker_url": "http://10.0.0.9:8000"},
+              {"alertname": "HostMissingFromRouter", "host": "gpu8", "severity": "critical",
+               "worker_url": "http://10.0.0.8:8000"}]
+    post = f"cd / && python3 - {shlex.quote(json.dumps(alerts))}"
+    assert router.ssh(f"{post} <<'EOF'\n{POST_ALERTS}EOF").strip() == "200"
+    try:
+        def states():
+            status, body = get(router, "http://127.0.0.1:9093/api/v2/alerts")
+            assert status == "200", (status, body)
+            return {(a["labels"]["alertname"], a["labels"]["host"]):
+                    (a["status"]["state"], len(a["status"]["inhibitedBy"]))
+                    for a in json.loads(body) if a["labels"]["host"] in ("gpu8", "gpu9")}
+        seen = wait_for("the three alerts in Alertmanager", lambda: len(states()) == 3 and
+                        states(), timeout=30, pause=1)
+        assert seen == {("GPUHostFailed", "gpu9"): ("active", 0),
+                        ("HostMissingFromRouter", "gpu9"): ("suppressed", 1),
+                        ("HostMissingFromRouter", "gpu8"): ("active", 0)}, seen
+    finally:
+        router.ssh(f"{post} end <<'EOF'\n{POST_ALERTS}EOF", check=False)
