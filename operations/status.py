@@ -28,7 +28,7 @@ from typing import Any, Final
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from operations.files.gpu_health import Verdict, verdict
+from operations.files.gpu_health import WHERE, Verdict, failed_where, verdict
 
 #: NVML's clock event reason bits (nvmlClocksEventReasons; DCGM_FI_DEV_CLOCKS_EVENT_REASONS),
 #: gpu_idle (0x1) left out: an idle GPU is not held back.
@@ -70,11 +70,15 @@ QUERIES: Final = {
     "link_gen_max": "max by (host) (DCGM_FI_DEV_PCIE_MAX_LINK_GEN)",
     "fb_used_pct": "max by (host) (100 * DCGM_FI_DEV_FB_USED "
                    "/ (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE))",
+    # the GPUs a failure's reason names (gpu_health.WHERE): each sample's labels
+    **{f"where_{key}": f"{series} > 0" for key, series in WHERE.items()},
 }
 #: Queries whose answer is a label's value, not the sample's: name -> label.
 LABELS: Final = {"version": "sglang"}
 #: Queries with one value per host and label: name -> label (``{host: {label value: value}}``).
 BY_LABEL: Final = {"xids": "xid"}
+#: Queries whose answer is each sample's labels (``{host: [labels, ...]}``).
+SAMPLES: Final = tuple(f"where_{key}" for key in WHERE)
 
 _SCRIPT: Final = """
 import base64, json, sys, time, urllib.parse, urllib.request
@@ -152,6 +156,11 @@ class PrometheusAnswers(FactBase):
             if name in LABELS:
                 answers[name] = {r["metric"].get("host", "?"): r["metric"].get(LABELS[name])
                                  for r in result}
+                continue
+            if name in SAMPLES:
+                answers[name] = {}
+                for r in result:
+                    answers[name].setdefault(r["metric"].get("host", "?"), []).append(r["metric"])
                 continue
             if name in BY_LABEL:
                 answers[name] = {}
@@ -292,7 +301,8 @@ def gpu_verdict(name: str, answers: Mapping[str, Mapping[str, Any]]) -> Verdict 
                    link_width_max=get("link_width_max"), link_gen=get("link_gen_busy"),
                    link_gen_max=get("link_gen_max"), busy=get("link_gen_busy") is not None,
                    fb_used_pct=get("fb_used_pct"), serving=get("up"), thermal=thermal,
-                   reading_ok=get("gpu_metrics_ok"))
+                   reading_ok=get("gpu_metrics_ok"),
+                   where=failed_where({key: get(f"where_{key}") or [] for key in WHERE}))
 
 
 def host_line(name: str, answers: Mapping[str, Mapping[str, Any]],

@@ -145,6 +145,10 @@ def test_the_fact_asks_every_query_and_reads_the_answers():
     assert answers["up"] == {"gpu1": 1.0} and answers["tokens_per_s"] == {}
     assert answers["version"] == {"gpu1": "0.5.9"}
     assert answers["xids"] == {"gpu1": {"79": 2.0, "13": 1.0}}
+    # the GPUs a failure names: each sample's labels
+    assert answers["where_xid"] == {"gpu1": [{"host": "gpu1", "xid": "79"},
+                                             {"host": "gpu1", "xid": "13"}]}
+    assert answers["where_ecc"] == {}
 
 
 def test_the_fact_sends_the_password_from_its_file(tmp_path):
@@ -227,6 +231,8 @@ HEALTH = {
     "gpus_seen": {"gpu1": 8.0, "gpu2": 7.0, "gpu3": 8.0},
     "gpus_expected": {"gpu1": 8.0, "gpu2": 8.0, "gpu3": 8.0},
     "xids": {"gpu2": {"79": 1.0}},
+    # Prometheus' labels of the samples (gpu_health's series; an Xid's GPU by its bus id)
+    "where_xid": {"gpu2": [{"host": "gpu2", "xid": "79", "pci_bus_id": "00000000:0A:00.0"}]},
     "link_width": {"gpu1": 16.0, "gpu2": 16.0, "gpu3": 8.0},
     "link_width_max": {"gpu1": 16.0, "gpu2": 16.0, "gpu3": 16.0},
     "fb_used_pct": {"gpu1": 92.0, "gpu2": 0.0, "gpu3": 92.0},
@@ -238,9 +244,17 @@ def test_each_gpu_host_has_a_verdict():
     assert status.host_line("gpu1", answers).endswith("; no throttling; GPUs healthy")
     assert status.host_line("gpu2", answers).endswith(
         "; GPUs FAILED: 7 of 8 GPUs seen by the driver: reboot the host; reseat or replace the "
-        "missing GPU; Xid 79 (the GPU fell off the bus) x1: reboot the host; reseat or replace "
-        "the GPU if it recurs")
+        "missing GPU; Xid 79 (the GPU fell off the bus) x1 on GPU 00000000:0A:00.0: reboot the "
+        "host; reseat or replace the GPU if it recurs")
     assert "; GPUs degraded: a PCIe link at x8 of x16" in status.host_line("gpu3", answers)
     # no GPU series (a CPU-only router host): no verdict
     assert "GPUs" not in status.host_line("r1", answers, None, ("the router",))
     assert status.gpu_verdict("gpu2", answers).state == "failed"
+    # an uncorrectable ECC error and a failed row remap, each named by its GPU
+    sick = {**answers, "ecc_uncorrected": {"gpu1": 2.0}, "remap_failure": {"gpu1": 1.0},
+            "where_ecc": {"gpu1": [{"host": "gpu1", "gpu": "3",
+                                    "pci_bus_id": "00000000:0D:00.0"}]},
+            "where_remap": {"gpu1": [{"host": "gpu1", "gpu": "5"}]}}
+    assert status.host_line("gpu1", sick).endswith(
+        "; GPUs FAILED: 2 uncorrectable ECC error(s) on GPU 3 (00000000:0D:00.0): reset the GPU "
+        "(nvidia-smi -r); a row remapping failed on GPU 5: replace the GPU")

@@ -327,6 +327,32 @@ _PAIR = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 THERMAL_BITS = 0x20 | 0x40
 
 
+def gpu_name(labels: Mapping[str, str]) -> str:
+    """A GPU as a failure's reason names it: by index and PCI bus id from a series' labels, by
+    the bus id alone for one the driver no longer lists (an Xid's series)."""
+    if "gpu" in labels:
+        bus = labels.get("pci_bus_id")
+        return f"GPU {labels['gpu']}" + (f" ({bus})" if bus else "")
+    return f"GPU {labels.get('pci_bus_id', '?')}"
+
+
+#: The series whose GPUs a failure's reason names: :func:`verdict`'s ``where`` key -> series
+#: (an Xid's key is ``xid <code>``, from its sample's label).
+WHERE = {"ecc": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "remap": "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+         "xid": XID_COUNT[0]}
+
+
+def failed_where(samples: Mapping[str, Iterable[Mapping[str, str]]]) -> dict[str, list[str]]:
+    """:func:`verdict`'s ``where`` from the labels of the samples that count (a nonzero value)
+    of each :data:`WHERE` series, by its key."""
+    where: dict[str, list[str]] = {}
+    for key, labelled in samples.items():
+        for labels in labelled:
+            name = f"xid {labels['xid']}" if key == "xid" else key
+            where.setdefault(name, []).append(gpu_name(labels))
+    return where
+
+
 def readings(text: str) -> dict[str, object]:
     """:func:`verdict`'s keyword arguments from the GPU metrics script's textfile (the same
     series Prometheus scrapes), each the worst GPU's: for a host's own reading, as the bench
@@ -344,22 +370,11 @@ def readings(text: str) -> dict[str, object]:
     def per_gpu(name: str) -> dict[str, float]:
         return {lab.get("gpu", lab.get("pci_bus_id", "")): v for lab, v in series.get(name, [])}
 
-    def gpu_name(lab: Mapping[str, str]) -> str:
-        if "gpu" in lab:
-            return f"GPU {lab['gpu']}" + (f" ({lab['pci_bus_id']})" if "pci_bus_id" in lab else "")
-        return f"GPU {lab.get('pci_bus_id', '?')}"  # one the driver no longer lists
-
     xids: dict[int, float] = {}
-    where: dict[str, list[str]] = {}
     for lab, v in series.get(XID_COUNT[0], []):
         xids[int(lab["xid"])] = xids.get(int(lab["xid"]), 0) + v
-        if v:
-            where.setdefault(f"xid {lab['xid']}", []).append(gpu_name(lab))
-    for key, name in (("ecc", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
-                      ("remap", "DCGM_FI_DEV_ROW_REMAP_FAILURE")):
-        named = [gpu_name(lab) for lab, v in series.get(name, []) if v]
-        if named:
-            where[key] = named
+    where = failed_where({key: [lab for lab, v in series.get(name, []) if v]
+                          for key, name in WHERE.items()})
     used, free = per_gpu("DCGM_FI_DEV_FB_USED"), per_gpu("DCGM_FI_DEV_FB_FREE")
     fb = [100 * used[g] / (used[g] + free[g]) for g in used if g in free and used[g] + free[g]]
     util = per_gpu("DCGM_FI_DEV_GPU_UTIL")

@@ -343,7 +343,8 @@ def test_a_failed_gpu_fires_its_alerts_and_status_names_the_host(fleet):
                      if re.match(r"^gpu\d: ", line)}
             print(lines["gpu2"])
             assert "; GPUs FAILED: 7 of 8 GPUs seen by the driver" in lines["gpu2"]
-            assert "Xid 79 (the GPU fell off the bus) x1: reboot the host" in lines["gpu2"]
+            assert f"Xid 79 (the GPU fell off the bus) x1 on GPU {bus}: reboot the host" in \
+                lines["gpu2"]
             assert "a PCIe link at x8 of x16" in lines["gpu2"]
             assert "; GPUs healthy" in lines["gpu1"], lines["gpu1"]
             # a deploy that would restart gpu2's server (another --max-running-requests)
@@ -390,7 +391,7 @@ def test_an_uncorrectable_ecc_error_and_a_failed_remap_take_the_host_out_until_c
     GPU 3 with 2 uncorrectable (double bit) volatile ECC errors and GPU 5's row remapping
     failed, as sandbox/standins/nvidia/nvidia-smi prints them. smg marks gpu1 unhealthy (its
     gate's /health 503), GPUUncorrectableECC and GPURowRemapFailed fire for those GPUs and
-    GPUHostFailed and status.py say gpu1 and why; cleared (a GPU reset clears the volatile
+    GPUHostFailed and status.py say gpu1, the GPUs and why; cleared (a GPU reset clears the volatile
     count), the alerts resolve and smg takes gpu1 back."""
     gpu1, router = fleet["hosts"]["gpu1"], fleet["hosts"][ROUTER_HOST]
     worker1 = f"http://{fleet['switch']['gpu1']}:8000"
@@ -420,10 +421,8 @@ def test_an_uncorrectable_ecc_error_and_a_failed_remap_take_the_host_out_until_c
         assert run.returncode == 0, run.output[-6000:]
         line = next(line for line in run.output.splitlines() if line.startswith("gpu1: "))
         print(line)
-        # status.py's words per host (Prometheus' per-host answers: the GPUs are named by the
-        # alerts and by the host's own file above)
-        assert ("; GPUs FAILED: 2 uncorrectable ECC error(s): reset the GPU (nvidia-smi -r); "
-                "a row remapping failed: replace the GPU") in line, line
+        assert "; GPUs FAILED: 2 uncorrectable ECC error(s) on GPU 3 (" in line, line
+        assert "a row remapping failed on GPU 5 (" in line, line
     finally:
         gpu1.ssh("rm -f /run/gpuhost-sandbox/gpu-faults.json")
     wait_for("the GPU alerts resolved", lambda: not firing(fleet, "GPUUncorrectableECC")
