@@ -270,6 +270,29 @@ def served(host: lab.Host, since: float) -> int:
                         "grep -c '\"POST /v1/chat/completions\" 200' || true").strip() or 0)
 
 
+def start_client(fleet) -> None:
+    """tests/e2e/test_router.py's client on the router host, through the router's gate (bound
+    on the lab switch) with the router's client key, until :func:`client_result` stops it."""
+    from tests.e2e.test_router import CLIENT
+
+    gate = f"http://{fleet['switch'][ROUTER_HOST]}:8100"
+    fleet["hosts"][ROUTER_HOST].ssh(
+        f"rm -f /tmp/client.stop /tmp/client.out; cat > /tmp/client.py <<'EOF'\n{CLIENT}\n"
+        f"EOF\nnohup python3 /tmp/client.py {gate} $(cat {lab.ROUTER_KEY_FILE}) "
+        "1000000 900 0.1 > /tmp/client.out 2>&1 &")
+
+
+def client_result(fleet) -> dict:
+    """The client's count once stopped: ``{"ok": n, "failed": n, "errors": [...]}``."""
+    router = fleet["hosts"][ROUTER_HOST]
+    router.ssh("touch /tmp/client.stop")
+    wait_for("the client's count", lambda: router.ssh("cat /tmp/client.out",
+                                                      check=False).strip(), 60, pause=1)
+    result = json.loads(router.ssh("cat /tmp/client.out").strip().splitlines()[-1])
+    print(f"the client through the router: {result}")
+    return result
+
+
 def test_a_failed_gpu_fires_its_alerts_and_status_names_the_host(fleet):
     """gpu2's stand-in GPUs told to fail as sandbox/standins/nvidia/nvidia-smi says: GPU 7 gone
     from the driver's list with an Xid 79 in the kernel log, GPU 2's link at x8, while a client
@@ -281,8 +304,6 @@ def test_a_failed_gpu_fires_its_alerts_and_status_names_the_host(fleet):
     running; cleared (as a reboot clears the kernel log), the alerts resolve and gpu2 serves
     through the router again. The client: 0 failed requests."""
     from urllib.parse import quote
-
-    from tests.e2e.test_router import CLIENT
 
     def query(q):
         return api(fleet, "/api/v1/query?query=" + quote(q))["result"]
@@ -296,12 +317,7 @@ def test_a_failed_gpu_fires_its_alerts_and_status_names_the_host(fleet):
     key = f"{int(bus[:8], 16):04x}:{bus[9:11].lower()}:{bus[12:14].lower()}"
     faults = {"gpus": {"7": {"gone": True}, "2": {"pcie_width_current": 8}},
               "xids": [{"bus": key, "code": 79, "text": "GPU has fallen off the bus."}]}
-    # the client, on the router host through the router's gate (bound on the lab switch), with
-    # the router's client key
-    gate = f"http://{fleet['switch'][ROUTER_HOST]}:8100"
-    router.ssh(f"rm -f /tmp/client.stop /tmp/client.out; cat > /tmp/client.py <<'EOF'\n{CLIENT}\n"
-               f"EOF\nnohup python3 /tmp/client.py {gate} $(cat {lab.ROUTER_KEY_FILE}) "
-               "1000000 900 0.1 > /tmp/client.out 2>&1 &")
+    start_client(fleet)
     unit = gpu2.ssh("md5sum /etc/systemd/system/sglang.service")
     pid = gpu2.main_pid()
     try:
@@ -378,59 +394,70 @@ def test_a_failed_gpu_fires_its_alerts_and_status_names_the_host(fleet):
         wait_for("gpu2 serves through the router again", lambda: served(gpu2, back_at) > 0,
                  timeout=120, pause=2)
     finally:
-        router.ssh("touch /tmp/client.stop")
-        wait_for("the client's count", lambda: router.ssh("cat /tmp/client.out",
-                                                          check=False).strip(), 60, pause=1)
-    result = json.loads(router.ssh("cat /tmp/client.out").strip().splitlines()[-1])
-    print(f"the client through the router: {result}")
+        result = client_result(fleet)
     assert result["failed"] == 0 and result["ok"] >= 100, result
 
 
 def test_an_uncorrectable_ecc_error_and_a_failed_remap_take_the_host_out_until_cleared(fleet):
-    """The failures a GPU on the bus reports itself (issue 44's third kind): gpu1's stand-in
-    GPU 3 with 2 uncorrectable (double bit) volatile ECC errors and GPU 5's row remapping
-    failed, as sandbox/standins/nvidia/nvidia-smi prints them. smg marks gpu1 unhealthy (its
-    gate's /health 503), GPUUncorrectableECC and GPURowRemapFailed fire for those GPUs and
-    GPUHostFailed and status.py say gpu1, the GPUs and why; cleared (a GPU reset clears the volatile
-    count), the alerts resolve and smg takes gpu1 back."""
-    gpu1, router = fleet["hosts"]["gpu1"], fleet["hosts"][ROUTER_HOST]
+    """The failures a GPU on the bus reports itself: gpu1's stand-in GPU 3 with 2 uncorrectable
+    (double bit) volatile ECC errors and GPU 5's row remapping failed, as
+    sandbox/standins/nvidia/nvidia-smi prints them, while a client sends requests through the
+    router. smg marks gpu1 unhealthy (its gate's /health 503) and gpu2 serves every request;
+    GPUUncorrectableECC and GPURowRemapFailed fire for those GPUs, GPUHostFailed and status.py
+    say gpu1, the GPUs and why; cleared (a GPU reset clears the volatile count), the alerts
+    resolve and gpu1 serves through the router again. The client: 0 failed requests."""
+    gpu1, gpu2 = fleet["hosts"]["gpu1"], fleet["hosts"]["gpu2"]
+    router = fleet["hosts"][ROUTER_HOST]
     worker1 = f"http://{fleet['switch']['gpu1']}:8000"
     assert smg_health(router, worker1) == "1"
     faults = {"gpus": {"3": {"volatile_ecc_errors": 2}, "5": {"remapped_rows_failure": "Yes"}}}
+    start_client(fleet)
     try:
-        gpu1.ssh("mkdir -p /run/gpuhost-sandbox && cat > /run/gpuhost-sandbox/gpu-faults.json "
-                 f"<<'EOF'\n{json.dumps(faults)}\nEOF")
-        started = time.monotonic()
-        wait_for("smg marks gpu1 unhealthy", lambda: smg_health(router, worker1) == "0",
+        try:
+            gpu1.ssh("mkdir -p /run/gpuhost-sandbox && cat > /run/gpuhost-sandbox/gpu-faults.json"
+                     f" <<'EOF'\n{json.dumps(faults)}\nEOF")
+            started = time.monotonic()
+            wait_for("smg marks gpu1 unhealthy", lambda: smg_health(router, worker1) == "0",
+                     timeout=120, pause=1)
+            out_at = time.time()
+            print(f"gpu1 out of the router {time.monotonic() - started:.0f} s after the fault")
+            reason = gpu1.ssh("cat /run/gpuhost-gpu-health/failed")
+            assert reason.startswith("failed: 2 uncorrectable ECC error(s) on GPU 3"), reason
+            ecc = wait_for("GPUUncorrectableECC firing",
+                           lambda: firing(fleet, "GPUUncorrectableECC"), timeout=180)
+            assert [(a["labels"]["host"], a["labels"]["gpu"]) for a in ecc] == [("gpu1", "3")]
+            remap = wait_for("GPURowRemapFailed firing",
+                             lambda: firing(fleet, "GPURowRemapFailed"), timeout=60)
+            assert [(a["labels"]["host"], a["labels"]["gpu"]) for a in remap] == \
+                [("gpu1", "5")]
+            out = wait_for("GPUHostFailed firing", lambda: firing(fleet, "GPUHostFailed"), 60)
+            assert [a["labels"]["host"] for a in out] == ["gpu1"]
+            description = out[0]["annotations"]["description"]
+            assert "2 uncorrectable ECC error(s) on GPU 3" in description, description
+            assert "a row remapping failed on GPU 5" in description, description
+            run = lab.deploy(inventory=fleet["inventory"], deploy_file="status.py")
+            assert run.returncode == 0, run.output[-6000:]
+            line = next(line for line in run.output.splitlines() if line.startswith("gpu1: "))
+            print(line)
+            assert "; GPUs FAILED: 2 uncorrectable ECC error(s) on GPU 3 (" in line, line
+            assert "a row remapping failed on GPU 5 (" in line, line
+            # every request since gpu1 left the router went to gpu2
+            assert served(gpu1, out_at + 2) == 0
+            assert served(gpu2, out_at + 2) > 0
+        finally:
+            gpu1.ssh("rm -f /run/gpuhost-sandbox/gpu-faults.json")
+        wait_for("the GPU alerts resolved", lambda: not firing(fleet, "GPUUncorrectableECC")
+                 and not firing(fleet, "GPURowRemapFailed")
+                 and not firing(fleet, "GPUHostFailed"), timeout=180)
+        wait_for("smg takes gpu1 back", lambda: smg_health(router, worker1) == "1",
                  timeout=120, pause=1)
-        print(f"gpu1 out of the router {time.monotonic() - started:.0f} s after the fault")
-        reason = gpu1.ssh("cat /run/gpuhost-gpu-health/failed")
-        assert reason.startswith("failed: 2 uncorrectable ECC error(s) on GPU 3"), reason
-        ecc = wait_for("GPUUncorrectableECC firing",
-                       lambda: firing(fleet, "GPUUncorrectableECC"), timeout=180)
-        assert [(a["labels"]["host"], a["labels"]["gpu"]) for a in ecc] == [("gpu1", "3")]
-        remap = wait_for("GPURowRemapFailed firing",
-                         lambda: firing(fleet, "GPURowRemapFailed"), timeout=60)
-        assert [(a["labels"]["host"], a["labels"]["gpu"]) for a in remap] == [("gpu1", "5")]
-        out = wait_for("GPUHostFailed firing", lambda: firing(fleet, "GPUHostFailed"), 60)
-        assert [a["labels"]["host"] for a in out] == ["gpu1"]
-        description = out[0]["annotations"]["description"]
-        assert "2 uncorrectable ECC error(s) on GPU 3" in description, description
-        assert "a row remapping failed on GPU 5" in description, description
-        run = lab.deploy(inventory=fleet["inventory"], deploy_file="status.py")
-        assert run.returncode == 0, run.output[-6000:]
-        line = next(line for line in run.output.splitlines() if line.startswith("gpu1: "))
-        print(line)
-        assert "; GPUs FAILED: 2 uncorrectable ECC error(s) on GPU 3 (" in line, line
-        assert "a row remapping failed on GPU 5 (" in line, line
+        back_at = time.time()
+        assert gpu1.ssh("ls /run/gpuhost-gpu-health/").strip() == ""
+        wait_for("gpu1 serves through the router again", lambda: served(gpu1, back_at) > 0,
+                 timeout=120, pause=2)
     finally:
-        gpu1.ssh("rm -f /run/gpuhost-sandbox/gpu-faults.json")
-    wait_for("the GPU alerts resolved", lambda: not firing(fleet, "GPUUncorrectableECC")
-             and not firing(fleet, "GPURowRemapFailed") and not firing(fleet, "GPUHostFailed"),
-             timeout=180)
-    wait_for("smg takes gpu1 back", lambda: smg_health(router, worker1) == "1", timeout=120,
-             pause=1)
-    assert gpu1.ssh("ls /run/gpuhost-gpu-health/").strip() == ""
+        result = client_result(fleet)
+    assert result["failed"] == 0 and result["ok"] >= 50, result
 
 
 #: Alerts posted to Alertmanager's own API (api/v2/alerts, a JSON list of postable alerts) on
