@@ -1,7 +1,8 @@
-"""The main job, end to end: a fresh sandbox host converges to a serving GLM-5 unit, and a
-second run changes nothing. It is also the reference lab's P2P scenario (tests/e2e/test_p2p.py
-has the others): P2P measured off on the first deploy, printed, recorded and turned into the
-server's NCCL environment and flags, measured once."""
+"""The main job, end to end: a fresh sandbox host refuses a driver pin NVIDIA's repository
+lacks, converges to a serving GLM-5 unit, and a second run changes nothing. It is also the
+reference lab's P2P scenario (tests/e2e/test_p2p.py has the others): P2P measured off on the
+first deploy, printed, recorded and turned into the server's NCCL environment and flags,
+measured once."""
 
 import json
 
@@ -27,6 +28,26 @@ def changed_operations(run: lab.Run) -> list[str]:
         for op in run.results["results"]["operations"]
         if op["success"] or op["error"]
     ]
+
+
+def test_a_pin_the_repository_lacks_installs_no_driver(reference_host):
+    """Before the fresh host's first deploy (the test below): host data pinning a driver
+    version NVIDIA's repository lacks is refused while planning, nothing installed, no
+    reboot (it was test_drift.py's, on a fresh host of its own)."""
+    host = reference_host
+    boot = host.ssh("cat /proc/sys/kernel/random/boot_id")
+    run = lab.deploy("--data", "gpuhost_driver_version=580.82.07")
+    assert run.returncode != 0, run.output[-6000:]
+    assert "NVIDIA's repository has no nvidia-kernel-open-dkms 580.82.07-*" in run.output
+    assert "Traceback" not in run.output
+    assert host.ssh("dpkg-query -W nvidia-kernel-open-dkms 2>/dev/null || echo none").strip() \
+        == "none"
+    assert host.ssh("cat /proc/sys/kernel/random/boot_id") == boot  # no reboot
+
+    dry = lab.deploy("--dry", "--data", "gpuhost_driver_version=580.82.07")
+    assert ("NVIDIA: refused: NVIDIA's repository has no nvidia-kernel-open-dkms 580.82.07-* "
+            "(gpuhost_driver_branch, gpuhost_driver_version): it has 580.105.08, 580.95.05."
+            ) in dry.output, dry.output[-6000:]
 
 
 def test_fresh_host_converges_then_nothing_changes(reference_host):
