@@ -68,66 +68,57 @@ WITH = "LANES_UNIT_WITH"
 #: (197 s in the 2434 s CI run, beside test_deploy's 156 s and test_rebuild's 250 s)
 REST_WEIGHT = 5
 #: seconds per boot or deploy named in a unit's text (weight), for a unit SECONDS lacks: the
-#: median over the units of the 3354 s run SECONDS comes from
+#: median over the units of the 3354 s CI run of 2026-12-03
 WEIGHT_SECONDS = 37
-#: seconds each unit took: the 3354 s CI run of 2026-12-03 (this 2-core machine, three lanes,
-#: under four other engineers' e2e runs); where a unit failed there, at least its text's
-#: estimate; units changed since, scaled by their before/after runs side by side (the
-#: figures beside them, under a heavier load)
+#: seconds each unit took: the clean-clone CI run of 7d6ef75 (2026-12-07: 37 units in 2669 s,
+#: this 2-core machine, three lanes, nothing else running); units changed since, their
+#: figure there and what changed beside them
 SECONDS = {
-    "the rest of tests/": 468,
-    "tests/e2e/test_apt_sources.py": 131,  # 126 s x 876/842: with the proxy tests, 3 runs
-    # of main's and wt/proxy's side by side took 842 and 876 s (230/352, 391/311, 221/213 s)
-    "tests/e2e/test_bad_input.py": 287,
-    "tests/e2e/test_bench.py": 370,  # 216 s failing
-    "tests/e2e/test_deploy.py": 325,  # 295 s before it took test_p2p's reference-lab scenario
-    "tests/e2e/test_drift.py": 369,
-    # test_driver, 754 s as one module, split by its tests' shares in a 522 s run that day
-    "tests/e2e/test_driver.py::test_driver_change_dry_refused_then_allowed_and_mismatch_"
-    "rebooted": 373,
-    "tests/e2e/test_driver.py::test_driver_outside_apt_is_refused_left_alone_or_replaced_on_"
-    "request": 170,
-    "tests/e2e/test_driver.py::test_no_headers_for_the_running_kernel_stops_before_the_"
-    "driver": 51,
-    "tests/e2e/test_driver.py::test_nouveau_bound_gpu_is_rebound_to_nvidia": 162,
-    "tests/e2e/test_driver_rollback.py": 432,
-    "tests/e2e/test_dry_purity.py": 154,
-    "tests/e2e/test_fleet.py": 148,
-    "tests/e2e/test_full_disk.py": 260,  # 227 s, then the small file system of a fresh host
-    "tests/e2e/test_gate.py": 160,  # 250 s from bare; from the image 273 s beside 431 s
-    "tests/e2e/test_interrupted.py": 461,  # failing
-    "tests/e2e/test_listeners.py": 148,  # 17 s failing at its fixture
-    "tests/e2e/test_messages.py": 140,
-    "tests/e2e/test_mlenv.py": 518,  # 226 s failing
-    # run alone (its own converge included), with issue 40's two killed rolls, at a load
-    # average of 20 to 36
-    "tests/e2e/test_membership.py": 1187,
-    "tests/e2e/test_multinode.py": 150,  # 348 s from bare; from the image 310 to 462 s
-    # beside 1144 s
-    "tests/e2e/test_nothing_lost.py": 275,
-    "tests/e2e/test_operators.py": 300,  # 452 s from bare beside helpers; now from the image
+    "the rest of tests/": 528,
+    "tests/e2e/test_apt_sources.py": 120,
+    "tests/e2e/test_bad_input.py": 138,
+    "tests/e2e/test_bench.py": 257,
+    "tests/e2e/test_deploy.py": 190,  # and the fresh host's refused driver pin from test_drift
+    "tests/e2e/test_drift.py": 180,  # from the converged image now: 285 s there, 99 s alone
+    "tests/e2e/test_driver.py::"
+    "test_driver_change_dry_refused_then_allowed_and_mismatch_rebooted": 181,
+    "tests/e2e/test_driver.py::"
+    "test_driver_outside_apt_is_refused_left_alone_or_replaced_on_request": 91,
+    "tests/e2e/test_driver.py::"
+    "test_no_headers_for_the_running_kernel_stops_before_the_driver": 32,
+    "tests/e2e/test_driver.py::"
+    "test_nouveau_bound_gpu_is_rebound_to_nvidia": 85,
+    "tests/e2e/test_driver_rollback.py": 320,
+    "tests/e2e/test_dry_purity.py": 127,
+    "tests/e2e/test_fleet.py": 110,
+    "tests/e2e/test_full_disk.py": 145,
+    "tests/e2e/test_gate.py": 96,
+    "tests/e2e/test_interrupted.py": 405,
+    "tests/e2e/test_listeners.py": 34,
+    "tests/e2e/test_membership.py": 433,
+    "tests/e2e/test_messages.py": 57,
+    "tests/e2e/test_mlenv.py": 312,
+    "tests/e2e/test_multinode.py": 176,
+    "tests/e2e/test_nothing_lost.py": 180,
+    "tests/e2e/test_operators.py": 236,
     "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
-    "[bare-metal-p2p]": 177,
+    "[bare-metal-p2p]": 103,
     "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
-    "[p2p-ok-wrong-data]": 300,  # 223 s, then the remeasure test's deploy and checks
+    "[p2p-ok-wrong-data]": 131,
     "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
-    "[q35-cns]": 224,
+    "[q35-cns]": 141,
     "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
-    "[single-gpu]": 255,  # 236 s, then the fresh host's two --dry runs
-    "tests/e2e/test_pending_kernel.py": 271,
-    # with test_observability on its fleet: 175 s + 280 s before, scaled by 960 s (465 s +
-    # 495 s) to 513 s, run alone side by side in lab 6
-    "tests/e2e/test_planes.py + tests/e2e/test_observability.py": 243,
-    "tests/e2e/test_rebuild.py": 350,  # failing
-    "tests/e2e/test_rollback.py": 199,
-    "tests/e2e/test_router.py": 700,  # 831 s from bare; its setup 549 s beside 899 s
-    "tests/e2e/test_secrets.py": 39,
-    "tests/e2e/test_secure_boot.py": 197,
-    "tests/e2e/test_server.py": 429,
-    # with test_tls_faults on its fleet: 324 s + 179 s before (the CI run of a195cee), scaled
-    # by 664 s (388 s + 276 s) to 452 s, run alone side by side in lab 6
-    "tests/e2e/test_tls.py + tests/e2e/test_tls_faults.py": 342,
-    "tests/e2e/test_ubuntu.py": 259,  # failing
+    "[single-gpu]": 148,
+    "tests/e2e/test_pending_kernel.py": 131,
+    "tests/e2e/test_planes.py + tests/e2e/test_observability.py": 620,  # 17 tests there, 18 now
+    "tests/e2e/test_rebuild.py": 373,
+    "tests/e2e/test_rollback.py": 160,
+    "tests/e2e/test_router.py": 571,
+    "tests/e2e/test_secrets.py": 38,
+    "tests/e2e/test_secure_boot.py": 126,
+    "tests/e2e/test_server.py": 273,
+    "tests/e2e/test_tls.py + tests/e2e/test_tls_faults.py": 396,
+    "tests/e2e/test_ubuntu.py": 176,
 }
 #: a unit's `sandbox down` sets its host trees aside, the next `up` on the lab deletes them in
 #: the background (sandbox/trash.py: 13 to 82 s per teardown off the lane); the lane's last
