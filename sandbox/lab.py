@@ -24,9 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sandbox import hub, image, network, procs, rootfs, scenarios, services, trash
+from sandbox import hub, image, network, overlay, procs, rootfs, scenarios, services, trash
 from sandbox.layout import (
+    APT_ARCHIVES,
     CACHE,
+    GUEST_APT_ARCHIVES,
     DEFAULT_SCENARIO,
     HOSTS_DIR,
     KNOWN_HOSTS,
@@ -169,11 +171,10 @@ def build_www(kernel_release: str) -> str | None:
 
 def _prepare_host(spec: HostSpec, authorized_key: str, hardware_json: str,
                   tar: Path = ROOTFS_TAR) -> list[str]:
-    """A fresh root filesystem (from `tar`) and link for `spec`; returns its SSH host public
-    keys."""
-    rootfs.extract(spec.root, tar)
+    """A fresh root filesystem (an overlay of `tar`'s tree: sandbox/overlay.py, seeded with
+    the lab's .debs) and link for `spec`; returns its SSH host public keys."""
+    overlay.mount(spec.dir, tar, APT_ARCHIVES, GUEST_APT_ARCHIVES)
     keys = rootfs.personalise(spec, spec.root, authorized_key, hardware_json)
-    rootfs.seed_apt_archives(spec.root)
     network.create(spec)
     return keys
 
@@ -496,7 +497,10 @@ def _down(defer_removal: bool = False) -> None:
     network.remove_all()
     trees = sorted(p for p in HOSTS_DIR.glob("gpu*") if p.is_dir()) if HOSTS_DIR.is_dir() else []
     for tree in trees:
-        rootfs.harvest_apt_archives(tree / "root")
+        # what the host downloaded lies in its upper folder (a tree of an older lab: in root)
+        rootfs.harvest_apt_archives(overlay.upper(tree) if overlay.upper(tree).is_dir()
+                                    else tree / "root")
+        overlay.unmount_below(tree)
     if defer_removal:
         rootfs.set_aside(trees, TRASH)
     else:

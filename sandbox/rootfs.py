@@ -301,10 +301,16 @@ def seed_apt_archives(root: Path, pool: Path = APT_ARCHIVES) -> int:
     by bind mount lets only one host run apt at a time, and parallel deploys then fail with
     "Could not get lock /var/cache/apt/archives/lock". apt checks an existing file's hash
     against its index before using it, so a stale .deb is fetched again, never installed.
+    A host whose root is an overlay (sandbox/overlay.py) is seeded in its upper folder instead.
     """
-    pool.mkdir(parents=True, exist_ok=True)
     archives = root / GUEST_APT_ARCHIVES.lstrip("/")
     (archives / "partial").mkdir(parents=True, exist_ok=True)
+    return link_debs(pool, archives)
+
+
+def link_debs(pool: Path, archives: Path) -> int:
+    """Hard-link each .deb of `pool` into `archives` where it has none of that name."""
+    pool.mkdir(parents=True, exist_ok=True)
     count = 0
     for deb in pool.glob("*.deb"):
         target = archives / deb.name
@@ -336,7 +342,7 @@ def harvest_apt_archives(root: Path, pool: Path = APT_ARCHIVES) -> int:
     return count
 
 
-def _mounts_below(path: Path) -> list[str]:
+def mounts_below(path: Path) -> list[str]:
     prefix = str(path.resolve()) + "/"
     with open("/proc/self/mountinfo") as f:
         points = [line.split()[4] for line in f]
@@ -348,7 +354,7 @@ def remove_tree(path: Path) -> None:
     the shared apt cache would otherwise be emptied too)."""
     if not path.exists():
         return
-    mounted = _mounts_below(path)
+    mounted = mounts_below(path)
     if mounted:
         raise RootfsError(f"still mounted below {path}: {', '.join(mounted)}")
     shutil.rmtree(path)
@@ -357,7 +363,7 @@ def remove_tree(path: Path) -> None:
 def set_aside(trees: list[Path], trash: Path) -> None:
     """Move host trees into `trash` (a rename: instant), to delete later with remove_tree."""
     for tree in trees:
-        mounted = _mounts_below(tree)
+        mounted = mounts_below(tree)
         if mounted:
             raise RootfsError(f"still mounted below {tree}: {', '.join(mounted)}")
         trash.mkdir(parents=True, exist_ok=True)

@@ -236,7 +236,7 @@ def test_apt_cache_is_seeded_per_host_and_harvested_back(tmp_path):
 def test_remove_tree_refuses_a_tree_with_mounts(tmp_path, monkeypatch):
     tree = tmp_path / "gpu1"
     (tree / "root").mkdir(parents=True)
-    monkeypatch.setattr(rootfs, "_mounts_below", lambda path: [str(tree / "root/proc")])
+    monkeypatch.setattr(rootfs, "mounts_below", lambda path: [str(tree / "root/proc")])
     with pytest.raises(rootfs.RootfsError, match="still mounted"):
         rootfs.remove_tree(tree)
     assert tree.exists()
