@@ -81,7 +81,7 @@ def gib(n: float) -> str:
 
 
 def model_fit(weights: Weights, memory_mib: int | None, tp: int, pp: int, fraction: float,
-          nextn: bool, tp_choices: tuple[int, ...]) -> Fit:
+              nextn: bool, tp_choices: tuple[int, ...]) -> Fit:
     """Whether ``weights`` fit GPUs of ``memory_mib`` (nvidia-smi's memory.total, the smallest)
     at tensor parallel size ``tp``, pipeline parallel size ``pp`` and ``mem_fraction_static``
     ``fraction``, with the MTP draft where ``nextn``. ``tp_choices``: the tensor parallel sizes
@@ -156,6 +156,6 @@ def _no_room(weights: Weights, target: int, per_gpu: int, budget: float, where: 
             f"nothing on these GPUs: more of them ({PREFIX}nodes) or a smaller checkpoint")
     stages = f", {PREFIX}pipeline_parallel_size = {pp}" if pp > 1 else ""
     return (f"{PREFIX}tensor_parallel_size = {tp}{stages} and {PREFIX}mem_fraction_static = "
-            f"{fraction} do not fit the model's weights in GPU memory: {gib(per_gpu)} a GPU needed ({gib(target)} from "
-            f"{weights.source} over {tp * pp} rank(s)) and a KV cache beside them, "
-            f"{gib(budget)} available ({where}): fits with {what}")
+            f"{fraction} do not fit the model's weights in GPU memory: {gib(per_gpu)} a GPU "
+            f"needed ({gib(target)} from {weights.source} over {tp * pp} rank(s)) and a KV "
+            f"cache beside them, {gib(budget)} available ({where}): fits with {what}")

@@ -106,9 +106,10 @@ def model_weights(settings: Settings, config_text: str | None) -> memory_fit.Wei
         if "error" in room:
             return memory_fit.Weights(None, "the Hub's file listing was not read "
                                             f"({room['error']})")
-        if room.get("weights_unsized"):
+        if room.get("weights_unsized") or "weights" not in room:
             return memory_fit.Weights(None, f"the Hub's file listing gives no size of "
-                                            f"{room['weights_unsized']} weight file(s)")
+                                            f"{room.get('weights_unsized', 'its')} weight "
+                                            "file(s)")
         return memory_fit.Weights(room["weights"], "the Hub's file listing")
     total = fact(ModelSnapshot, path=settings.model_path).get("weight_bytes")
     if total is None:

@@ -166,6 +166,8 @@ def test_a_listing_without_sizes_is_unknown(monkeypatch):
     weights = _gathered(monkeypatch, {"ModelSnapshot": {}, "ModelRoom": {
         "need": 1, "free": 1, "weights": 0, "weights_unsized": 2}})
     assert weights == Weights(None, "the Hub's file listing gives no size of 2 weight file(s)")
+    older = _gathered(monkeypatch, {"ModelSnapshot": {}, "ModelRoom": {"need": 1, "free": 1}})
+    assert older.total is None
     unread = _gathered(monkeypatch, {"ModelSnapshot": {}, "ModelRoom": {"error": "URLError x"}})
     assert unread.total is None and "was not read (URLError x)" in unread.source
 
