@@ -25,6 +25,8 @@ try:
 except Exception:
     print("{}"); sys.exit(0)
 files = s.pop("files", {})
+weights = [z for n, z in files.items() if n.endswith(".safetensors")]
+s["weight_bytes"] = sum(weights) if files else None
 bad = sorted(n for n, z in files.items() if os.path.islink(os.path.join(d, n))
              or not os.path.isfile(os.path.join(d, n)) or os.path.getsize(os.path.join(d, n)) != z)
 extra = []
@@ -50,6 +52,7 @@ class Snapshot(TypedDict, total=False):
     wrong: list[str]
     extra: list[str]
     file_count: int
+    weight_bytes: int | None
 
 
 class ModelSnapshot(FactBase[Snapshot]):
@@ -61,7 +64,12 @@ class ModelSnapshot(FactBase[Snapshot]):
     .. code:: python
 
         {"repo": "lukealonso/GLM-5-NVFP4", "revision": "main",
-         "sha": "4f3c...", "complete": True, "wrong": [], "extra": [], "file_count": 93}
+         "sha": "4f3c...", "complete": True, "wrong": [], "extra": [], "file_count": 93,
+         "weight_bytes": 454634000000}
+
+    ``weight_bytes``: the stamp's sizes of the ``*.safetensors`` files (the Hub's, as
+    downloaded), for the GPU memory check (operations/memory_fit.py); None where the stamp
+    lists no files.
 
     ``{}`` when there is no stamp (nothing downloaded, or a download that did not finish).
     """
@@ -135,6 +143,66 @@ class ModelRoom(FactBase[dict]):
             return json.loads(output[-1])
         except (IndexError, ValueError):
             return {"error": f"model_room.py said {list(output)[-2:]!r}"}
+
+
+#: The most a safetensors header may hold (safetensors' MAX_HEADER_SIZE, 100 MB: lib.rs).
+_HEADER_MAX: Final = 100_000_000
+_LAYER_SCRIPT: Final = """
+import json, os, sys
+d, prefix = sys.argv[1], sys.argv[2]
+layer = draft = 0
+try:
+    for shard in sys.argv[3:]:
+        with open(os.path.join(d, shard), "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n > HEADER_MAX:
+                raise ValueError(f"{shard}: a header of {n} bytes")
+            header = json.loads(f.read(n))
+        for name, t in header.items():
+            if name.startswith(prefix) and name != "__metadata__":
+                begin, end = t["data_offsets"]
+                layer += end - begin
+                if "shared_head.head" not in name and "embed_tokens" not in name:
+                    draft += end - begin
+except Exception as exc:
+    print(json.dumps({"error": f"{type(exc).__name__} {str(exc)[:200]}"})); sys.exit(0)
+print(json.dumps({"layer": layer, "draft": draft}))
+""".replace("HEADER_MAX", str(_HEADER_MAX))
+
+
+class MtpLayerBytes(FactBase[dict]):
+    """The bytes of the MTP layer's tensors in a local checkpoint, from the safetensors headers
+    of the ``shards`` its weight index maps them to (the format: an 8-byte little-endian header
+    length, then a JSON header whose ``data_offsets`` bound each tensor's bytes; huggingface/
+    safetensors README). ``layer``: every tensor named ``prefix*`` (``model.layers.<n>.``),
+    which the target skips; ``draft``: those the draft loads, without ``embed_tokens`` and
+    ``shared_head.head`` (the target's, shared: sglang 0.5.9's deepseek_weight_loader.py):
+
+    .. code:: python
+
+        {"layer": 9930000000, "draft": 6100000000}
+
+    ``{"error": "..."}`` where a shard cannot be read (said; nothing refused on it).
+    """
+
+    @override
+    def requires_command(self, **kwargs) -> str:
+        return "python3"
+
+    @override
+    def command(self, path: str, prefix: str, shards: tuple[str, ...]) -> str:
+        return shlex.join(["python3", "-c", _LAYER_SCRIPT, path, prefix, *shards])
+
+    @override
+    def default(self) -> dict:
+        return {"error": "python3 is missing"}
+
+    @override
+    def process(self, output) -> dict:
+        try:
+            return json.loads(output[-1])
+        except (IndexError, ValueError):
+            return {"error": f"the header reading said {list(output)[-2:]!r}"}
 
 
 def model_download(fact, settings) -> dict | None:

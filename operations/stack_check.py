@@ -3,17 +3,21 @@ sglang (operations/sglang_choices.py), printed for each host; a certain failure 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
+from operations import memory_fit
 from operations.gpu import NvidiaDriver
-from operations.files.model_config import WEIGHT_INDEX, architecture, mismatch, missing_mtp
+from operations.files.model_config import (WEIGHT_INDEX, architecture, mismatch, missing_mtp,
+                                           mtp_layer)
 from operations.host import FileText
 from operations.launch_profiles import report
 from operations.lock import LockError, read_lock
+from operations.model import ModelSnapshot, MtpLayerBytes, model_download
 from operations.plan import fact, is_dry_run, refuse
 from operations.settings import PREFIX, Settings, profile_choice
 from operations.sglang import FlagError, ParserSpec, flags_named, load_parser_spec
@@ -71,6 +75,67 @@ def stack_line(settings: Settings, versions: Mapping[str, str], data: Mapping[st
             f"{settings.lock} ({how}): {pins}")
 
 
+def gpu_memory_mib() -> int | None:
+    """The smallest GPU's memory.total (nvidia-smi, MiB), None where the driver does not
+    answer yet (a first deploy installs it)."""
+    driver = fact(NvidiaDriver)
+    if driver.status != "ok" or not driver.gpus:
+        return None
+    return min(g.memory_mib for g in driver.gpus)
+
+
+def tp_choices(settings: Settings) -> tuple[int, ...]:
+    """The tensor parallel sizes host data allows (settings.py, _check_tensor_parallel): on
+    one host the divisors of the GPUs a pipeline stage has; across nodes the one it has."""
+    if settings.nodes:
+        return (settings.tensor_parallel_size,)
+    per_stage = settings.gpu_count // (settings.pipeline_parallel_size or 1)
+    return tuple(n for n in range(1, per_stage + 1) if per_stage % n == 0)
+
+
+def model_weights(settings: Settings, config_text: str | None) -> memory_fit.Weights:
+    """The served checkpoint's weight bytes as read while planning (no reading of its own but
+    the MTP layer's headers): the Hub's file listing where the run downloads it (ModelRoom,
+    the preflight's reading), else the copy's stamp (ModelSnapshot); with MTP on and the
+    weight index on the host, the MTP layer's tensors (MtpLayerBytes)."""
+    if settings.model_is_local:
+        return memory_fit.Weights(None, f"the weights of a local model folder ({settings.model}) "
+                                        "are not counted")
+    room = model_download(fact, settings)
+    if room is not None:
+        if "error" in room:
+            return memory_fit.Weights(None, "the Hub's file listing was not read "
+                                            f"({room['error']})")
+        if room.get("weights_unsized") or "weights" not in room:
+            return memory_fit.Weights(None, f"the Hub's file listing gives no size of "
+                                            f"{room.get('weights_unsized', 'its')} weight "
+                                            "file(s)")
+        return memory_fit.Weights(room["weights"], "the Hub's file listing")
+    total = fact(ModelSnapshot, path=settings.model_path).get("weight_bytes")
+    if total is None:
+        return memory_fit.Weights(None, "the copy's stamp holds no file sizes")
+    weights = memory_fit.Weights(total, "the copy's stamp")
+    layer = None if config_text is None else mtp_layer(config_text)
+    if settings.speculative_algorithm is None or layer is None:
+        return weights
+    index = fact(FileText, path=f"{settings.model_path}/{WEIGHT_INDEX}")
+    try:
+        names = json.loads(index or "{}").get("weight_map") or {}
+    except (ValueError, AttributeError):
+        return weights
+    prefix = f"model.layers.{layer}."
+    shards = tuple(sorted({f for n, f in names.items() if str(n).startswith(prefix)}))
+    if not shards:
+        return weights  # no MTP layer: refused above
+    read = fact(MtpLayerBytes, path=settings.model_path, prefix=prefix, shards=shards)
+    if "error" in read:
+        logger.warning(f"{host.print_prefix}Stack: the MTP layer's tensors were not read "
+                       f"({read['error']})")
+        return weights
+    return memory_fit.Weights(total, "the copy's stamp", read["layer"], read["draft"],
+                              json.loads(config_text)["num_hidden_layers"])
+
+
 @deploy("Stack")
 def known_behaviour(settings: Settings) -> None:
     """Name the host's launch profile (operations/launch_profiles.py), its source and what it
@@ -81,7 +146,10 @@ def known_behaviour(settings: Settings) -> None:
     setting left ``auto`` or unset, naming what sglang would choose. Where the weights are
     already on the host, their ``config.json`` must name ``gpuhost_model_architecture``, and
     with MTP on (``gpuhost_speculative_algorithm``) their weight index must name the MTP
-    layer's tensors, or the host is refused (a download checks both: model_fetch.py)."""
+    layer's tensors, or the host is refused (a download checks both: model_fetch.py). The
+    model's weights must fit the GPUs' memory, and with MTP on the draft's too
+    (operations/memory_fit.py, from :func:`model_weights` and nvidia-smi's memory.total):
+    else the host is refused, naming the keys; where a figure is unknown the plan says so."""
     try:
         lock = read_lock(settings.lock_path)
     except LockError:
@@ -111,6 +179,14 @@ def known_behaviour(settings: Settings) -> None:
             refuse("Stack", f"{PREFIX}speculative_algorithm = {settings.speculative_algorithm!r} "
                    f"is not allowed for {settings.model}: None, or a checkpoint with its MTP "
                    f"layer (for GLM-5-NVFP4: festr2/GLM-5-NVFP4-MTP): {no_mtp}")
+    too_big, notes = memory_fit.model_fit(
+        model_weights(settings, config_text), gpu_memory_mib(), settings.tensor_parallel_size,
+        settings.pipeline_parallel_size or 1, settings.mem_fraction_static,
+        settings.speculative_algorithm is not None, tp_choices(settings))
+    for note in notes:
+        logger.info(f"{host.print_prefix}Stack: {note}")
+    if too_big is not None:
+        refuse("Stack", too_big)
     found, origin = capabilities(settings)
     for capability in found:
         target = Target(versions, capability, settings, ep)

@@ -61,6 +61,8 @@ def test_the_room_is_the_files_not_there_yet_against_the_free_room(tmp_path):
         server.shutdown()
     room = ModelRoom().process(out)
     assert room["need"] == 5000 and room["folder"] == str(dest) and room["free"] > 0
+    # every weight file the listing names, there or not (the GPU memory check's figure)
+    assert room["weights"] == 5000 and room["weights_unsized"] == 0
     assert room["mount"].startswith("/")
     assert seen[0] == ("/api/models/org/m/revision/v%2F1?blobs=True", "Bearer hf_secret")
     assert ModelRoom().process(missing) == {"error": "HTTPError HTTP 404 Not Found"}
@@ -153,6 +155,7 @@ def test_a_listing_with_files_of_no_size_or_no_name_is_said_not_a_traceback(tmp_
     the last lines of a traceback."""
     runs = {}
     for name, siblings in {"unsized": [{"rfilename": "a", "size": 7}, {"rfilename": "b"},
+                                       {"rfilename": "e.safetensors"},
                                        {"rfilename": "c", "size": "9"},
                                        {"rfilename": "d", "size": -1}],
                            "nameless": [{"rfilename": "a", "size": 7}, {"size": 9}]}.items():
@@ -165,12 +168,13 @@ def test_a_listing_with_files_of_no_size_or_no_name_is_said_not_a_traceback(tmp_
             server.shutdown()
         assert run.stderr == ""
         runs[name] = ModelRoom().process(run.stdout.splitlines())
-    assert runs["unsized"]["need"] == 7 and runs["unsized"]["unsized"] == 3
+    assert runs["unsized"]["need"] == 7 and runs["unsized"]["unsized"] == 4
+    assert runs["unsized"]["weights_unsized"] == 1
     assert runs["nameless"] == {"error": "the Hub's file listing has a sibling without rfilename"}
     said = []
     facts = {"ModelSnapshot": {}, "ModelRoom": {**runs["unsized"], "free": 5 * GIB}}
     monkeypatch.setattr("operations.model.logger.warning", said.append)
     assert model_room_problem(lambda cls, **kw: facts[cls.__name__], Settings(model="org/m")) \
         is None
-    assert said and said[0].endswith("the model's room check counts nothing for 3 file(s) the "
+    assert said and said[0].endswith("the model's room check counts nothing for 4 file(s) the "
                                      "Hub's file listing gives no size of")

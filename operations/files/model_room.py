@@ -3,8 +3,10 @@ in ``dest`` yet (as model_fetch.py counts them) and the room free on the file sy
 is on (or would be: its nearest existing folder). Run by the host's python3 (stdlib only, sent
 as ``python3 -c``: it runs before the venv that holds huggingface_hub exists). Prints one JSON
 line, ``{"need": 1577149, "free": 2147483648, "mount": "/opt", "folder": "/opt", "unsized":
-0}`` (``unsized``: the files the listing gives no size of, counted nothing), or
-``{"error": "..."}``.
+0, "weights": 1572864, "weights_unsized": 0}`` (``unsized``: the files the listing gives no
+size of, counted nothing; ``weights``: the bytes of every ``*.safetensors`` file it lists,
+there or not, for the GPU memory check, operations/memory_fit.py; ``weights_unsized``: those
+without a size), or ``{"error": "..."}``.
 
 The file listing is the one model_fetch.py reads for the download: huggingface_hub 0.36.2's
 ``HfApi.model_info(repo, revision=..., files_metadata=True)``, which GETs
@@ -95,11 +97,15 @@ def main(argv: list[str]) -> int:
             isinstance(e, dict) and isinstance(e.get("rfilename"), str) for e in siblings):
         print(json.dumps({"error": "the Hub's file listing has a sibling without rfilename"}))
         return 0
-    need, unsized = 0, 0
+    need, unsized, weights, weights_unsized = 0, 0, 0, 0
     for sibling in siblings:
         local = os.path.join(dest, sibling["rfilename"])
         size = sibling.get("size")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        sized = isinstance(size, int) and not isinstance(size, bool) and size >= 0
+        if sibling["rfilename"].endswith(".safetensors"):
+            weights += size if sized else 0
+            weights_unsized += 0 if sized else 1
+        if not sized:
             unsized += 1  # counted nothing, and said (operations/model.py)
         elif not os.path.isfile(local) or os.path.getsize(local) != size:
             need += size
@@ -108,7 +114,8 @@ def main(argv: list[str]) -> int:
         folder = os.path.dirname(folder) or "/"
     st = os.statvfs(folder)
     print(json.dumps({"need": need, "free": st.f_bavail * st.f_frsize, "mount": mount_of(folder),
-                      "folder": folder, "unsized": unsized}))
+                      "folder": folder, "unsized": unsized, "weights": weights,
+                      "weights_unsized": weights_unsized}))
     return 0
 
 

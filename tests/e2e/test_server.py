@@ -301,3 +301,13 @@ def test_mtp_refused_without_the_layer_and_served_with_it(host, deploy):
     settled = deploy("--json", **mtp)
     assert changed(settled) == [] and host.main_pid() == new_pid
     assert starts(host, since) == 1
+    # the draft's weights (the MTP layer's tensors, read from the copy's safetensors headers)
+    # outside a static fraction that leaves them no room: refused while planning, nothing
+    # changed (operations/memory_fit.py)
+    tight = deploy(gpuhost_mem_fraction_static=0.9999999, **mtp)
+    assert tight.returncode != 0
+    assert ("Stack: refused: gpuhost_speculative_algorithm = 'NEXTN' with "
+            "gpuhost_mem_fraction_static = 0.9999999 does not fit the MTP draft in GPU memory"
+            ) in tight.output, tight.output[-6000:]
+    assert "fits with gpuhost_mem_fraction_static 0.999 or less" in tight.output
+    assert host.main_pid() == new_pid and starts(host, since) == 1
