@@ -1255,3 +1255,32 @@ def test_cuda13_sglang_takes_exactly_0_5_17s_flags(index, tmp_path):
     store_true = [a["flags"][0] for a in embedded["arguments"]
                   if a["flags"][0] in new and a.get("action") == "store_true"]
     assert parse(store_true[0]).returncode == 0, store_true[0]
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_cuda13_stack_installs_from_the_index_on_the_hosts_python(tmp_path):
+    """As the product installs a lock without flash-attn (pip --require-hashes --no-deps, from
+    the index alone), the CUDA 13.0 stand-in lock into a venv of a Python 3.11 (the sandbox
+    hosts' Debian 12 python3); the real wheels fetched from PyPI."""
+    www, lock = tmp_path / "www", tmp_path / "lock-cuda13.0.txt"
+    pypi_index.build(www, tmp_path / "cache", tmp_path / "lock.txt", {"13.0": lock})
+    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else PYTHON
+    found = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    if found != "3.11":
+        pytest.skip(f"{python} is Python {found}: the lock's real wheels are CPython 3.11's")
+    venv = tmp_path / "venv"
+    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    out = subprocess.run(
+        [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--isolated", "--require-hashes",
+         "--no-deps", "--disable-pip-version-check", "--index-url", (www / "simple").as_uri(),
+         "-r", str(lock)],
+        capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    script = ("import json, torch, sglang, flashinfer, sgl_kernel, huggingface_hub, httpx\n"
+              "print(json.dumps([torch.__version__, sglang.__version__, "
+              "huggingface_hub.__version__]))")
+    got = subprocess.run([str(venv / "bin/python"), "-c", script], capture_output=True,
+                         text=True, check=True)
+    assert json.loads(got.stdout) == ["2.11.0+cu130", "0.5.17", "1.33.0"]
