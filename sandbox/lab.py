@@ -33,6 +33,7 @@ from sandbox.layout import (
     HOSTS_DIR,
     KNOWN_HOSTS,
     LOCK_FILE,
+    LOCK_FILES,
     PYPI_CACHE,
     ROOTFS_TAR,
     SERVICES_DIR,
@@ -165,7 +166,8 @@ def build_www(kernel_release: str) -> str | None:
     pypi_index = _optional_module("sandbox.pypi_index")
     if pypi_index is not None:
         with _shared_cache():
-            pypi_index.build(WWW, PYPI_CACHE, LOCK_FILE)
+            pypi_index.build(WWW, PYPI_CACHE, LOCK_FILE,
+                             {k: v for k, v in LOCK_FILES.items() if v != LOCK_FILE})
     return keyring_sha256
 
 
@@ -390,7 +392,10 @@ def status() -> list[dict[str, Any]]:
     name, address, gateway, switch_address (where the lab's other hosts reach it, over the lab
     switch), state (running / booting / stopped), ssh_user (the operator, a sudo
     user: the deploy never logs in as root), ssh_key, cuda_repo_url, cuda_keyring_sha256,
-    pip_index_url, lock (the stand-in lock's path). [] when no lab is up."""
+    pip_index_url, lock (the stand-in lock's path: CUDA 12.8's stack, the default), locks (each
+    stack's stand-in lock by CUDA release, {"12.8": ..., "13.0": ...}: a host switched to
+    gpuhost_cuda_toolkit = "13.0" takes that one as its gpuhost_lock, as a real lab names its
+    own lock). [] when no lab is up."""
     state = load_state()
     if state is None:
         return []
@@ -414,6 +419,7 @@ def status() -> list[dict[str, Any]]:
                 "cuda_keyring_sha256": state.get("cuda_keyring_sha256"),
                 "pip_index_url": spec.pip_index_url,
                 "lock": str(LOCK_FILE),
+                "locks": {cuda: str(path) for cuda, path in LOCK_FILES.items()},
                 "known_hosts": str(KNOWN_HOSTS),
                 "scenario": scenario,
                 "host_data": host_data,

@@ -36,6 +36,9 @@ HOSTS_DIR = STATE_DIR / "hosts"
 TRASH = STATE_DIR / "trash"
 WWW = STATE_DIR / "www"
 LOCK_FILE = STATE_DIR / "lock.txt"
+#: The stand-in lock of each stack by CUDA release (sandbox/pypi_index.py stacks): the
+#: default, CUDA 12.8's, is LOCK_FILE, which the inventory gives every host as gpuhost_lock.
+LOCK_FILES = {"12.8": LOCK_FILE, "13.0": STATE_DIR / "lock-cuda13.0.txt"}
 SERVICES_DIR = STATE_DIR / "services"
 
 HTTP_PORT = 8080

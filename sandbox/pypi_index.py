@@ -1,11 +1,13 @@
 """The sandbox lab's Python package index: stand-in distributions under the real names and
-versions of the locked CUDA 12.8 stack (locks/cuda12.8.txt), a PEP 503 simple index, and a
-stand-in lock pinning them by sha256.
+versions of the locked stacks, CUDA 12.8's (locks/cuda12.8.txt) and CUDA 13.0's
+(locks/cuda13.0.txt), a PEP 503 simple index serving both, and one stand-in lock per stack
+pinning its files by sha256.
 
     <www>/simple/index.html                       the project list
     <www>/simple/<project>/index.html             links carrying #sha256=<hex>
-    <www>/simple/<project>/<file>                 the distributions
-    <lock_path>                                   pip requirements with --hash=sha256: lines
+    <www>/simple/<project>/<file>                 the distributions (both stacks' versions)
+    <lock_path>                                   CUDA 12.8's: pip requirements with --hash lines
+    <other lock paths>                            CUDA 13.0's (build's ``stack_locks``)
 
 Stand-ins (sources under sandbox/standins/, built here into reproducible wheels and one sdist):
 torch 2.9.1 (torch.__version__ "2.9.1+cu128"), flash-attn 2.8.3.post2 (an sdist whose setup.py
@@ -16,6 +18,33 @@ them, real wheels fetched once from PyPI into `cache`: flash-attn's build requir
 dependencies (the product downloads the model with it), at the lock's versions and hashes; and
 the router's, smg 1.13.0 and its dependencies at locks/router.txt's versions and hashes (the
 real router runs on the hosts), which the stand-in lock leaves out.
+
+The CUDA 13.0 stack (CUDA13_STANDINS, CUDA13_REAL_WHEELS): locks/cuda13.0.txt's pins, and the
+real wheels' own files, read off PyPI on 2026-12-07 (METADATA, WHEEL and the version modules,
+through range requests on each wheel's zip directory) of
+
+    torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl
+    sglang-0.5.17-cp311-cp311-manylinux_2_34_x86_64.whl
+    sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl
+    flashinfer_python-0.6.15.post1-py3-none-any.whl
+    flash_attn_4-4.0.0b19-py3-none-any.whl
+
+torch 2.11.0 (torch/version.py: ``__version__ = '2.11.0+cu130'``, ``cuda = '13.0'``), sglang
+0.5.17 (its server's flags from locks/sglang-0.5.17.args.json), sglang-kernel 0.4.5 (import
+package sgl_kernel, sgl_kernel/version.py), flashinfer-python 0.6.15.post1 (no flashinfer-cubin
+in that lock) and flash-attn-4 4.0.0b19 (a wheel whose files lie under flash_attn/cute/: no
+build). Beside them, real wheels: nvidia-cuda-runtime 13.0.96 (the pin that tells the product
+the lock's CUDA, as it does in locks/cuda13.0.txt) and huggingface_hub 1.33.0 with its
+dependencies (its METADATA's Requires-Dist and theirs, at the lock's versions).
+
+Python: the real locks are resolved for CPython 3.12 (their headers' --python-version), the
+sandbox's hosts run Debian 12's python3, 3.11 (sandbox/rootfs.py: bookworm). Each stand-in lock
+is therefore resolved for 3.11: its real binary wheels are PyPI's CPython 3.11 (or abi3, or
+py3) builds of the same versions, and its header says ``--python-version 3.11``, so that the
+product's own check (operations/mlenv.py python_problem) passes on the sandbox's hosts for the
+same reason it passes on a real lab's. manylinux_2_34 (sglang 0.5.17's tag, cuda13.0.in) needs
+glibc >= 2.34; Debian 12 has 2.36, so the tag would install there too; the stand-ins themselves
+are py3-none-any.
 """
 
 from __future__ import annotations
@@ -165,6 +194,25 @@ class StandIn:
     summary: str
     requires: tuple[str, ...] = ()
     sdist: bool = False
+    # (archive path, text): files the build writes over the source's (a version module)
+    generated: tuple[tuple[str, str], ...] = ()
+    # the real server's flags (tools/sglang_args.py extract), for the sglang stand-in
+    args: Path | None = None
+
+
+def _version_module(what: str, version: str, **fields: object) -> str:
+    """A stand-in's version module: ``__version__`` and the real module's other fields."""
+    lines = [f'"""{what}: sandbox stand-in (gpuhost sandbox lab), written by '
+             'sandbox/pypi_index.py."""', "", f"__version__ = {version!r}"]
+    lines += [f"{name} = {value!r}" for name, value in fields.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _torch_version(version: str, cuda: str) -> str:
+    # torch/version.py's fields as PyPI's wheels have them (torch-2.11.0-cp311-cp311-
+    # manylinux_2_28_x86_64.whl: '2.11.0+cu130', cuda '13.0', hip None)
+    return _version_module(f"torch.version of PyTorch {version}", version, cuda=cuda,
+                           hip=None, debug=False, git_version="sandbox-stand-in")
 
 
 STANDIN_DISTS = (
@@ -173,6 +221,7 @@ STANDIN_DISTS = (
         "2.9.1",
         "torch",
         "Tensors and Dynamic neural networks in Python with strong GPU acceleration",
+        generated=(("torch/version.py", _torch_version("2.9.1+cu128", "12.8")),),
     ),
     StandIn(
         "flashinfer-python",
@@ -180,9 +229,11 @@ STANDIN_DISTS = (
         "flashinfer",
         "FlashInfer: Kernel Library for LLM Serving",
         ("torch",),
+        generated=(("flashinfer/version.py", _version_module("flashinfer", "0.6.3")),),
     ),
     StandIn("flashinfer-cubin", "0.6.3", "flashinfer_cubin", "Pre-compiled cubins for FlashInfer"),
-    StandIn("sgl-kernel", "0.3.21", "sgl_kernel", "Kernel Library for SGLang", ("torch",)),
+    StandIn("sgl-kernel", "0.3.21", "sgl_kernel", "Kernel Library for SGLang", ("torch",),
+            generated=(("sgl_kernel/version.py", _version_module("sgl_kernel", "0.3.21")),)),
     StandIn(
         "sglang",
         "0.5.9",
@@ -194,6 +245,8 @@ STANDIN_DISTS = (
             "flashinfer_cubin==0.6.3",
             "sgl-kernel==0.3.21",
         ),
+        generated=(("sglang/version.py", _version_module("sglang", "0.5.9")),),
+        args=SGLANG_ARGS,
     ),
     StandIn(
         "flash-attn",
@@ -205,6 +258,87 @@ STANDIN_DISTS = (
     ),
 )
 
+#: The CUDA 13.0 stack's stand-ins (locks/cuda13.0.txt's versions). Summaries and the
+#: requirements among the stand-ins are the real wheels' METADATA (sglang 0.5.17: torch==2.11.0,
+#: flashinfer_python[cu13]==0.6.15.post1, sglang-kernel==0.4.5, flash-attn-4>=4.0.0b18; the
+#: others' torch); the rest of their Requires-Dist is left out, as the 12.8 stand-ins leave it
+#: (the product installs with --no-deps).
+CUDA13_STANDINS = (
+    StandIn(
+        "torch",
+        "2.11.0",
+        "torch",
+        "Tensors and Dynamic neural networks in Python with strong GPU acceleration",
+        generated=(("torch/version.py", _torch_version("2.11.0+cu130", "13.0")),),
+    ),
+    StandIn(
+        "flashinfer-python",
+        "0.6.15.post1",
+        "flashinfer",
+        "FlashInfer: Kernel Library for LLM Serving",
+        ("torch",),
+        generated=(("flashinfer/version.py", _version_module("flashinfer", "0.6.15.post1")),),
+    ),
+    # the distribution sgl-kernel was renamed to; its import package is still sgl_kernel
+    StandIn("sglang-kernel", "0.4.5", "sgl_kernel", "Kernel Library for SGLang",
+            generated=(("sgl_kernel/version.py", _version_module("sgl_kernel", "0.4.5")),)),
+    StandIn(
+        "flash-attn-4",
+        "4.0.0b19",
+        "flash_attn_4",
+        "Flash Attention CUTE (CUDA Template Engine) implementation",
+        ("torch",),
+    ),
+    StandIn(
+        "sglang",
+        "0.5.17",
+        "sglang",
+        "SGLang is a fast serving framework for large language models and vision language models.",
+        (
+            "torch==2.11.0",
+            "flashinfer_python[cu13]==0.6.15.post1",
+            "sglang-kernel==0.4.5",
+            "flash-attn-4>=4.0.0b18",
+        ),
+        generated=(("sglang/version.py", _version_module("sglang", "0.5.17")),),
+        args=REPO_ROOT / "locks" / "sglang-0.5.17.args.json",
+    ),
+)
+
+# huggingface_hub 1.33.0 and its dependencies at locks/cuda13.0.txt's pins (hub's METADATA:
+# click, filelock, fsspec, hf-xet, httpx, packaging, pyyaml, tqdm, typing-extensions; httpx
+# 0.29.0's: anyio, certifi, httpcore, idna; httpcore 1.0.9's: certifi, h11), and the CUDA
+# runtime wheel; sha256 PyPI's (its simple index, 2026-12-07). Those the 12.8 stack has at the
+# same version are its wheels (the same files).
+_CUDA13_NEW = (
+    RealWheel("huggingface-hub", "1.33.0", "huggingface_hub-1.33.0-py3-none-any.whl",
+              "04e434b06e100eddbce9a6e817d72693a7884b10a79bd67ab48080d5c07eb899"),
+    RealWheel("click", "8.5.1", "click-8.5.1-py3-none-any.whl",
+              "8bb5376d2006950386f8c6427613334a2acadc5f559cb80e638d00b4df957e37"),
+    RealWheel("filelock", "4.3.2", "filelock-4.3.2-py3-none-any.whl",
+              "02a8801bc6b2a80921bf3d7895c63084d53bae2a3c86783adce5ae2b89a1825b"),
+    RealWheel("fsspec", "2026.9.0", "fsspec-2026.9.0-py3-none-any.whl",
+              "8dd6e646e99ea382bd85f97a45e6b526a442d79423a7dc673f1e2756d05fcb5f"),
+    RealWheel("httpx", "0.29.0", "httpx-0.29.0-py3-none-any.whl",
+              "6734dcf742ced6e8018e45d3f9f7728975b6b3e1085a24f3e2c056069d858bd1"),
+    RealWheel("httpcore", "1.0.9", "httpcore-1.0.9-py3-none-any.whl",
+              "2d400746a40668fc9dec9810239072b40b4484b640a8c38fd654a024c7a1bf55"),
+    RealWheel("h11", "0.16.0", "h11-0.16.0-py3-none-any.whl",
+              "63cf8bbe7522de3bf65932fda1d9c2772064ffb3dae62d55932da54b31cb6c86"),
+    RealWheel("anyio", "4.16.0", "anyio-4.16.0-py3-none-any.whl",
+              "c66ae634e0b8228396b801741beb3294326d4b6102f7bba4041c0dfb58c29026"),
+    # the runtime wheel torch's cuda-toolkit[cudart] brings: the lock's pin that tells its CUDA
+    RealWheel("nvidia-cuda-runtime", "13.0.96",
+              ("nvidia_cuda_runtime-13.0.96-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64"
+               ".whl"),
+              "7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548",
+              ("manylinux_2_17_x86_64",)),
+)
+_SHARED_WITH_12_8 = ("certifi", "hf-xet", "idna", "packaging", "pyyaml", "tqdm",
+                     "typing-extensions")
+CUDA13_REAL_WHEELS = _CUDA13_NEW + tuple(
+    w for w in REAL_WHEELS if w.name in _SHARED_WITH_12_8)
+
 LOCK_HEADER = """\
 # Stand-in lock for the gpuhost sandbox lab -- generated by sandbox/pypi_index.py; do not edit.
 # Every distribution below is a sandbox stand-in (or, for setuptools/wheel/packaging, the real
@@ -215,42 +349,93 @@ LOCK_HEADER = """\
 #   are CPython 3.11 builds), named as locks/cuda12.8.txt's header names its own.
 """
 
+CUDA13_LOCK_HEADER = """\
+# Stand-in lock for the gpuhost sandbox lab -- generated by sandbox/pypi_index.py; do not edit.
+# Every distribution below is a sandbox stand-in (or, for huggingface_hub and its dependencies
+# and nvidia-cuda-runtime, the real wheel) under the real name and version of
+# locks/cuda13.0.txt's stack, served by the lab's index. Install as the real lock: pip install
+# --require-hashes --no-deps -r this file (no flash-attn build: flash-attn-4 is a wheel).
+#   resolved for: --python-version 3.11 (the hosts' Debian 12 python3; the real wheels below
+#   are CPython 3.11, abi3 or py3 builds), named as locks/cuda13.0.txt's header names its own.
+"""
+
 
 class PyPIIndexError(RuntimeError):
     """The index could not be built; the message says which step and why."""
 
 
-def build(www: Path, cache: Path, lock_path: Path) -> None:
-    """Build (or keep, when nothing changed) the index under www/simple and write the lock.
+@dataclass(frozen=True)
+class Stack:
+    """One locked stack's stand-ins and real wheels, and its stand-in lock's header."""
+
+    cuda: str  # gpuhost_cuda_toolkit's value for it
+    standins: tuple[StandIn, ...]
+    real: tuple[RealWheel, ...]
+    header: str
+
+
+def stacks() -> dict[str, Stack]:
+    """The stacks the index serves, by CUDA release: "12.8" (the lab's default lock) and
+    "13.0". Read at each call, so that a test's replacement of REAL_WHEELS or
+    CUDA13_REAL_WHEELS holds."""
+    ml_real = tuple(w for w in REAL_WHEELS if w.name not in ROUTER_PROJECTS)
+    return {
+        "12.8": Stack("12.8", STANDIN_DISTS, ml_real, LOCK_HEADER),
+        "13.0": Stack("13.0", CUDA13_STANDINS, CUDA13_REAL_WHEELS, CUDA13_LOCK_HEADER),
+    }
+
+
+def build(www: Path, cache: Path, lock_path: Path,
+          stack_locks: dict[str, Path] | None = None) -> None:
+    """Build (or keep, when nothing changed) the index under www/simple and write the locks.
 
     + www: the HTTP root; the index goes to www/simple/
     + cache: where the real wheels from PyPI are kept (fetched with pip download when missing)
-    + lock_path: the stand-in lock to write
+    + lock_path: the CUDA 12.8 stack's stand-in lock to write
+    + stack_locks: the other stacks' stand-in locks to write, by CUDA release ({"13.0": path});
+      the index serves every stack's files either way
 
     Raises PyPIIndexError when a real wheel cannot be fetched or does not have PyPI's sha256, or
-    when locks/sglang-0.5.9.args.json (the real server's flags) is missing.
+    when a stand-in sglang's args file (locks/sglang-<version>.args.json, the real server's
+    flags) is missing.
     """
     www, cache, lock_path = Path(www), Path(cache), Path(lock_path)
-    real = [_real_wheel(w, cache) for w in REAL_WHEELS]
-    if not SGLANG_ARGS.exists():
-        raise PyPIIndexError(
-            f"{SGLANG_ARGS} is missing: the sglang stand-in takes the real "
-            "server's flags from it (python tools/sglang_args.py extract 0.5.9)"
-        )
-    stamp = {"inputs": _inputs_digest(real)}
+    all_stacks = stacks()
+    locks = {"12.8": lock_path, **{k: Path(v) for k, v in (stack_locks or {}).items()}}
+    unknown = sorted(set(locks) - set(all_stacks))
+    if unknown:
+        raise PyPIIndexError(f"no stand-in stack for CUDA {', '.join(unknown)}: "
+                             f"the index has {', '.join(all_stacks)}")
+    wheels: dict[str, RealWheel] = {}  # by file name: a wheel two stacks share is served once
+    for wheel in (*REAL_WHEELS, *(w for st in all_stacks.values() for w in st.real)):
+        wheels.setdefault(wheel.filename, wheel)
+    real = [_real_wheel(w, cache) for w in wheels.values()]
+    dists: dict[tuple[str, str], StandIn] = {}
+    for stack in all_stacks.values():
+        for dist in stack.standins:
+            dists.setdefault((dist.name, dist.version), dist)
+    for dist in dists.values():
+        if dist.args is not None and not dist.args.exists():
+            raise PyPIIndexError(
+                f"{dist.args} is missing: the sglang stand-in takes the real "
+                f"server's flags from it (python tools/sglang_args.py extract {dist.version})"
+            )
+    stamp = {"inputs": _inputs_digest(real, dists.values())}
     simple = www / "simple"
-    if (simple / "index.html").exists() and lock_path.exists() and _read_json(www / STAMP) == stamp:
-        if not lock_path.read_text().startswith(LOCK_HEADER):
-            # An index built before the header changed: the same pins, the header of now.
-            lock_path.write_text(lock_text(simple))
+    if (simple / "index.html").exists() and all(p.exists() for p in locks.values()) \
+            and _read_json(www / STAMP) == stamp:
+        for cuda, path in locks.items():
+            if not path.read_text().startswith(all_stacks[cuda].header):
+                # An index built before the header changed: the same pins, the header of now.
+                path.write_text(lock_text(simple, all_stacks[cuda]))
         return
     files: list[tuple[str, str, Path]] = []  # (project, version, file)
     with tempfile.TemporaryDirectory(prefix="gpuhost-pypi-") as tmp:
         out = Path(tmp)
-        for dist in STANDIN_DISTS:
+        for dist in dists.values():
             path = build_sdist(dist, out) if dist.sdist else build_wheel(dist, out)
             files.append((dist.name, dist.version, path))
-        for wheel, path in zip(REAL_WHEELS, real):
+        for wheel, path in zip(wheels.values(), real):
             files.append((wheel.name, wheel.version, path))
         new = www / ".simple.new"
         shutil.rmtree(new, ignore_errors=True)
@@ -261,22 +446,27 @@ def build(www: Path, cache: Path, lock_path: Path) -> None:
             simple.rename(old)
         new.rename(simple)
         shutil.rmtree(old, ignore_errors=True)
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    lock_path.write_text(lock_text(simple))
+    for cuda, path in locks.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(lock_text(simple, all_stacks[cuda]))
     (www / STAMP).parent.mkdir(parents=True, exist_ok=True)
     (www / STAMP).write_text(json.dumps(stamp) + "\n")
 
 
-def lock_text(simple: Path) -> str:
-    """The lock for the index at `simple`: one pin per project, a hash per file, sorted; the
-    router's projects left out (they are locks/router.txt's)."""
-    lines = [LOCK_HEADER]
-    for project in sorted(p for p in simple.iterdir()
-                          if p.is_dir() and p.name not in ROUTER_PROJECTS):
-        dists = sorted(f for f in project.iterdir() if f.name != "index.html")
-        version = _version_of(dists[0].name)
+def lock_text(simple: Path, stack: Stack | None = None) -> str:
+    """The stand-in lock of `stack` (default: CUDA 12.8's) for the index at `simple`: one pin
+    per distribution of the stack, a hash per file of its version, sorted by project; the
+    router's projects are never in it (they are locks/router.txt's)."""
+    stack = stack or stacks()["12.8"]
+    pins = {normalize(d.name): d.version for d in stack.standins}
+    pins.update({normalize(w.name): w.version for w in stack.real})
+    lines = [stack.header]
+    for project in sorted(p for p in pins if p not in ROUTER_PROJECTS):
+        version = pins[project]
+        dists = sorted(f for f in (simple / project).iterdir()
+                       if f.name != "index.html" and _version_of(f.name) == version)
         hashes = " \\\n".join(f"    --hash=sha256:{_sha256(f)}" for f in dists)
-        lines.append(f"{project.name}=={version} \\\n{hashes}\n")
+        lines.append(f"{project}=={version} \\\n{hashes}\n")
     return "".join(lines)
 
 
@@ -299,9 +489,11 @@ def _sources(dist: StandIn) -> dict[str, bytes]:
         if not dist.sdist and rel == "setup.py":
             continue
         out[rel] = path.read_bytes()
-    if dist.name == "sglang":
-        out["sglang/_standin/server_args.json"] = SGLANG_ARGS.read_bytes()
-    return out
+    for rel, text in dist.generated:
+        out[rel] = text.encode()
+    if dist.args is not None:
+        out["sglang/_standin/server_args.json"] = dist.args.read_bytes()
+    return dict(sorted(out.items()))
 
 
 def _metadata(dist: StandIn) -> str:
@@ -445,11 +637,11 @@ def _version_of(filename: str) -> str:
     return filename[: -len(".tar.gz")].rsplit("-", 1)[1]
 
 
-def _inputs_digest(real: list[Path]) -> str:
+def _inputs_digest(real: list[Path], dists) -> str:
     h = hashlib.sha256(Path(__file__).read_bytes())
-    for dist in STANDIN_DISTS:
+    for dist in dists:
         for name, data in sorted(_sources(dist).items()):
-            h.update(f"{dist.source}/{name}".encode() + b"\0" + data)
+            h.update(f"{dist.name}-{dist.version}/{name}".encode() + b"\0" + data)
     for path in real:
         h.update(path.name.encode() + _sha256(path).encode())
     return h.hexdigest()

@@ -1,6 +1,7 @@
 """Upgrades that cannot leave a host down, end to end on one sandbox host: the server runs from
-its lock's own venv under /opt/gpuhost/venvs, a new lock is built beside the running server,
-which serves until the one restart (the previous venv then removed: retention), a venv of an
+its lock's own venv under /opt/gpuhost/venvs; a switch to the CUDA 13.0 stack (toolkit and lock)
+and back to 12.8, each lock built beside the running server, which serves until the one restart
+(the previous venv then removed: retention), a second run changing nothing; a venv of an
 earlier gpuhost at gpuhost_venv_path is taken over without a flash-attn build; a flag the
 server rejects at start and a new venv with an environment it cannot start with are rolled back
 to the last known good, a rollback on request, an interrupted rollback finished by the next run.
@@ -90,10 +91,9 @@ def test_the_server_runs_from_its_locks_own_venv(host, sandbox_lock):
         == "0.5.9"
 
 
-def test_a_new_lock_is_built_beside_the_serving_venv(host, sandbox_lock, new_lock):
-    old, pid, lock = stack_venv(sandbox_lock), host.main_pid(), new_lock
-    new = stack_venv(lock)
-    assert new != old
+def upgraded(host: lab.Host, new: str, *data: str) -> tuple[lab.Run, list[tuple[int, bool]]]:
+    """A deploy with ``data`` while the server's main PID and whether the venv ``new`` holds
+    sglang yet are read every half second; returns the run and what was seen."""
     seen: list[tuple[int, bool]] = []  # (main PID, the new venv holds sglang) while it runs
     done = threading.Event()
 
@@ -109,22 +109,77 @@ def test_a_new_lock_is_built_beside_the_serving_venv(host, sandbox_lock, new_loc
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        run = lab.deploy("--data", f"gpuhost_lock={lock}")
+        run = lab.deploy(*(a for key in data for a in ("--data", key)))
     finally:
         done.set()
         watcher.join()
+    return run, seen
+
+
+def toolkit(host: lab.Host, cuda: str) -> str:
+    """dpkg's status and version of NVIDIA's cuda-toolkit-X-Y, and its nvcc's release line."""
+    package = "cuda-toolkit-" + cuda.replace(".", "-")
+    return host.ssh(f"dpkg-query -W -f='${{Status}} ${{Version}}\\n' {package}; "
+                    f"/usr/local/cuda-{cuda}/bin/nvcc --version | grep release", check=False)
+
+
+def test_cuda_13_and_back_each_built_beside_the_serving_venv(host, sandbox_lock, new_lock):
+    """gpuhost_cuda_toolkit = "13.0" (issue 39): the CUDA 13 toolkit, and the CUDA 13 stack's
+    lock (the sandbox's stand-in of locks/cuda13.0.txt, `status --json` locks, named as a real
+    lab names its own lock) built into a venv beside the serving one, which serves until the
+    new one passed its health gate; then back to 12.8 the same way (a 12.8 lock under another
+    digest, so its venv is new too: the retention removed the first), and a run that changes
+    nothing."""
+    (listed,) = json.loads(lab.sandbox("status", "--json").stdout)
+    cuda13_lock = listed["locks"]["13.0"]
+    old, pid = stack_venv(sandbox_lock), host.main_pid()
+    assert served_venv(host) == old
+    assert " ok installed" not in toolkit(host, "13.0")
+    new = stack_venv(Path(cuda13_lock))
+    assert new != old
+    run, seen = upgraded(host, new, "gpuhost_cuda_toolkit=13.0", f"gpuhost_lock={cuda13_lock}")
     assert run.returncode == 0, run.output[-6000:]
+    # the CUDA 13.0 toolkit from NVIDIA's (stand-in) repository; 12.8's stays installed
+    installed = toolkit(host, "13.0")  # held: dpkg's status says "hold ok installed"
+    assert re.search(r"^hold ok installed 13\.0\.\d", installed), installed
+    assert "release 13.0" in installed
     # the old server served while the new venv had its stack in it, before the one restart
     assert (pid, True) in seen, seen
-    assert host.main_pid() != pid
-    assert served_venv(host) == new
-    assert host.ssh(f"readlink {LINK}").strip() == new
-    # retention: the last known good (the new venv, once it passed) and no other
+    pid13 = host.main_pid()
+    assert pid13 != pid and serves(host)
+    assert served_venv(host) == new and host.ssh(f"readlink {LINK}").strip() == new
+    assert host.process_env(pid13)["CUDA_HOME"] == "/usr/local/cuda-13.0"
+    versions = host.ssh(f"{new}/bin/python -c 'import torch, sglang; "
+                        "print(torch.__version__, torch.version.cuda, sglang.__version__)'")
+    assert versions.split() == ["2.11.0+cu130", "13.0", "0.5.17"]
+    assert host.ssh(f"test -e {new}/gpuhost-flash-attn.json && echo built || echo none"
+                    ).strip() == "none"  # no flash-attn 2 in this stack: nothing built
     assert f"removed the venv {old} (gpuhost_venvs_kept = 1" in run.output, run.output[-6000:]
-    assert host.ssh(f"ls {VENVS_DIR}").split() == [new.rsplit("/", 1)[1]]
-    again = lab.deploy("--data", f"gpuhost_lock={lock}")
+
+    # back to CUDA 12.8, the same way
+    back = stack_venv(new_lock)
+    run, seen = upgraded(host, back, "gpuhost_cuda_toolkit=12.8", f"gpuhost_lock={new_lock}")
+    assert run.returncode == 0, run.output[-6000:]
+    assert (pid13, True) in seen, seen
+    pid12 = host.main_pid()
+    assert pid12 != pid13 and serves(host)
+    assert served_venv(host) == back and host.ssh(f"readlink {LINK}").strip() == back
+    assert host.process_env(pid12)["CUDA_HOME"] == "/usr/local/cuda-12.8"
+    assert host.ssh(f"{back}/bin/python -c 'import torch, sglang; "
+                    "print(torch.__version__, sglang.__version__)'").split() == [
+        "2.9.1+cu128", "0.5.9"]
+    # retention: the last known good (the 12.8 venv, once it passed) and no other
+    assert f"removed the venv {new} (gpuhost_venvs_kept = 1" in run.output, run.output[-6000:]
+    assert host.ssh(f"ls {VENVS_DIR}").split() == [back.rsplit("/", 1)[1]]
+
+    again = lab.deploy("--json", "--data", "gpuhost_cuda_toolkit=12.8",
+                       "--data", f"gpuhost_lock={new_lock}")
     assert again.returncode == 0, again.output[-6000:]
-    assert host.ssh(f"readlink {LINK}").strip() == new
+    assert again.results is not None, again.output[-3000:]
+    changed = [op["name"] for op in again.results["results"]["operations"]
+               if op["success"] or op["error"]]
+    assert changed == [], changed
+    assert host.main_pid() == pid12 and host.ssh(f"readlink {LINK}").strip() == back
 
 
 def test_an_earlier_gpuhosts_venv_is_taken_over_without_a_build(host, new_lock):

@@ -439,27 +439,30 @@ def test_kernel_release_must_name_a_package(tmp_path):
 # --- the package index -------------------------------------------------------------------------
 
 
+def _fakes(wheels):
+    """Small files under the real wheels' names, and RealWheels with their sha256."""
+    return tuple(pypi_index.RealWheel(w.name, w.version, w.filename,
+                                      hashlib.sha256(f"not really {w.filename}".encode())
+                                      .hexdigest(), w.platforms) for w in wheels)
+
+
 @pytest.fixture(scope="module")
 def index(tmp_path_factory):
-    """The index built offline: the real wheels replaced by small files of the same names."""
+    """The index built offline: the real wheels replaced by small files of the same names; both
+    stacks' locks (lock.txt: CUDA 12.8's, lock-cuda13.0.txt: CUDA 13.0's)."""
     base = tmp_path_factory.mktemp("index")
     cache = base / "cache"
     cache.mkdir()
-    fakes = []
-    for wheel in pypi_index.REAL_WHEELS:
-        data = f"not really {wheel.filename}".encode()
-        (cache / wheel.filename).write_bytes(data)
-        fakes.append(
-            pypi_index.RealWheel(
-                wheel.name, wheel.version, wheel.filename, hashlib.sha256(data).hexdigest()
-            )
-        )
-    saved = pypi_index.REAL_WHEELS
-    pypi_index.REAL_WHEELS = tuple(fakes)
+    for wheel in (*pypi_index.REAL_WHEELS, *pypi_index.CUDA13_REAL_WHEELS):
+        (cache / wheel.filename).write_bytes(f"not really {wheel.filename}".encode())
+    saved = pypi_index.REAL_WHEELS, pypi_index.CUDA13_REAL_WHEELS
+    pypi_index.REAL_WHEELS = _fakes(saved[0])
+    pypi_index.CUDA13_REAL_WHEELS = _fakes(saved[1])
     try:
-        pypi_index.build(base / "www", cache, base / "lock.txt")
+        pypi_index.build(base / "www", cache, base / "lock.txt",
+                         {"13.0": base / "lock-cuda13.0.txt"})
     finally:
-        pypi_index.REAL_WHEELS = saved
+        pypi_index.REAL_WHEELS, pypi_index.CUDA13_REAL_WHEELS = saved
     return base
 
 
@@ -481,6 +484,9 @@ def test_index_hashes_match_the_files(index):
         "charset-normalizer", "idna", "urllib3", "tqdm", "typing-extensions",
         # the router (locks/router.txt: real wheels)
         "smg", "grpcio", "grpcio-health-checking", "protobuf", "setproctitle",
+        # the CUDA 13.0 stack's own (locks/cuda13.0.txt): stand-ins, then real wheels
+        "sglang-kernel", "flash-attn-4",
+        "nvidia-cuda-runtime", "click", "httpx", "httpcore", "h11", "anyio",
     }
     for project in projects:
         page = (simple / project / "index.html").read_text()
@@ -532,17 +538,20 @@ def test_lock_pins_every_file_by_hash(index):
     }
     simple = index / "www" / "simple"
     hashes = set(re.findall(r"--hash=sha256:([0-9a-f]{64})", lock))
+    twelve = {(pypi_index.normalize(d.name), d.version) for d in pypi_index.STANDIN_DISTS} | {
+        (w.name, w.version) for w in pypi_index.REAL_WHEELS}
     files = {
         hashlib.sha256(f.read_bytes()).hexdigest()
         for f in simple.rglob("*")
         if f.is_file() and f.name != "index.html"
         and f.parent.name not in pypi_index.ROUTER_PROJECTS  # locks/router.txt's
+        and (f.parent.name, pypi_index._version_of(f.name)) in twelve  # not CUDA 13.0's
     }
     assert hashes == files
 
 
 def test_standin_wheels_are_reproducible_and_well_formed(index, tmp_path):
-    for dist in pypi_index.STANDIN_DISTS:
+    for dist in (*pypi_index.STANDIN_DISTS, *pypi_index.CUDA13_STANDINS):
         if dist.sdist:
             continue
         path = pypi_index.build_wheel(dist, tmp_path)
@@ -556,9 +565,11 @@ def test_standin_wheels_are_reproducible_and_well_formed(index, tmp_path):
             assert f"Name: {dist.name}\nVersion: {dist.version}\n" in metadata
 
 
-def _unpack(index: Path, target: Path, *projects: str) -> Path:
+def _unpack(index: Path, target: Path, *projects: str, stack: str = "12.8") -> Path:
+    """The projects' wheels of `stack`'s versions (the index serves both stacks') unpacked."""
+    pins = {pypi_index.normalize(d.name): d.version for d in pypi_index.stacks()[stack].standins}
     for project in projects:
-        for wheel in (index / "www" / "simple" / project).glob("*.whl"):
+        for wheel in (index / "www" / "simple" / project).glob(f"*-{pins[project]}-*.whl"):
             with zipfile.ZipFile(wheel) as zf:
                 zf.extractall(target)
     return target
@@ -1135,3 +1146,141 @@ def test_sglang_serves_nextn_with_spec_v2_and_the_mtp_layer_only(sglang_env, tmp
          "--speculative-num-draft-tokens", "5"],
         capture_output=True, text=True, env=env, timeout=60, check=True)
     assert out.stdout.strip().splitlines()[-1].startswith(expected), out.stdout + out.stderr
+
+
+# --- the CUDA 13.0 stack -----------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _args_flags(version: str) -> set[str]:
+    spec = json.loads((ROOT / "locks" / f"sglang-{version}.args.json").read_text())
+    return {flag for arg in spec["arguments"] for flag in arg["flags"]}
+
+
+def test_cuda13_stack_is_locks_cuda13_at_its_versions_and_pypis_files():
+    """Every distribution of the CUDA 13.0 stand-in lock is pinned at locks/cuda13.0.txt's
+    version; each real wheel is a file that lock lists (its sha256 among the pin's hashes)."""
+    from operations.lock import read_lock
+
+    real = read_lock(ROOT / "locks" / "cuda13.0.txt")
+    stack = pypi_index.stacks()["13.0"]
+    for dist in stack.standins:
+        pin = real.get(dist.name)
+        assert pin is not None and pin.version == dist.version, dist.name
+    for wheel in stack.real:
+        pin = real.get(wheel.name)
+        assert pin is not None and pin.version == wheel.version, wheel.name
+        assert f"sha256:{wheel.sha256}" in pin.hashes, wheel.filename
+    assert real.get("flash-attn") is None and real.get("flashinfer-cubin") is None
+    names = {pypi_index.normalize(d.name) for d in stack.standins}
+    assert names == {"torch", "sglang", "sglang-kernel", "flashinfer-python", "flash-attn-4"}
+
+
+def test_cuda13_real_wheels_close_over_the_hubs_requirements():
+    """huggingface_hub 1.33.0's Requires-Dist (its wheel's METADATA, Linux x86_64, Python 3.11)
+    and its dependencies' are all in the stand-in lock: pip installs it with --no-deps."""
+    hub_requires = {  # huggingface_hub-1.33.0-py3-none-any.whl METADATA, without extras
+        "huggingface-hub": {"click", "filelock", "fsspec", "hf-xet", "httpx", "packaging",
+                            "pyyaml", "tqdm", "typing-extensions"},
+        "httpx": {"anyio", "certifi", "httpcore", "idna"},  # httpx-0.29.0
+        "httpcore": {"certifi", "h11"},  # httpcore-1.0.9
+        "anyio": {"idna", "typing-extensions"},  # anyio-4.16.0 (3.11: no exceptiongroup)
+    }
+    served = {w.name for w in pypi_index.stacks()["13.0"].real}
+    for name, requires in hub_requires.items():
+        assert name in served and requires <= served, (name, requires - served)
+
+
+def test_cuda13_lock_pins_its_stack_for_the_hosts_python(index):
+    from operations.lock import read_lock
+    from operations.settings import torch_cuda
+
+    path = index / "lock-cuda13.0.txt"
+    text = path.read_text()
+    assert text.startswith(pypi_index.CUDA13_LOCK_HEADER) and "do not edit" in text.splitlines()[0]
+    lock = read_lock(path)
+    assert lock.python_version == "3.11"  # Debian 12's python3, the sandbox hosts'
+    assert torch_cuda(lock) == "13.0"  # from its nvidia-cuda-runtime pin, as the real lock's
+    stack = pypi_index.stacks()["13.0"]
+    assert lock.versions() == {**{pypi_index.normalize(d.name): d.version for d in stack.standins},
+                               **{w.name: w.version for w in stack.real}}
+    assert not set(lock.versions()) & pypi_index.ROUTER_PROJECTS
+    simple = index / "www" / "simple"
+    for pin in lock.pins:
+        files = [f for f in (simple / pin.name).iterdir()
+                 if f.name != "index.html" and pypi_index._version_of(f.name) == pin.version]
+        assert {f"sha256:{hashlib.sha256(f.read_bytes()).hexdigest()}" for f in files} == set(
+            pin.hashes), pin.name
+    # the 12.8 lock beside it is unchanged by the second stack
+    twelve = read_lock(index / "lock.txt")
+    assert twelve.versions()["torch"] == "2.9.1" and twelve.get("sglang-kernel") is None
+    assert torch_cuda(twelve) == "12.8"
+
+
+def test_cuda13_stand_ins_say_the_real_versions(index, tmp_path):
+    site = _unpack(index, tmp_path / "site", "torch", "sglang", "flashinfer-python",
+                   "sglang-kernel", "flash-attn-4", stack="13.0")
+    script = ("import json, torch, sglang, flashinfer, sgl_kernel, flash_attn.cute as fa\n"
+              "print(json.dumps([torch.__version__, torch.version.cuda, sglang.__version__, "
+              "flashinfer.__version__, sgl_kernel.__version__, fa.__version__]))")
+    out = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(site)}, timeout=60)
+    # torch/version.py of torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl: '2.11.0+cu130'
+    assert json.loads(out.stdout) == ["2.11.0+cu130", "13.0", "0.5.17", "0.6.15.post1", "0.4.5",
+                                      "4.0.0b19"]
+
+
+def test_cuda13_sglang_takes_exactly_0_5_17s_flags(index, tmp_path):
+    site = _unpack(index, tmp_path / "site", "sglang", "torch", stack="13.0")
+    embedded = json.loads((site / "sglang" / "_standin" / "server_args.json").read_text())
+    assert embedded == json.loads((ROOT / "locks" / "sglang-0.5.17.args.json").read_text())
+    gone, new = sorted(_args_flags("0.5.9") - _args_flags("0.5.17")), sorted(
+        _args_flags("0.5.17") - _args_flags("0.5.9"))
+    assert gone and new
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    check = ("import sys\nfrom sglang._standin.args import build_parser, load_spec\n"
+             "build_parser(load_spec()).parse_args(sys.argv[1:])")
+
+    def parse(*argv):
+        return subprocess.run([PYTHON, "-c", check, "--model-path", "x", *argv],
+                              capture_output=True, text=True, env=env, timeout=60, check=False)
+
+    refused = parse(gone[0])  # a flag of 0.5.9 that 0.5.17 no longer has
+    assert refused.returncode == 2 and f"unrecognized arguments: {gone[0]}" in refused.stderr
+    # a choice 0.5.9's --fp4-gemm-backend lacks, and one 0.5.17's lacks (launch_profiles.py)
+    assert parse("--fp4-gemm-backend", "flashinfer_cutedsl").returncode == 0
+    wrong = parse("--fp4-gemm-backend", "cutlass")
+    assert wrong.returncode == 2 and "invalid choice: 'cutlass'" in wrong.stderr
+    store_true = [a["flags"][0] for a in embedded["arguments"]
+                  if a["flags"][0] in new and a.get("action") == "store_true"]
+    assert parse(store_true[0]).returncode == 0, store_true[0]
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_cuda13_stack_installs_from_the_index_on_the_hosts_python(tmp_path):
+    """As the product installs a lock without flash-attn (pip --require-hashes --no-deps, from
+    the index alone), the CUDA 13.0 stand-in lock into a venv of a Python 3.11 (the sandbox
+    hosts' Debian 12 python3); the real wheels fetched from PyPI."""
+    www, lock = tmp_path / "www", tmp_path / "lock-cuda13.0.txt"
+    pypi_index.build(www, tmp_path / "cache", tmp_path / "lock.txt", {"13.0": lock})
+    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else PYTHON
+    found = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    if found != "3.11":
+        pytest.skip(f"{python} is Python {found}: the lock's real wheels are CPython 3.11's")
+    venv = tmp_path / "venv"
+    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    out = subprocess.run(
+        [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--isolated", "--require-hashes",
+         "--no-deps", "--disable-pip-version-check", "--index-url", (www / "simple").as_uri(),
+         "-r", str(lock)],
+        capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    script = ("import json, torch, sglang, flashinfer, sgl_kernel, huggingface_hub, httpx\n"
+              "print(json.dumps([torch.__version__, sglang.__version__, "
+              "huggingface_hub.__version__]))")
+    got = subprocess.run([str(venv / "bin/python"), "-c", script], capture_output=True,
+                         text=True, check=True)
+    assert json.loads(got.stdout) == ["2.11.0+cu130", "0.5.17", "1.33.0"]

@@ -1,4 +1,5 @@
-"""torch: sandbox stand-in (gpuhost sandbox lab) for PyTorch 2.9.1+cu128. Not PyTorch.
+"""torch: sandbox stand-in (gpuhost sandbox lab) for PyTorch 2.9.1+cu128 (CUDA 12.8's stack) and
+2.11.0+cu130 (CUDA 13.0's; torch/version.py written by sandbox/pypi_index.py). Not PyTorch.
 
 What it answers comes from the host's scenario hardware file and the stand-in driver's state
 (torch/_sandbox.py): torch.cuda.is_available(), device_count(), get_device_capability(),
