@@ -337,14 +337,15 @@ def test_a_flag_change_rolls_one_host_at_a_time_without_a_failed_request(fleet, 
     took_out_and_back(run, 3)
 
 
-def test_a_lock_upgrade_rolls_one_host_at_a_time_without_a_failed_request(fleet, tmp_path):
-    # another lock digest, the same distributions (tests/e2e/test_rollback.py's relocked): each
-    # host builds the new venv beside the serving one, then restarts on it in the roll
-    from tests.e2e.test_rollback import relocked
-
+def test_a_cuda_13_upgrade_rolls_one_host_at_a_time_without_a_failed_request(fleet, tmp_path):
+    """gpuhost_cuda_toolkit = "13.0" with the CUDA 13 stack's lock (issue 39: the sandbox's
+    stand-in of locks/cuda13.0.txt, `status --json` locks, named as a real lab names its own):
+    each host installs the CUDA 13 toolkit and builds the new venv beside the serving one
+    before the roll, then restarts on it in its turn, out of the router; a client through the
+    router sees no failed request. The later tests run on CUDA 13."""
     listed = json.loads(lab.sandbox("status", "--json").stdout)
-    lock = relocked(Path(listed[0]["lock"]), tmp_path / "relocked.txt")
-    fleet.extra = {**fleet.extra, "gpuhost_lock": str(lock)}
+    lock = listed[0]["locks"]["13.0"]
+    fleet.extra = {**fleet.extra, "gpuhost_cuda_toolkit": "13.0", "gpuhost_lock": lock}
     inventory = write_inventory(tmp_path / "inventory.py", KEY_FILE, ROUTER_KEY_FILE,
                                 fleet.extra)
     before = server_pids(fleet)
@@ -358,6 +359,12 @@ def test_a_lock_upgrade_rolls_one_host_at_a_time_without_a_failed_request(fleet,
     started = [int(h.ssh("date -d \"$(systemctl show -p ExecMainStartTimestamp --value "
                          "sglang.service)\" +%s")) for h in fleet.hosts[:3]]
     assert started == sorted(started) and len(set(started)) == 3, started
+    for h in fleet.hosts[:3]:
+        assert h.process_env(after[h.name])["CUDA_HOME"] == "/usr/local/cuda-13.0", h.name
+        venv = h.process_args(after[h.name])[0].removesuffix("/bin/python")
+        versions = h.ssh(f"{venv}/bin/python -c 'import torch, sglang; "
+                         "print(torch.__version__, sglang.__version__)'").split()
+        assert versions == ["2.11.0+cu130", "0.5.17"], (h.name, versions)
     assert router_workers(fleet) == every_worker(fleet)
     fleet.inventory = inventory
     took_out_and_back(run, 3)
