@@ -307,6 +307,8 @@ def _prepare(
     in parallel, the HTTP root alongside; writes known_hosts."""
     began = time.monotonic()
     workers = max(2, min(len(specs), 2 * (os.cpu_count() or 1)))
+    for tar in {(trees or {}).get(s.name, ROOTFS_TAR) for s in specs}:
+        overlay.lower(tar)  # each lower tree once, before the hosts' threads mount it
     with ThreadPoolExecutor(max_workers=workers + 1) as pool:
         www = pool.submit(build_www, os.uname().release)
         prepared = [pool.submit(_prepare_host, s, authorized_key, hardware[s.name],
