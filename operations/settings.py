@@ -900,7 +900,8 @@ HELP: Final[Mapping[str, str]] = {
         "the router's endpoint, from a router host (docs/bench.md); not with a sweep"),
     "bench_sweep": (
         "bench.py: one server setting and the values to try, e.g. `{\"moe_runner_backend\": "
-        "[\"flashinfer_cutlass\", \"cutlass\"]}` (docs/bench.md)"),
+        "[\"flashinfer_cutlass\", \"cutlass\"]}`, or MTP off and on: "
+        "`{\"speculative_algorithm\": [null, \"NEXTN\"]}` (docs/bench.md)"),
     "serving": (
         "`False`: the host serves no model, a CPU-only router VM of the `gpuhost_router` group "
         "(refused elsewhere and in a node group): only the deploy lock, a preflight of its own "
@@ -1521,7 +1522,7 @@ def _check_server_flags(host: str, s: Settings) -> None:
 #: Server settings a sweep may vary (each renders one launch_server flag).
 SWEEP_KEYS: Final = ("moe_runner_backend", "attention_backend", "fp8_gemm_backend",
                      "nsa_decode_backend", "nsa_prefill_backend", "kv_cache_dtype",
-                     "mem_fraction_static")
+                     "mem_fraction_static", "speculative_algorithm")  # its None: MTP off
 
 
 def _check_sweep(host: str, s: Settings) -> None:
@@ -1542,7 +1543,7 @@ def _check_sweep(host: str, s: Settings) -> None:
         raise _fail(host, "bench_sweep", dict(s.bench_sweep),
                     f"a non-empty list of distinct values for {key}")
     for value in values:
-        if value is None or not RULES[key].check(value):
+        if (value is None and key != "speculative_algorithm") or not RULES[key].check(value):
             raise _fail(host, "bench_sweep", dict(s.bench_sweep),
                         f"values of {key} each {RULES[key].allowed} ({value!r} is not)")
     try:

@@ -29,6 +29,7 @@ from operations.server import (
     SWEEP_DROPIN,
     UNIT,
     _wait_serving,
+    server_env,
     settings_gate_argv,
     unit_context,
 )
@@ -41,14 +42,21 @@ JOURNAL_LINES: Final = 20
 def dropin_text(settings: Settings, key: str, value: Any) -> str:
     """The runtime drop-in that serves ``key = value``: the unit's own ExecStart line, rendered
     from templates/sglang.service.j2 with that one setting changed (systemd.unit(5): an empty
-    ``ExecStart=`` first clears the unit's)."""
+    ``ExecStart=`` first clears the unit's), and the environment that value adds to the
+    server's (MTP on: ``SGLANG_ENABLE_SPEC_V2=True``, see server.server_env; an
+    ``Environment=`` line of a drop-in adds to the unit's, and the server's EnvironmentFile
+    does not set it where the host data has MTP off, systemd.exec(5))."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO_ROOT / "templates")),
                              keep_trailing_newline=True)
     unit = env.get_template("sglang.service.j2").render(
         **unit_context(replace(settings, **{key: value})))
     (exec_start,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    configured = server_env(settings)
+    added = {k: v for k, v in server_env(replace(settings, **{key: value})).items()
+             if configured.get(k) != v}
+    environment = "".join(f"Environment={k}={v}\n" for k, v in sorted(added.items()))
     return (f"# gpuhost bench.py sweep: {key} = {value}; removed when the sweep ends (or by the "
-            f"next bench or deploy)\n[Service]\nExecStart=\n{exec_start}\n")
+            f"next bench or deploy)\n[Service]\n{environment}ExecStart=\n{exec_start}\n")
 
 
 def _units(settings: Settings) -> list[str]:

@@ -520,3 +520,26 @@ def test_the_bench_gives_the_hosts_gpu_verdict(tmp_path):
     (raw / "gpu-health.prom").write_text(gpu_metrics.render(
         IDENTITY, query + "\n", "", health_line(), real("q.txt"), real("dmesg-nvrm.txt"), 1))
     assert bench_report.build(raw, "h200")["gpu_health"] == {"state": "healthy", "reasons": ()}
+
+
+def test_an_mtp_sweep_value_adds_its_flags_and_spec_v2_and_off_is_a_value():
+    """gpuhost_bench_sweep over speculative_algorithm (issue 39's sweep with MTP on and off):
+    NEXTN's drop-in carries the speculative flags and SGLANG_ENABLE_SPEC_V2=True (without it
+    sglang 0.5.9 turns NEXTN into EAGLE: operations/server.py server_env), None the configured
+    launch; None is a value for this key alone."""
+    from operations.settings import SettingsError
+    from operations.sweep import dropin_text
+
+    s = from_host_data("gpu1", {"gpuhost_bench_sweep": {"speculative_algorithm": [None, "NEXTN"]}})
+    on = dropin_text(s, "speculative_algorithm", "NEXTN").splitlines()
+    assert on[1:4] == ["[Service]", "Environment=SGLANG_ENABLE_SPEC_V2=True", "ExecStart="]
+    assert "--speculative-algorithm NEXTN --speculative-num-steps 4" in on[4]
+    off = dropin_text(s, "speculative_algorithm", None).splitlines()
+    assert off[1:3] == ["[Service]", "ExecStart="] and "--speculative" not in off[3]
+    # host data with MTP on: its server.env has SPEC_V2 already, the drop-in adds nothing
+    mtp = from_host_data("gpu1", {"gpuhost_speculative_algorithm": "NEXTN"})
+    assert "Environment=" not in dropin_text(mtp, "speculative_algorithm", "NEXTN")
+    with pytest.raises(SettingsError, match=r"values of moe_runner_backend each .*\(None is not\)"):
+        from_host_data("gpu1", {"gpuhost_bench_sweep": {"moe_runner_backend": [None, "cutlass"]}})
+    with pytest.raises(SettingsError, match=r"values of speculative_algorithm each one of NEXTN"):
+        from_host_data("gpu1", {"gpuhost_bench_sweep": {"speculative_algorithm": ["EAGLE9"]}})
