@@ -9,6 +9,7 @@ server environment does. Checks go through ssh, systemctl, journalctl and HTTP, 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import shlex
 import time
@@ -261,7 +262,7 @@ def test_bad_input_refused_while_planning(host, deploy):
     assert host.main_pid() == pid  # nothing was changed
 
 
-def test_mtp_refused_without_the_layer_and_served_with_it(host, deploy):
+def test_mtp_refused_without_the_layer_and_served_with_it(host, deploy, tmp_path):
     """--dry names the launch profile and its source; MTP on the default checkpoint (its weight
     index lacks the MTP layer, as lukealonso/GLM-5-NVFP4's) is refused while planning, nothing
     changed; on the checkpoint with it (festr2/GLM-5-NVFP4-MTP's stand-in) the unit gets the
@@ -311,3 +312,22 @@ def test_mtp_refused_without_the_layer_and_served_with_it(host, deploy):
             ) in tight.output, tight.output[-6000:]
     assert "fits with gpuhost_mem_fraction_static 0.999 or less" in tight.output
     assert host.main_pid() == new_pid and starts(host, since) == 1
+
+    # the sweep with MTP off and on (bench.py, operations/sweep.py): each value served through
+    # the sweep's drop-in, NEXTN with its flags and SGLANG_ENABLE_SPEC_V2, then the server as
+    # the deploy left it (MTP on)
+    sweep = '{"speculative_algorithm": [null, "NEXTN"]}'
+    bench = lab.deploy("--data", "gpuhost_bench_levels=[1]", "--data", "gpuhost_bench_prompts=2",
+                       "--data", f"gpuhost_bench_sweep={sweep}", deploy_file="bench.py",
+                       inventory=write_inventory(tmp_path / "bench.py", **mtp))
+    assert bench.returncode == 0, bench.output[-8000:]
+    assert "sweep: speculative_algorithm = None: restarting" in bench.output
+    assert "sweep: speculative_algorithm = NEXTN: restarting" in bench.output
+    dest = Path(re.search(r"bench: (\S+)/results\.json", bench.output).group(1))
+    outcomes = {o["value"]: o["status"] for o in
+                json.loads((dest / "results.json").read_text())["sweep"]["outcomes"]}
+    assert outcomes == {None: "ok", "NEXTN": "ok"}, outcomes
+    restored = host.main_pid()
+    assert "--speculative-algorithm" in host.process_args(restored)
+    assert host.ssh("ls /run/systemd/system/sglang.service.d 2>/dev/null | wc -l").strip() == "0"
+    assert changed(deploy("--json", **mtp)) == [] and host.main_pid() == restored
