@@ -70,55 +70,52 @@ REST_WEIGHT = 5
 #: seconds per boot or deploy named in a unit's text (weight), for a unit SECONDS lacks: the
 #: median over the units of the 3354 s CI run of 2026-12-03
 WEIGHT_SECONDS = 37
-#: seconds each unit took: the clean-clone CI run of 7d6ef75 (2026-12-07: 37 units in 2669 s,
-#: this 2-core machine, three lanes, nothing else running); units changed since, their
-#: figure there and what changed beside them
+#: seconds each unit took: the clean-clone CI run of 8cfba4e (2026-12-07: 37 units in 2550 s,
+#: this 2-core machine, three lanes, nothing else running; hosts on overlays of one tree)
 SECONDS = {
-    "the rest of tests/": 528,
-    "tests/e2e/test_apt_sources.py": 120,
-    "tests/e2e/test_bad_input.py": 138,
-    "tests/e2e/test_bench.py": 257,
-    "tests/e2e/test_deploy.py": 190,  # and the fresh host's refused driver pin from test_drift
-    "tests/e2e/test_drift.py": 180,  # from the converged image now: 285 s there, 99 s alone
+    "the rest of tests/": 418,
+    "tests/e2e/test_apt_sources.py": 166,
+    "tests/e2e/test_bad_input.py": 156,
+    "tests/e2e/test_bench.py": 259,
+    "tests/e2e/test_deploy.py": 132,
+    "tests/e2e/test_drift.py": 111,
     "tests/e2e/test_driver.py::"
-    "test_driver_change_dry_refused_then_allowed_and_mismatch_rebooted": 181,
+    "test_driver_change_dry_refused_then_allowed_and_mismatch_rebooted": 199,
     "tests/e2e/test_driver.py::"
-    "test_driver_outside_apt_is_refused_left_alone_or_replaced_on_request": 91,
-    "tests/e2e/test_driver.py::"
-    "test_no_headers_for_the_running_kernel_stops_before_the_driver": 32,
-    "tests/e2e/test_driver.py::"
-    "test_nouveau_bound_gpu_is_rebound_to_nvidia": 85,
-    "tests/e2e/test_driver_rollback.py": 320,
-    "tests/e2e/test_dry_purity.py": 127,
-    "tests/e2e/test_fleet.py": 110,
-    "tests/e2e/test_full_disk.py": 145,
-    "tests/e2e/test_gate.py": 96,
-    "tests/e2e/test_interrupted.py": 405,
-    "tests/e2e/test_listeners.py": 34,
-    "tests/e2e/test_membership.py": 433,
-    "tests/e2e/test_messages.py": 57,
-    "tests/e2e/test_mlenv.py": 312,
-    "tests/e2e/test_multinode.py": 176,
-    "tests/e2e/test_nothing_lost.py": 180,
-    "tests/e2e/test_operators.py": 236,
-    "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
-    "[bare-metal-p2p]": 103,
-    "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
-    "[p2p-ok-wrong-data]": 131,
-    "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
-    "[q35-cns]": 141,
-    "tests/e2e/test_p2p.py::test_measured_p2p_ends_in_the_servers_environment_and_flags"
-    "[single-gpu]": 148,
-    "tests/e2e/test_pending_kernel.py": 131,
-    "tests/e2e/test_planes.py + tests/e2e/test_observability.py": 620,  # 17 tests there, 18 now
-    "tests/e2e/test_rebuild.py": 373,
-    "tests/e2e/test_rollback.py": 203,  # + the CUDA 13 round trip: 60 s, the test it took over 17
-    "tests/e2e/test_router.py": 590,  # its lock upgrade now a roll to CUDA 13: 68 s there
-    "tests/e2e/test_secrets.py": 38,
-    "tests/e2e/test_secure_boot.py": 126,
-    "tests/e2e/test_server.py": 470,  # + the MTP draft refused for GPU memory, the MTP sweep: 185 s
-    "tests/e2e/test_tls.py + tests/e2e/test_tls_faults.py": 396,
-    "tests/e2e/test_ubuntu.py": 176,
+    "test_driver_outside_apt_is_refused_left_alone_or_replaced_on_request": 134,
+    "tests/e2e/test_driver.py::test_no_headers_for_the_running_kernel_stops_before_the_driver": 24,
+    "tests/e2e/test_driver.py::test_nouveau_bound_gpu_is_rebound_to_nvidia": 125,
+    "tests/e2e/test_driver_rollback.py": 310,
+    "tests/e2e/test_dry_purity.py": 134,
+    "tests/e2e/test_fleet.py": 143,
+    "tests/e2e/test_full_disk.py": 129,
+    "tests/e2e/test_gate.py": 104,
+    "tests/e2e/test_interrupted.py": 346,
+    "tests/e2e/test_listeners.py": 24,
+    "tests/e2e/test_membership.py": 295,
+    "tests/e2e/test_messages.py": 76,
+    "tests/e2e/test_mlenv.py": 221,
+    "tests/e2e/test_multinode.py": 159,
+    "tests/e2e/test_nothing_lost.py": 175,
+    "tests/e2e/test_operators.py": 223,
+    "tests/e2e/test_p2p.py::"
+    "test_measured_p2p_ends_in_the_servers_environment_and_flags[bare-metal-p2p]": 141,
+    "tests/e2e/test_p2p.py::"
+    "test_measured_p2p_ends_in_the_servers_environment_and_flags[p2p-ok-wrong-data]": 136,
+    "tests/e2e/test_p2p.py::"
+    "test_measured_p2p_ends_in_the_servers_environment_and_flags[q35-cns]": 128,
+    "tests/e2e/test_p2p.py::"
+    "test_measured_p2p_ends_in_the_servers_environment_and_flags[single-gpu]": 142,
+    "tests/e2e/test_pending_kernel.py": 150,
+    "tests/e2e/test_planes.py + tests/e2e/test_observability.py": 600,
+    "tests/e2e/test_rebuild.py": 312,
+    "tests/e2e/test_rollback.py": 137,
+    "tests/e2e/test_router.py": 569,
+    "tests/e2e/test_secrets.py": 42,
+    "tests/e2e/test_secure_boot.py": 149,
+    "tests/e2e/test_server.py": 577,
+    "tests/e2e/test_tls.py + tests/e2e/test_tls_faults.py": 319,
+    "tests/e2e/test_ubuntu.py": 155,
 }
 #: a unit's `sandbox down` sets its host trees aside, the next `up` on the lab deletes them in
 #: the background (sandbox/trash.py: 13 to 82 s per teardown off the lane); the lane's last
