@@ -87,8 +87,9 @@ def model_fit(weights: Weights, memory_mib: int | None, tp: int, pp: int, fracti
     ``fraction``, with the MTP draft where ``nextn``. ``tp_choices``: the tensor parallel sizes
     host data allows (what would fit is named among them)."""
     unchecked = "the model's fit in GPU memory is not checked while planning: "
-    if memory_mib is None:
-        return Fit(None, (unchecked + "nvidia-smi does not answer yet",))
+    if memory_mib is None or memory_mib <= 0:
+        return Fit(None, (unchecked + ("nvidia-smi does not answer yet" if memory_mib is None
+                                       else f"nvidia-smi says {memory_mib} MiB"),))
     if weights.total is None:
         return Fit(None, (unchecked + weights.source,))
     memory = memory_mib * MIB
@@ -150,8 +151,8 @@ def _no_room(weights: Weights, target: int, per_gpu: int, budget: float, where: 
         fits.append(f"{PREFIX}tensor_parallel_size {fitting[0]} "
                     f"({gib(math.ceil(target / (fitting[0] * pp)))} a GPU)")
     if least < 1:
-        fits.append(f"{PREFIX}mem_fraction_static above {least:.3f} (leaving less for CUDA "
-                    "graphs and activations)")
+        fits.append(f"{PREFIX}mem_fraction_static {math.floor(least * 1000 + 1) / 1000:.3f} "
+                    "or more (leaving less for CUDA graphs and activations)")
     what = (" or ".join(fits) if fits else
             f"nothing on these GPUs: more of them ({PREFIX}nodes) or a smaller checkpoint")
     stages = f", {PREFIX}pipeline_parallel_size = {pp}" if pp > 1 else ""

@@ -900,8 +900,7 @@ HELP: Final[Mapping[str, str]] = {
         "the router's endpoint, from a router host (docs/bench.md); not with a sweep"),
     "bench_sweep": (
         "bench.py: one server setting and the values to try, e.g. `{\"moe_runner_backend\": "
-        "[\"flashinfer_cutlass\", \"cutlass\"]}`, or MTP off and on: "
-        "`{\"speculative_algorithm\": [null, \"NEXTN\"]}` (docs/bench.md)"),
+        "[\"cutlass\"]}`, MTP off and on `{\"speculative_algorithm\": [null, \"NEXTN\"]}`"),
     "serving": (
         "`False`: the host serves no model, a CPU-only router VM of the `gpuhost_router` group "
         "(refused elsewhere and in a node group): only the deploy lock, a preflight of its own "
@@ -1282,11 +1281,10 @@ def _check_lock(host: str, s: Settings) -> None:
 
 
 def _check_speculative(host: str, s: Settings) -> None:
-    """MTP: the locked sglang has the speculative flags and NEXTN among its algorithms; the
-    step counts set together or all left to sglang (sglang 0.5.9's server_args.py asserts
-    speculative_eagle_topk and speculative_num_draft_tokens are None where
-    speculative_num_steps is). Whether the checkpoint has the MTP layer is read from its
-    weight index while planning (operations/stack_check.py)."""
+    """MTP: the locked sglang has the speculative flags and NEXTN among its algorithms (where
+    its parser lists them: 0.5.17's takes any text); the step counts set together or all left
+    to sglang (0.5.9's server_args.py asserts topk and draft tokens None where the steps are).
+    The checkpoint's MTP layer is read from its weight index (operations/stack_check.py)."""
     if s.speculative_algorithm is None:
         return
     try:
@@ -1303,8 +1301,8 @@ def _check_speculative(host: str, s: Settings) -> None:
             raise _fail(host, "speculative_algorithm", s.speculative_algorithm,
                         f"None: the locked sglang {spec.version} has no {flag} "
                         f"(locks/sglang-{spec.version}.args.json)")
-    choices = by_flag["--speculative-algorithm"].choices or ()
-    if s.speculative_algorithm not in choices:
+    choices = by_flag["--speculative-algorithm"].choices
+    if choices is not None and s.speculative_algorithm not in choices:
         raise _fail(host, "speculative_algorithm", s.speculative_algorithm,
                     f"None: the locked sglang {spec.version} offers "
                     f"{', '.join(choices) or 'no algorithm'} for --speculative-algorithm")
@@ -1553,7 +1551,12 @@ def _check_sweep(host: str, s: Settings) -> None:
         return  # said by _check_lock
     for value in values if spec else ():
         try:
+            if key == "speculative_algorithm":
+                _check_speculative(host, replace(s, speculative_algorithm=value))
             check_server_args(server_args(replace(s, **{key: value})), spec)
+        except SettingsError as exc:  # NEXTN's: the host data's step counts
+            raise _fail(host, "bench_sweep", dict(s.bench_sweep), "values whose NEXTN the host "
+                        f"data allows ({str(exc).split(': ', 1)[1].rstrip('.')})") from None
         except FlagError as exc:
             raise _fail(host, "bench_sweep", dict(s.bench_sweep),
                         f"values the locked sglang {sglang.version} accepts: {exc}") from None

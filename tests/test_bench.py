@@ -543,3 +543,20 @@ def test_an_mtp_sweep_value_adds_its_flags_and_spec_v2_and_off_is_a_value():
         from_host_data("gpu1", {"gpuhost_bench_sweep": {"moe_runner_backend": [None, "cutlass"]}})
     with pytest.raises(SettingsError, match=r"values of speculative_algorithm each one of NEXTN"):
         from_host_data("gpu1", {"gpuhost_bench_sweep": {"speculative_algorithm": ["EAGLE9"]}})
+
+
+def test_a_sweeps_nextn_is_held_to_the_host_datas_step_counts_and_cuda_13_takes_nextn():
+    """A sweep's NEXTN gets the checks host data's NEXTN gets (the step counts: sglang asserts
+    them at start, after the sweep changed the host); sglang 0.5.17's parser takes any
+    --speculative-algorithm text (choices null in its args.json), so NEXTN is allowed there."""
+    from operations.settings import SettingsError
+
+    sweep = {"gpuhost_bench_sweep": {"speculative_algorithm": [None, "NEXTN"]}}
+    with pytest.raises(SettingsError, match=r"gpuhost_bench_sweep = .* is not allowed: values "
+                       r"whose NEXTN the host data allows \(gpuhost_speculative_eagle_topk = 1 "
+                       r"is not allowed: None with gpuhost_speculative_num_steps None"):
+        from_host_data("gpu1", {**sweep, "gpuhost_speculative_num_steps": None})
+    cuda13 = {"gpuhost_cuda_toolkit": "13.0", "gpuhost_lock": "locks/cuda13.0.txt"}
+    assert from_host_data("gpu1", {**cuda13, "gpuhost_speculative_algorithm": "NEXTN"}
+                          ).speculative_algorithm == "NEXTN"
+    assert from_host_data("gpu1", {**cuda13, **sweep}).bench_sweep == sweep["gpuhost_bench_sweep"]

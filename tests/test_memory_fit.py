@@ -49,8 +49,8 @@ def test_weights_that_leave_no_kv_cache_are_refused_naming_the_keys_and_what_fit
                   1, 0.5, False, TP_CHOICES)
     assert exact.problem.startswith("gpuhost_tensor_parallel_size = 8 and "
                                     "gpuhost_mem_fraction_static = 0.5 do not fit")
-    assert exact.problem.endswith("fits with gpuhost_mem_fraction_static above 0.500 (leaving "
-                                  "less for CUDA graphs and activations)")
+    assert exact.problem.endswith("fits with gpuhost_mem_fraction_static 0.501 or more "
+                                  "(leaving less for CUDA graphs and activations)")
 
 
 def test_pipeline_stages_divide_the_weights_too_and_nothing_fitting_is_said():
@@ -179,3 +179,18 @@ def test_a_fraction_is_said_as_given():
     assert fit.problem.startswith("gpuhost_speculative_algorithm = 'NEXTN' with "
                                   "gpuhost_mem_fraction_static = 0.9999999 does not fit")
     assert "fits with gpuhost_mem_fraction_static 0.999 or less" in fit.problem
+
+
+def test_what_fits_is_rounded_up_past_the_value_given_and_no_memory_is_unchecked():
+    """The fraction named is one that fits (weights of 0.8504 of a GPU: 0.851, never "above
+    0.850", which 0.8502 would meet without fitting); a GPU
+    nvidia-smi says has 0 MiB gets the fit unchecked, said, not a ZeroDivisionError (the
+    breaker's findings of 2026-12-07)."""
+    tight = check(Weights(int(RTX_PRO_6000_MIB * 2**20 * 0.8504) * 8, "s"), RTX_PRO_6000_MIB, 8,
+                  1, 0.85, False, (8,))
+    assert "fits with gpuhost_mem_fraction_static 0.851 or more" in tight.problem
+    for memory in (0, -1):
+        none = check(Weights(400 * 2**30, "s"), memory, 8, 1, 0.85, False, TP_CHOICES)
+        assert none.problem is None
+        assert none.notes == ("the model's fit in GPU memory is not checked while planning: "
+                              f"nvidia-smi says {memory} MiB",)
