@@ -12,10 +12,11 @@ the CPU idle (vmstat, 17 units), so the default is three. Arguments go to every 
 pytest; arguments naming test paths run just those, in one plain pytest process.
 
 A module whose tests each boot hosts of their own (a function-scoped host fixture, e.g.
-test_p2p's five scenarios) says so with a top-level ``LANES_UNIT_PER_TEST = True``: each of its
-tests (by node id, from ``pytest --collect-only -q``) is then a unit of its own, so they spread
-over the lanes instead of holding one lane for the sum of their boots (test_p2p alone took
-1000 to 1100 s of a 2434 s run in one lane).
+test_driver's four) says so with a top-level ``LANES_UNIT_PER_TEST = True``: each of its tests
+(by node id, from ``pytest --collect-only -q``) is then a unit of its own, so they spread over
+the lanes instead of holding one lane for the sum of their boots (test_p2p, one host per
+scenario one after the other, took 1000 to 1100 s of a 2434 s run in one lane; it now boots its
+four scenarios' hosts together, one boot and one converge).
 
 Modules that share a fleet (a session-scoped fixture of tests/e2e/fleets.py) form one unit, one
 pytest process, so the fleet boots and converges once for them: the module that joins another
@@ -98,14 +99,7 @@ SECONDS = {
     "tests/e2e/test_multinode.py": 159,
     "tests/e2e/test_nothing_lost.py": 175,
     "tests/e2e/test_operators.py": 223,
-    "tests/e2e/test_p2p.py::"
-    "test_measured_p2p_ends_in_the_servers_environment_and_flags[bare-metal-p2p]": 141,
-    "tests/e2e/test_p2p.py::"
-    "test_measured_p2p_ends_in_the_servers_environment_and_flags[p2p-ok-wrong-data]": 136,
-    "tests/e2e/test_p2p.py::"
-    "test_measured_p2p_ends_in_the_servers_environment_and_flags[q35-cns]": 128,
-    "tests/e2e/test_p2p.py::"
-    "test_measured_p2p_ends_in_the_servers_environment_and_flags[single-gpu]": 142,
+    "tests/e2e/test_p2p.py": 250,
     "tests/e2e/test_pending_kernel.py": 150,
     "tests/e2e/test_planes.py + tests/e2e/test_observability.py": 600,
     "tests/e2e/test_rebuild.py": 312,

@@ -805,13 +805,30 @@ def test_torch_reads_the_scenario(index, tmp_path):
     assert out.stdout.strip() == "False" and "Error 803" in out.stderr
 
 
+@pytest.fixture(scope="module")
+def real_index(tmp_path_factory):
+    """The index as the lab builds it, with the real wheels from PyPI and both stacks' locks
+    (lock.txt: CUDA 12.8's, lock-cuda13.0.txt: CUDA 13.0's), built once for the tests that
+    install from it. Its cache starts with copies of the lab's own (sandbox/layout.py
+    PYPI_CACHE) that have PyPI's sha256: fetching the 55 MB again took 30 to 80 s of a run."""
+    from sandbox.layout import PYPI_CACHE
+    base = tmp_path_factory.mktemp("real-index")
+    cache = base / "cache"
+    cache.mkdir()
+    for wheel in (*pypi_index.REAL_WHEELS, *pypi_index.CUDA13_REAL_WHEELS):
+        seen = PYPI_CACHE / wheel.filename
+        if seen.is_file() and hashlib.sha256(seen.read_bytes()).hexdigest() == wheel.sha256:
+            shutil.copyfile(seen, cache / wheel.filename)
+    pypi_index.build(base / "www", cache, base / "lock.txt", {"13.0": base / "lock-cuda13.0.txt"})
+    return base
+
+
 @pytest.mark.slow
 @pytest.mark.network
-def test_stack_installs_from_the_index_and_flash_attn_records_its_build(tmp_path):
+def test_stack_installs_from_the_index_and_flash_attn_records_its_build(real_index, tmp_path):
     """As the product installs it: the lock without flash-attn (--require-hashes --no-deps),
     then flash-attn's sdist without build isolation, against the stand-in torch and nvcc."""
-    www, lock = tmp_path / "www", tmp_path / "lock.txt"
-    pypi_index.build(www, tmp_path / "cache", lock)  # fetches setuptools, wheel, packaging
+    www, lock = real_index / "www", real_index / "lock.txt"
     pins = re.split(r"\n(?=[a-z])", lock.read_text().split("\n", 5)[-1])
     (tmp_path / "stack.txt").write_text(
         "\n".join(p for p in pins if not p.startswith("flash-attn"))
@@ -1259,12 +1276,11 @@ def test_cuda13_sglang_takes_exactly_0_5_17s_flags(index, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.network
-def test_cuda13_stack_installs_from_the_index_on_the_hosts_python(tmp_path):
+def test_cuda13_stack_installs_from_the_index_on_the_hosts_python(real_index, tmp_path):
     """As the product installs a lock without flash-attn (pip --require-hashes --no-deps, from
     the index alone), the CUDA 13.0 stand-in lock into a venv of a Python 3.11 (the sandbox
     hosts' Debian 12 python3); the real wheels fetched from PyPI."""
-    www, lock = tmp_path / "www", tmp_path / "lock-cuda13.0.txt"
-    pypi_index.build(www, tmp_path / "cache", tmp_path / "lock.txt", {"13.0": lock})
+    www, lock = real_index / "www", real_index / "lock-cuda13.0.txt"
     python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else PYTHON
     found = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                            capture_output=True, text=True, check=True).stdout.strip()
