@@ -279,3 +279,16 @@ def test_a_real_group_counts_the_cpu_of_a_child_and_its_children():
         assert cpu.seconds() - before > 0.05
     finally:
         cpu.close()
+
+
+def test_units_keep_their_bytecode_in_the_runs_folder_not_the_clone(tmp_path, monkeypatch):
+    """PYTHONDONTWRITEBYTECODE, as this machine sets it, would have every deploy of a unit
+    compile gpuhost again: the units write bytecode, under the run's folder alone."""
+    seen = []
+    monkeypatch.setattr(lanes.subprocess, "run", lambda cmd, env, **kw: seen.append(env) or
+                        subprocess.CompletedProcess(cmd, 0, stdout=""))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    lanes.run_unit(Unit("m", ["tests/e2e/test_m.py"]), 7, [], tmp_path, lambda text: None)
+    (env,) = seen
+    assert "PYTHONDONTWRITEBYTECODE" not in env
+    assert env["PYTHONPYCACHEPREFIX"] == str(tmp_path / lanes.BYTECODE)
