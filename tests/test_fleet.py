@@ -550,3 +550,24 @@ def test_a_hosts_own_address_or_a_repeated_one_is_no_trusted_peer(data, words):
         settings("gpu2", **data)
     message = str(err.value)
     assert message.startswith("host gpu2: gpuhost_api_gate_trusted_peers = ") and words in message
+
+
+def test_a_fleet_key_that_starts_with_a_dash_reaches_smg_as_its_api_key(monkeypatch):
+    """smg parses with argparse (smg 1.13.0 router_args.py: ``--api-key``, type=str); a key
+    from secrets.token_urlsafe may start with ``-``, which a separate argument would make a
+    flag: the router then exited with 'argument --api-key: expected one argument'."""
+    import argparse
+    import importlib
+
+    # on the host, router_launch.py's folder holds secret_file.py beside it
+    monkeypatch.syspath_prepend(str(Path(router.__file__).parent / "files"))
+    router_launch = importlib.import_module("router_launch")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--api-key", type=str, default=None)
+    parser.add_argument("--control-plane-api-keys", type=str, nargs="*", default=[])
+    parser.add_argument("--host")
+    key = "-QWfDk5t1u0Pz3nV4sW_yXq8rA2bC6dE9gH7jK1mN0o"
+    ns = parser.parse_args(router_launch.router_args(key, "c0ntrol", ["--host", "127.0.0.1"]))
+    assert ns.api_key == key and ns.host == "127.0.0.1"
+    assert ns.control_plane_api_keys == [
+        f"{router_launch.CONTROL_ID}:{router_launch.CONTROL_NAME}:admin:c0ntrol"]

@@ -35,8 +35,12 @@ CONTROL_NAME = "gpuhost deploy"
 
 
 def router_args(api_key: str, control_key: str, args: list[str]) -> list[str]:
-    """smg's argument list: ``args`` with the keys added."""
-    return [*args, "--api-key", api_key,
+    """smg's argument list: ``args`` with the keys added. The key joins its flag with ``=``:
+    smg's parser is argparse's (smg 1.13.0 router_args.py, ``--api-key`` of ``type=str``),
+    which reads a separate value that starts with ``-`` as a flag and stops ("argument
+    --api-key: expected one argument"), and ``secrets.token_urlsafe``, docs/security.md's way
+    of making a key, starts one key in 64 with ``-`` (seen: a sandbox fleet key ``-QW...``)."""
+    return [*args, f"--api-key={api_key}",
             "--control-plane-api-keys", f"{CONTROL_ID}:{CONTROL_NAME}:admin:{control_key}"]
 
 
