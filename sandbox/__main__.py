@@ -9,9 +9,10 @@ import json
 import sys
 from pathlib import Path
 
+from sandbox import fleet_keys
 from sandbox.ask import ask, said
 from sandbox.lab import BOOT_TIMEOUT_S, LabError, down, link, save_image, status, up
-from sandbox.layout import DEFAULT_SCENARIO, MAX_HOSTS, SSH_KEY
+from sandbox.layout import DEFAULT_SCENARIO, MAX_HOSTS, SSH_KEY, STATE_DIR
 from sandbox.network import NetworkError
 from sandbox.rootfs import RootfsError
 from sandbox.services import ServiceError
@@ -27,6 +28,9 @@ def _print_status(hosts: list[dict[str, object]]) -> None:
     # the deploys log in as the lab's sudo user (inventory/sandbox.py's ssh_user), not root
     user = hosts[0].get("ssh_user", "root")
     print(f"ssh key: {SSH_KEY}   (ssh -i {SSH_KEY} {user}@ADDRESS, as the deploys log in)")
+    if any("gpuhost_router_api_key_file" in h.get("host_data", {}) for h in hosts):
+        print(f"a fleet: the router's client key is {fleet_keys.router_key_file(STATE_DIR)} "
+              "(python -m sandbox ask asks through the router with it)")
 
 
 def _host_count(text: str) -> int:

@@ -1,5 +1,7 @@
 """Ask each sandbox host's SGLang server what it serves, and one chat question, from inside the
-host (the server binds the host's 127.0.0.1), and print the answers."""
+host (the server binds the host's 127.0.0.1), and print the answers. In a fleet lab
+(sandbox/fleet_keys.py) each serving host's server is asked through its gate on the switch with
+its client key, and the router host's router through its gate with the router's."""
 
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ NODES_ENV = "/etc/gpuhost/nodes.env"
 
 _CLIENT = r"""
 import json, re, sys, urllib.request
-base = "http://127.0.0.1:%d"
+base, key_file = %r, %r
+headers = {"Content-Type": "application/json"}
+if key_file:
+    headers["Authorization"] = "Bearer " + open(key_file).read().strip()
 try:
     first = open(%r).readline()
 except OSError:
@@ -26,13 +31,14 @@ if node and int(node.group(1)) > 0:
     # group answers through its rank 0
     print(json.dumps({"node_rank": int(node.group(1)), "nodes": node.group(2).split(", ")}))
     sys.exit(0)
-models = json.load(urllib.request.urlopen(base + "/v1/models", timeout=10))
+models = json.load(urllib.request.urlopen(urllib.request.Request(base + "/v1/models",
+                                                                 headers=headers), timeout=10))
 name = models["data"][0]["id"]
 request = urllib.request.Request(
     base + "/v1/chat/completions",
     data=json.dumps({"model": name, "temperature": 0, "max_tokens": 32,
                      "messages": [{"role": "user", "content": "Say hello in five words."}]}).encode(),
-    headers={"Content-Type": "application/json"},
+    headers=headers,
 )
 answer = json.load(urllib.request.urlopen(request, timeout=60))
 print(json.dumps({"models": models, "answer": answer["choices"][0]["message"]["content"]}))
@@ -49,19 +55,36 @@ def ask(port: int = 8000) -> list[dict]:
     results = []
     for h in hosts:
         spec = host_from_name(h["name"])
-        result = subprocess.run(ssh_command(spec, "python3", "-c", _quote(client(port))),
+        base, key_file = endpoint(h, port)
+        result = subprocess.run(ssh_command(spec, "python3", "-c",
+                                            _quote(client(port, base=base, key_file=key_file))),
                                 capture_output=True, text=True, timeout=120, check=False)
         if result.returncode != 0:
-            raise LabError(f"{spec.name}: the server on port {port} did not answer: "
+            raise LabError(f"{spec.name}: {base} did not answer: "
                            f"{(result.stderr or result.stdout).strip()[-800:]}")
         results.append({"host": spec.name, **json.loads(result.stdout)})
     return results
 
 
-def client(port: int, nodes_env: str = NODES_ENV) -> str:
-    """The script run on a host: its rank when it is a rank >= 1 of a node group, else its
-    server's /v1/models and one chat answer, as JSON."""
-    return _CLIENT % (port, nodes_env)
+def endpoint(host: dict, port: int) -> tuple[str, str | None]:
+    """Where ``ask`` asks a host of ``sandbox status --json`` from inside it, and the file of
+    the key it sends (None: no key): the server on the loopback; in a fleet lab the server's
+    gate on the switch, or on the router host the router's gate (docs/fleet.md's default port,
+    8100)."""
+    data = host.get("host_data", {})
+    if "gpuhost_router_api_key_file" in data:
+        return f"http://{data['gpuhost_router_host']}:8100", data["gpuhost_router_api_key_file"]
+    if "gpuhost_api_key_file" in data:
+        return f"http://{data['gpuhost_server_host']}:{port}", data["gpuhost_api_key_file"]
+    return f"http://127.0.0.1:{port}", None
+
+
+def client(port: int, nodes_env: str = NODES_ENV, base: str | None = None,
+           key_file: str | None = None) -> str:
+    """The script run on a host: its rank when it is a rank >= 1 of a node group, else the
+    /v1/models and one chat answer of ``base`` (default the loopback's ``port``), sending the
+    key in ``key_file`` where one is named, as JSON."""
+    return _CLIENT % (base or f"http://127.0.0.1:{port}", key_file, nodes_env)
 
 
 def said(result: dict) -> list[str]:

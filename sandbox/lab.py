@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sandbox import hub, image, network, overlay, procs, rootfs, scenarios, services, trash
+from sandbox import fleet_keys, hub, image, network, overlay, procs, rootfs, scenarios, services, trash
 from sandbox.layout import (
     APT_ARCHIVES,
     CACHE,
@@ -320,6 +320,11 @@ def _prepare(
     token = hub.ensure_token(HUB_TOKEN)
     for spec in specs:
         hub.install_token(spec.root, token)
+    serving = {s.name: bool(json.loads(hardware[s.name])["gpus"]) for s in specs}
+    if not all(serving.values()):  # a fleet behind a router host (sandbox/fleet_keys.py)
+        keys = fleet_keys.ensure(STATE_DIR)
+        for spec in specs:
+            fleet_keys.install(spec.root, serving[spec.name], keys)
     KNOWN_HOSTS.write_text(
         "".join(f"{s.address} {key}\n" for s, keys in zip(specs, host_keys) for key in keys)
     )
@@ -402,12 +407,18 @@ def status() -> list[dict[str, Any]]:
     if state is None:
         return []
     out = []
+    datas = {e["name"]: _scenario_host_data(scenario_of(state, e["name"]))
+             for e in state["hosts"]}
+    fleet = not all(d.get("gpuhost_serving", True) for d in datas.values())
     for entry in state["hosts"]:
         spec = host_from_name(entry["name"])
         scenario = scenario_of(state, spec.name)
-        host_data = _scenario_host_data(scenario)
-        if host_data.get("gpuhost_serving", True):
+        host_data = datas[spec.name]
+        serving = host_data.get("gpuhost_serving", True)
+        if serving:
             host_data.update(_hub_host_data(spec))
+        if fleet:
+            host_data.update(fleet_keys.host_data(spec.switch_address, serving))
         out.append(
             {
                 "name": spec.name,

@@ -36,9 +36,12 @@ def sandbox(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def register_hub_token() -> None:
-    """The hub stand-in's token, which `up` puts on every host: a secret to the guard."""
+    """The hub stand-in's token, which `up` puts on every host, and a fleet lab's keys
+    (sandbox/fleet_keys.py): secrets to the guard."""
     if sandbox_lab.HUB_TOKEN.is_file():
         GUARD.register(sandbox_lab.HUB_TOKEN.read_text(), "Hugging Face token")
+    for path in sorted((sandbox_lab.STATE_DIR / "fleet").glob("*.key")):
+        GUARD.register(path.read_text(), f"the lab's {path.name}")
 
 
 @dataclass

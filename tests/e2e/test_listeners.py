@@ -97,3 +97,22 @@ def test_a_fleet_address_that_is_another_hosts_address_is_refused(hosts, tmp_pat
     assert (f"gpuhost_fleet_address = '{other}' is not allowed: it is not an address of this "
             "host (the router reaches the server there)") in dry.output, dry.output[-6000:]
     assert untouched(gpu1)
+
+
+def test_the_shipped_inventory_plans_a_fleet_on_a_lab_with_a_router_host(hosts):
+    """On a lab with a CPU-only host, `sandbox up` made the fleet's keys (sandbox/fleet_keys.py)
+    and inventory/sandbox.py names them: bin/quickstart --fleet's deploy plans with no refusal
+    (it was refused: the server on 127.0.0.1, no router key file), the server behind its gate on
+    the switch, and nothing is changed by the --dry."""
+    gpu1, gpu2 = hosts
+    for host, files in ((gpu1, "/root/fleet.key /root/sglang-api.key"),
+                        (gpu2, "/root/fleet.key /root/router-api.key")):
+        assert host.ssh(f"stat -c '%a %U' {files}").split() == ["600", "root"] * 2, host.name
+    dry = lab.deploy("--dry")
+    assert dry.returncode == 0, dry.output[-6000:]
+    assert "refused" not in dry.output, dry.output[-6000:]
+    for name, bind in (("gpu1", "gpuhost_server_host"), ("gpu2", "gpuhost_router_host")):
+        assert f"[{name}] host data: {bind} binds wider than the loopback" in dry.output, name
+    assert "[gpu2] " in dry.output and "serves no model (gpuhost_serving = False): the router " \
+        "only" in dry.output
+    assert untouched(gpu1) and untouched(gpu2)

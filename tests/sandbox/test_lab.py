@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import __main__ as cli
-from sandbox import httpd, lab, network, procs, rootfs, services, supervisor
+from sandbox import fleet_keys, httpd, lab, network, procs, rootfs, services, supervisor
 from sandbox.layout import LAB, HostSpec, host_from_name, host_specs
 
 #: The documented layout (sandbox/README.md) of this process's lab: lab 0's names and subnets,
@@ -308,7 +308,12 @@ def test_status_gives_each_host_its_own_scenario_and_a_gpu_less_one_serves_no_mo
     assert listed["gpu1"]["scenario"] == "reference-lab"
     assert listed["gpu1"]["host_data"]["gpuhost_gpu_count"] == 8
     assert listed["gpu2"]["scenario"] == "cpu-only"
-    assert listed["gpu2"]["host_data"] == {"gpuhost_serving": False}
+    # a lab with a router host is a fleet: its keys' files and binds on the switch
+    # (sandbox/fleet_keys.py)
+    assert listed["gpu2"]["host_data"] == {
+        "gpuhost_serving": False, **fleet_keys.host_data(listed["gpu2"]["switch_address"], False)}
+    assert listed["gpu1"]["host_data"]["gpuhost_api_key_file"] == "/root/sglang-api.key"
+    assert listed["gpu1"]["host_data"]["gpuhost_server_host"] == listed["gpu1"]["switch_address"]
 
 
 # --- end to end ------------------------------------------------------------------------------
