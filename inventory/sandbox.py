@@ -50,6 +50,8 @@ sandbox = [
             "gpuhost_fleet_address": h["switch_address"],
             **SANDBOX_BENCH,
             **h.get("host_data", {}),
+            # a lab with a router host: the fleet's keys and binds (sandbox/fleet_keys.py)
+            **h.get("fleet_data", {}),
         },
     )
     for h in _hosts

@@ -28,7 +28,7 @@ def _print_status(hosts: list[dict[str, object]]) -> None:
     # the deploys log in as the lab's sudo user (inventory/sandbox.py's ssh_user), not root
     user = hosts[0].get("ssh_user", "root")
     print(f"ssh key: {SSH_KEY}   (ssh -i {SSH_KEY} {user}@ADDRESS, as the deploys log in)")
-    if any("gpuhost_router_api_key_file" in h.get("host_data", {}) for h in hosts):
+    if any("gpuhost_router_api_key_file" in h.get("fleet_data", {}) for h in hosts):
         print(f"a fleet: the router's client key is {fleet_keys.router_key_file(STATE_DIR)} "
               "(python -m sandbox ask asks through the router with it)")
 

@@ -71,7 +71,7 @@ def endpoint(host: dict, port: int) -> tuple[str, str | None]:
     the key it sends (None: no key): the server on the loopback; in a fleet lab the server's
     gate on the switch, or on the router host the router's gate (docs/fleet.md's default port,
     8100)."""
-    data = host.get("host_data", {})
+    data = host.get("fleet_data", {})
     if "gpuhost_router_api_key_file" in data:
         return f"http://{data['gpuhost_router_host']}:8100", data["gpuhost_router_api_key_file"]
     if "gpuhost_api_key_file" in data:

@@ -402,7 +402,8 @@ def status() -> list[dict[str, Any]]:
     pip_index_url, lock (the stand-in lock's path: CUDA 12.8's stack, the default), locks (each
     stack's stand-in lock by CUDA release, {"12.8": ..., "13.0": ...}: a host switched to
     gpuhost_cuda_toolkit = "13.0" takes that one as its gpuhost_lock, as a real lab names its
-    own lock). [] when no lab is up."""
+    own lock), fleet_data (in a lab with a router host, the fleet's keys and binds:
+    sandbox/fleet_keys.py; else {}). [] when no lab is up."""
     state = load_state()
     if state is None:
         return []
@@ -417,8 +418,6 @@ def status() -> list[dict[str, Any]]:
         serving = host_data.get("gpuhost_serving", True)
         if serving:
             host_data.update(_hub_host_data(spec))
-        if fleet:
-            host_data.update(fleet_keys.host_data(spec.switch_address, serving))
         out.append(
             {
                 "name": spec.name,
@@ -436,6 +435,7 @@ def status() -> list[dict[str, Any]]:
                 "known_hosts": str(KNOWN_HOSTS),
                 "scenario": scenario,
                 "host_data": host_data,
+                "fleet_data": fleet_keys.host_data(spec.switch_address, serving) if fleet else {},
             }
         )
     return out

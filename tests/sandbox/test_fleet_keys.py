@@ -45,9 +45,9 @@ def test_host_data_binds_the_switch_behind_the_gates_and_ask_goes_through_them()
     assert router == {"gpuhost_fleet_key_file": "/root/fleet.key",
                       "gpuhost_router_host": "10.213.0.3",
                       "gpuhost_router_api_key_file": "/root/router-api.key"}
-    assert ask.endpoint({"host_data": serving}, 8000) == ("http://10.213.0.1:8000",
+    assert ask.endpoint({"fleet_data": serving}, 8000) == ("http://10.213.0.1:8000",
                                                           "/root/sglang-api.key")
-    assert ask.endpoint({"host_data": router}, 8000) == ("http://10.213.0.3:8100",
+    assert ask.endpoint({"fleet_data": router}, 8000) == ("http://10.213.0.3:8100",
                                                          "/root/router-api.key")
-    assert ask.endpoint({"host_data": {"gpuhost_gpu_count": 8}}, 8000) == (
+    assert ask.endpoint({"fleet_data": {}}, 8000) == (
         "http://127.0.0.1:8000", None)

@@ -310,10 +310,11 @@ def test_status_gives_each_host_its_own_scenario_and_a_gpu_less_one_serves_no_mo
     assert listed["gpu2"]["scenario"] == "cpu-only"
     # a lab with a router host is a fleet: its keys' files and binds on the switch
     # (sandbox/fleet_keys.py)
-    assert listed["gpu2"]["host_data"] == {
-        "gpuhost_serving": False, **fleet_keys.host_data(listed["gpu2"]["switch_address"], False)}
-    assert listed["gpu1"]["host_data"]["gpuhost_api_key_file"] == "/root/sglang-api.key"
-    assert listed["gpu1"]["host_data"]["gpuhost_server_host"] == listed["gpu1"]["switch_address"]
+    assert listed["gpu2"]["host_data"] == {"gpuhost_serving": False}
+    assert listed["gpu2"]["fleet_data"] == fleet_keys.host_data(
+        listed["gpu2"]["switch_address"], False)
+    assert listed["gpu1"]["fleet_data"]["gpuhost_api_key_file"] == "/root/sglang-api.key"
+    assert listed["gpu1"]["fleet_data"]["gpuhost_server_host"] == listed["gpu1"]["switch_address"]
 
 
 # --- end to end ------------------------------------------------------------------------------
