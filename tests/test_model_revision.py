@@ -120,3 +120,39 @@ def test_the_stand_in_hubs_main_moves_and_the_old_commit_stays(tmp_path):
         assert "hf_test" not in json.dumps(_commit(endpoint, "main", str(token)))
     finally:
         server.shutdown()
+
+
+def test_the_fleets_commit_is_decided_once_a_run_and_a_refusal_reaches_every_host(monkeypatch):
+    from types import SimpleNamespace
+
+    from operations import model_revision as mr
+    from operations.settings import Settings
+
+    run = SimpleNamespace(failed_hosts=set())
+    current = SimpleNamespace(name="gpu1", print_prefix="[gpu1] ")
+    asked, said, refused = [], [], []
+    stamps = {"gpu1": {"repo": REPO, "revision": "main", "sha": OLD, "complete": True},
+              "gpu2": {"repo": REPO, "revision": "main", "sha": OLD, "complete": True},
+              "gpu3": {}}
+    monkeypatch.setattr(mr, "state", run)
+    monkeypatch.setattr(mr, "host", current)
+    monkeypatch.setattr(mr, "fact_of", lambda name, cls, **kw: stamps[name])
+    monkeypatch.setattr(mr, "fact", lambda cls, **kw: asked.append(kw) or {"sha": NEW})
+    monkeypatch.setattr(mr, "refuse", lambda stage, reason: refused.append((current.name, reason)))
+    monkeypatch.setattr(mr.logger, "warning", said.append)
+    every = {n: Settings(model=REPO) for n in stamps}
+    mr.configure(every)
+    assert mr.fleet_commit(every["gpu1"]) == OLD
+    current.name = "gpu3"
+    assert mr.fleet_commit(every["gpu3"]) == OLD  # the added host: the fleet's, not main's now
+    assert len(asked) == 1 and len(said) == 1 and "moved on the Hub" in said[0]
+    assert refused == []
+    # copies of two commits: every host of the fleet is refused, once each
+    run2 = SimpleNamespace(failed_hosts=set())
+    monkeypatch.setattr(mr, "state", run2)
+    stamps["gpu3"] = {"repo": REPO, "revision": "main", "sha": NEW, "complete": True}
+    mr.configure(every)
+    for name in ("gpu1", "gpu2", "gpu3", "gpu3"):
+        current.name = name
+        assert mr.fleet_commit(every[name]) is None
+    assert [n for n, _ in refused] == ["gpu1", "gpu2", "gpu3"]
