@@ -3,8 +3,10 @@
 ``gpuhost_model_revision`` names a branch, a tag or a commit. A full commit sha (40 lowercase hex
 digits, git's object name) is the commit itself. A branch or a tag moves when the repository is
 pushed to: the ``main`` a host fetched last month need not be today's. The fleet here is every
-serving host of the inventory with the same repository, revision and Hub endpoint (every worker
-behind the router, every node of a group: operations/fleet.py, operations/node_group.py); its
+serving host of the inventory with the same repository and revision (every worker behind the
+router, every node of a group: operations/fleet.py, operations/node_group.py), whatever Hub
+endpoint each host reaches (a mirror's, or the sandbox's, one per host link, names the same
+repository); its
 commit is decided once per run, at the first of its hosts that plans (:func:`fleet_commit`),
 from what its hosts hold and what the Hub answers (:func:`decide`):
 
@@ -171,7 +173,7 @@ def decide(repo: str, revision: str, held: Mapping[str, str], fresh: Sequence[st
 @dataclass
 class _Run:
     settings: Mapping[str, Settings]
-    decided: dict[tuple[str, str, str], Decision] = field(default_factory=dict)
+    decided: dict[tuple[str, str], Decision] = field(default_factory=dict)
     refused: set[str] = field(default_factory=set)
 
 
@@ -182,8 +184,8 @@ def configure(settings: Mapping[str, Settings]) -> None:
         setattr(state, _RUN, _Run(dict(settings)))
 
 
-def _key(s: Settings) -> tuple[str, str, str]:
-    return s.model, s.model_revision, s.hf_endpoint
+def _key(s: Settings) -> tuple[str, str]:
+    return s.model, s.model_revision
 
 
 def fleet_commit(settings: Settings) -> str | None:

@@ -156,3 +156,24 @@ def test_the_fleets_commit_is_decided_once_a_run_and_a_refusal_reaches_every_hos
         current.name = name
         assert mr.fleet_commit(every[name]) is None
     assert [n for n, _ in refused] == ["gpu1", "gpu2", "gpu3"]
+
+
+def test_hosts_that_reach_the_hub_at_other_endpoints_are_one_fleet(monkeypatch):
+    """The sandbox gives each host the Hub stand-in on its own link's address; a lab may give
+    hosts different mirrors: one repository and revision is one fleet all the same."""
+    from types import SimpleNamespace
+
+    from operations import model_revision as mr
+    from operations.settings import Settings
+
+    current = SimpleNamespace(name="gpu3", print_prefix="[gpu3] ")
+    stamps = {"gpu1": {"repo": REPO, "revision": "main", "sha": OLD, "complete": True},
+              "gpu3": {}}
+    monkeypatch.setattr(mr, "state", SimpleNamespace(failed_hosts=set()))
+    monkeypatch.setattr(mr, "host", current)
+    monkeypatch.setattr(mr, "fact_of", lambda name, cls, **kw: stamps[name])
+    monkeypatch.setattr(mr, "fact", lambda cls, **kw: {"sha": NEW})
+    monkeypatch.setattr(mr.logger, "warning", lambda line: None)
+    mr.configure({"gpu1": Settings(model=REPO, hf_endpoint="http://10.0.1.1:8090"),
+                  "gpu3": Settings(model=REPO, hf_endpoint="http://10.0.3.1:8090")})
+    assert mr.fleet_commit(Settings(model=REPO, hf_endpoint="http://10.0.3.1:8090")) == OLD
