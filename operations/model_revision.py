@@ -4,11 +4,10 @@
 digits, git's object name) is the commit itself. A branch or a tag moves when the repository is
 pushed to: the ``main`` a host fetched last month need not be today's. The fleet here is every
 serving host of the inventory with the same repository and revision (every worker behind the
-router, every node of a group: operations/fleet.py, operations/node_group.py), whatever Hub
-endpoint each host reaches (a mirror's, or the sandbox's, one per host link, names the same
-repository); its
-commit is decided once per run, at the first of its hosts that plans (:func:`fleet_commit`),
-from what its hosts hold and what the Hub answers (:func:`decide`):
+router, every node of a group: operations/fleet.py, operations/node_group.py), whichever Hub
+endpoint each host reaches (a mirror's, or the sandbox's, one per host link: the same
+repository). Its commit is decided once per run, at the first of its hosts that plans
+(:func:`fleet_commit`), from what its hosts hold and what the Hub answers (:func:`decide`):
 
 - the commit of the fleet's complete copies of that revision (their stamps' ``sha``,
   operations/model.py ModelSnapshot), where they agree: a host without it (one added later, or
