@@ -293,7 +293,7 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
     if commit and snapshot.get("repo") == repo and snapshot.get("sha") not in (None, commit):
         logger.warning(f"{host.print_prefix}model: {dest} holds {repo}@"
                        f"{str(snapshot['sha'])[:12]}, not {commit[:12]}, the fleet's commit of "
-                       f"{revision}: brought in line (that commit fetched, the server restarted)")
+                       f"{revision}: brought in line (that commit is fetched, the server restarts)")
     if snapshot.get("extra"):
         logger.warning(f"{host.print_prefix}model: {dest} holds what {repo}'s revision does not "
                        f"list ({', '.join(snapshot['extra'])}): removed, and the weights "
