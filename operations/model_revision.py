@@ -140,7 +140,8 @@ def decide(repo: str, revision: str, held: Mapping[str, str], fresh: Sequence[st
             f"served name, {len(by_commit)} models. Set {PREFIX}model_revision to the commit "
             "every host is to serve (its hosts keep their copies; the others download it and "
             f"restart){not_read}"))
-    too = f"; {_names(fresh)}, without it, get(s) it too" if fresh else ""
+    gets = "gets" if len(fresh) == 1 else "get"
+    too = f"; {_names(fresh)}, without it, {gets} it too" if fresh else ""
     if by_commit:
         (commit, names), = by_commit.items()
         holds = f"the commit {_names(names)} hold{'s' if len(names) == 1 else ''}"
@@ -151,7 +152,7 @@ def decide(repo: str, revision: str, held: Mapping[str, str], fresh: Sequence[st
             return Decision(commit, warn=True, line=(
                 f"model revision: {what} moved on the Hub from {commit[:12]} to "
                 f"{upstream[:12]}: the fleet stays at {commit[:12]}, {holds}"
-                + (f"; {_names(fresh)}, without it, get(s) {commit[:12]} too, not "
+                + (f"; {_names(fresh)}, without it, {gets} {commit[:12]} too, not "
                    f"{upstream[:12]}" if fresh else "") + "; to serve "
                 f"{upstream[:12]}, set {PREFIX}model_revision = '{upstream}' (every host "
                 f"downloads it and restarts, behind a router one at a time){not_read}"))

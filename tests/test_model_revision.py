@@ -30,7 +30,7 @@ def test_a_host_added_after_main_moved_gets_the_commit_the_fleet_holds():
     assert d.commit == OLD and d.warn and d.refused is None
     assert d.line == (
         f"model revision: main of org/model moved on the Hub from {OLD[:12]} to {NEW[:12]}: "
-        f"the fleet stays at {OLD[:12]}, the commit gpu1, gpu2 hold; gpu3, without it, get(s) "
+        f"the fleet stays at {OLD[:12]}, the commit gpu1, gpu2 hold; gpu3, without it, gets "
         f"{OLD[:12]} too, not {NEW[:12]}; to serve {NEW[:12]}, set gpuhost_model_revision = "
         f"'{NEW}' (every host downloads it and restarts, behind a router one at a time)")
 
@@ -39,7 +39,7 @@ def test_main_where_it_was_is_said_plainly():
     d = decide(REPO, "main", {"gpu1": OLD}, ["gpu2"], {"sha": OLD})
     assert (d.commit, d.warn) == (OLD, False)
     assert d.line == (f"model revision: main of org/model is commit {OLD[:12]}, the commit gpu1 "
-                      "holds; gpu2, without it, get(s) it too")
+                      "holds; gpu2, without it, gets it too")
 
 
 def test_a_fresh_fleet_takes_the_hubs_commit_once():
