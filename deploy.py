@@ -7,6 +7,8 @@ Every host's data is validated before any host is touched. The hosts of the gpuh
 group also run the router in front of every serving host (operations/fleet.py); a router host
 with gpuhost_serving=False (a CPU-only VM) runs only the router, after a preflight of its own.
 Servers that restart then roll, out of the router one position at a time (operations/roll.py).
+A branch or tag of the model is one commit per fleet, decided once a run
+(operations/model_revision.py).
 The router's worker list is checked after every host's server stage; then come each GPU host's
 node exporter and GPU readings, and Prometheus on a router host (operations/observability.py).
 Loopback ports behind the gates, and a server on the loopback, admit root's processes only
@@ -22,7 +24,7 @@ fails saying so; the next run applies host data).
 from pyinfra import host, inventory, state
 
 from operations import (call_order, deploy_lock, fact_cache, fleet, global_arguments, link,
-                        planned_facts, proxy, roll, rollback, shipped_files, tls)
+                        model_revision, planned_facts, proxy, roll, rollback, shipped_files, tls)
 from operations.driver_rollback import fail_if_rolled_back
 from operations.loopback_guard import loopback_guard
 from operations.mlenv import mlenv
@@ -41,6 +43,7 @@ from operations.stack_check import known_behaviour
 the_fleet, fleet_settings = fleet.for_run(inventory, for_run(inventory))
 settings = fleet_settings[host.name]
 fleet_cas = tls.for_run(fleet_settings)  # the fleet CA, read on the controller
+model_revision.configure(fleet_settings)  # the model's commit: once per fleet and run
 roll.configure(the_fleet, {r: own_url(fleet_settings[r]) for r in the_fleet.routers},
                fleet_settings)
 use_run_env()

@@ -41,6 +41,7 @@ from operations import proxy, remote
 from operations.disk import no_space_named
 from operations.model import model_download
 from operations.model_copy import login_rsh
+from operations.model_revision import fleet_commit
 from operations.pip_index import pip_index_args
 from operations.files import wheel_sizes
 from operations.venvs import ROOM_FOLDERS, WHEEL_DIR, LockSizes, VenvRoom, lock_pins
@@ -76,7 +77,7 @@ def room_problem(fact, settings, lock, new_venv: str) -> str | None:
     nothing. The model's download the run makes later (operations.model.model_download) counts
     too where it goes to a file system of the venv's (the default folders share one: /opt)."""
     room = fact(VenvRoom, venv_path=settings.venv_path, folders=ROOM_FOLDERS)
-    model = model_download(fact, settings)
+    model = model_download(fact, settings, fleet_commit(settings))
     # the model's download, later in the run, on a file system of the venv's counts there too
     also = ({"mount": model["mount"], "kib": model["need"] // 1024,
              "what": f"the model's download into {settings.model_path}"}

@@ -95,11 +95,13 @@ class ModelSnapshot(FactBase[Snapshot]):
         return data if isinstance(data, dict) else {}
 
 
-def is_current(snapshot: Snapshot, repo: str, revision: str) -> bool:
+def is_current(snapshot: Snapshot, repo: str, revision: str, commit: str | None = None) -> bool:
     """Whether a snapshot is a complete copy of ``repo`` at ``revision`` (the branch or tag it
-    was downloaded for, or its commit sha)."""
+    was downloaded for, or its commit sha); with ``commit`` (the fleet's:
+    operations/model_revision.py), a copy of that commit alone."""
     return (snapshot.get("repo") == repo and snapshot.get("complete") is True
-            and revision in (snapshot.get("revision"), snapshot.get("sha")))
+            and (snapshot.get("sha") == commit if commit
+                 else revision in (snapshot.get("revision"), snapshot.get("sha"))))
 
 
 #: GiB that must stay free on the model's file system after a download (the server stage's
@@ -205,24 +207,25 @@ class MtpLayerBytes(FactBase[dict]):
             return {"error": f"the header reading said {list(output)[-2:]!r}"}
 
 
-def model_download(fact, settings) -> dict | None:
+def model_download(fact, settings, commit: str | None = None) -> dict | None:
     """The :class:`ModelRoom` fact where the run will download the model (a Hub repository not
-    yet complete in gpuhost_model_dir), else None; read while planning (``fact``:
-    operations.plan.fact, one reading for every stage that asks: the preflight's room check,
-    and the ML venv's where the venv shares the model's file system)."""
+    yet complete in gpuhost_model_dir, at ``commit``: the fleet's, operations/model_revision.py,
+    where known), else None; read while planning (``fact``: operations.plan.fact, one reading
+    for every stage that asks: the preflight's room check, and the ML venv's where the venv
+    shares the model's file system)."""
     if settings.model_is_local or is_current(fact(ModelSnapshot, path=settings.model_path),
-                                             settings.model, settings.model_revision):
+                                             settings.model, settings.model_revision, commit):
         return None
     return fact(ModelRoom, endpoint=settings.hf_endpoint, repo=settings.model,
-                revision=settings.model_revision, dest=settings.model_path,
+                revision=commit or settings.model_revision, dest=settings.model_path,
                 token_file=settings.hf_token_file)
 
 
-def model_room_problem(fact, settings) -> str | None:
+def model_room_problem(fact, settings, commit: str | None = None) -> str | None:
     """Why the model's download (:func:`model_download`) does not fit on its file system, or
     None. The need is the revision's files not there yet (the Hub's file listing) and
     ROOM_HEADROOM_GIB."""
-    room = model_download(fact, settings)
+    room = model_download(fact, settings, commit)
     if room is None:
         return None
     if "error" in room:
@@ -248,11 +251,15 @@ def model_room_problem(fact, settings) -> str | None:
 def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
             token_file: str | None = None, headroom_gib: float = 1.0,
             architecture: str | None = None, peers: list[model_copy.Peer] | None = None,
-            bwlimit_kib: int | None = None, mirror: str | None = None, mtp: bool = False):
+            bwlimit_kib: int | None = None, mirror: str | None = None, mtp: bool = False,
+            commit: str | None = None):
     """Download ``repo`` at ``revision`` into ``dest`` unless a complete copy is there.
 
     + repo: the Hub repository id, e.g. ``lukealonso/GLM-5-NVFP4``
-    + revision: branch, tag or commit sha; a branch is resolved once, at download time
+    + revision: branch, tag or commit sha, which the stamp records
+    + commit: the commit of ``revision`` the fleet serves (operations/model_revision.py): a
+      copy of another is brought in line, a new one fetched at it; None: ``revision`` as the
+      Hub names it at download time
     + dest: the local folder the server reads
     + endpoint: the Hub's URL (huggingface_hub's HF_ENDPOINT)
     + python: the venv's python, which has huggingface_hub
@@ -280,9 +287,13 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
     copy is missing, incomplete, of another repository, or of another revision.
     """
     snapshot = host.get_fact(ModelSnapshot, path=dest)
-    if is_current(snapshot, repo, revision):
+    if is_current(snapshot, repo, revision, commit):
         host.noop(f"{repo}@{snapshot.get('sha', '')[:12]} is complete in {dest}")
         return
+    if commit and snapshot.get("repo") == repo and snapshot.get("sha") not in (None, commit):
+        logger.warning(f"{host.print_prefix}model: {dest} holds {repo}@"
+                       f"{str(snapshot['sha'])[:12]}, not {commit[:12]}, the fleet's commit of "
+                       f"{revision}: brought in line (that commit is fetched, the server restarts)")
     if snapshot.get("extra"):
         logger.warning(f"{host.print_prefix}model: {dest} holds what {repo}'s revision does not "
                        f"list ({', '.join(snapshot['extra'])}): removed, and the weights "
@@ -295,11 +306,14 @@ def weights(repo: str, revision: str, dest: str, endpoint: str, python: str,
         args += ["--architecture", architecture]
     if mtp:
         args.append("--mtp")
+    if commit:
+        args += ["--commit", commit]
     if peers:
         # before the fetch: a mirror that holds the revision is left to it (model_fetch.py
         # copies from it first), one that does not leaves the copy to the peers
         room = shlex.join([python, f"{LIB_DIR}/model_fetch.py", *args, "--check-room"])
-        yield FunctionCommand(model_copy.copy, (peers, repo, revision, dest, bwlimit_kib, room),
+        yield FunctionCommand(model_copy.copy, (peers, repo, commit or revision, dest,
+                                                bwlimit_kib, room),
                               {"mirror": mirror})
     # the peer the copy came from, as the copy recorded it on the host (not known while
     # planning); files already in dest from an earlier run's copy are verified all the same

@@ -23,7 +23,7 @@ from typing_extensions import override
 from operations import REPO_ROOT
 from operations.gpu import NvidiaDriver
 from operations.node_group import GroupError, NodeRole, env_file, role_of, shared_network
-from operations.plan import _key, fact, refuse
+from operations.plan import fact, fact_of, refuse
 from operations.settings import Settings
 from operations.venvs import host_venv
 
@@ -122,23 +122,10 @@ def reach_targets(name: str, nodes: tuple[str, ...], network: dict[str, tuple[st
     return tuple(f"{network[n][1]}:{port}" for n in nodes if n != name or n == nodes[0])
 
 
-def _fact_of(name: str, cls: type[FactBase], **kwargs: Any) -> Any:
-    """A fact of node ``name`` while planning, read once (the cache operations/plan.py's
-    ``fact`` keeps on each Host)."""
-    if name == host.name:
-        return fact(cls, **kwargs)
-    other = inventory.get_host(name)
-    cache = vars(other).setdefault("_gpuhost_planned_facts", {})
-    key = (cls, _key(kwargs))
-    if key not in cache:
-        cache[key] = other.get_fact(cls, **kwargs)
-    return cache[key]
-
-
 def _drivers_differ(nodes: tuple[str, ...]) -> str | None:
     """The loaded driver of each node where they differ (nodes without a loaded driver, a
     fresh host, are converged to the same host data first)."""
-    versions = {n: _fact_of(n, NvidiaDriver).driver_version for n in nodes}
+    versions = {n: fact_of(n, NvidiaDriver).driver_version for n in nodes}
     known = {v for v in versions.values() if v}
     if len(known) <= 1:
         return None
@@ -165,14 +152,14 @@ def node_role(settings: Settings) -> NodeRole | None:
                       "connected, or failed): the nodes of one server are converged together; "
                       "the group is left as it is")
         return None
-    devices = {n: _fact_of(n, NetworkDevices) for n in nodes}
+    devices = {n: fact_of(n, NetworkDevices) for n in nodes}
     try:
         network = shared_network(nodes, devices, settings.node_interface)
     except GroupError as exc:
         refuse(STAGE, str(exc))
         return None
     port = settings.dist_init_port
-    reach = {n: _fact_of(n, NodeReach, targets=reach_targets(n, nodes, network, port))
+    reach = {n: fact_of(n, NodeReach, targets=reach_targets(n, nodes, network, port))
              for n in nodes}
     lost = unreached(nodes, reach)
     if lost:

@@ -48,6 +48,20 @@ def fact(cls: type[FactBase[T]], **kwargs: Any) -> T:
     return cache[key]
 
 
+def fact_of(name: str, cls: type[FactBase[T]], **kwargs: Any) -> T:
+    """A fact of inventory host ``name`` while planning, read once: :func:`fact` for the current
+    host; another host's reading is kept on that Host, where its own planning finds it. An
+    unconnected host is connected first (pyinfra's ``get_fact``), its failure raised."""
+    if name == host.name:
+        return fact(cls, **kwargs)
+    other = state.inventory.get_host(name)
+    cache = vars(other).setdefault("_gpuhost_planned_facts", {})
+    key = (cls, _key(kwargs))
+    if key not in cache:
+        cache[key] = other.get_fact(cls, **kwargs)
+    return cache[key]
+
+
 def is_dry_run() -> bool:
     """Whether pyinfra was started with --dry. pyinfra gives deploy code no such flag: its
     command line is the only source."""

@@ -10,6 +10,7 @@ from typing_extensions import override
 from operations.gpu import NvidiaDriver
 from operations.host import HostResources
 from operations.model import model_room_problem
+from operations.model_revision import fleet_commit
 from operations.nvidia import repo_folder
 from operations.plan import PlanError, fact, refuse
 from operations.secureboot import SecureBoot
@@ -83,7 +84,7 @@ def preflight(settings: Settings) -> None:
         gpus = f"{count} x {driver.gpus[0].name}, driver {driver.driver_version}"
     else:
         gpus = f"driver {driver.status}"
-    problem = model_room_problem(fact, settings)
+    problem = model_room_problem(fact, settings, fleet_commit(settings))
     if problem:
         refuse("Preflight", problem)
     logger.info(

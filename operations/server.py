@@ -22,7 +22,7 @@ from typing_extensions import override
 
 from operations import REPO_ROOT, gate, group_restart, last_known_good, remote, roll, tls
 from operations import model as model_ops
-from operations import gpu_verdict, model_copy
+from operations import gpu_verdict, model_copy, model_revision
 from operations.node_group import NodeRole
 from operations.nodes import NODES_ENV_FILE, internode_argv
 from operations.nvidia import DRIVER_GATE_DROPIN
@@ -825,7 +825,7 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
             architecture=settings.model_architecture, peers=sources,
             bwlimit_kib=settings.model_copy_bwlimit, mirror=settings.model_mirror,
             mtp=settings.speculative_algorithm is not None,
-        ))
+            commit=model_revision.fleet_commit(settings)))
         changed += weights
         model_copy.copy_key(settings)
     kernels = cache_key(settings)

@@ -868,8 +868,8 @@ HELP: Final[Mapping[str, str]] = {
         "absolute path, that folder is served as it is)"),
     "model_revision": (
         "branch, tag or commit sha of `gpuhost_model`; a change downloads again and restarts the "
-        "server (a branch is resolved at download time: pin a sha to follow a moving branch "
-        "deliberately)"),
+        "server. A branch or tag is one commit per fleet, the one its hosts hold (a host added "
+        "later gets it); a move on the Hub is said: pin its sha to serve it (docs/fleet.md)"),
     "hf_endpoint": "the Hub's URL (huggingface_hub's `HF_ENDPOINT`: a mirror's, or the sandbox's)",
     "proxy": proxy.HELP,
     "hf_token_file": (

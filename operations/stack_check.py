@@ -18,6 +18,7 @@ from operations.host import FileText
 from operations.launch_profiles import report
 from operations.lock import LockError, read_lock
 from operations.model import ModelSnapshot, MtpLayerBytes, model_download
+from operations.model_revision import fleet_commit
 from operations.plan import fact, is_dry_run, refuse
 from operations.settings import PREFIX, Settings, profile_choice
 from operations.sglang import FlagError, ParserSpec, flags_named, load_parser_spec
@@ -101,7 +102,7 @@ def model_weights(settings: Settings, config_text: str | None) -> memory_fit.Wei
     if settings.model_is_local:
         return memory_fit.Weights(None, f"the weights of a local model folder ({settings.model}) "
                                         "are not counted")
-    room = model_download(fact, settings)
+    room = model_download(fact, settings, fleet_commit(settings))
     if room is not None:
         if "error" in room:
             return memory_fit.Weights(None, "the Hub's file listing was not read "

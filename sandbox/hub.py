@@ -25,7 +25,17 @@ repository file (metadata requests count as "api"), for tests and the rebuild be
 
     GET  /_sandbox/bytes-served    {"<client address>": {"total": n, "files": {"<path>": n}}}
 
-(no token needed; not an endpoint of the real Hub). The repository is gated: without a token 401 with X-Error-Code: GatedRepo; with a wrong one 401
+(no token needed; not an endpoint of the real Hub). Each repository's ``main`` can be moved, as a
+push to the real repository moves it, by another endpoint of the stand-in alone:
+
+    POST /_sandbox/move-main?repo=<id>    a new commit on main (README.md gains a line);
+                                          {"from": "<old sha>", "to": "<new sha>"}
+
+Every earlier commit stays resolvable by its sha, as on the Hub: a revision is ``main`` (its
+latest commit) or a commit's full sha; ``/api/models/<repo>/revision/<rev>`` answers that
+commit's ``sha`` and files (huggingface_hub 0.36.2, hf_api.py ``model_info``: the revision,
+``quote(revision, safe='')``, in the path; ModelInfo's ``sha``), ``/resolve/<rev>/`` its files
+with ``X-Repo-Commit`` the commit's sha (file_download.py ``_get_metadata_or_catch_error``). The repository is gated: without a token 401 with X-Error-Code: GatedRepo; with a wrong one 401
 "Invalid credentials in Authorization header"; unknown repositories 401 RepoNotFound, unknown
 revisions 404 RevisionNotFound, unknown files 404 EntryNotFound, as the Hub answers.
 
@@ -132,25 +142,42 @@ def commit_sha(files: list[RepoFile]) -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass
 class Repo:
+    """A repository: its commits, oldest first; ``main`` is the last."""
+
     id: str
-    files: list[RepoFile]
+    commits: list[list[RepoFile]]
 
     @property
-    def by_path(self) -> dict[str, RepoFile]:
-        return {f.path: f for f in self.files}
+    def files(self) -> list[RepoFile]:
+        return self.commits[-1]
 
     @property
     def sha(self) -> str:
         return commit_sha(self.files)
 
+    def at(self, revision: str) -> list[RepoFile] | None:
+        """The files of ``revision`` (``main`` or a commit's full sha), None if it names none."""
+        if revision == "main":
+            return self.files
+        return next((c for c in self.commits if commit_sha(c) == revision), None)
+
+    def move_main(self) -> tuple[str, str]:
+        """A new commit on main: README.md gains a line; (the old sha, the new)."""
+        old = self.sha
+        readme = next(f for f in self.files if f.path == "README.md")
+        line = f"\nCommit {len(self.commits) + 1} of main.\n".encode()
+        self.commits.append([RepoFile(f.path, f.data + line) if f is readme else f
+                             for f in self.files])
+        return old, self.sha
+
 
 class Hub:
     def __init__(self, token: str):
         self.token = token
-        self.repos = {r.id: r for r in (Repo(REPO_ID, repository()),
-                                        Repo(MTP_REPO_ID, repository(mtp=True)))}
+        self.repos = {r.id: r for r in (Repo(REPO_ID, [repository()]),
+                                        Repo(MTP_REPO_ID, [repository(mtp=True)]))}
         # one content, one CDN object (as the Hub's LFS store): a shard both repositories hold
         # is counted under the first one's path
         self.by_sha256: dict[str, RepoFile] = {}
@@ -173,16 +200,17 @@ class Hub:
             return json.loads(json.dumps(self.served))
 
     def resolve(self, repo: str, revision: str) -> str | None:
-        sha = self.repos[repo].sha
-        return sha if revision in ("main", sha) else None
+        files = self.repos[repo].at(revision)
+        return None if files is None else commit_sha(files)
 
     def sign(self, sha256: str, expires: int) -> str:
         return hmac.new(self.secret, f"{sha256}:{expires}".encode(), "sha256").hexdigest()
 
-    def model_info(self, repo_id: str, blobs: bool) -> dict:
+    def model_info(self, repo_id: str, blobs: bool, revision: str = "main") -> dict:
         repo = self.repos[repo_id]
+        files = repo.at(revision) or []
         siblings = []
-        for f in repo.files:
+        for f in files:
             entry: dict = {"rfilename": f.path}
             if blobs:
                 entry["blobId"] = f.blob_id if not f.lfs else \
@@ -194,12 +222,12 @@ class Hub:
             siblings.append(entry)
         stamp = "2026-01-01T00:00:00.000Z"
         return {"_id": hashlib.md5(repo_id.encode()).hexdigest()[:24], "id": repo_id,
-                "modelId": repo_id, "author": repo_id.split("/")[0], "sha": repo.sha,
+                "modelId": repo_id, "author": repo_id.split("/")[0], "sha": commit_sha(files),
                 "lastModified": stamp, "createdAt": stamp, "private": False,
                 "disabled": False, "gated": "manual", "downloads": 0, "likes": 0,
                 "library_name": "transformers", "tags": ["safetensors", "glm_moe_dsa"],
                 "pipeline_tag": "text-generation", "siblings": siblings,
-                "usedStorage": sum(len(f.data) for f in repo.files)}
+                "usedStorage": sum(len(f.data) for f in files)}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -245,6 +273,16 @@ class Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self.do_GET()
 
+    def do_POST(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        repo = urllib.parse.parse_qs(url.query).get("repo", [""])[0]
+        self.served_file = "api"
+        if url.path != "/_sandbox/move-main" or repo not in self.hub.repos:
+            return self._error(404, None, "Sorry, we can't find the page you are looking for.")
+        with self.hub.lock:
+            old, new = self.hub.repos[repo].move_main()
+        self._send(200, json.dumps({"from": old, "to": new}).encode())
+
     def do_GET(self) -> None:
         url = urllib.parse.urlsplit(self.path)
         path = urllib.parse.unquote(url.path)
@@ -275,7 +313,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.hub.resolve(repo, revision) is None:
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-        self._send(200, json.dumps(self.hub.model_info(repo, blobs)).encode())
+        self._send(200, json.dumps(self.hub.model_info(repo, blobs, revision)).encode())
 
     def _resolve(self, repo: str, revision: str, filename: str) -> None:
         if not self._repo_ok(repo):
@@ -283,7 +321,7 @@ class Handler(BaseHTTPRequestHandler):
         sha = self.hub.resolve(repo, revision)
         if sha is None:
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-        f = self.hub.repos[repo].by_path.get(filename)
+        f = {f.path: f for f in self.hub.repos[repo].at(revision) or []}.get(filename)
         if f is None:
             return self._error(404, "EntryNotFound", f"{filename} does not exist on \"{revision}\"")
         self.served_file = f.path

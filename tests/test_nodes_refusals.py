@@ -28,7 +28,7 @@ def planning(monkeypatch):
     def no_fact(*args, **kwargs):
         raise AssertionError("a fact was read while the group is refused")
 
-    monkeypatch.setattr(nodes, "_fact_of", no_fact)
+    monkeypatch.setattr(nodes, "fact_of", no_fact)
     monkeypatch.setattr(nodes, "fact", no_fact)
     return hosts, run, said
 

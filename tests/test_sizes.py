@@ -29,7 +29,7 @@ MODULES_OVER = {
 FUNCTIONS_OVER = {
     "operations/files/bench_run.py:main": 112,
     "operations/files/health_check.py:_main": 85,
-    "operations/files/model_fetch.py:_main": 144,
+    "operations/files/model_fetch.py:_main": 128,
     "operations/files/router_workers.py:main": 87,
     "operations/fleet.py:plan": 83,
     "operations/mlenv.py:mlenv": 165,

@@ -65,6 +65,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "sglang": ("SGLang server", "first-deploy.md"),
     "model_copy": ("SGLang server", "rebuild.md"),
     "model": ("Preflight", "first-deploy.md"),  # the model download's room, while planning
+    "model_revision": ("Model revision", "fleet.md"),
     "fleet": ("Router", "fleet.md"),
     "router": ("Router", "fleet.md"),
     "roll": ("Roll", "fleet.md"),
@@ -76,7 +77,7 @@ STAGES: dict[str, tuple[str, str]] = {
 }
 
 #: Stage order on the page: deploy.py's order, then bench.py.
-STAGE_ORDER = ("the run (deploy.py)", "Preflight", "TLS", "Stack", "NVIDIA", "ML venv", "P2P",
+STAGE_ORDER = ("the run (deploy.py)", "Preflight", "Model revision", "TLS", "Stack", "NVIDIA", "ML venv", "P2P",
                "SGLang server", "Router", "Roll", "Observability", "Rollback", "bench.py")
 
 #: The expressions through which the code reads a host's settings.

@@ -5,6 +5,8 @@ Runs on the GPU host with the ML venv's python (huggingface_hub comes with the l
 
 1. the repository's metadata at the revision (HfApi.model_info with files_metadata=True: the
    commit sha, every file with its size), with the token read from --token-file (root-only);
+   with --commit (the fleet's commit of the revision, operations/model_revision.py), at that
+   commit, the stamp still naming --revision;
 2. a disk-space preflight: the bytes still missing plus --headroom-gib must fit in the free
    space of the destination's file system, else exit 2 before downloading anything (a disk
    that fills up all the same, ENOSPC on any write, exits 2 with one line: what was being
@@ -245,8 +247,8 @@ def no_space_line(exc: OSError) -> str:
     return line
 
 
-def _main() -> int:
-    global _SECRET_LOADED
+def arguments() -> argparse.Namespace:
+    """The command line (the module docstring says what each does)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", required=True)
     parser.add_argument("--revision", required=True, help="branch, tag or commit sha")
@@ -264,7 +266,14 @@ def _main() -> int:
     parser.add_argument("--check-room", action="store_true", help="only the disk preflight "
                         "(the bytes still missing + --headroom-gib against the free space), "
                         "before a copy from a peer")
-    args = parser.parse_args()
+    parser.add_argument("--commit", help="the commit of --revision to fetch (the fleet's: "
+                        "operations/model_revision.py); the stamp records --revision")
+    return parser.parse_args()
+
+
+def _main() -> int:
+    global _SECRET_LOADED
+    args = arguments()
     _AT.update(repo=f"{args.repo}@{args.revision}", dest=str(args.dest), endpoint=args.endpoint)
 
     os.environ["HF_ENDPOINT"] = args.endpoint
@@ -283,7 +292,8 @@ def _main() -> int:
         _SECRET_LOADED = True
     api = HfApi(endpoint=args.endpoint, token=token)
     try:
-        info = api.model_info(args.repo, revision=args.revision, files_metadata=True)
+        info = api.model_info(args.repo, revision=args.commit or args.revision,
+                              files_metadata=True)
     except HfHubHTTPError as exc:
         print(f"cannot read {args.repo}@{args.revision} from {args.endpoint}: "
               f"{str(exc).splitlines()[0]} ({route(args.endpoint)}; is the token in "

@@ -16,6 +16,9 @@ The file listing is the one model_fetch.py reads for the download: huggingface_h
 model_fetch.py's shutil.disk_usage and df(1) count them.
 
     python3 -c "$(cat model_room.py)" ENDPOINT REPO REVISION DEST TOKEN_FILE_OR_EMPTY
+
+With DEST empty, only the commit REVISION names there now, the answer's ``sha`` (huggingface_hub's
+``ModelInfo.sha``), ``{"sha": "<40 hex digits>"}`` (operations/model_revision.py HubCommit).
 """
 
 from __future__ import annotations
@@ -91,6 +94,11 @@ def main(argv: list[str]) -> int:
             reason = exc.strerror if isinstance(exc, OSError) else ""
         code = f"HTTP {exc.code}" if isinstance(exc, urllib.error.HTTPError) else ""
         print(json.dumps({"error": f"{type(exc).__name__} {code} {reason or ''}".strip()}))
+        return 0
+    if not dest:
+        sha = info.get("sha") if isinstance(info, dict) else None
+        valid = isinstance(sha, str) and len(sha) == 40 and not sha.strip("0123456789abcdef")
+        print(json.dumps({"sha": sha} if valid else {"error": "the Hub's answer has no commit sha"}))
         return 0
     siblings = (info.get("siblings") if isinstance(info, dict) else None) or []
     if not isinstance(siblings, list) or not all(

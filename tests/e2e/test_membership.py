@@ -8,13 +8,16 @@ deploy's whole process group) and run again (issue 40 finding 1): one right afte
 drained, one after gpu1's server restarted, before its health gate passed (its next run has
 nothing to restart there: only the roll state brings gpu1 back before gpu2 is drained); none
 fails either, and each ends converged. Checked through ssh (the router's own /workers with
-the control key on gpu1, the roll state there, the client's counts), not through pyinfra."""
+the control key on gpu1, the roll state there, the client's counts), not through pyinfra.
+Then (issue 40 finding 6) the Hub stand-in's main moves and gpu3, its copy removed, joins
+again: --dry says the move, and gpu3 serves the commit gpu1 and gpu2 hold (their stamps)."""
 
 from __future__ import annotations
 
 import json
 import re
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -195,3 +198,46 @@ def killed_rolls(hosts: dict, work: Path) -> None:
     back = re.search(r"http://127\.0\.0\.1:30000\)? back in, healthy", again.output)
     gpu2_out = again.output.find(f"http://{switch()['gpu2']}:8000 taken out")
     assert back and -1 < back.start() < gpu2_out, again.output[-8000:]
+
+
+#: The stamp model_fetch.py writes in the model folder (operations/model.py STAMP).
+STAMP = "/opt/gpuhost/models/gpuhost-sandbox/tiny-glm-5/.gpuhost-model.json"
+
+
+def move_main() -> dict:
+    """A new commit on the hub stand-in's main (sandbox/hub.py, POST /_sandbox/move-main):
+    {"from": the old sha, "to": the new}."""
+    gateway = json.loads(lab.sandbox("status", "--json").stdout)[0]["gateway"]
+    request = urllib.request.Request(
+        f"http://{gateway}:8090/_sandbox/move-main?repo=gpuhost-sandbox/tiny-glm-5",
+        data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def test_a_host_added_after_main_moved_serves_the_fleets_commit(fleet):
+    """Issue 40 finding 6: main moves on the Hub after gpu1 and gpu2 fetched it; gpu3 (its
+    copy removed, as a fresh host) joins: --dry says the move, and gpu3 serves the fleet's
+    commit, not main's new one (each stamp's sha, read over ssh)."""
+    hosts, work = fleet
+    held = json.loads(hosts["gpu1"].ssh(f"cat {STAMP}"))["sha"]
+    moved = move_main()
+    assert moved["from"] == held, moved
+    hosts["gpu3"].ssh(f"rm -rf {STAMP.rsplit('/', 1)[0]}")
+    # gpuhost_max_running_requests as gpu1 serves now (the killed rolls above change it): no roll
+    args = hosts["gpu1"].process_args(hosts["gpu1"].main_pid())
+    same = ({"gpuhost_max_running_requests": int(args[args.index("--max-running-requests") + 1])}
+            if "--max-running-requests" in args else {})
+    three = write_inventory(work / "three-moved.py", ("gpu1", "gpu2", "gpu3"), **same)
+    dry = lab.deploy("--dry", inventory=three)
+    said = f"main of gpuhost-sandbox/tiny-glm-5 moved on the Hub from {held[:12]} to " \
+           f"{moved['to'][:12]}"
+    assert said in dry.output, dry.output[-6000:]
+    print("\n--dry said: " + next(line.strip() for line in dry.output.splitlines() if said in line))
+    grown = lab.deploy(inventory=three)
+    assert grown.returncode == 0, grown.output[-8000:]
+    assert said in grown.output, grown.output[-6000:]
+    for name in ("gpu1", "gpu2", "gpu3"):
+        stamp = json.loads(hosts[name].ssh(f"cat {STAMP}"))
+        assert (name, stamp["sha"], stamp["revision"]) == (name, held, "main"), stamp
+    assert router_workers(hosts[ROUTER_HOST]) == expected(("gpu1", "gpu2", "gpu3"))
