@@ -107,3 +107,94 @@ def test_a_given_key_of_another_certificate_is_refused_and_a_symlinked_one_serve
     while served_fingerprint(hosts[CLIENT_HOST], addresses["gpu2"], 8000) != wanted:
         assert time.monotonic() < deadline, "gpu2's gate does not serve its own certificate"
         time.sleep(1)
+
+
+def test_a_ca_rotation_in_three_steps_keeps_the_bundles_clients_and_warns_a_single_step(fleet):
+    """Issue 40 finding 5: the fleet CA (test_tls.py's second, CA 2) is replaced by CA 3. A
+    change in one step is said by ``--dry`` for every host, naming the trust files that lack
+    CA 3, and changes nothing. Then docs/security.md's three steps, while a client on gpu3 that
+    trusts the bundle (CA 2 and CA 3 in one file, as the operator hands it out) sends chat
+    completions through the router over TLS: 1. the bundle in gpuhost_tls_ca_cert_file, CA 2's
+    key still signing: no certificate issued, every trust file holds both CAs, a client of CA 2
+    alone still verifies; 2. CA 3's key: every host's certificate issued again by CA 3, no
+    warning, smg not restarted (its trust did not change); 3. CA 2 dropped: nothing issued, a
+    client of CA 2 alone is refused. A last run changes nothing. Comes last in the module: the
+    fleet ends on CA 3 with test_tls.py's ROLLED settings, and gpu2 on a certificate the deploy
+    issued."""
+    from tests.e2e.test_server import changed
+    hosts, work, (_, second) = fleet
+    client, addresses, router = hosts[CLIENT_HOST], switch(), hosts[ROUTER_HOST]
+    third = make_ca(work, "gpuhost fleet CA 3")
+    both = work / "bundle-2-3.crt"
+    both.write_text(Path(second[0]).read_text() + Path(third[0]).read_text())
+    client.ssh(f"cat > /root/bundle.crt <<'EOF'\n{both.read_text()}EOF\n"
+               f"cat > /root/fleet-ca-3.crt <<'EOF'\n{Path(third[0]).read_text()}EOF")
+    on_second = lab.deploy(inventory=write_inventory(work / "rotation-0.py", second, ROLLED))
+    assert on_second.returncode == 0, on_second.output[-8000:]
+    served = {n: served_fingerprint(client, addresses[n], 8000) for n in hosts}
+    one_step = lab.deploy("--dry", inventory=write_inventory(work / "one-step.py", third, ROLLED))
+    assert one_step.returncode == 0, one_step.output[-8000:]
+    for name in hosts:
+        trust = ROUTER_HOST if name == ROUTER_HOST else f"{ROUTER_HOST}, {name}"
+        assert f"[{name}] TLS: warning: the fleet CA changes in one step: {name}'s certificate " \
+               f"is issued again by CN=gpuhost fleet CA 3, which the trust file " \
+               f"(/etc/gpuhost/tls/fleet-ca.crt) of {trust} does not hold yet" in \
+               one_step.output, (name, one_step.output[-8000:])
+    assert "Rotate the fleet CA" in one_step.output
+    assert {n: served_fingerprint(client, addresses[n], 8000) for n in hosts} == served
+    url = f"https://{addresses[ROUTER_HOST]}:8100"
+    steps = [("1 (the bundle, CA 2 signing)", (str(both), second[1])),
+             ("2 (CA 3 signing)", (str(both), third[1])),
+             ("3 (CA 2 dropped)", third)]
+    client.ssh(f"rm -f /tmp/client.stop /tmp/client.out; nohup python3 /root/client.py {url} "
+               f"/root/bundle.crt /root/client.key 0 3000 {CLIENT_THREADS} {PAUSE_S} "
+               "> /tmp/client.out 2>&1 < /dev/null &")
+    began, times = time.monotonic(), []
+    try:
+        time.sleep(3)
+        for number, (label, ca) in enumerate(steps, 1):
+            smg = router.main_pid("sglang-router.service")
+            run = lab.deploy(inventory=write_inventory(work / f"rotation-{number}.py", ca, ROLLED))
+            times.append(f"step {label} ended {time.monotonic() - began:.0f} s in")
+            assert run.returncode == 0, (label, run.output[-8000:])
+            assert "changes in one step" not in run.output, (label, run.output[-8000:])
+            assert "BEGIN PRIVATE KEY" not in run.output
+            trusted = {n: h.ssh("grep -c 'BEGIN CERTIFICATE' /etc/gpuhost/tls/fleet-ca.crt")
+                       .strip() for n, h in hosts.items()}
+            assert trusted == {n: "1" if number == 3 else "2" for n in hosts}, (label, trusted)
+            issued = [n for n in hosts if f"[{n}] TLS certificate: the host's certificate was "
+                      "not issued by this fleet CA: issued again" in run.output]
+            if number == 2:
+                assert issued == sorted(hosts), (label, issued)
+                assert router.main_pid("sglang-router.service") == smg, label
+                urls = json.loads(router.ssh("python3 /root/workers.py"))
+                assert urls == sorted(["http://127.0.0.1:30000",
+                                       f"https://{addresses['gpu2']}:8000",
+                                       f"https://{addresses['gpu3']}:8000"]), urls
+            else:
+                assert issued == [] and "TLS certificate:" not in run.output, (label, issued)
+            old_alone = probe(client, f"{url}/v1/models", ca="/root/fleet-ca-2.crt")
+            if number == 1:
+                assert old_alone == (200, "ok"), old_alone
+            else:
+                assert old_alone[0] == 0 and "CERTIFICATE_VERIFY_FAILED" in old_alone[1], \
+                    (label, old_alone)
+                assert probe(client, f"{url}/v1/models", ca="/root/fleet-ca-3.crt") == \
+                    (200, "ok"), label
+    finally:
+        client.ssh("touch /tmp/client.stop")
+        deadline = time.monotonic() + 120
+        while not client.ssh("cat /tmp/client.out", check=False).strip():
+            assert time.monotonic() < deadline
+            time.sleep(2)
+    result = json.loads(client.ssh("cat /tmp/client.out").strip().splitlines()[-1])
+    print(f"\nthrough the TLS router while the fleet CA rotated in three steps (a client "
+          f"trusting the bundle): {result['requests']} requests, {result['failed']} failed, "
+          f"{result['seconds']} s, {CLIENT_THREADS} clients at once; {'; '.join(times)}; "
+          f"errors: {result['errors']}")
+    assert result["failed"] == 0, result
+    smg = router.main_pid("sglang-router.service")
+    again = lab.deploy("--json", inventory=write_inventory(work / "rotation-3.py", third, ROLLED))
+    assert again.returncode == 0, again.output[-6000:]
+    assert changed(again) == [] and "TLS" not in "".join(changed(again)), changed(again)
+    assert router.main_pid("sglang-router.service") == smg
