@@ -108,14 +108,19 @@ def clients_of(name: str, routers: Mapping[str, Iterable[str]]) -> tuple[str, ..
 
 
 def _trust_of(name: str) -> str | None:
-    """Host ``name``'s :class:`TrustedCAs` while planning, read once per run."""
+    """Host ``name``'s :class:`TrustedCAs` while planning, read once per run (as
+    operations/nodes.py reads a peer's facts); None where that host cannot be read in this
+    run (left out by ``--limit``, its link down): its own run says so."""
     if name == host.name:
         return host.get_fact(TrustedCAs)
-    other = inventory.get_host(name)
-    cache = vars(other).setdefault("_gpuhost_trusted_cas", [])
-    if not cache:
-        cache.append(other.get_fact(TrustedCAs))
-    return cache[0]
+    try:
+        other = inventory.get_host(name)
+        cache = vars(other).setdefault("_gpuhost_trusted_cas", [])
+        if not cache:
+            cache.append(other.get_fact(TrustedCAs))
+        return cache[0]
+    except Exception:  # noqa: BLE001 - a peer unread is no reason to stop this host's plan
+        return None
 
 
 def warn_one_step(ca: FleetCA, current_pem: str | None,
