@@ -65,7 +65,9 @@ if deploy_lock.held(settings):
                        fleet.admitted_users(settings),
                        fleet.service_users(the_fleet, host.name, settings))
         if host.name in fleet_cas:  # the CA's certificate; the host's own for a public gate
-            tls.certificates(settings, fleet_cas[host.name])
+            tls.certificates(settings, fleet_cas[host.name],
+                             {r: [w.name for w in the_fleet.workers_of(r)]
+                              for r in the_fleet.routers})
         if settings.serving:  # else a router host with no GPU, driver, ML venv nor server
             known_behaviour(settings)
             driver = nvidia(settings)

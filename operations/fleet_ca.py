@@ -41,13 +41,26 @@ class TlsError(ValueError):
 class FleetCA:
     """The fleet CA, loaded on the controller."""
 
+    #: the CA that signs the hosts' certificates (whose key ``key`` is)
     cert: x509.Certificate
     #: None where host data names no key: the hosts bring their own certificates
     key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey | None
+    #: every CA's certificate the hosts' clients trust, in the file's order (``cert`` among
+    #: them): more than one during a rotation; empty: ``cert`` alone
+    trusted: tuple[x509.Certificate, ...] = ()
 
     @property
     def cert_pem(self) -> str:
         return self.cert.public_bytes(serialization.Encoding.PEM).decode()
+
+    @property
+    def bundle(self) -> tuple[x509.Certificate, ...]:
+        """The certificates the clients trust (:data:`operations.tls.CA_PATH`)."""
+        return self.trusted or (self.cert,)
+
+    @property
+    def bundle_pem(self) -> str:
+        return "".join(c.public_bytes(serialization.Encoding.PEM).decode() for c in self.bundle)
 
 
 def _refuse(key: str, value: str, why: str) -> TlsError:
@@ -56,36 +69,28 @@ def _refuse(key: str, value: str, why: str) -> TlsError:
 
 def load_ca(cert_file: str, key_file: str | None,
             now: datetime.datetime | None = None) -> FleetCA:
-    """The fleet CA from its files on the controller (``key_file`` None: its certificate alone,
+    """The fleet CA from its files on the controller (``key_file`` None: its certificates alone,
     to verify with); :class:`TlsError` where they give none (unreadable, not PEM, not a CA,
     expired or expiring within :data:`RENEW_DAYS`, a key that other users may read, an
-    encrypted key, a key of another certificate)."""
+    encrypted key, a key of none of the certificates).
+
+    The certificate file may be a trust bundle, several CAs' certificates in one PEM file, as
+    OpenSSL's ``-CAfile`` (SSL_CTX_load_verify_locations), Python's ``cafile``, Go's
+    ``AppendCertsFromPEM`` (Prometheus' ``ca_file``) and smg's ``--ca-cert-paths`` read one: a
+    CA rotation's overlap (docs/security.md, "Rotate the fleet CA"). The hosts' clients trust
+    every certificate of it; the one whose key ``key_file`` holds signs (without a key, the
+    first). The signing CA must outlive :data:`RENEW_DAYS`; the others must be valid now (an
+    old CA near its end is what a rotation replaces)."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
     data = _read("tls_ca_cert_file", cert_file)[1]
     try:
         certs = x509.load_pem_x509_certificates(data)
     except ValueError:
         raise _refuse("tls_ca_cert_file", cert_file, "a PEM certificate (-----BEGIN "
-                      "CERTIFICATE-----), the fleet CA's") from None
-    if len(certs) > 1:
-        raise _refuse("tls_ca_cert_file", cert_file, f"one certificate, the fleet CA's (this "
-                      f"file holds {len(certs)}: the hosts would get the first alone)")
-    cert = certs[0]
-    try:
-        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
-    except x509.ExtensionNotFound:
-        constraints = None
-    if constraints is None or not constraints.ca:
-        raise _refuse("tls_ca_cert_file", cert_file, "a CA's certificate (basicConstraints "
-                      "CA:TRUE); this one is not a CA's")
-    if cert.not_valid_after_utc - datetime.timedelta(days=RENEW_DAYS) <= now:
-        raise _refuse("tls_ca_cert_file", cert_file, f"a CA valid for more than {RENEW_DAYS} "
-                      f"days; this one expires on {cert.not_valid_after_utc:%Y-%m-%d}")
-    problem = _unusable_ca(cert, now)
-    if problem:
-        raise _refuse("tls_ca_cert_file", cert_file, problem)
+                      "CERTIFICATE-----), the fleet CA's, or the CAs' of a rotation") from None
+    certs = _checked_bundle(cert_file, certs, now)
     if key_file is None:
-        return FleetCA(cert=cert, key=None)
+        return _valid_signer(cert_file, certs[0], certs, None, now)
     mode, data = _read("tls_ca_key_file", key_file)
     if stat.S_IMODE(mode) & 0o077:
         raise _refuse("tls_ca_key_file", key_file, f"a file only its owner may read or write "
@@ -100,13 +105,63 @@ def load_ca(cert_file: str, key_file: str | None,
                       "KEY-----), the fleet CA's") from None
     if not isinstance(key, _PRIVATE_KEYS):
         raise _refuse("tls_ca_key_file", key_file, "an EC, RSA or Ed25519 private key")
-    if key.public_key().public_bytes(serialization.Encoding.DER,
-                                     serialization.PublicFormat.SubjectPublicKeyInfo) != \
-            cert.public_key().public_bytes(serialization.Encoding.DER,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo):
-        raise _refuse("tls_ca_key_file", key_file, f"the private key of "
-                      f"{PREFIX}tls_ca_cert_file's certificate ({cert_file}); it is another's")
-    return FleetCA(cert=cert, key=key)
+    public = _spki(key.public_key())
+    signer = next((c for c in certs if _spki(c.public_key()) == public), None)
+    if signer is None:
+        whose = (f"{PREFIX}tls_ca_cert_file's certificate ({cert_file})" if len(certs) == 1
+                 else f"one of the {len(certs)} certificates of {PREFIX}tls_ca_cert_file "
+                 f"({cert_file}: {', '.join(_cn(c) for c in certs)})")
+        raise _refuse("tls_ca_key_file", key_file, f"the private key of {whose}; it is "
+                      "another's")
+    return _valid_signer(cert_file, signer, certs, key, now)
+
+
+def _spki(public: object) -> bytes:
+    return public.public_bytes(serialization.Encoding.DER,  # type: ignore[attr-defined]
+                               serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def _cn(cert: x509.Certificate) -> str:
+    return cert.subject.rfc4514_string() or "an empty subject"
+
+
+def _checked_bundle(cert_file: str, certs: list[x509.Certificate],
+                    now: datetime.datetime) -> tuple[x509.Certificate, ...]:
+    """Each certificate of the file a root CA the hosts' clients would take
+    (:func:`_unusable_ca`), valid now, and each once; a refusal names which."""
+    seen: set[bytes] = set()
+    for number, cert in enumerate(certs, 1):
+        which = "" if len(certs) == 1 else f" (certificate {number} of {len(certs)}, {_cn(cert)})"
+        der = cert.public_bytes(serialization.Encoding.DER)
+        if der in seen:
+            raise _refuse("tls_ca_cert_file", cert_file, f"each CA's certificate once{which}: "
+                          "this one is there twice")
+        seen.add(der)
+        try:
+            constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+        except x509.ExtensionNotFound:
+            constraints = None
+        if constraints is None or not constraints.ca:
+            raise _refuse("tls_ca_cert_file", cert_file, "a CA's certificate (basicConstraints "
+                          f"CA:TRUE){which}; this one is not a CA's")
+        if len(certs) == 1:
+            _valid_signer(cert_file, cert, (cert,), None, now)
+        elif cert.not_valid_after_utc <= now:
+            raise _refuse("tls_ca_cert_file", cert_file, f"CAs valid now{which}: this one "
+                          f"expired on {cert.not_valid_after_utc:%Y-%m-%d}; drop it from the file")
+        problem = _unusable_ca(cert, now)
+        if problem:
+            raise _refuse("tls_ca_cert_file", cert_file, problem + which)
+    return tuple(certs)
+
+
+def _valid_signer(cert_file: str, signer: x509.Certificate,
+                  certs: tuple[x509.Certificate, ...], key, now: datetime.datetime) -> FleetCA:
+    if signer.not_valid_after_utc - datetime.timedelta(days=RENEW_DAYS) <= now:
+        which = "" if len(certs) == 1 else f" (the signing one, {_cn(signer)})"
+        raise _refuse("tls_ca_cert_file", cert_file, f"a CA valid for more than {RENEW_DAYS} "
+                      f"days{which}; this one expires on {signer.not_valid_after_utc:%Y-%m-%d}")
+    return FleetCA(cert=signer, key=key, trusted=certs)
 
 
 #: The most a fleet CA's file may hold: a PEM certificate or private key is a few KiB (RSA

@@ -118,15 +118,24 @@ def api_key_file(settings: Settings) -> str:
     return settings.fleet_key_file or BACKEND_KEY_FILE
 
 
+def _ca_note(settings: Settings, ca: tls.FleetCA | None) -> str:
+    """The unit's line naming each CA smg trusts (its SHA-256 fingerprint): a trust bundle's
+    every CA during a rotation (operations/ca_rotation.py), so that a change of the bundle
+    restarts smg, which reads ``--ca-cert-paths`` at its start alone."""
+    if ca is None or not settings.tls_ca_cert_file:
+        return "No fleet CA: smg reaches its workers in plain HTTP"
+    prints = ", ".join(tls.fingerprint(c.public_bytes(tls.serialization.Encoding.PEM).decode())
+                       for c in ca.bundle)
+    return (f"smg verifies its workers with the fleet CA{'s' if len(ca.bundle) > 1 else ''} "
+            f"(SHA-256 {prints}), read at its start: a new CA restarts it")
+
+
 def unit_context(settings: Settings, ca: tls.FleetCA | None = None) -> dict:
     """What templates/sglang-router.service.j2 is rendered with (``ca``: the fleet CA, whose
     fingerprint the unit names: smg reads ``--ca-cert-paths`` once, at its start, and went on
     refusing every worker with "UnknownIssuer" after the CA changed, until a restart)."""
     return {
-        "ca_note": (f"smg verifies its workers with the fleet CA (SHA-256 "
-                    f"{tls.fingerprint(ca.cert_pem)}), read at its start: a new CA restarts it"
-                    if ca is not None and settings.tls_ca_cert_file else
-                    "No fleet CA: smg reaches its workers in plain HTTP"),
+        "ca_note": _ca_note(settings, ca),
         "listen": f"{settings.router_host}:{settings.router_port}",
         "gate_unit": GATE_UNIT,
         "venv": settings.router_venv_path,

@@ -917,11 +917,11 @@ HELP: Final[Mapping[str, str]] = {
         "hosts' only: never loopback (every process of the host would pass), `0.0.0.0`, `::`, "
         "multicast or IPv6 link-local"),
     "tls_ca_cert_file": (
-        "the fleet CA's certificate (PEM), a file on the controller: with it, every public "
-        "endpoint (a gate on a wider bind, the server's and the router's) serves TLS with a "
-        "certificate the deploy issues from the CA, renews 30 days before it expires, and "
-        "refuses plain HTTP; the router verifies its workers with it (docs/security.md); set "
-        "together with `gpuhost_tls_ca_key_file`, the same on a router and its workers"),
+        "the fleet CA's certificate (PEM; in a CA rotation the old and new CAs' in one file, "
+        "`gpuhost_tls_ca_key_file`'s signing), a file on the controller: every public endpoint "
+        "then serves TLS with a certificate the deploy issues from the CA, renews 30 days before "
+        "it expires, and refuses plain HTTP; the router verifies its workers with it (all its "
+        "CAs: docs/security.md, Rotate the fleet CA); the same on a router and its workers"),
     "tls_ca_key_file": (
         "the fleet CA's private key (PEM, unencrypted, mode 0600), a file on the controller; it "
         "never leaves the controller"),

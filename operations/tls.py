@@ -33,6 +33,7 @@ import hashlib
 import ipaddress
 import re
 import shlex
+from collections.abc import Iterable, Mapping
 from io import StringIO
 from typing import Final
 
@@ -45,6 +46,8 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.operations import files
 
+from operations import ca_rotation
+
 # for_run and load_ca: the stage's callers and tests reach the CA through this module too
 from operations.fleet_ca import RENEW_DAYS, FleetCA, TlsError, for_run, load_ca  # noqa: F401
 from operations.plan import refuse
@@ -54,7 +57,8 @@ from operations.settings import PREFIX, Settings
 
 TLS_DIR: Final = "/etc/gpuhost/tls"
 #: The fleet CA's certificate on every host (public): what the hosts' clients verify with.
-CA_PATH: Final = f"{TLS_DIR}/fleet-ca.crt"
+#: A trust bundle during a CA rotation: every CA's certificate (operations/ca_rotation.py).
+CA_PATH: Final = ca_rotation.CA_PATH
 #: The host's private key and certificate, in this order, root-only.
 HOST_PEM: Final = f"{TLS_DIR}/host.pem"
 #: Days a certificate is valid (at most the CA's own remaining validity).
@@ -305,40 +309,50 @@ class GivenChain(_PemFact):
 
 
 def chain_problem(s: Settings, chain_pem: str | None, ca: FleetCA) -> str | None:
-    """Why the router and Prometheus, which trust the fleet CA alone, would not verify the
-    certificate host data names (``chain_pem``: :class:`GivenChain`, the host's certificate
-    first), or None: it must be signed by the CA, or by a certificate after it in the file that
-    the CA signs (and so on). Before, a certificate of another PKI was served, and the run
-    said after ``gpuhost_router_wait_timeout`` only that the worker was unhealthy (smg:
-    "UnknownIssuer")."""
+    """Why the router and Prometheus, which trust the fleet CA's file alone (each CA of a trust
+    bundle), would not verify the certificate host data names (``chain_pem``:
+    :class:`GivenChain`, the host's certificate first), or None: it must be signed by a CA of
+    the file, or by a certificate after it in the file that one signs (and so on). Before, a
+    certificate of another PKI was served, and the run said after
+    ``gpuhost_router_wait_timeout`` only that the worker was unhealthy (smg: "UnknownIssuer")."""
     try:
         chain = x509.load_pem_x509_certificates((chain_pem or "").encode())
     except ValueError:
         return None  # given_problem says what does not parse
-    current, seen = chain[0], 0
-    while seen <= len(chain):
-        seen += 1
-        if current.issuer == ca.cert.subject:
-            try:
-                current.verify_directly_issued_by(ca.cert)
-                return None
-            except (ValueError, TypeError, InvalidSignature):
-                break
-        issuer = next((c for c in chain[1:] if c.subject == current.issuer), None)
-        if issuer is None:
-            break
-        try:
-            current.verify_directly_issued_by(issuer)
-        except (ValueError, TypeError, InvalidSignature):
-            break
-        current = issuer
+    for anchor in ca.bundle:
+        if _chains_to(chain, anchor):
+            return None
     issuer = chain[0].issuer.rfc4514_string()
     said = (f"it names {issuer} as its issuer, but another key signed it"
-            if chain[0].issuer == ca.cert.subject else f"this one is issued by {issuer}")
+            if any(chain[0].issuer == c.subject for c in ca.bundle)
+            else f"this one is issued by {issuer}")
     return (f"{PREFIX}tls_cert_file = {s.tls_cert_file!r} is not allowed: a certificate the "
             f"fleet CA ({ca.cert.subject.rfc4514_string()}, {PREFIX}tls_ca_cert_file) signs, "
             f"or the chain to it after the certificate in the file; the router verifies it with "
             f"that CA alone ({said})")
+
+
+def _chains_to(chain: list[x509.Certificate], anchor: x509.Certificate) -> bool:
+    """Whether ``chain[0]`` is signed by ``anchor``, or by a certificate after it in ``chain``
+    that ``anchor`` signs (and so on)."""
+    current, seen = chain[0], 0
+    while seen <= len(chain):
+        seen += 1
+        if current.issuer == anchor.subject:
+            try:
+                current.verify_directly_issued_by(anchor)
+                return True
+            except (ValueError, TypeError, InvalidSignature):
+                return False
+        issuer = next((c for c in chain[1:] if c.subject == current.issuer), None)
+        if issuer is None:
+            return False
+        try:
+            current.verify_directly_issued_by(issuer)
+        except (ValueError, TypeError, InvalidSignature):
+            return False
+        current = issuer
+    return False
 
 
 def given_problem(s: Settings, cert_pem: str | None, key: dict | None,
@@ -375,10 +389,14 @@ def given_problem(s: Settings, cert_pem: str | None, key: dict | None,
     return None
 
 
-def certificates(settings: Settings, ca: FleetCA) -> None:
-    """The TLS stage: the fleet CA's certificate on the host, and the host's own where it
-    has a public endpoint: the one host data names, checked while planning (refused
-    otherwise), or one the fleet CA issues (:func:`host_certificate`)."""
+def certificates(settings: Settings, ca: FleetCA,
+                 routers: Mapping[str, Iterable[str]] | None = None) -> None:
+    """The TLS stage: the fleet CA's certificate on the host (every CA's of a trust bundle),
+    and the host's own where it has a public endpoint: the one host data names, checked while
+    planning (refused otherwise), or one the fleet CA issues (:func:`host_certificate`), with a
+    warning where a new signing CA would leave a client without a path (``routers``: each
+    router host's workers' host names, whose trust files verify them;
+    operations/ca_rotation.py)."""
     if settings.tls_cert_file is not None and needs_tls(settings):
         chain = host.get_fact(GivenChain, path=settings.tls_cert_file)
         problem = given_problem(settings, chain,
@@ -395,16 +413,19 @@ def certificates(settings: Settings, ca: FleetCA) -> None:
         if problem:
             refuse("TLS", problem)
             return
+    if needs_tls(settings) and settings.tls_cert_file is None:  # said while planning
+        ca_rotation.warn_one_step(ca, host.get_fact(HostCertificate), routers or {})
     host_certificate(name="TLS: the fleet CA's certificate and this host's", settings=settings,
                      ca=ca)
 
 
 @operation()
 def host_certificate(settings: Settings, ca: FleetCA):
-    """The fleet CA's certificate and the host's key and certificate in /etc/gpuhost/tls,
-    issued again where :func:`reason_to_issue` says so (its reason is the change's line)."""
+    """The fleet CA's certificate (a trust bundle's every CA's) and the host's key and
+    certificate in /etc/gpuhost/tls, issued again where :func:`reason_to_issue` says so (its
+    reason is the change's line)."""
     yield from files.directory._inner(path=TLS_DIR, user="root", group="root", mode="755")
-    yield from whole(files.put._inner(src=StringIO(ca.cert_pem), dest=CA_PATH, user="root",
+    yield from whole(files.put._inner(src=StringIO(ca.bundle_pem), dest=CA_PATH, user="root",
                                       group="root", mode="644"), CA_PATH, "644")
     if not needs_tls(settings):
         host.noop("no public endpoint here: no certificate of its own")

@@ -115,7 +115,7 @@ SECONDS = {
     "tests/e2e/test_secrets.py": 42,
     "tests/e2e/test_secure_boot.py": 149,
     "tests/e2e/test_server.py": 577,
-    "tests/e2e/test_tls.py + tests/e2e/test_tls_faults.py": 319,
+    "tests/e2e/test_tls.py + tests/e2e/test_tls_faults.py": 328,
     "tests/e2e/test_ubuntu.py": 155,
 }
 #: a unit's `sandbox down` sets its host trees aside, the next `up` on the lab deletes them in

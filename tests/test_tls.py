@@ -325,8 +325,9 @@ def _openssl_ca(folder: Path, name: str, newkey: list[str], usage: str = "keyCer
                        "includes keyCertSign; this one's does not"),
     ("not yet valid", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: a CA already valid; "
                       "this one starts on "),
-    ("two certificates", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: one certificate, "
-                         "the fleet CA's (this file holds 2"),
+    ("one certificate twice", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: each CA's "
+                              "certificate once (certificate 2 of 2, CN=gpuhost fleet CA): this "
+                              "one is there twice"),
     ("not self-signed", "gpuhost_tls_ca_cert_file = '{cert}' is not allowed: a root CA's "
                         "certificate, self-signed (the hosts trust this file alone); this one is "
                         "issued by CN=root"),
@@ -358,9 +359,9 @@ def test_a_ca_whose_certificates_clients_would_refuse_is_refused(tmp_path, case,
         from cryptography.hazmat.primitives.asymmetric import ec
         cert, key = _ca_made_in_python(tmp_path, "ca", ec.generate_private_key(ec.SECP256R1()),
                                        days_from=2)
-    elif case == "two certificates":
+    elif case == "one certificate twice":
         cert, key = make_ca(tmp_path)
-        Path(cert).write_text(Path(cert).read_text() + Path(make_ca(tmp_path, "b")[0]).read_text())
+        Path(cert).write_text(Path(cert).read_text() * 2)
     elif case == "not self-signed":  # an intermediate CA, signed by a root
         root_cert, root_key = _openssl_ca(tmp_path, "root", ["-newkey", "ec", "-pkeyopt",
                                                              "ec_paramgen_curve:P-256"])
