@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from operations.run_exit import end_run
-from operations.service_users import GATE_USER, ROUTER_USER
+from operations.service_users import GATE_USER, ROUTER_USER, SERVER_USER
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
 
 ROUTER_GROUP: Final = "gpuhost_router"
@@ -221,12 +221,17 @@ def service_users(fleet: Fleet, name: str, s: Settings) -> dict[int, tuple[str, 
     """gpuhost's service users (operations/service_users.py) whom the loopback guard lets
     connect to a port of :func:`guarded_ports`: the gates' nginx workers to the ports behind
     the gates (the server's backend port where it is public, the router's); a router's smg to
-    its own host's server, which it reaches on the loopback (:func:`worker_url`)."""
+    its own host's server, which it reaches on the loopback (:func:`worker_url`); the server
+    to its own port: sglang warms itself up through its own HTTP API before it says it is
+    ready, and kills itself where that fails (sglang 0.5.9's srt/entrypoints/http_server.py,
+    ``_wait_and_warmup``: GET ``/get_model_info`` then POST ``/generate`` to
+    ``server_args.url()``; ``kill_process_tree`` on failure), and its unit's ExecStartPost
+    polls its /health as it (templates/sglang.service.j2)."""
     users: dict[int, tuple[str, ...]] = {}
     if s.serving:
         port = s.server_backend_port if s.server_is_public else s.server_port
         users[port] = ((GATE_USER,) if s.server_is_public else ()) + (
-            (ROUTER_USER,) if name in fleet.routers else ())
+            (ROUTER_USER,) if name in fleet.routers else ()) + (SERVER_USER,)
     if name in fleet.routers:
         users[s.router_backend_port] = (GATE_USER,)
     return {port: listed for port, listed in users.items() if listed}

@@ -15,8 +15,10 @@ from typing_extensions import override
 from operations.lock import Lock, read_lock
 from operations.settings import Settings
 
-#: Where the keyed folders live, one per key (the server runs as root: no per-user home).
+#: Where the keyed folders live, one per key, owned by the server's user (its unit names the
+#: root writable: ReadWritePaths=, operations/server.py SANDBOX).
 KERNEL_CACHE_ROOT: Final = "/var/cache/gpuhost/kernels"
+CACHE_TOP: Final = KERNEL_CACHE_ROOT.rsplit("/", 1)[0]
 
 #: The environment variables that place each cache, and the subfolder each gets. Read in the
 #: packages' own sources:
@@ -104,14 +106,25 @@ def superseded(present: list[str], key: KernelCacheKey) -> list[str]:
     return [name for name in present if name != key.slug()]
 
 
-def kernel_cache(key: KernelCacheKey) -> None:
-    """Make the key's folder (and its subfolders, mode 0700: compiled code the server loads)."""
-    files.directory(name="Kernel cache folder", path=KERNEL_CACHE_ROOT, mode="755")
+def kernel_cache(key: KernelCacheKey, owner: str) -> None:
+    """Make the key's folder and its subfolders, mode 0700 and owned by ``owner`` (the
+    server's user, group of the same name): compiled code the server writes and loads, no
+    one else's to read or change. A folder a server run as root filled (an older gpuhost's)
+    is handed over whole: pyinfra's ``files.directory`` with ``recursive`` chowns the tree
+    where the folder's own owner differs (pyinfra 3.10, operations/files.py), and leaves the
+    tree alone where it does not (a second run changes nothing)."""
+    # 0755 whatever root's umask (a hardened host's 077 made them 0700 with mkdir -p): the
+    # server's user passes through them to its own folder
+    files.directory(name="Kernel caches' top folder", path=CACHE_TOP, user="root",
+                    group="root", mode="755")
+    files.directory(name="Kernel cache folder", path=KERNEL_CACHE_ROOT, user="root",
+                    group="root", mode="755")
     folder = cache_folder(key)
-    files.directory(name=f"Kernel cache {key.slug()}", path=folder, mode="700")
+    files.directory(name=f"Kernel cache {key.slug()}", path=folder, user=owner, group=owner,
+                    mode="700", recursive=True)
     for sub in CACHE_VARIABLES.values():
         files.directory(name=f"Kernel cache {key.slug()}/{sub}", path=f"{folder}/{sub}",
-                        mode="700")
+                        user=owner, group=owner, mode="700")
 
 
 def remove_superseded(key: KernelCacheKey, present: list[str]) -> None:

@@ -38,6 +38,7 @@ from operations.plan import fact, refuse
 from operations.preflight import InitSystem
 from operations.secret_files import check_secret_file
 from operations.secret_template import secret_template
+from operations.service_users import SERVER_USER, service_user
 from operations.settings import PREFIX, Settings
 from operations.unit_sandbox import GPU_DEVICES, Sandbox
 from operations.sglang import server_args
@@ -49,12 +50,11 @@ UNIT_PATH: Final = f"/etc/systemd/system/{UNIT}"
 GATE_UNIT: Final = "sglang-gate.service"
 #: The server's home under /var/cache (the unit's CacheDirectory=).
 CACHE_DIR: Final = "gpuhost-sglang"
-#: The server's unit sandbox (operations/unit_sandbox.py): the GPUs' devices; the kernel caches
-#: writable (KERNEL_CACHE_ROOT); the network (NCCL and Gloo read the interfaces through
-#: AF_NETLINK); a local model read where it is (``ProtectHome=read-only``); memory writable and
-#: executable (Triton's and CUDA's JIT); its system calls beyond @system-service left as they
-#: are (sglang raises its open files' limit, setrlimit; torch and NCCL set CPU and memory
-#: affinity, @resources); /proc whole (torch and NVML read cpuinfo, meminfo, /proc/driver).
+#: The server's unit sandbox (operations/unit_sandbox.py), run as SERVER_USER: the GPUs'
+#: devices; its kernel caches writable (KERNEL_CACHE_ROOT); the network (NCCL, Gloo: AF_NETLINK);
+#: a local model read where it is (``ProtectHome=read-only``); Triton's and CUDA's JIT; system
+#: calls beyond @system-service kept (sglang raises its open files' limit; torch and NCCL set
+#: CPU and memory affinity); /proc whole (torch and NVML read cpuinfo, meminfo, /proc/driver).
 SANDBOX: Final = Sandbox(families=("AF_INET", "AF_INET6", "AF_UNIX", "AF_NETLINK"),
                          writable=(KERNEL_CACHE_ROOT,), home="read-only", devices=GPU_DEVICES,
                          jit=True, privileged=True, proc="all")
@@ -271,6 +271,7 @@ def unit_context(settings: Settings, role: NodeRole | None = None) -> dict:
         "inputs_args": " ".join(systemd_quote(a) for a in server_inputs(settings)),
         "kernel_cache_env": cache_env(cache_key(settings)),
         "cache_dir": CACHE_DIR,
+        "service_user": SERVER_USER,  # not "user": files.template's owner of the file
         "sandbox": SANDBOX.text(),
     }
 
@@ -828,9 +829,9 @@ def sglang_server(settings: Settings, inputs: Iterable[OperationMeta] = (),
             commit=model_revision.fleet_commit(settings)))
         changed += weights
         model_copy.copy_key(settings)
-    kernels = cache_key(settings)
-    kernel_folders = fact(KernelCacheFolders)
-    kernel_cache(kernels)
+    kernels, kernel_folders = cache_key(settings), fact(KernelCacheFolders)
+    service_user(name=f"User {SERVER_USER}", user=SERVER_USER)  # its kernel caches' owner
+    kernel_cache(kernels, SERVER_USER)
     env = secret_template(
         name="Server environment",
         src=str(REPO_ROOT / "templates" / "server.env.j2"),

@@ -4,6 +4,7 @@
 |---|---|
 | ``gpuhost-gate`` | the gates' nginx workers (sglang-gate, sglang-router-gate); their master stays root, reads the keys and the TLS key, and hands the workers the sockets |
 | ``gpuhost-router`` | the router (smg, sglang-router.service); its keys reach it through systemd's credentials (LoadCredential=), never its own read of their files |
+| ``gpuhost-server`` | the SGLang server (sglang.service); it reads the venv and the model (files 0644, folders 0755, as the deploy writes them) and writes only its kernel caches (owned by it) and its home (the unit's CacheDirectory=); it holds no key: the gate in front of it does |
 
 Each is a system account (useradd(8) ``--system``: a uid below SYS_UID_MAX, no aging) with a
 group of its own of the same name, no home (``/nonexistent``, as Debian's own daemons' users,
@@ -26,6 +27,8 @@ from operations.host import PasswdEntry
 GATE_USER: Final = "gpuhost-gate"
 #: The router (smg).
 ROUTER_USER: Final = "gpuhost-router"
+#: The SGLang server.
+SERVER_USER: Final = "gpuhost-server"
 HOME: Final = "/nonexistent"
 SHELL: Final = "/usr/sbin/nologin"
 

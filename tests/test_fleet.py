@@ -79,6 +79,26 @@ def test_no_router_group_is_no_fleet():
     assert fleet.admitted_users(named) == {8000: ("alice",)}
 
 
+def test_the_loopback_guard_admits_each_service_user_to_the_ports_it_reaches():
+    """The gates' workers to the ports behind them, the router's smg to its own host's server,
+    the server to its own port (sglang's warmup asks itself: fleet.service_users); a CPU-only
+    router host runs no server, whose user it then does not admit."""
+    s = {"gpu1": gated("10.0.0.1"), "gpu2": gated("10.0.0.2")}
+    planned = fleet.plan([("gpu1", ["gpuhost_router"]), ("gpu2", [])], s)
+    assert fleet.service_users(planned, "gpu1", s["gpu1"]) == {
+        30000: ("gpuhost-gate", "gpuhost-router", "gpuhost-server"),
+        30100: ("gpuhost-gate",)}
+    assert fleet.service_users(planned, "gpu2", s["gpu2"]) == {
+        30000: ("gpuhost-gate", "gpuhost-server")}
+    loop = settings("gpu1")  # a server on the loopback: its own port, no gate
+    assert fleet.service_users(fleet.plan([("gpu1", [])], {"gpu1": loop}), "gpu1", loop) == {
+        8000: ("gpuhost-server",)}
+    alone = {"router": cpu_router("10.0.0.9"), "gpu2": s["gpu2"]}
+    planned = fleet.plan([("router", ["gpuhost_router"]), ("gpu2", [])], alone)
+    assert fleet.service_users(planned, "router", alone["router"]) == {
+        30100: ("gpuhost-gate",)}
+
+
 def cpu_router(address: str, **extra):
     """A router host that serves no model: the router behind its gate, no GPU keys of its own."""
     return settings("router", serving=False, fleet_address=address, router_host=address,

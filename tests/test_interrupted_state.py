@@ -94,14 +94,15 @@ def settings(tmp_path):
 def exec_start_pre(template: str, context: dict) -> list[str]:
     text = get_template(str(ROOT / "templates" / template)).render(**context)
     line = [x for x in text.splitlines() if x.startswith("ExecStartPre=")][0]
-    assert "RuntimeDirectoryMode=0700" in text  # the digest covers server.env: root only
+    assert "RuntimeDirectoryMode=0700" in text  # the digest covers server.env: the unit's user
     return shlex.split(line.removeprefix("ExecStartPre="))
 
 
 def test_the_unit_records_what_the_deploy_compares(settings):
     s = settings()
     words = exec_start_pre("sglang.service.j2", server.unit_context(s))
-    assert words[:4] == ["/usr/bin/python3", f"{server.LIB_DIR}/unit_inputs.py", "--write",
+    # as root ("+"): the environment file it digests is root's alone; the server is not root
+    assert words[:4] == ["+/usr/bin/python3", f"{server.LIB_DIR}/unit_inputs.py", "--write",
                          "%t/gpuhost-sglang/inputs"]
     flag, venv, *paths = server.server_inputs(s)
     assert flag == "--venv"

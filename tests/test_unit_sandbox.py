@@ -14,7 +14,7 @@ import jinja2
 import pytest
 
 from operations import gate, loopback_guard, observability, router, server
-from operations.service_users import GATE_USER
+from operations.service_users import GATE_USER, SERVER_USER
 from operations.settings import from_host_data
 from operations.unit_sandbox import BASE, Sandbox
 
@@ -118,6 +118,17 @@ def test_the_gates_workers_run_as_their_own_user_with_their_temporary_files_apar
     assert "CacheDirectoryMode=0711" in unit  # the workers pass it to their own folders
     assert "RuntimeDirectoryMode=0700" in unit  # what the start read stays root's
     assert "ProtectHome=read-only" in unit  # key files may be anywhere, /root included
+
+
+def test_the_server_runs_as_its_own_user_and_only_what_reads_root_files_runs_as_root(units):
+    lines = service_lines(units["sglang.service"][0])
+    assert f"User={SERVER_USER}" in lines and f"Group={SERVER_USER}" in lines
+    root = [line for line in lines if line.split("=", 1)[1].startswith(("+", "-+"))]
+    # the inputs' digest reads the root-only environment file; nvidia-uvm is loaded as root
+    assert [line.split()[1 if "python3" in line else 0].rsplit("/", 1)[-1] for line in root] == [
+        "unit_inputs.py", "nvidia-modprobe"]
+    starts = [line for line in lines if line.startswith(("ExecStart=", "ExecStartPost="))]
+    assert all("=+" not in line for line in starts)  # sglang and its /health poll: its user
 
 
 def test_the_loopback_guard_admits_the_gates_user_by_name_to_the_ports_behind_the_gates():

@@ -221,11 +221,16 @@ def test_api_key_and_no_secret_anywhere(host, deploy):
     holders = host.ssh(f"grep -rlsF -e {key} -e {token} /etc /opt /var /root /run /tmp /home "
                        "/srv || true").split()
     assert sorted(holders) == sorted([KEY_FILE, "/root/hf_token"])
+    # the server's run-time folder is its user's (systemd's RuntimeDirectory=); the digests of
+    # what it started with (server.env's among them) are written there by root
     modes = host.ssh(f"stat -c '%n %a %U %G' {KEY_FILE} /root/hf_token /etc/gpuhost/server.env "
                      "/run/gpuhost-sglang /run/gpuhost-sglang-gate").splitlines()
     assert modes == [f"{KEY_FILE} 600 root root", "/root/hf_token 600 root root",
-                     "/etc/gpuhost/server.env 600 root root", "/run/gpuhost-sglang 700 root root",
+                     "/etc/gpuhost/server.env 600 root root",
+                     "/run/gpuhost-sglang 700 gpuhost-server gpuhost-server",
                      "/run/gpuhost-sglang-gate 700 root root"]
+    inputs = host.ssh("stat -c '%U' /run/gpuhost-sglang/inputs /run/gpuhost-sglang/inputs.parts")
+    assert inputs.split() == ["root", "root"], inputs
 
 
 def test_bad_input_refused_while_planning(host, deploy):

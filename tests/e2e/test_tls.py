@@ -380,7 +380,13 @@ done
 """
 
 
-def test_every_unit_gpuhost_installs_is_sandboxed_and_no_gate_worker_nor_router_is_root(fleet):
+#: Every process of the SGLang server by user: the stand-in's one process (``python -m
+#: sglang.launch_server ...``) and the real server's children, which name themselves
+#: ``sglang::scheduler_TP0``, ``sglang::detokenizer`` (sglang 0.5.9's setproctitle calls).
+SGLANG_PROCS = r"ps -eo user:32,args | grep -E '[s]glang(\.launch_server|::)' | cut -d' ' -f1"
+
+
+def test_every_unit_gpuhost_installs_is_sandboxed_and_no_daemon_of_its_own_is_root(fleet):
     hosts, _, _, _ = fleet
     for name, h in hosts.items():
         scores = dict(line.split() for line in h.ssh(EXPOSURES).splitlines() if line.strip())
@@ -403,6 +409,14 @@ def test_every_unit_gpuhost_installs_is_sandboxed_and_no_gate_worker_nor_router_
             routers = set(h.ssh("ps -eo user:32,args | grep '[s]mg::router' | cut -d' ' -f1")
                           .split())
             assert routers == {"gpuhost-router"}, routers
+        # the server as its own user; it reads the model, writes its kernel caches
+        assert set(h.ssh(SGLANG_PROCS).split()) == {"gpuhost-server"}, name
+        unit = h.ssh("systemctl show -p User -p Group --value sglang.service").split()
+        assert unit == ["gpuhost-server", "gpuhost-server"], (name, unit)
+        owners = h.ssh("stat -c '%U %G %a' /var/cache/gpuhost/kernels/*/ "
+                       "/var/cache/gpuhost/kernels/*/*/ | sort -u").strip()
+        assert owners == "gpuhost-server gpuhost-server 700", (name, owners)
+        print(f"{name}: sglang.service exposure {scores['sglang.service']}")
 
 
 def test_prometheus_scrapes_the_servers_over_tls(fleet):

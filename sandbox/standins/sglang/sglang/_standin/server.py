@@ -7,7 +7,8 @@ POST /v1/completions, POST /generate, GET /metrics (with --enable-metrics). --ap
 enforced as the real server does (401 {"error": "Unauthorized"}; /health* and /metrics open).
 
 Answers are canned and deterministic. It refuses to start when torch (the torch stand-in,
-reading the host's scenario) sees fewer GPUs than the parallelism asks for.
+reading the host's scenario) sees fewer GPUs than the parallelism asks for, and, as the real
+server, when the user it runs as cannot read the model's files (read_model).
 
 Behaviour modes, comma-separated in SANDBOX_SGLANG_MODE (default "normal"):
   slow-start        keep the port closed for SANDBOX_SGLANG_STARTUP_SECONDS (default 30) while
@@ -237,6 +238,53 @@ def check_speculative(args):
     return None
 
 
+def read_model(model):
+    """None, or the error the real server stops with where it cannot read the model's files as
+    the user it runs as: transformers reads config.json and the tokenizer's files at start,
+    the weight loader every shard (safetensors' header first); the message is Python's own
+    PermissionError. A folder's files the stand-in does not know are not read."""
+    if not os.path.isdir(model):
+        return None
+    try:
+        names = sorted(os.listdir(model))
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    wanted = [n for n in names if n.endswith((".json", ".safetensors"))]
+    for name in wanted:
+        try:
+            with open(os.path.join(model, name), "rb") as fh:
+                fh.read(8)
+        except OSError as exc:
+            return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+#: The kernel caches the server's JIT compilers write at start (flashinfer's JIT and cubins,
+#: Triton's kernels, torch inductor's and extensions' builds), by the variables that place
+#: them (operations/kernel_cache.py CACHE_VARIABLES); each falls back to the home or /tmp.
+KERNEL_CACHE_VARIABLES = ("FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR",
+                          "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR")
+
+
+def write_kernel_caches():
+    """None, or the error the real server stops with where a kernel cache is not writable by
+    the user it runs as (a JIT compile's PermissionError, while it captures CUDA graphs): one
+    file written into each cache the environment names, as the compilers would."""
+    for name in KERNEL_CACHE_VARIABLES:
+        folder = os.environ.get(name)
+        if not folder:
+            continue
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "sandbox-standin-kernel.tmp"), "w") as fh:
+                fh.write("a compiled kernel (sandbox stand-in)\n")
+            os.replace(os.path.join(folder, "sandbox-standin-kernel.tmp"),
+                       os.path.join(folder, "sandbox-standin-kernel"))
+        except OSError as exc:
+            return f"{type(exc).__name__}: {exc} ({name})"
+    return None
+
+
 def main(argv):
     spec = load_spec()
     parser = build_parser(spec)
@@ -258,6 +306,10 @@ def main(argv):
             "listed on 'https://huggingface.co/models'",
             model,
         )
+        return 1
+    problem = read_model(model) or write_kernel_caches()
+    if problem:
+        logger.error(problem)
         return 1
     problem = check_gpus(args)
     if problem:
