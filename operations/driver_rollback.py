@@ -80,6 +80,28 @@ def upstream(version: str) -> str:
     return version.split(":", 1)[-1].rsplit("-", 1)[0]
 
 
+#: Where a list of packages is wrapped: a driver change lists 20 to 40 of them (nvidia-open,
+#: its libraries, the DKMS module), a line of about 2000 characters unwrapped (issue #42).
+LIST_WIDTH = 100
+
+
+def listed(items: list[str], width: int = LIST_WIDTH) -> str:
+    """``": a, b"`` where the list fits one line; else its count, then the items, each whole,
+    packed into indented lines of at most ``width`` characters."""
+    one = ", ".join(items)
+    if len(one) <= width:
+        return f": {one}"
+    rows, row = [], ""
+    for item in items:
+        piece = item if not row else f"{row}, {item}"
+        if row and len(piece) > width:
+            rows.append(row + ",")
+            piece = item
+        row = piece
+    rows.append(row)
+    return f" {len(items)} packages:\n" + "\n".join(f"    {r}" for r in rows)
+
+
 def plan_lines(*, install: bool, change: bool, module_package: str,
                simulation: Simulation | None, last_good: dict | None,
                pending: dict | None) -> list[tuple[str, str]]:
@@ -108,8 +130,8 @@ def plan_lines(*, install: bool, change: bool, module_package: str,
             lines.append(("warning", f"apt's simulation of the driver install fails: "
                           f"{simulation.error}"))
         elif simulation.changes:
-            lines.append(("info", "apt would install: "
-                          + ", ".join(c.describe() for c in simulation.changes)))
+            lines.append(("info", "apt would install" + listed(
+                [c.describe() for c in simulation.changes])))
     elif install:
         lines.append(("info", "apt would install: known once NVIDIA's repository is in the "
                       "host's apt lists (this run adds it)"))

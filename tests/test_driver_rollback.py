@@ -201,3 +201,14 @@ def test_the_rollback_checks_the_kept_module_package_named_in_its_record(monkeyp
     dr._roll_back(host_, old_record, "nvidia-smi fails", "nvidia-kernel-open-dkms", 1,
                   lambda h, module, n: checked.append(f"checked {module}"))
     assert checked == ["checked nvidia-kernel-open-dkms", "recorded nvidia-kernel-open-dkms"]
+
+
+def test_a_long_package_list_is_counted_and_wrapped_each_package_whole():
+    changes = tuple(PackageChange(f"libnvidia-part{i}", "580.95.05-1", "590.44.01-1")
+                    for i in range(30))
+    (_, exact), _ = plan(simulation=Simulation(changes))
+    head, *rows = exact.split("\n")
+    assert head == "apt would install 30 packages:"
+    assert all(r.startswith("    ") and len(r) <= 4 + dr.LIST_WIDTH for r in rows), rows
+    items = [i.strip() for r in rows for i in r.split(",") if i.strip()]
+    assert items == [c.describe() for c in changes]
