@@ -21,8 +21,7 @@ from pyinfra.operations import files, systemd
 from typing_extensions import override
 
 from operations import REPO_ROOT, gate, group_restart, last_known_good, remote, roll, tls
-from operations import model as model_ops
-from operations import gpu_verdict, model_copy, model_revision
+from operations import gpu_verdict, model_copy, model_revision, model as model_ops
 from operations.node_group import NodeRole
 from operations.nodes import NODES_ENV_FILE, internode_argv
 from operations.nvidia import DRIVER_GATE_DROPIN
