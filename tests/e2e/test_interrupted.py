@@ -134,7 +134,8 @@ def assert_healthy_and_whole(host: lab.Host, model: str = "glm-5") -> int:
     # the venv is whole and is what the server runs
     assert "No broken requirements" in host.ssh(f"{VENV}/bin/python -m pip check")
     pre = host.ssh("grep -m1 '^ExecStartPre=' /etc/systemd/system/sglang.service").strip()
-    argv = shlex.split(pre.removeprefix("ExecStartPre="))
+    # less the command's prefixes (systemd.service(5): "+" runs it as root, beside User=)
+    argv = shlex.split(pre.removeprefix("ExecStartPre=").lstrip("+-@:!|"))
     del argv[argv.index("--write"):argv.index("--write") + 2]
     (stamp,) = [a for a in argv if a.endswith("/.gpuhost-model.json")]
     started = host.ssh("cat /run/gpuhost-sglang/inputs").strip()
