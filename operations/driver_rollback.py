@@ -130,8 +130,9 @@ def plan_lines(*, install: bool, change: bool, module_package: str,
             lines.append(("warning", f"apt's simulation of the driver install fails: "
                           f"{simulation.error}"))
         elif simulation.changes:
-            lines.append(("info", "apt would install" + listed(
-                [c.describe() for c in simulation.changes])))
+            # one line each: the caller prefixes each with the host's name
+            lines.extend(("info", row) for row in ("apt would install" + listed(
+                [c.describe() for c in simulation.changes])).split("\n"))
     elif install:
         lines.append(("info", "apt would install: known once NVIDIA's repository is in the "
                       "host's apt lists (this run adds it)"))

@@ -206,8 +206,8 @@ def test_the_rollback_checks_the_kept_module_package_named_in_its_record(monkeyp
 def test_a_long_package_list_is_counted_and_wrapped_each_package_whole():
     changes = tuple(PackageChange(f"libnvidia-part{i}", "580.95.05-1", "590.44.01-1")
                     for i in range(30))
-    (_, exact), _ = plan(simulation=Simulation(changes))
-    head, *rows = exact.split("\n")
+    said = [text for _, text in plan(simulation=Simulation(changes))]
+    head, *rows = said[:said.index(next(t for t in said if t.startswith("driver rollback")))]
     assert head == "apt would install 30 packages:"
     assert all(r.startswith("    ") and len(r) <= 4 + dr.LIST_WIDTH for r in rows), rows
     items = [i.strip() for r in rows for i in r.split(",") if i.strip()]
