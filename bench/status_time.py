@@ -21,38 +21,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PYINFRA = str(ROOT / ".venv" / "bin" / "pyinfra")
+# bench/ is this script's folder, first on sys.path: noop_deploy's run, with its environment
+from noop_deploy import ROOT
+from noop_deploy import run as pyinfra_run
+
 #: issue #42: status.py in under 5 s for one host, under 10 s for ten
 TARGETS_S = {1: 5.0, 10: 10.0}
-ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-
-
-def _cpu_of_children() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def run(limit: str | None) -> tuple[float, float]:
-    """One status.py run: (wall seconds, controller CPU seconds). Runs are sequential, each
-    reaped before the next, so the growth of RUSAGE_CHILDREN is that run's process tree."""
-    argv = [PYINFRA, "-y", "inventory/sandbox.py", "status.py",
-            *(["--limit", limit] if limit else [])]
-    cpu, start = _cpu_of_children(), time.perf_counter()
-    result = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, check=False, env=ENV)
-    elapsed, cpu = time.perf_counter() - start, _cpu_of_children() - cpu
-    if result.returncode != 0:
-        sys.exit(f"{' '.join(argv[1:])} failed (exit {result.returncode}):\n"
-                 f"{result.stdout[-4000:]}")
-    return elapsed, cpu
+    """One status.py run (bench/noop_deploy.py's run: it exits where the run fails): (wall
+    seconds, controller CPU seconds)."""
+    done = pyinfra_run("status.py", limit)
+    return done.wall_s, done.cpu_s
 
 
 def lab_hosts() -> tuple[list[str], str]:
