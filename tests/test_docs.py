@@ -31,7 +31,7 @@ gen = _gen()
 
 def test_every_key_has_help_and_no_help_without_a_key():
     keys = {f.name for f in dataclasses.fields(settings_module.Settings)}
-    assert sorted(keys - set(settings_module.HELP)) == [], "add a HELP entry in settings.py"
+    assert sorted(keys - set(settings_module.HELP)) == [], "declare its sentence"
     assert sorted(set(settings_module.HELP) - keys) == []
 
 

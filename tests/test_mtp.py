@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from operations import settings as settings_module
+from operations import settings_checks
 from operations.files.model_config import WEIGHT_INDEX, missing_mtp, mtp_layer
 from operations.server import server_env
 from operations.settings import SettingsError, from_host_data
@@ -97,7 +98,8 @@ def test_a_locked_sglang_without_the_flags_refuses_mtp(lock, monkeypatch):
     real = load_parser_spec("0.5.9")
     bare = replace(real, arguments=tuple(a for a in real.arguments
                                          if not a.flags[0].startswith("--speculative")))
-    monkeypatch.setattr(settings_module, "load_parser_spec", lambda version: bare)
+    for module in (settings_module, settings_checks):  # the profile's choice, the checks
+        monkeypatch.setattr(module, "load_parser_spec", lambda version: bare)
     assert settings(lock).speculative_algorithm is None  # MTP off: nothing to refuse
     with pytest.raises(SettingsError) as err:
         settings(lock, gpuhost_speculative_algorithm="NEXTN")
@@ -110,7 +112,8 @@ def test_a_locked_sglang_without_nextn_refuses_it(lock, monkeypatch):
     fewer = replace(real, arguments=tuple(
         ArgSpec(a.flags, a.action, ("EAGLE",), a.nargs, a.type)
         if a.flags[0] == "--speculative-algorithm" else a for a in real.arguments))
-    monkeypatch.setattr(settings_module, "load_parser_spec", lambda version: fewer)
+    for module in (settings_module, settings_checks):  # the profile's choice, the checks
+        monkeypatch.setattr(module, "load_parser_spec", lambda version: fewer)
     with pytest.raises(SettingsError) as err:
         settings(lock, gpuhost_speculative_algorithm="NEXTN")
     assert "offers EAGLE for --speculative-algorithm" in str(err.value)

@@ -3,10 +3,11 @@
     .venv/bin/python tools/docs_gen.py              # docs/reference.md, troubleshooting's table
     .venv/bin/python tools/docs_gen.py --refusals   # list every refusal found in the code
 
-docs/reference.md comes from operations/settings.py alone: each key's name, type and default
-(the Settings dataclass), what is allowed (RULES), what it does (HELP) and which stage reads it
-(every ``settings.<key>`` read in operations/, bench.py and deploy.py, by module, through the
-Settings properties too). docs/troubleshooting.md's stack table comes from
+docs/reference.md comes from the settings' declarations alone (operations/settings.py and the
+operations/settings_*.py modules it composes): each key's name, type and default (the Settings
+dataclass's field), what is allowed (its rule, RULES), what it does (its sentence, HELP) and
+which stage reads it (every ``settings.<key>`` read in operations/, bench.py and deploy.py, by
+module, through the Settings properties too). docs/troubleshooting.md's stack table comes from
 operations/stack_facts.FACTS. tests/test_docs.py fails when a page and the code disagree, and
 when a refusal the code can print (``refuse()``, ``end_run()``) has no entry in
 docs/troubleshooting.md, found by :func:`refusals`.
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 import re
+import textwrap
 import sys
 from collections import defaultdict
 from collections.abc import Iterator
@@ -88,30 +91,43 @@ def _source_files() -> list[Path]:
     return sorted((ROOT / "operations").glob("*.py")) + [ROOT / "bench.py", ROOT / "deploy.py"]
 
 
+def _declaring_classes() -> list[type]:
+    """Settings and the concerns' dataclasses it is composed of, in the order of its fields
+    (a dataclass takes its bases' fields from the last base to the first)."""
+    return [c for c in reversed(settings_module.Settings.__mro__) if c is not object]
+
+
+def _is_settings_module(path: Path) -> bool:
+    """Whether a module is one of the settings' own (operations/settings.py, settings_*.py):
+    their checks read settings, but no stage's work does."""
+    return path.parent.name == "operations" and (
+        path.stem == "settings" or path.stem.startswith("settings_"))
+
+
 def _property_fields() -> dict[str, set[str]]:
-    """Each Settings property and the fields it reads (``self.<field>``)."""
+    """Each Settings property and the fields it reads (``self.<field>``), in whichever
+    concern's dataclass it is defined."""
     names = {f.name for f in dataclasses.fields(settings_module.Settings)}
-    tree = ast.parse(Path(settings_module.__file__).read_text(encoding="utf-8"))
     found: dict[str, set[str]] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name == "Settings":
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef):
-                    found[item.name] = {a.attr for a in ast.walk(item)
-                                        if isinstance(a, ast.Attribute) and a.attr in names
-                                        and isinstance(a.value, ast.Name)
-                                        and a.value.id == "self"}
+    for cls in _declaring_classes():
+        node = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+        for item in node.body:  # type: ignore[attr-defined]
+            if isinstance(item, ast.FunctionDef):
+                found[item.name] = {a.attr for a in ast.walk(item)
+                                    if isinstance(a, ast.Attribute) and a.attr in names
+                                    and isinstance(a.value, ast.Name)
+                                    and a.value.id == "self"}
     return found
 
 
 def readers() -> dict[str, set[str]]:
     """Each setting and the modules that read it (module stems: "nvidia", "bench", ...), from
-    attribute reads on a settings object outside operations/settings.py."""
+    attribute reads on a settings object outside the settings' own modules."""
     names = {f.name for f in dataclasses.fields(settings_module.Settings)}
     props = _property_fields()
     found: dict[str, set[str]] = defaultdict(set)
     for path in _source_files():
-        if path.name == "settings.py":
+        if _is_settings_module(path):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Attribute) \
@@ -140,20 +156,20 @@ def _python(value: Any) -> str:
 
 
 def _groups() -> list[tuple[str, list[str]]]:
-    """The Settings fields in the groups their comments make (``# The host``, ...)."""
-    source = Path(settings_module.__file__).read_text(encoding="utf-8").splitlines()
-    tree = ast.parse("\n".join(source))
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
+    """The Settings fields in the groups their comments make (``# The host``, ...), through
+    the concerns' dataclasses in the order of the fields."""
     groups: list[tuple[str, list[str]]] = [("Settings", [])]
-    for number in range(cls.lineno, cls.end_lineno or cls.lineno):
-        line = source[number]
-        heading = re.match(r"    # (\S.*)$", line)
-        field = re.match(r"    ([a-z_0-9]+): ", line)
-        if heading:
-            title = re.sub(r"[:(].*$", "", heading.group(1)).strip()
-            groups.append((title, []))
-        elif field:
-            groups[-1][1].append(field.group(1))
+    for cls in _declaring_classes():
+        source, _ = inspect.getsourcelines(cls)
+        for line in source[1:]:
+            line = line.rstrip("\n")
+            heading = re.match(r"    # (\S.*)$", line)
+            field = re.match(r"    ([a-z_0-9]+): ", line)
+            if heading:
+                title = re.sub(r"[:(].*$", "", heading.group(1)).strip()
+                groups.append((title, []))
+            elif field:
+                groups[-1][1].append(field.group(1))
     return [g for g in groups if g[1]]
 
 
