@@ -26,10 +26,10 @@ DIST_INIT_PORT: Final = 25000
 
 
 #: What the server's environment gets from gpuhost itself: the unit (CUDA_HOME, PATH,
-#: LD_LIBRARY_PATH, the kernel caches of operations/kernel_cache.py), server.env (HF_HUB_OFFLINE: the weights are local) and the P2P decision
-#: (operations/p2p_policy.py). An EnvironmentFile wins over the unit's Environment= lines, and
-#: the P2P file is read last: gpuhost_server_env naming one of these would override gpuhost, or
-#: be silently overridden.
+#: LD_LIBRARY_PATH, the kernel caches of operations/kernel_cache.py), server.env
+#: (HF_HUB_OFFLINE: the weights are local) and the P2P decision (operations/p2p_policy.py). An
+#: EnvironmentFile wins over the unit's Environment= lines, and the P2P file is read last:
+#: gpuhost_server_env naming one of these would override gpuhost, or be silently overridden.
 RESERVED_ENV: Final = ("CUDA_HOME", "PATH", "LD_LIBRARY_PATH", "HF_HUB_OFFLINE",
                        "FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
                        "TORCH_EXTENSIONS_DIR",
