@@ -21,7 +21,6 @@ MODULES_OVER = {
     "operations/bench_report.py": 640,
     "operations/mlenv.py": 704,
     "operations/model_copy.py": 671,
-    "operations/nvidia.py": 1379,
     "operations/server.py": 1009,
     "operations/settings.py": 1889,
 }
@@ -33,8 +32,6 @@ FUNCTIONS_OVER = {
     "operations/files/router_workers.py:main": 87,
     "operations/fleet.py:plan": 83,
     "operations/mlenv.py:mlenv": 165,
-    "operations/nvidia.py:nvidia": 208,
-    "operations/nvidia.py:plan_driver": 184,
     "operations/server.py:sglang_server": 282,
 }
 
