@@ -24,7 +24,7 @@ from operations.driver_lock import drop_pinning_files
 
 PIN_FILE: Final = "gpuhost-nvidia-driver"  # in /etc/apt/preferences.d (the nvidia stage's pin)
 
-#: The driver install's apt-get options (operations.nvidia.driver_packages), which the
+#: The driver install's apt-get options (operations.driver_install.driver_packages), which the
 #: simulation repeats so that it answers for the same transaction.
 INSTALL_OPTIONS: Final = ("--no-install-recommends", "--allow-downgrades",
                           "--allow-change-held-packages")

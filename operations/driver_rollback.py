@@ -373,7 +373,7 @@ def checked(packages: list[str], module_package: str, gpu_count: int,
     + module_package: the package whose version the loaded driver must have
     + gpu_count: the GPUs nvidia-smi must list
     + failure_of: ``(host, module_package, gpu_count) -> str | None``, the checks
-      (operations.nvidia.driver_failure)
+      (operations.driver_checks.driver_failure)
 
     After a rollback the run goes on (the server starts on the restored driver) and fails
     for this host at its end (:func:`reported`).

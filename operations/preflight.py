@@ -11,7 +11,7 @@ from operations.gpu import NvidiaDriver
 from operations.host import HostResources
 from operations.model import model_room_problem
 from operations.model_revision import fleet_commit
-from operations.nvidia import repo_folder
+from operations.cuda_repo import repo_folder
 from operations.plan import PlanError, fact, refuse
 from operations.secureboot import SecureBoot
 from operations.settings import Settings

@@ -65,7 +65,8 @@ from operations.disk import NO_SPACE
 from operations.fleet import CONTROL_KEY_FILE, Worker
 from operations.folders import top_folders
 from operations.lock import read_lock
-from operations.mlenv import LOCK_DIR, locked_packages, venv_that_runs
+from operations.mlenv import LOCK_DIR
+from operations.venv_install import locked_packages, venv_that_runs
 from operations.p2p import LIB_DIR
 from operations.host import HostAddresses, address_problem
 from operations.plan import fact, refuse

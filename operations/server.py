@@ -30,7 +30,7 @@ from operations.p2p import LIB_DIR
 from operations.p2p import RECORD as P2P_RECORD
 from operations.folders import folders_down_to, top_folders
 from operations.host import FileText, HostAddresses, address_problem
-from operations.mlenv import VenvAt
+from operations.venv_facts import VenvAt
 from operations.kernel_cache import (KERNEL_CACHE_ROOT, KernelCacheFolders, cache_env, cache_key,
                                      kernel_cache, remove_superseded)
 from operations.plan import fact, refuse

@@ -157,7 +157,7 @@ def kept_drift(installed: dict[str, str], lock: Lock) -> list[str]:
     it holds the lock: a locked distribution missing or at another version (flash-attn
     included: a changed one is not installed into the serving venv either), one the lock does
     not name (pip aside, which installs the lock). Versions compare as
-    :func:`operations.mlenv.drift` compares them (a local part such as ``+cu128`` matches its
+    :func:`operations.venv_install.drift` compares them (a local part such as ``+cu128`` matches its
     locked base)."""
     lines = []
     for pin in lock.pins:
@@ -234,7 +234,7 @@ def digest_of_venv(venv: str) -> str:
 
 
 def link_problem(path: str, health: VenvHealth) -> str | None:
-    """Why gpuhost_venv_path (``path``, as :class:`operations.mlenv.VenvRuns` read it) cannot
+    """Why gpuhost_venv_path (``path``, as :class:`operations.venv_facts.VenvRuns` read it) cannot
     become the link to the serving venv, or None. A symlink is replaced (its target is left
     alone), an empty folder and a venv of an earlier gpuhost are removed first; refused: a file,
     a device or the like, a folder that is not a venv and holds anything, a venv holding what a
@@ -272,7 +272,7 @@ def venv_link(path: str, target: str, health: VenvHealth):
 
     + path: gpuhost_venv_path
     + target: the venv's folder under VENVS_DIR
-    + health: what was at ``path`` while planning (:class:`operations.mlenv.VenvRuns`)
+    + health: what was at ``path`` while planning (:class:`operations.venv_facts.VenvRuns`)
 
     The link is replaced atomically (a new link renamed over it, rename(2)); a venv of an
     earlier gpuhost there is removed first (see the module's docstring). Raises OperationError

@@ -128,7 +128,7 @@ def test_the_sandbox_driver_change_as_apt_simulates_it():
 
 
 def test_the_summary_names_the_version_apt_would_install_for_a_branch():
-    from operations.nvidia import DriverPlan
+    from operations.driver_plan import DriverPlan
 
     plan_ = DriverPlan(installed=("580.95.05-1",), target="590.*", install=True, change=True,
                        toolkit_installed="12.8.1-1", toolkit_target="12.8 (cuda-toolkit-12-8)")

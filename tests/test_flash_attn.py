@@ -21,7 +21,8 @@ from operations.flash_attn import (
     read_stamp,
     stale_reasons,
 )
-from operations.mlenv import build_memory_max, describe_drift, unlocked
+from operations.mlenv import build_memory_max
+from operations.venv_install import describe_drift, unlocked
 from operations.settings import SettingsError, from_host_data
 
 KEY = BuildKey("2.8.3.post2", "2.9.1+cu128", "12.8", "3.12", "120")
@@ -204,7 +205,7 @@ def _refusals_for(installed, torch_cuda, driver_state, lock_text, tmp_path, **da
     settings = from_host_data("gpu1", {"gpuhost_lock": str(lock), **data})
     state = FakeState()
     host = create_host(state, name="gpu1", facts={
-        "mlenv.VenvTorchCuda": {"venv=/opt/gpuhost/venv": torch_cuda},
+        "venv_facts.VenvTorchCuda": {"venv=/opt/gpuhost/venv": torch_cuda},
         "gpu.NvidiaDriver": driver_state,
     })
     plan._refusals.clear()

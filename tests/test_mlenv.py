@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from operations.lock import read_lock
-from operations.mlenv import (BuildError, VenvPackages, build_parallelism, drift, pip_index_args,
-                              python_problem)
+from operations.mlenv import BuildError, build_parallelism, python_problem
+from operations.pip_index import pip_index_args
+from operations.venv_facts import VenvPackages
+from operations.venv_install import drift
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """A venv that does not run, and a full disk (ENOSPC) said in one line: the venv check
-(mlenv.VenvRuns) run here on venvs broken as a full disk leaves them, the wrapper the venv's
+(venv_facts.VenvRuns) run here on venvs broken as a full disk leaves them, the wrapper the venv's
 commands run through (operations/files/no_space.py), and the model download running out of disk
 (operations/files/model_fetch.py with a stand-in huggingface_hub)."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from operations.files import no_space
-from operations.mlenv import VenvAt, VenvPython, VenvRuns
+from operations.venv_facts import VenvAt, VenvPython, VenvRuns
 
 FILES = Path(__file__).resolve().parents[1] / "operations" / "files"
 PIP_ERROR = ("ERROR: Could not install packages due to an OSError: [Errno 28] No space left on "

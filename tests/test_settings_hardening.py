@@ -98,10 +98,10 @@ def test_the_index_url_and_the_venv_are_quoted_for_the_shell():
     from pyinfra.context import ctx_host, ctx_state
     from pyinfra_testing.util import FakeState, create_host
 
-    from operations.mlenv import locked_packages
+    from operations.venv_install import locked_packages
 
     state = FakeState()
-    host = create_host(state, name="gpu1", facts={"mlenv.VenvPackages": {"venv=/opt/v": {}}})
+    host = create_host(state, name="gpu1", facts={"venv_facts.VenvPackages": {"venv=/opt/v": {}}})
     with ctx_state.use(state), ctx_host.use(host):
         (command,) = list(locked_packages._inner(
             venv="/opt/v", requirements="/opt/gpuhost/lock/stack.txt", wanted={"a": "1"},

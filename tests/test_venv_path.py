@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from operations import mlenv
-from operations.mlenv import VenvAt, VenvRuns
+from operations.venv_facts import VenvAt, VenvRuns
 from operations.settings import GPUHOST_DIRS, SettingsError, from_host_data
 from operations.venv_path import venv_path_problem
 from operations.venvs import link_problem
