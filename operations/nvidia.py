@@ -26,17 +26,11 @@ from operations import REPO_ROOT
 from operations import driver_lock, driver_rollback, proxy, remote, roll
 from operations.apt_simulation import DriverSimulation
 from operations.gpu import NvidiaDriver
-from operations.host import (
-    AptListsPresent,
-    DpkgInterrupted,
-    FileText,
-    HeldPackages,
-    dpkg_finished,
-    lists_updated,
-    reboot,
-)
+from operations.host import AptListsPresent, DpkgInterrupted, FileText, HeldPackages
 from operations.nvsmi import DriverState
+from operations.package_runs import dpkg_finished, lists_updated
 from operations.plan import PlanError, fact, refuse
+from operations.reboot import reboot
 from operations.secureboot import dkms_signing, secure_boot_signing
 from operations.settings import CUDA_MIN_DRIVER, Settings
 
