@@ -8,7 +8,7 @@ from typing import Final
 
 from pyinfra.api import StringCommand
 
-from operations.p2p import LIB_DIR
+from operations import LIB_DIR
 
 #: The wrapper that names a full disk (operations/files/no_space.py), shipped by the ML venv
 #: stage (model_fetch.py imports it too) and run by the host's python3: it needs no working

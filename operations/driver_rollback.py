@@ -51,7 +51,7 @@ from operations.apt_simulation import (
     parse_simulation,
     simulation_command,
 )
-from operations.host import back_with_new_boot
+from operations.reboot import back_with_new_boot
 
 STATE_DIR: Final = "/var/lib/gpuhost"
 LAST_GOOD: Final = f"{STATE_DIR}/driver-last-good.json"

@@ -39,7 +39,7 @@ from pyinfra.api.exceptions import OperationError
 
 from operations import proxy, remote
 from operations.disk import no_space_named
-from operations.model import model_download
+from operations.model_facts import model_download
 from operations.model_copy import login_rsh
 from operations.model_revision import fleet_commit
 from operations.pip_index import pip_index_args
@@ -74,7 +74,7 @@ def room_problem(fact, settings, lock, new_venv: str) -> str | None:
     files, each read from the controller's cache where it holds the file (its size, and its
     members' as wheel_sizes.py counts them), else off the package index from the host
     (:class:`operations.venvs.LockSizes`). A name no size was found for is said, and counts
-    nothing. The model's download the run makes later (operations.model.model_download) counts
+    nothing. The model's download the run makes later (operations.model_facts.model_download) counts
     too where it goes to a file system of the venv's (the default folders share one: /opt)."""
     room = fact(VenvRoom, venv_path=settings.venv_path, folders=ROOM_FOLDERS)
     model = model_download(fact, settings, fleet_commit(settings))

@@ -10,7 +10,7 @@ repository). Its commit is decided once per run, at the first of its hosts that 
 (:func:`fleet_commit`), from what its hosts hold and what the Hub answers (:func:`decide`):
 
 - the commit of the fleet's complete copies of that revision (their stamps' ``sha``,
-  operations/model.py ModelSnapshot), where they agree: a host without it (one added later, or
+  operations/model_facts.py ModelSnapshot), where they agree: a host without it (one added later, or
   rebuilt) gets that commit, not the one the branch names now;
 - where no host holds a copy, the commit the Hub names for the revision now;
 - where the branch moved on the Hub since, the run (``--dry`` too) says so, and the fleet stays
@@ -43,7 +43,7 @@ from pyinfra.api.exceptions import PyinfraError
 from typing_extensions import override
 
 from operations import REPO_ROOT
-from operations.model import ModelSnapshot, is_current
+from operations.model_facts import ModelSnapshot, is_current
 from operations.plan import fact, fact_of, refuse
 from operations.settings import PREFIX, Settings
 

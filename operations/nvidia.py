@@ -41,15 +41,10 @@ from operations.driver_names import (
 )
 from operations.driver_plan import DriverPlan, plan_driver
 from operations.gpu import NvidiaDriver
-from operations.host import (
-    AptListsPresent,
-    DpkgInterrupted,
-    FileText,
-    dpkg_finished,
-    lists_updated,
-    reboot,
-)
+from operations.host import AptListsPresent, DpkgInterrupted, FileText
+from operations.package_runs import dpkg_finished, lists_updated
 from operations.plan import PlanError, fact, refuse
+from operations.reboot import reboot
 from operations.secureboot import SigningPlan, dkms_signing, secure_boot_signing
 from operations.settings import Settings
 

@@ -41,7 +41,7 @@ def use_run_env() -> None:
     ``_parallel_load_hosts``: ``state.config.copy()``, which leaves ``ENV`` out: Config.copy
     copies only ConfigDefaults' keys) and executes the operations under the run's own config:
     both get it, or the commands callbacks send at execution time (``apt-get update`` of
-    operations.host.lists_updated among them) run in the host's locale.
+    operations.package_runs.lists_updated among them) run in the host's locale.
     """
     config.ENV = {**config.ENV, **RUN_ENV}
     run = ctx_state.get()

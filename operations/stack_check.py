@@ -17,7 +17,7 @@ from operations.files.model_config import (WEIGHT_INDEX, architecture, mismatch,
 from operations.host import FileText
 from operations.launch_profiles import report
 from operations.lock import LockError, read_lock
-from operations.model import ModelSnapshot, MtpLayerBytes, model_download
+from operations.model_facts import ModelSnapshot, MtpLayerBytes, model_download
 from operations.model_revision import fleet_commit
 from operations.plan import fact, is_dry_run, refuse
 from operations.settings import PREFIX, Settings, profile_choice

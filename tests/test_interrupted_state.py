@@ -11,10 +11,11 @@ import pytest
 from pyinfra.api.util import get_template
 
 from operations import host as host_ops
+from operations import package_runs
 from operations import server
 from operations.files import unit_inputs
 from operations.flash_attn import STAMP_NAME
-from operations.model import STAMP as MODEL_STAMP
+from operations.model_facts import STAMP as MODEL_STAMP
 from operations.settings import from_host_data
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,7 +166,7 @@ def test_dpkg_interrupted_reads_the_journal_and_the_audit():
 
 
 def test_dpkg_is_finished_under_its_lock():
-    (command,) = host_ops.dpkg_finished._inner(lock_timeout=30)  # pyinfra's undecorated op
+    (command,) = package_runs.dpkg_finished._inner(lock_timeout=30)  # pyinfra's undecorated op
     text = str(command)
     assert text.endswith("30 --force-confdef --force-confold --configure -a")
     assert "DPKG_FRONTEND_LOCKED" in text and "lock-frontend" in text

@@ -15,7 +15,7 @@ from operations import stack_check
 from operations.files.model_config import WEIGHT_INDEX
 from operations.memory_fit import GIB, Weights
 from operations.memory_fit import model_fit as check
-from operations.model import MtpLayerBytes, ModelSnapshot
+from operations.model_facts import MtpLayerBytes, ModelSnapshot
 from operations.settings import Settings
 from sandbox import hub
 

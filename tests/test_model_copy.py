@@ -418,7 +418,7 @@ def test_a_model_folder_holding_what_the_revision_does_not_list_is_not_complete(
     """ModelSnapshot: a file planted beside the revision's, or a link (even one named as a file
     of the revision), makes the copy incomplete, so the next converge cleans it up; the Hub
     client's .cache folder and the stamp do not count."""
-    from operations.model import _SNAPSHOT_SCRIPT
+    from operations.model_facts import _SNAPSHOT_SCRIPT
 
     def snapshot() -> dict:
         return json.loads(subprocess.run([sys.executable, "-c", _SNAPSHOT_SCRIPT, str(dest)],

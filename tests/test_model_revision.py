@@ -12,7 +12,7 @@ import threading
 from http.server import ThreadingHTTPServer
 
 from operations import REPO_ROOT
-from operations.model import is_current
+from operations.model_facts import is_current
 from operations.model_revision import decide, pinned
 from sandbox import hub
 

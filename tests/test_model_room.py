@@ -1,4 +1,4 @@
-"""Room for the model's download, read while planning (operations/model.py ModelRoom,
+"""Room for the model's download, read while planning (operations/model_facts.py ModelRoom,
 operations/files/model_room.py): the revision's files not there yet, from the Hub's file
 listing as huggingface_hub's model_info asks for it, against the free room of the model
 folder's file system."""
@@ -10,7 +10,8 @@ import json
 import subprocess
 import threading
 
-from operations.model import ROOM_HEADROOM_GIB, ModelRoom, model_room_problem
+from operations.model import model_room_problem
+from operations.model_facts import ROOM_HEADROOM_GIB, ModelRoom
 from operations.settings import Settings
 
 GIB = 2**30

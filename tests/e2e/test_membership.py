@@ -200,7 +200,7 @@ def killed_rolls(hosts: dict, work: Path) -> None:
     assert back and -1 < back.start() < gpu2_out, again.output[-8000:]
 
 
-#: The stamp model_fetch.py writes in the model folder (operations/model.py STAMP).
+#: The stamp model_fetch.py writes in the model folder (operations/model_facts.py STAMP).
 STAMP = "/opt/gpuhost/models/gpuhost-sandbox/tiny-glm-5/.gpuhost-model.json"
 
 
