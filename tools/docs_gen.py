@@ -70,7 +70,8 @@ STAGES: dict[str, tuple[str, str]] = {
     "server": ("SGLang server", "first-deploy.md"),
     "sglang": ("SGLang server", "first-deploy.md"),
     "model_copy": ("SGLang server", "rebuild.md"),
-    "model": ("Preflight", "first-deploy.md"),  # the model download's room, while planning
+    "model": ("Preflight", "first-deploy.md"),
+    "model_facts": ("Preflight", "first-deploy.md"),  # the model download's room, too  # the model download's room, while planning
     "model_revision": ("Model revision", "fleet.md"),
     "fleet": ("Router", "fleet.md"),
     "router": ("Router", "fleet.md"),
