@@ -24,15 +24,8 @@ from operations.bench import (
     run_levels,
     say,
 )
-from operations.server import (
-    GATE_UNIT,
-    SWEEP_DROPIN,
-    UNIT,
-    _wait_serving,
-    server_env,
-    settings_gate_argv,
-    unit_context,
-)
+from operations.server_health import _wait_serving, settings_gate_argv
+from operations.server_unit import GATE_UNIT, SWEEP_DROPIN, UNIT, server_env, unit_context
 from operations.settings import PREFIX, Settings
 
 #: Journal lines kept for a value whose server failed.

@@ -146,7 +146,7 @@ def test_report_missing_file_named(tmp_path):
 
 
 def test_sweep_dropin_changes_one_flag_only():
-    from operations.server import unit_context
+    from operations.server_unit import unit_context
     from operations.sweep import dropin_text
 
     s = from_host_data("gpu1", {})

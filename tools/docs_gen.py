@@ -62,6 +62,11 @@ STAGES: dict[str, tuple[str, str]] = {
     "node_group": ("SGLang server", "multinode.md"),
     "group_restart": ("SGLang server", "multinode.md"),
     "server": ("SGLang server", "first-deploy.md"),
+    "server_health": ("SGLang server", "first-deploy.md"),
+    "server_last_good": ("SGLang server", "first-deploy.md"),
+    "server_refusals": ("SGLang server", "first-deploy.md"),
+    "server_state": ("SGLang server", "first-deploy.md"),
+    "server_unit": ("SGLang server", "first-deploy.md"),
     "sglang": ("SGLang server", "first-deploy.md"),
     "model_copy": ("SGLang server", "rebuild.md"),
     "model": ("Preflight", "first-deploy.md"),  # the model download's room, while planning
