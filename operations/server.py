@@ -14,7 +14,8 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
 from operations import REPO_ROOT, gate, group_restart, last_known_good, roll
-from operations import gpu_verdict, model_copy, model_revision, model as model_ops
+from operations import gpu_verdict, model_copy, model_peers, model_revision
+from operations import model as model_ops
 from operations.folders import folders_down_to, top_folders
 from operations.host import FileText
 from operations.kernel_cache import KernelCacheFolders, cache_key, kernel_cache, remove_superseded
@@ -207,8 +208,8 @@ def model_weights(settings: Settings, peers: Mapping[str, Settings] | None) -> l
         files.directory(name=f"Folder {folder}", path=folder, mode="755")
     files.directory(name="Model folder", path=settings.model_path, mode="755")
     model_copy.copy_access(settings)
-    sources = (model_copy.peers(host.name, peers, {h.name: h.data.dict()
-                                                   for h in host.inventory})
+    sources = (model_peers.peers(host.name, peers, {h.name: h.data.dict()
+                                                    for h in host.inventory})
                if peers and settings.model_copy_from_peers else [])
     weights = [model_ops.weights(
         name=f"Model {settings.model}@{settings.model_revision}",

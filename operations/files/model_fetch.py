@@ -322,7 +322,7 @@ def _main() -> int:
         print(f"{args.repo}@{sha}: {len(files)} files, {sum(files.values()) / GIB:.2f} GiB, "
               f"{sum(missing_bytes().values()) / GIB:.2f} GiB still to fetch, "
               f"{_free_bytes(args.dest) / GIB:.1f} GiB free in {args.dest}", flush=True)
-        # what a copy from a peer may bring, each file with its hash (operations/model_copy.py)
+        # what a copy from a peer may bring, each file with its hash (operations/model_peers.py)
         print(MANIFEST + json.dumps({"sha": sha, "files": revision_files(info.siblings)},
                                     separators=(",", ":")), flush=True)
         return 0
