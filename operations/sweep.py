@@ -15,7 +15,7 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.facts.files import File
 from pyinfra.api.exceptions import OperationError
 
-from operations import REPO_ROOT, bench_report, remote
+from operations import REPO_ROOT, remote, sweep_report
 from operations.bench import (
     PROGRESS_EVERY,
     RUN_UNIT,
@@ -154,7 +154,7 @@ def _sweep(state, host, settings: Settings, dest_root: str) -> bool:
             levels_of(replace(settings, **{key: value}), value, str(value))
     finally:
         restore(state, host, settings)
-    text = bench_report.write_sweep(dest, host.name, key, configured, outcomes)
+    text = sweep_report.write_sweep(dest, host.name, key, configured, outcomes)
     for line in text.splitlines():
         say(line)
     for name in ("results.json", "summary.md", "bench.png"):
