@@ -28,7 +28,6 @@ FUNCTIONS_OVER = {
     "operations/files/health_check.py:_main": 85,
     "operations/files/model_fetch.py:_main": 128,
     "operations/files/router_workers.py:main": 87,
-    "operations/fleet.py:plan": 83,
     "operations/mlenv.py:mlenv": 165,
     "operations/nvidia.py:nvidia": 208,
     "operations/nvidia.py:plan_driver": 184,
