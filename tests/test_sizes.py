@@ -26,7 +26,6 @@ MODULES_OVER = {
 FUNCTIONS_OVER = {
     "operations/files/bench_run.py:main": 112,
     "operations/files/health_check.py:_main": 85,
-    "operations/files/model_fetch.py:_main": 128,
     "operations/files/router_workers.py:main": 87,
     "operations/mlenv.py:mlenv": 165,
     "operations/nvidia.py:nvidia": 208,
