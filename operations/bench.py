@@ -20,7 +20,7 @@ from typing_extensions import override
 from operations import REPO_ROOT, bench_report, remote
 from operations.plan import fact, refuse
 from operations.preflight import InitSystem
-from operations.server import GATE_UNIT, UNIT, UNIT_PATH, backend_url, public_url
+from operations.server_unit import GATE_UNIT, UNIT, UNIT_PATH, backend_url, public_url
 from operations.settings import PREFIX, Settings
 from operations.observability import GPU_METRICS_FILE
 from operations.tls import CA_PATH

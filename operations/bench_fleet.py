@@ -42,7 +42,7 @@ from operations.fleet import ROUTER_GROUP, Fleet
 from operations.plan import fact, refuse
 from operations.router import CHECK_SCRIPT, CONTROL_KEY_FILE, UNIT_PATH, own_url
 from operations.run_exit import end_run
-from operations.server import _url
+from operations.server_unit import _url
 from operations.tls import needs_tls
 from operations.settings import PREFIX, Settings
 

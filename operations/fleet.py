@@ -123,8 +123,21 @@ def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Sett
                 for name, groups in listed
                 if not settings[name].serving and ROUTER_GROUP not in groups]
     serving = [name for name, _ in listed if settings[name].serving]
+    problems += _shared_addresses([name for name, _ in listed], settings)
+    workers: dict[str, tuple[Worker, ...]] = {}
+    for router in routers:
+        workers[router], said = _router_workers(router, serving, settings)
+        problems += said
+    if problems:
+        raise FleetError(list(dict.fromkeys(problems)))
+    return Fleet(routers, workers)
+
+
+def _shared_addresses(names: list[str], settings: Mapping[str, Settings]) -> list[str]:
+    """A problem for each host whose fleet address an earlier host of ``names`` has too."""
+    problems = []
     owner: dict[str, str] = {}
-    for name, _ in listed:
+    for name in names:
         address = settings[name].fleet_address
         if address is None:
             continue
@@ -135,61 +148,74 @@ def plan(hosts: Iterable[tuple[str, Iterable[str]]], settings: Mapping[str, Sett
             problems.append(f"host {name}: {PREFIX}fleet_address = {address!r} is not allowed: "
                             f"host {owner[key]} has it too; each host's own address")
         owner.setdefault(key, name)
-    workers: dict[str, tuple[Worker, ...]] = {}
-    for router in routers:
-        own = settings[router]
-        keys = ("server_port", "server_backend_port")[:2 if own.server_is_public else 1]
-        for key in keys if own.serving else ():
-            if getattr(own, key) == ROUTER_METRICS_PORT:
-                problems.append(f"host {router}: {PREFIX}{key} = {ROUTER_METRICS_PORT} is not "
-                                f"allowed: a port other than {ROUTER_METRICS_PORT}, where the "
-                                f"router on this host has its metrics (127.0.0.1)")
-        if own.roll_size > own.roll_max_unavailable:
-            problems.append(f"host {router}: {PREFIX}roll_size = {own.roll_size} is not "
-                            f"allowed: at most {PREFIX}roll_max_unavailable "
-                            f"({own.roll_max_unavailable}), the workers a roll may have out "
-                            "of the router at once")
-        found = []
-        for name in serving:
-            if settings[name].nodes and name != settings[name].nodes[0]:
-                continue  # a rank >= 1 of a node group serves no model (operations/nodes.py)
-            url, problem = worker_url(name, settings[name], router)
-            if problem:
-                problems.append(problem)
-            else:
-                found.append(Worker(name, url or ""))
-        if not serving:
-            problems.append(f"host {router}: the router has no worker: every host of the "
-                            f"inventory has {PREFIX}serving = False; serving hosts are those "
-                            f"with {PREFIX}serving = True (the default)")
-        workers[router] = tuple(found)
-        if own.router_api_key_file is None:
-            problems.append(f"host {router}: {PREFIX}router_api_key_file = None is not allowed "
-                            "on a router host: a root-only file holding the client key (the "
-                            "router's generation paths are never open, not even on the "
-                            "loopback, where every local user could use them)")
-        remote_gated = [n for n in serving if n != router and settings[n].server_is_public
-                        and not (settings[n].nodes and n != settings[n].nodes[0])]
-        if remote_gated and own.fleet_key_file is None:
-            problems.append(f"host {router}: {PREFIX}fleet_key_file = None is not allowed: the "
-                            f"API key gates of {', '.join(remote_gated)} admit the router by "
-                            "the fleet key it sends (a root-only file holding the same key on "
-                            "the router hosts and their workers)")
-        for name in remote_gated:
-            theirs = settings[name].tls_ca_cert_file
-            if theirs != own.tls_ca_cert_file:
-                problems.append(f"host {name}: {PREFIX}tls_ca_cert_file = {theirs!r} is not "
-                                f"allowed: {own.tls_ca_cert_file!r}, as on router host "
-                                f"{router}, whose router verifies this host's certificate "
-                                "with it (one fleet CA for a router and its workers)")
-            if settings[name].fleet_key_file is None:
-                problems.append(f"host {name}: {PREFIX}fleet_key_file = None is not allowed: "
-                                f"the router on {router} reaches this host's gate with the "
-                                "fleet key (a root-only file holding the same key as on the "
-                                "router host)")
-    if problems:
-        raise FleetError(list(dict.fromkeys(problems)))
-    return Fleet(routers, workers)
+    return problems
+
+
+def _router_workers(router: str, serving: list[str], settings: Mapping[str, Settings]
+                    ) -> tuple[tuple[Worker, ...], list[str]]:
+    """The workers of the router on ``router`` (rank 0 of a node group only) and the problems
+    of that router and its workers: its ports and roll, a worker it cannot reach, no worker,
+    the keys and the CA they must share."""
+    own = settings[router]
+    problems = []
+    keys = ("server_port", "server_backend_port")[:2 if own.server_is_public else 1]
+    for key in keys if own.serving else ():
+        if getattr(own, key) == ROUTER_METRICS_PORT:
+            problems.append(f"host {router}: {PREFIX}{key} = {ROUTER_METRICS_PORT} is not "
+                            f"allowed: a port other than {ROUTER_METRICS_PORT}, where the "
+                            f"router on this host has its metrics (127.0.0.1)")
+    if own.roll_size > own.roll_max_unavailable:
+        problems.append(f"host {router}: {PREFIX}roll_size = {own.roll_size} is not "
+                        f"allowed: at most {PREFIX}roll_max_unavailable "
+                        f"({own.roll_max_unavailable}), the workers a roll may have out "
+                        "of the router at once")
+    found = []
+    for name in serving:
+        if settings[name].nodes and name != settings[name].nodes[0]:
+            continue  # a rank >= 1 of a node group serves no model (operations/nodes.py)
+        url, problem = worker_url(name, settings[name], router)
+        if problem:
+            problems.append(problem)
+        else:
+            found.append(Worker(name, url or ""))
+    if not serving:
+        problems.append(f"host {router}: the router has no worker: every host of the "
+                        f"inventory has {PREFIX}serving = False; serving hosts are those "
+                        f"with {PREFIX}serving = True (the default)")
+    return tuple(found), problems + _router_keys(router, serving, settings)
+
+
+def _router_keys(router: str, serving: list[str], settings: Mapping[str, Settings]
+                 ) -> list[str]:
+    """The problems of the keys and CA a router on ``router`` and its gated workers share:
+    its client key file, the fleet key on both sides, one fleet CA."""
+    own = settings[router]
+    problems = []
+    if own.router_api_key_file is None:
+        problems.append(f"host {router}: {PREFIX}router_api_key_file = None is not allowed "
+                        "on a router host: a root-only file holding the client key (the "
+                        "router's generation paths are never open, not even on the "
+                        "loopback, where every local user could use them)")
+    remote_gated = [n for n in serving if n != router and settings[n].server_is_public
+                    and not (settings[n].nodes and n != settings[n].nodes[0])]
+    if remote_gated and own.fleet_key_file is None:
+        problems.append(f"host {router}: {PREFIX}fleet_key_file = None is not allowed: the "
+                        f"API key gates of {', '.join(remote_gated)} admit the router by "
+                        "the fleet key it sends (a root-only file holding the same key on "
+                        "the router hosts and their workers)")
+    for name in remote_gated:
+        theirs = settings[name].tls_ca_cert_file
+        if theirs != own.tls_ca_cert_file:
+            problems.append(f"host {name}: {PREFIX}tls_ca_cert_file = {theirs!r} is not "
+                            f"allowed: {own.tls_ca_cert_file!r}, as on router host "
+                            f"{router}, whose router verifies this host's certificate "
+                            "with it (one fleet CA for a router and its workers)")
+        if settings[name].fleet_key_file is None:
+            problems.append(f"host {name}: {PREFIX}fleet_key_file = None is not allowed: "
+                            f"the router on {router} reaches this host's gate with the "
+                            "fleet key (a root-only file holding the same key as on the "
+                            "router host)")
+    return problems
 
 
 def guarded_ports(fleet: Fleet, name: str, s: Settings) -> tuple[int, ...]:

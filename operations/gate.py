@@ -38,11 +38,14 @@ from typing import Final
 
 from pyinfra import host
 from pyinfra.api import operation
+from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.deb import DebPackages
-from pyinfra.operations import apt
+from pyinfra.operations import apt, files
 
+from operations import REPO_ROOT
 from operations.p2p import LIB_DIR
 from operations.service_users import GATE_USER
+from operations.systemd_units import systemd_quote
 from operations.unit_sandbox import SYSTEMCTL, Sandbox
 
 NGINX: Final = "/usr/sbin/nginx"
@@ -261,7 +264,7 @@ def keys_args(gate: Gate) -> list[str]:
 def unit_context(gate: Gate, inputs: list[str] | None, quote) -> dict:
     """What templates/gate.service.j2 is rendered with; ``inputs``: unit_inputs.py's
     arguments (what its start read, recorded under /run), or None; ``quote``: systemd's
-    argument quoting (operations/server.py systemd_quote)."""
+    argument quoting (operations/systemd_units.py systemd_quote)."""
     return {
         "description": gate.description,
         "listen": gate.listen,
@@ -315,3 +318,22 @@ def nginx_installed():
     yield from apt.packages._inner(packages=[PACKAGE], no_recommends=True, update=True)
     yield f"systemctl mask {DISTRIBUTION_UNIT}"
     yield f"systemctl unmask --runtime {DISTRIBUTION_UNIT}"
+
+
+def gate_files(g: Gate) -> list[OperationMeta]:
+    """A gate's nginx configuration, its key files' path unit and the oneshot that reloads
+    it (templates/gate-nginx.conf.j2, gate-keys.path.j2, gate-keys.service.j2): the
+    configuration first, then the units."""
+    paths = path_context(g, systemd_quote)
+    return [
+        files.template(name=f"nginx configuration of {g.unit}",
+                       src=str(REPO_ROOT / "templates" / "gate-nginx.conf.j2"),
+                       dest=g.conf_path, mode="644", create_remote_dir=True,
+                       **conf_context(g)),
+        files.template(name=f"Unit {g.path_unit}",
+                       src=str(REPO_ROOT / "templates" / "gate-keys.path.j2"),
+                       dest=f"/etc/systemd/system/{g.path_unit}", mode="644", **paths),
+        files.template(name=f"Unit {g.keys_unit}",
+                       src=str(REPO_ROOT / "templates" / "gate-keys.service.j2"),
+                       dest=f"/etc/systemd/system/{g.keys_unit}", mode="644", **paths),
+    ]

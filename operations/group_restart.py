@@ -138,7 +138,7 @@ def unit_stopped(unit: str):
 
 @operation(is_idempotent=False)
 def unit_started_now(unit: str):
-    """Start ``unit`` without waiting for it (operations/server.py, ``unit_started``)."""
+    """Start ``unit`` without waiting for it (operations/systemd_units.py, ``unit_started``)."""
     yield f"systemctl reset-failed {unit} 2>/dev/null || true"
     yield f"systemctl start --no-block {unit}"
 

@@ -16,7 +16,7 @@ from operations.lock import Lock, read_lock
 from operations.settings import Settings
 
 #: Where the keyed folders live, one per key, owned by the server's user (its unit names the
-#: root writable: ReadWritePaths=, operations/server.py SANDBOX).
+#: root writable: ReadWritePaths=, operations/server_unit.py SANDBOX).
 KERNEL_CACHE_ROOT: Final = "/var/cache/gpuhost/kernels"
 CACHE_TOP: Final = KERNEL_CACHE_ROOT.rsplit("/", 1)[0]
 

@@ -40,7 +40,7 @@ from pyinfra.api.exceptions import OperationError
 from operations import proxy, remote
 from operations.disk import no_space_named
 from operations.model_facts import model_download
-from operations.model_copy import login_rsh
+from operations.model_peers import login_rsh
 from operations.model_revision import fleet_commit
 from operations.pip_index import pip_index_args
 from operations.files import wheel_sizes

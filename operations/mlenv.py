@@ -44,8 +44,8 @@ DEFAULT_NVCC_THREADS: Final = 4
 
 FLASH_ATTN: Final = "flash-attn"
 LOCK_DIR: Final = "/opt/gpuhost/lock"
-#: The server's unit (operations/server.py UNIT_PATH, which imports this module): the venv it
-#: names, and the last known good record's, are never cleared.
+#: The server's unit (operations/server_unit.py UNIT_PATH; server.py imports this module):
+#: the venv it names, and the last known good record's, are never cleared.
 SERVER_UNIT_PATH: Final = "/etc/systemd/system/sglang.service"
 #: Debian/Ubuntu packages a venv and a CUDA extension build need.
 BUILD_PACKAGES: Final = ("python3-venv", "python3-dev", "build-essential")

@@ -22,12 +22,13 @@ Only the revision's files are copied, each verified by its hash, from the same m
 download reads (huggingface_hub's ``model_info`` with ``files_metadata``: the Hub's sha256 of an
 LFS file, the git blob id of any other; the disk preflight prints it). Before a peer serves as a
 source, its own copy is checked there, over the deploy's own login to the peer (sudo), by
-:data:`PEER_CHECK`: a file whose hash is not the Hub's, a symbolic link, and a file the revision
-does not list are said and not copied (rsync ``--files-from`` the verified files alone, never
-following a link: ``--no-links``); what is not copied comes from the Hub. That check is the
-peer's word: model_fetch.py then verifies each file on the host itself against the Hub's
-metadata, removes every file and link the revision does not list, and downloads from the Hub
-only what is missing or wrong. No token is used by the copy or travels with it.
+:data:`operations.model_peers.PEER_CHECK`: a file whose hash is not the Hub's, a symbolic link,
+and a file the revision does not list are said and not copied (rsync ``--files-from`` the
+verified files alone, never following a link: ``--no-links``); what is not copied comes from
+the Hub. That check is the peer's word: model_fetch.py then verifies each file on the host
+itself against the Hub's metadata, removes every file and link the revision does not list, and
+downloads from the Hub only what is missing or wrong. No token is used by the copy or travels
+with it.
 
 A copy dies with the run that started it: rsync and ssh here get SIGTERM when the controller's
 process ends, however it ends (prctl(2) PR_SET_PDEATHSIG), and the host's side of a direct copy
@@ -37,22 +38,15 @@ stops its rsync when the deploy's SSH session ends (model_copy_direct.py).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
-import re
 import shlex
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, StringCommand, deploy, operation
@@ -64,6 +58,8 @@ from typing_extensions import override
 from operations import model_copy_direct, remote
 from operations.polled_lock import lock_exclusive
 from operations.host import PasswdEntry
+from operations.model_copy_rsync import rsync, run_rsync
+from operations.model_peers import CONNECT_TIMEOUT_S, Peer, check_peer, login_rsh, read_manifest
 from operations.settings import PREFIX, Settings
 
 #: The peer-side user the copy key logs in as (no password, no login shell of its own).
@@ -76,8 +72,6 @@ KEY_PATH: Final = Path("~/.cache/gpuhost/keys/model-copy").expanduser()
 STAGING: Final = Path("~/.cache/gpuhost/models").expanduser()
 #: One lock file per staging folder (:func:`staging_lock`).
 STAGING_LOCKS: Final = Path("~/.cache/gpuhost/model-copy-locks").expanduser()
-#: Seconds between progress lines, as the Hub download and the health gate print them.
-PROGRESS_EVERY: Final = 10
 #: rsync's flags for both legs (rsync(1)): archive, keep partial files in a folder of their own
 #: for the next run to resume, never the Hub client's local cache or the stamp (model_fetch.py
 #: writes the stamp once it verified every file), progress of the whole transfer on stdout;
@@ -89,64 +83,11 @@ STAMP: Final = ".gpuhost-model.json"
 #: Which peer this run's copy came from ("peer gpu2"), for model_fetch.py's --copied-from
 #: (operations/model.py reads it into that argument on the host); removed before each copy.
 COPIED_FROM: Final = "/run/gpuhost/model-copied-from"
-#: Seconds to wait for a peer's sshd to answer.
-CONNECT_TIMEOUT_S: Final = 10
 
 #: What a copy never brings (rsync(1)): symbolic links (``-a`` implies ``--links``), devices
 #: and special files; with ``--files-from``, only the files the peer check verified.
 RSYNC_ONLY_FILES: Final = ("--no-links", "--no-devices", "--no-specials")
-#: How model_fetch.py --check-room's line of the revision's files starts (MANIFEST there).
-MANIFEST: Final = "manifest "
 
-#: Run on a peer by the deploy's login (as root): its model folder (argv[1]) against the
-#: revision's files on stdin (``{"files": {path: [size, hash, is LFS]}}``, the disk preflight's
-#: manifest); prints ``{"good", "wrong", "links", "extra", "missing"}``. Nothing is followed
-#: (lstat, O_NOFOLLOW); the Hub client's top-level ``.cache`` and the stamp are not the
-#: revision's and not said. Hashes as model_fetch.py: sha256 of an LFS file, the git blob id
-#: (sha1 of ``blob <size>\0`` and the content) of another; in parallel (hashlib lets go of the
-#: GIL on large updates).
-PEER_CHECK: Final = r"""
-import hashlib, json, os, stat, sys
-from concurrent.futures import ThreadPoolExecutor
-root = sys.argv[1]
-files = json.load(sys.stdin)["files"]
-out = {"good": [], "wrong": [], "links": [], "extra": [], "missing": []}
-def check(name):
-    size, want, lfs = files[name]
-    path = os.path.join(root, name)
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return "missing"
-    if stat.S_ISLNK(st.st_mode):
-        return "links"
-    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
-        return "wrong"
-    h = hashlib.sha256() if lfs else hashlib.sha1(b"blob %d\0" % size)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as fh:
-        while True:
-            chunk = fh.read(1 << 24)
-            if not chunk:
-                break
-            h.update(chunk)
-    return "good" if h.hexdigest() == want else "wrong"
-with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-    for name, verdict in zip(files, pool.map(check, files)):
-        out[verdict].append(name)
-for top, dirs, names in os.walk(root):
-    rel = os.path.relpath(top, root)
-    if rel == ".":
-        dirs[:] = [d for d in dirs if d != ".cache" or os.path.islink(os.path.join(top, d))]
-    for n in names + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
-        p = n if rel == "." else rel + "/" + n
-        if p not in files and not p.startswith(".gpuhost-model.json"):
-            out["links" if os.path.islink(os.path.join(top, n)) else "extra"].append(p)
-print(json.dumps({k: sorted(v) for k, v in out.items()}))
-"""
-
-#: One ``--info=progress2`` update (rsync(1), --info=progress2): bytes so far, percent, rate.
-_PROGRESS = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+/s)")
 
 
 def copy_public_key() -> str:
@@ -260,52 +201,6 @@ def copy_key(settings: Settings):
               mode="600")
 
 
-@dataclass(frozen=True)
-class Peer:
-    """Another inventory host that may hold the same model: its name, SSH address and port,
-    its known-hosts file and host key checking (from its host data), its model folder, and its
-    address on the network the hosts share (``gpuhost_fleet_address``, None if not set)."""
-
-    name: str
-    address: str
-    port: int
-    known_hosts: str | None
-    strict_host_key_checking: str
-    model_dir: str
-    fleet_address: str | None = None
-    #: The deploy's own login to the peer (:func:`login_rsh`): ssh command, ``user@address``,
-    #: whether commands go through sudo; None where not known (its check is then not run and
-    #: the peer not copied from).
-    login: tuple[str, str, bool] | None = None
-
-
-def peers(me: str, settings: Mapping[str, Settings], data: Mapping[str, Mapping[str, Any]]
-          ) -> list[Peer]:
-    """The serving hosts other than ``me`` whose host data serves the same repository at the same
-    revision (a copy there is used only when its stamp says it is complete), in inventory
-    order.
-
-    + me: this host's name
-    + settings: every host's settings (operations.settings.for_run)
-    + data: every host's raw data, for its SSH address (``ssh_hostname``, ``ssh_port``,
-      ``ssh_known_hosts_file``, ``ssh_strict_host_key_checking``; pyinfra's names)
-    """
-    mine = settings[me]
-    found = []
-    for name, other in settings.items():
-        if name == me or not other.serving or other.model_is_local or other.model != mine.model \
-                or other.model_revision != mine.model_revision:
-            continue
-        d = data.get(name, {})
-        rsh, target, remote_rsync = login_rsh(name, d)
-        found.append(Peer(name, str(d.get("ssh_hostname") or name), int(d.get("ssh_port") or 22),
-                          d.get("ssh_known_hosts_file"),
-                          str(d.get("ssh_strict_host_key_checking") or "accept-new"),
-                          other.model_dir, other.fleet_address,
-                          (rsh, target, remote_rsync.startswith("sudo"))))
-    return found
-
-
 def _peer_rsh(peer: Peer) -> str:
     # a peer that is down is given up in seconds (the Hub is the way on), not TCP's minutes
     opts = ["ssh", "-i", str(KEY_PATH), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
@@ -314,93 +209,6 @@ def _peer_rsh(peer: Peer) -> str:
     if peer.known_hosts:
         opts += ["-o", f"UserKnownHostsFile={os.path.expanduser(peer.known_hosts)}"]
     return shlex.join(opts)
-
-
-def login_rsh(name: str, data: Mapping[str, Any]) -> tuple[str, str, str]:
-    """The ssh command, ``user@address`` and remote rsync of the deploy's own login to a host,
-    built as pyinfra's SSH connector builds its rsync (pyinfra 3.10, connectors/ssh.py,
-    ``SSHConnector.rsync``)."""
-    opts = ["ssh", "-o", "BatchMode=yes"]
-    for key, option in (("ssh_known_hosts_file", "UserKnownHostsFile"),
-                        ("ssh_strict_host_key_checking", "StrictHostKeyChecking")):
-        if data.get(key):
-            opts += ["-o", f"{option}={os.path.expanduser(str(data[key]))}"]
-    if data.get("ssh_config_file"):
-        opts += ["-F", str(data["ssh_config_file"])]
-    if data.get("ssh_port"):
-        opts += ["-p", str(data["ssh_port"])]
-    if data.get("ssh_key"):
-        opts += ["-i", os.path.expanduser(str(data["ssh_key"]))]
-    user = f"{data['ssh_user']}@" if data.get("ssh_user") else ""
-    return shlex.join(opts), f"{user}{data.get('ssh_hostname') or name}", (
-        "sudo rsync" if data.get("_sudo") else "rsync")
-
-
-def _parent_death_signal():
-    """A ``preexec_fn`` giving the child SIGTERM when this process ends, a ``kill -9``
-    included (prctl(2), PR_SET_PDEATHSIG; Linux): a copy does not outlive its run. None
-    elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
-    pr_set_pdeathsig = 1  # linux/prctl.h
-    return lambda: prctl(pr_set_pdeathsig, int(signal.SIGTERM))
-
-
-def rsync(argv: list[str], prefix: str, what: str) -> tuple[bool, str]:
-    """Run rsync, printing ``what``'s bytes, share and rate every PROGRESS_EVERY seconds from
-    its --info=progress2 updates; (whether it exited 0, its stderr's last line)."""
-    code, err = run_rsync(argv, prefix, what)
-    return code == 0, err
-
-
-def run_rsync(argv: list[str], prefix: str, what: str, send: bytes | None = None
-              ) -> tuple[int, str]:
-    """:func:`rsync`, returning its exit status; ``send``: what it reads on stdin (the copy key
-    sent to the host, model_copy_direct.py), which then stays open until it ends: the host's
-    side stops when it closes (this process gone)."""
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE if send else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=_parent_death_signal())
-    try:
-        if send:
-            assert proc.stdin is not None
-            proc.stdin.write(send)
-            proc.stdin.flush()
-        return _follow(proc, prefix, what)
-    finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait()
-
-
-def _follow(proc: subprocess.Popen, prefix: str, what: str) -> tuple[int, str]:
-    assert proc.stdout is not None and proc.stderr is not None
-    began = last = time.monotonic()
-    latest = ""
-    buffer = b""
-    while True:
-        chunk = proc.stdout.read1(65536)  # type: ignore[attr-defined]
-        if not chunk:
-            break
-        buffer += chunk
-        *parts, buffer = re.split(rb"[\r\n]", buffer)
-        for part in parts:
-            match = _PROGRESS.match(part.decode(errors="replace"))
-            if match:
-                latest = f"{match[1]} bytes ({match[2]}%) at {match[3]}"
-        if latest and time.monotonic() - last >= PROGRESS_EVERY:
-            last = time.monotonic()
-            logger.info(f"{prefix}{what}: {latest}, {last - began:.0f} s")
-    err = proc.stderr.read().decode(errors="replace").strip().splitlines()
-    # rsync's last line is its generic exit ("rsync error: ... (code 255)"); the cause (ssh's
-    # refusal of the key, a file not there) is the first line before it that is not rsync's
-    # own "connection unexpectedly closed"
-    cause = next((line for line in err[:-1] if not line.startswith(
-        ("rsync error:", "rsync: connection unexpectedly closed"))), None)
-    return proc.wait(), (f"{cause} ({err[-1]})" if cause else err[-1] if err else "")
 
 
 def _peer_stamp(peer: Peer, repo: str, prefix: str) -> dict | None:
@@ -467,7 +275,7 @@ def copy(state, host, peer_list: list[Peer], repo: str, revision: str, dest: str
     ok, output = remote.shell(host, StringCommand(room_check))
     if not ok:
         raise OperationError((output.stderr_lines or ["the disk preflight failed"])[-1])
-    manifest = _manifest(output.stdout_lines)
+    manifest = read_manifest(output.stdout_lines)
     if manifest is None:
         logger.warning(f"{prefix}model copy: the disk preflight gave no list of the revision's "
                        "files: the weights come from the Hub")
@@ -513,67 +321,6 @@ def copied_from(host, peer: str) -> bool:
     remote.shell(host, f"mkdir -p {folder} && printf %s {shlex.quote(f'peer {peer}')} > "
                        f"{COPIED_FROM}")
     return True
-
-
-def _manifest(lines: list[str]) -> dict | None:
-    """The revision's files from model_fetch.py --check-room's last line: ``{"sha": ...,
-    "files": {path: [size, hash, is LFS]}}``; None where it is not there."""
-    for line in reversed(lines):
-        if line.startswith(MANIFEST):
-            try:
-                found = json.loads(line[len(MANIFEST):])
-            except ValueError:
-                return None
-            ok = isinstance(found, dict) and isinstance(found.get("files"), dict)
-            return found if ok and isinstance(found.get("sha"), str) else None
-    return None
-
-
-def _names(names: list[str], most: int = 5) -> str:
-    shown = ", ".join(names[:most])
-    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
-
-
-def check_peer(peer: Peer, repo: str, files: dict[str, list], prefix: str) -> list[str]:
-    """The files of ``peer``'s copy of ``repo`` whose hash is the Hub's (:data:`PEER_CHECK`
-    run there over the deploy's own login), in the revision's order; [] where none, or where
-    the check could not run (said: the peer is not a source then). A file that differs, a
-    symbolic link and a file the revision does not list are said, and left to the Hub."""
-    if peer.login is None:
-        logger.info(f"{prefix}model copy: {peer.name}'s copy cannot be checked (no login to it "
-                    "in the inventory): not copied from there")
-        return []
-    rsh, target, sudo = peer.login
-    folder = f"{peer.model_dir.rstrip('/')}/{repo}"
-    command = shlex.join([*(["sudo", "-n"] if sudo else []), "python3", "-c", PEER_CHECK,
-                          folder])
-    began = time.monotonic()
-    try:
-        done = subprocess.run([*shlex.split(rsh), "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-                               target, command], input=json.dumps({"files": files}),
-                              capture_output=True, text=True, check=False,
-                              preexec_fn=_parent_death_signal())
-        verdict = json.loads(done.stdout) if done.returncode == 0 else None
-    except ValueError:
-        verdict = None
-    if not isinstance(verdict, dict) or not isinstance(verdict.get("good"), list):
-        err = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        logger.info(f"{prefix}model copy: {peer.name}'s copy of {repo} could not be checked "
-                    f"by its hashes ({err}): not copied from there")
-        return []
-    verified = set(verdict["good"])
-    good = [n for n in files if n in verified and "\n" not in n]
-    said = [f"{len(verdict[k])} {label} ({_names(verdict[k])})" for k, label in (
-        ("wrong", "file(s) whose hash is not the Hub's"), ("links", "symbolic link(s)"),
-        ("extra", "file(s) the revision does not list")) if verdict.get(k)]
-    if said:
-        logger.warning(f"{prefix}model copy: {peer.name}'s own copy of {repo} holds "
-                       f"{'; '.join(said)}: not copied; only its {len(good)} file(s) verified "
-                       f"there are (the rest from the Hub). {peer.name}'s model folder is not "
-                       "what the Hub serves: look at that host")
-    logger.info(f"{prefix}model copy: {peer.name}'s copy checked by hash in "
-                f"{time.monotonic() - began:.0f} s: {len(good)} of {len(files)} files verified")
-    return good
 
 
 def _direct(host, peer: Peer, repo: str, dest: str, limit: list[str], what: str,

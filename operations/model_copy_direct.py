@@ -59,7 +59,7 @@ while True:
 #: host's folder, $5 StrictHostKeyChecking, $6 known-hosts lines, $7 the files to copy (one a
 #: line: rsync's --files-from), then rsync's own flags; the key on stdin, read up to its
 #: ``-----END`` line, the session's stdin then watched (:data:`WATCH`). LC_ALL=C: rsync's
-#: progress numbers in the format model_copy.py reads.
+#: progress numbers in the format model_copy_rsync.py reads.
 SCRIPT: Final = f"""set -u
 export LC_ALL=C
 addr=$1 port=$2 src=$3 dest=$4 check=$5 known=$6 list=$7

@@ -25,7 +25,7 @@ from operations.venvs import host_venv
 ENV_FILE: Final = "/etc/gpuhost/p2p.env"
 RECORD: Final = "/var/lib/gpuhost/p2p.json"
 SHIPPED: Final = ("nvsmi.py", "p2p_policy.py", "files/p2p_check.py")
-#: operations/server.py's UNIT (server.py imports this module, not the other way round): the
+#: operations/server_unit.py's UNIT (it imports this module, not the other way round): the
 #: server holds every GPU, so a measurement stops it first.
 SERVER_UNIT: Final = "sglang.service"
 

@@ -31,7 +31,7 @@ Per roll position k, in this order (operations at these lines, ``_if`` read when
    stops the server: operations/p2p.py) wait for it, out of the router, instead of stopping every
    host's server at once where their stages run;
    ``restart``: the server of each host of position k restarts;
-4. ``gate``: the health gate (operations/server.py ``serving``) on it;
+4. ``gate``: the health gate (operations/server_health.py ``serving``) on it;
 5. ``join``: on each host of position k that passed, for each router: ``POST /workers`` of
    this host, waited for until the router lists it healthy (as ``leave``; a host that failed
    its gate runs nothing more, and stays out, ``restarting`` in the roll state: the next run
@@ -307,8 +307,8 @@ def rolled_restart(unit: str, must_restart: Callable[[], bool], expected: bool,
     + must_restart: read when the roll starts: whether this host's server restarts
     + expected: the same, as planning sees it (for the order printed while planning)
     + gate: plans the health gate with the ``_if`` given
-    + restart: plans the unit's restart (server.py's ``unit_restarted``: given, not imported,
-      as server.py calls this module)
+    + restart: plans the unit's restart (systemd_units.py's ``unit_restarted``: given by server.py,
+      which calls this module)
     """
 
     name = host.name

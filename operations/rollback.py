@@ -19,7 +19,8 @@ from operations.host import FileText
 from operations.last_known_good import MARKER, RECORD, SCRIPT
 from operations.p2p import LIB_DIR
 from operations.plan import fact, refuse
-from operations.server import GATE_UNIT, UNIT, health_gate, mark_verified, settings_gate_argv
+from operations.server_health import health_gate, mark_verified, settings_gate_argv
+from operations.server_unit import GATE_UNIT, UNIT
 from operations.settings import PREFIX, Settings
 
 

@@ -71,10 +71,10 @@ from operations.p2p import LIB_DIR
 from operations.host import HostAddresses, address_problem
 from operations.plan import fact, refuse
 from operations.secret_files import check_secret_file
-from operations.server import (PortListeners, gate_files, path_restarted, systemd_quote,
-                               unit_enabled)
+from operations.server_state import PortListeners
 from operations.settings import PREFIX, ROUTER_METRICS_PORT, Settings
 from operations.service_users import ROUTER_USER, service_user
+from operations.systemd_units import path_restarted, systemd_quote, unit_enabled
 from operations.unit_sandbox import Sandbox
 
 UNIT: Final = "sglang-router.service"
@@ -405,7 +405,7 @@ def router(settings: Settings, workers: tuple[Worker, ...],
     gate_unit = files.template(name=f"Unit {GATE_UNIT}",
                                src=str(REPO_ROOT / "templates" / "gate.service.j2"),
                                dest=GATE_UNIT_PATH, mode="644", **gate_context(settings))
-    conf, path_unit, keys_unit = gate_files(front)
+    conf, path_unit, keys_unit = gate.gate_files(front)
     restart = any(op.will_change for op in changed)
     running = fact_running()
     systemd.service(name=f"Start {UNIT}", service=UNIT, running=True, enabled=True,

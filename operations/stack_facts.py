@@ -280,7 +280,7 @@ FACTS: Final[tuple[StackFact, ...]] = (
                    f"{PREFIX}server_env (the launch profile's field-glm5-sm120 environment)",
         cuda=_FIELD_CUDA,
     ),
-    # Corrected, and said so: the deploy sets the variable (operations/server.py, server_env).
+    # Corrected, and said so: the deploy sets the variable (operations/server_unit.py, server_env).
     StackFact(
         name="nextn-needs-spec-v2",
         verdict="warn",

@@ -15,7 +15,7 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.facts.files import File
 from pyinfra.api.exceptions import OperationError
 
-from operations import REPO_ROOT, bench_report, remote
+from operations import REPO_ROOT, remote, sweep_report
 from operations.bench import (
     PROGRESS_EVERY,
     RUN_UNIT,
@@ -24,15 +24,8 @@ from operations.bench import (
     run_levels,
     say,
 )
-from operations.server import (
-    GATE_UNIT,
-    SWEEP_DROPIN,
-    UNIT,
-    _wait_serving,
-    server_env,
-    settings_gate_argv,
-    unit_context,
-)
+from operations.server_health import _wait_serving, settings_gate_argv
+from operations.server_unit import GATE_UNIT, SWEEP_DROPIN, UNIT, server_env, unit_context
 from operations.settings import PREFIX, Settings
 
 #: Journal lines kept for a value whose server failed.
@@ -161,7 +154,7 @@ def _sweep(state, host, settings: Settings, dest_root: str) -> bool:
             levels_of(replace(settings, **{key: value}), value, str(value))
     finally:
         restore(state, host, settings)
-    text = bench_report.write_sweep(dest, host.name, key, configured, outcomes)
+    text = sweep_report.write_sweep(dest, host.name, key, configured, outcomes)
     for line in text.splitlines():
         say(line)
     for name in ("results.json", "summary.md", "bench.png"):

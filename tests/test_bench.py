@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import bench_report, telemetry
+from operations import bench_report, sweep_report, telemetry
 from operations.bench import context_length
 from operations.settings import SettingsError, from_host_data
 
@@ -146,7 +146,7 @@ def test_report_missing_file_named(tmp_path):
 
 
 def test_sweep_dropin_changes_one_flag_only():
-    from operations.server import unit_context
+    from operations.server_unit import unit_context
     from operations.sweep import dropin_text
 
     s = from_host_data("gpu1", {})
@@ -181,7 +181,7 @@ def test_sweep_summary_ranks_and_records_failures(tmp_path):
          "journal": ["RuntimeError: CUDA error: an illegal memory access was encountered"]},
         {"value": "flashinfer_trtllm", "status": "ok", "results": _scaled(fast, 0.5)},
     ]
-    text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_trtllm",
+    text = sweep_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_trtllm",
                                       outcomes)
     assert "- concurrency 64: flashinfer_cutlass wins, +100.0 % output tok/s over " \
            "flashinfer_trtllm (run-to-run spread 2.0 %)" in text
@@ -198,11 +198,11 @@ def test_sweep_ranks_only_values_that_completed(tmp_path):
     outcomes = [{"value": v, "status": "ok", "results": _scaled(fast, f, completed=c)}
                 for v, f, c in (("flashinfer_cutlass", 1.0, 58), ("cutlass", 0.6, 22),
                                 ("triton", 0.99, 53))]
-    verdict = bench_report.sweep_verdict("moe_runner_backend", "flashinfer_cutlass", outcomes)
+    verdict = sweep_report.sweep_verdict("moe_runner_backend", "flashinfer_cutlass", outcomes)
     assert verdict["overall"] is None
     assert all(row["winner"] is None and row["ranked"] == {} for row in verdict["levels"])
     assert verdict["levels"][0]["left_out"]["cutlass"] == "106 of 128 requests failed"
-    text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_cutlass",
+    text = sweep_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_cutlass",
                                       outcomes)
     assert "wins" not in text.replace("wins beyond", "")
     assert "no value completed every request; flashinfer_cutlass not ranked (70 of 128 " \
@@ -215,7 +215,7 @@ def test_sweep_within_noise_names_no_winner(tmp_path):
     outcomes = [{"value": "flashinfer_cutlass", "status": "ok", "results": fast,
                  "repeat": _scaled(fast, 0.97)},
                 {"value": "cutlass", "status": "ok", "results": _scaled(fast, 1.01)}]
-    text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_cutlass",
+    text = sweep_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_cutlass",
                                       outcomes)
     assert "- concurrency 64: within noise: cutlass, +1.0 % output tok/s over " \
            "flashinfer_cutlass, not more than the run-to-run spread 3.0 %: no winner" in text
@@ -223,7 +223,7 @@ def test_sweep_within_noise_names_no_winner(tmp_path):
     assert "--data" not in text
     # without a repeat, no spread was measured: no difference is a win
     del outcomes[0]["repeat"]
-    text = bench_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_cutlass",
+    text = sweep_report.sweep_summary("h200", "moe_runner_backend", "flashinfer_cutlass",
                                       [{**o, "results": _scaled(o["results"], 2.0)}
                                        if o["value"] == "cutlass" else o for o in outcomes])
     assert "spread is not measured" in text and "--data" not in text

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from operations import p2p, p2p_policy, server
+from operations import p2p, p2p_policy, server_state, server_unit
 from operations.settings import SettingsError, from_host_data
 
 
@@ -25,17 +25,17 @@ def test_no_p2p_env_from_a_record_without_a_usable_decision(record):
 
 
 def test_drop_ins_gpuhost_does_not_own_are_removed_unless_allowed():
-    present = server.DropIns().process(["50-local.conf", "10-gpuhost-driver-gate.conf",
+    present = server_state.DropIns().process(["50-local.conf", "10-gpuhost-driver-gate.conf",
                                         "99-evil.conf"])
     assert present == ["10-gpuhost-driver-gate.conf", "50-local.conf", "99-evil.conf"]
-    assert server.foreign_dropins(present, ("50-local.conf",)) == (["99-evil.conf"],
+    assert server_state.foreign_dropins(present, ("50-local.conf",)) == (["99-evil.conf"],
                                                                    ["50-local.conf"])
-    assert server.foreign_dropins(present, ()) == (["50-local.conf", "99-evil.conf"], [])
-    assert server.foreign_dropins(["10-gpuhost-driver-gate.conf"], ()) == ([], [])
+    assert server_state.foreign_dropins(present, ()) == (["50-local.conf", "99-evil.conf"], [])
+    assert server_state.foreign_dropins(["10-gpuhost-driver-gate.conf"], ()) == ([], [])
 
 
 def test_the_drop_in_folder_is_listed_quoted_and_only_conf_files():
-    command = server.DropIns().command(server.DROPIN_DIR)
+    command = server_state.DropIns().command(server_unit.DROPIN_DIR)
     assert command.startswith("for f in /etc/systemd/system/sglang.service.d/*.conf; do")
 
 

@@ -305,7 +305,7 @@ def test_public_router_binds_the_loopback_behind_its_gate_and_the_key_stays_in_i
 
 
 def test_a_workers_gate_admits_the_fleet_key_beside_its_own():
-    from operations.server import gate_context, worker_gate
+    from operations.server_unit import gate_context, worker_gate
 
     start = render("gate.service.j2", gate_context(gated("10.0.0.2")))
     assert ("gate_keys.py --out /etc/gpuhost/nginx/sglang-gate.keys --key-file /root/key "
@@ -317,9 +317,9 @@ def test_a_workers_gate_admits_the_fleet_key_beside_its_own():
 
 
 def test_server_gate_unit_trusts_the_router_peers():
-    from operations.server import gate_context
+    from operations.server_unit import gate_context
 
-    from operations.server import worker_gate
+    from operations.server_unit import worker_gate
 
     s = dataclasses.replace(gated("10.0.0.2"), api_gate_trusted_peers=("10.0.0.1",))
     conf = render("gate-nginx.conf.j2", gate_ops.conf_context(worker_gate(s)))

@@ -30,7 +30,7 @@ def render(g: gate.Gate) -> str:
 
 
 def worker(**extra) -> gate.Gate:
-    from operations.server import worker_gate
+    from operations.server_unit import worker_gate
 
     data = {"gpuhost_server_host": "0.0.0.0", "gpuhost_api_key_file": "/root/key", **extra}
     return worker_gate(from_host_data("gpu1", data))

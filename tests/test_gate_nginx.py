@@ -25,7 +25,7 @@ import jinja2
 import pytest
 
 from operations import gate, tls
-from operations.server import worker_gate
+from operations.server_unit import worker_gate
 from operations.settings import from_host_data
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -44,7 +44,7 @@ def test_a_missing_gpu_and_an_uncorrectable_ecc_error_refuse_a_start():
 
 def test_the_paths_the_units_share():
     from operations import observability
-    from operations.server import worker_gate
+    from operations.server_unit import worker_gate
     from operations.settings import from_host_data
 
     context = observability.gpu_metrics_context(5, 8)

@@ -74,7 +74,7 @@ def test_a_running_rank_of_a_serving_group_is_left_alone(monkeypatch):
 def test_the_rank_that_stopped_first_is_named(monkeypatch):
     """Rank 1 was stopped; rank 0 failed after it (its peer left the collectives). The reason
     used to name rank 0 only ("gpu1: sglang.service is not running (failed)")."""
-    from operations.server import ServiceState
+    from operations.server_state import ServiceState
 
     nodes = ("gpu1", "gpu2")
     rank0 = ServiceState().process(["ActiveState=failed", "Result=exit-code",

@@ -12,7 +12,7 @@ from pyinfra.api.util import get_template
 
 from operations import host as host_ops
 from operations import package_runs
-from operations import server
+from operations import server_state, server_unit
 from operations.files import unit_inputs
 from operations.flash_attn import STAMP_NAME
 from operations.model_facts import STAMP as MODEL_STAMP
@@ -101,34 +101,36 @@ def exec_start_pre(template: str, context: dict) -> list[str]:
 
 def test_the_unit_records_what_the_deploy_compares(settings):
     s = settings()
-    words = exec_start_pre("sglang.service.j2", server.unit_context(s))
+    words = exec_start_pre("sglang.service.j2", server_unit.unit_context(s))
     # as root ("+"): the environment file it digests is root's alone; the server is not root
-    assert words[:4] == ["+/usr/bin/python3", f"{server.LIB_DIR}/unit_inputs.py", "--write",
+    assert words[:4] == ["+/usr/bin/python3", f"{server_unit.LIB_DIR}/unit_inputs.py", "--write",
                          "%t/gpuhost-sglang/inputs"]
-    flag, venv, *paths = server.server_inputs(s)
+    flag, venv, *paths = server_unit.server_inputs(s)
     assert flag == "--venv"
     assert words[4:] == ["--venv", venv, *paths]
-    assert paths == [server.UNIT_PATH, server.DROPIN_DIR, server.SERVER_ENV_FILE,
-                     server.P2P_ENV_FILE,
+    assert paths == [server_unit.UNIT_PATH, server_unit.DROPIN_DIR, server_unit.SERVER_ENV_FILE,
+                     server_unit.P2P_ENV_FILE,
                      f"{s.model_path}/{MODEL_STAMP}"]
-    command = server.ServiceState().command(server.UNIT, "gpuhost-sglang", ["--venv", venv, *paths])
+    command = server_state.ServiceState().command(server_unit.UNIT, "gpuhost-sglang",
+                                                  ["--venv", venv, *paths])
     assert "cat /run/gpuhost-sglang/inputs" in command
     assert f"unit_inputs.py --venv {venv} {' '.join(paths)}" in command
 
 
 def test_a_local_model_has_no_stamp_to_follow(settings, tmp_path):
     s = settings(gpuhost_model=str(tmp_path))
-    paths = server.server_inputs(s)
+    paths = server_unit.server_inputs(s)
     assert not any(p.endswith(MODEL_STAMP) for p in paths)
 
 
 def test_the_gate_records_its_unit_and_program_not_the_key(settings, tmp_path):
     key = tmp_path / "key"
     s = settings(gpuhost_server_host="0.0.0.0", gpuhost_api_key_file=str(key))
-    words = exec_start_pre("gate.service.j2", server.gate_context(s))
+    words = exec_start_pre("gate.service.j2", server_unit.gate_context(s))
     assert words[3] == "%t/gpuhost-sglang-gate/inputs"
-    assert words[4:] == [server.GATE_UNIT_PATH, "/etc/gpuhost/nginx/sglang-gate.conf",
-                         f"{server.LIB_DIR}/gate_keys.py", f"{server.LIB_DIR}/secret_file.py"]
+    assert words[4:] == [server_unit.GATE_UNIT_PATH, "/etc/gpuhost/nginx/sglang-gate.conf",
+                         f"{server_unit.LIB_DIR}/gate_keys.py",
+                         f"{server_unit.LIB_DIR}/secret_file.py"]
     assert str(key) not in words
 
 
@@ -152,7 +154,7 @@ SHOW = ["ActiveState=active", "InvocationID=0f4e6a1b2c3d4e5f60718293a4b5c6d7", "
     ],
 )
 def test_unit_state(lines, running, stale, reload):
-    state = server.ServiceState().process(lines)
+    state = server_state.ServiceState().process(lines)
     assert (state.running, state.stale, state.need_reload) == (running, stale, reload)
 
 

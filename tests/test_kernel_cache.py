@@ -10,7 +10,7 @@ from pyinfra.api.util import get_template
 from operations.kernel_cache import (KERNEL_CACHE_ROOT, KernelCacheFolders, cache_env, cache_key,
                                      superseded)
 from operations.lock import read_lock
-from operations.server import unit_context
+from operations.server_unit import unit_context
 from operations.settings import SettingsError, from_host_data
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from operations import server
+from operations import server_health, server_last_good
 
 FULL = ("could not write the last known good (/var/lib/gpuhost/last-known-good.json."
         "gpuhost-tmp): No space left on device: the record /var/lib/gpuhost/last-known-good"
@@ -23,12 +23,12 @@ def host():
 
 
 def test_a_record_the_disk_cannot_hold_does_not_fail_the_gate(monkeypatch):
-    monkeypatch.setattr(server, "health_gate", lambda host, argv: True)
-    monkeypatch.setattr(server, "mark_verified", lambda host, units: True)
+    monkeypatch.setattr(server_health, "health_gate", lambda host, argv: True)
+    monkeypatch.setattr(server_health, "mark_verified", lambda host, units: True)
     ran = []
-    monkeypatch.setattr(server.remote, "shell",
+    monkeypatch.setattr(server_health.remote, "shell",
                         lambda host, command, **kw: ran.append(command) or (True, out(FULL)))
-    assert server._wait_serving(None, host(), ["gate"], 60, ["sglang.service"],
+    assert server_health._wait_serving(None, host(), ["gate"], 60, ["sglang.service"],
                                 record="python3 last_known_good.py record") is True
     assert ran == ["python3 last_known_good.py record"]
 
@@ -36,21 +36,21 @@ def test_a_record_the_disk_cannot_hold_does_not_fail_the_gate(monkeypatch):
 def test_the_end_of_the_stage_records_a_stale_record_and_says_a_full_disk_in_one_line(
         monkeypatch):
     said = []
-    monkeypatch.setattr(server.logger, "error", said.append)
-    monkeypatch.setattr(server.logger, "warning", said.append)
+    monkeypatch.setattr(server_last_good.logger, "error", said.append)
+    monkeypatch.setattr(server_last_good.logger, "warning", said.append)
     answers = {"check": (True, out("stale: /etc/gpuhost/server.env differ from what it "
                                    "recorded")), "record": (True, out(FULL))}
-    monkeypatch.setattr(server.remote, "shell",
+    monkeypatch.setattr(server_last_good.remote, "shell",
                         lambda host, command, **kw: answers[command])
-    assert server._record_if_stale(None, host(), "check", "record") is False
+    assert server_last_good._record_if_stale(None, host(), "check", "record") is False
     assert said == [f"[gpu1] last known good: {FULL}"]
     answers["check"] = (True, out("fresh"))
     said.clear()
-    assert server._record_if_stale(None, host(), "check", "record") is True and said == []
+    assert server_last_good._record_if_stale(None, host(), "check", "record") is True and said == []
 
 
 def test_the_record_state_reads_the_scripts_first_line():
-    state = server.LastGoodState()
+    state = server_last_good.LastGoodState()
     assert state.process(["fresh"]) == "fresh"
     assert state.process([]).startswith("stale")
     # a fresh host has no record yet: nothing is stale (issue 42: "stale" on a new host)

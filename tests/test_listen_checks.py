@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from operations import router, server
+from operations import router, server_refusals, server_state
 from operations.host import HostAddresses, address_problem
 from operations.settings import from_host_data
 
@@ -45,7 +45,7 @@ def _planned(monkeypatch, module, listeners, addresses=OWN):
     refused = []
 
     def fact(cls, **kwargs):
-        if cls is server.PortListeners:
+        if cls is server_state.PortListeners:
             return listeners
         if cls is HostAddresses:
             return addresses
@@ -80,13 +80,13 @@ def test_a_router_host_that_is_not_the_hosts_own_address_is_refused(monkeypatch)
 
 
 def test_a_fleet_address_that_is_not_the_hosts_own_is_refused(monkeypatch):
-    refused = _planned(monkeypatch, server, {})
-    server._check_ports(settings(fleet_address="10.217.0.9", server_host="0.0.0.0",
+    refused = _planned(monkeypatch, server_refusals, {})
+    server_refusals._check_ports(settings(fleet_address="10.217.0.9", server_host="0.0.0.0",
                                  api_key_file="/root/k"))
     assert [stage for stage, _ in refused] == ["SGLang server"]
     assert refused[0][1].startswith("gpuhost_fleet_address = '10.217.0.9' is not allowed: it "
                                     "is not an address of this host (the router reaches")
-    refused = _planned(monkeypatch, server, {})
-    server._check_ports(settings(fleet_address="10.217.0.1", server_host="0.0.0.0",
+    refused = _planned(monkeypatch, server_refusals, {})
+    server_refusals._check_ports(settings(fleet_address="10.217.0.1", server_host="0.0.0.0",
                                  api_key_file="/root/k"))
     assert refused == []

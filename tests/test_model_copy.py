@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from operations import model_copy
+from operations import model_copy, model_copy_rsync, model_peers
 from operations.settings import for_inventory
 
 FILES = Path(__file__).resolve().parents[1] / "operations" / "files"
@@ -131,7 +131,7 @@ def test_peers_are_the_other_hosts_serving_the_same_model_and_revision():
         "router": {"ssh_hostname": "10.0.0.9", "gpuhost_serving": False},  # a CPU-only VM
     }
     settings = for_inventory(data.items())
-    found = model_copy.peers("gpu2", settings, data)
+    found = model_peers.peers("gpu2", settings, data)
     assert [(p.name, p.address, p.port, p.model_dir) for p in found] == [
         ("gpu1", "10.0.0.1", 22, "/opt/gpuhost/models"), ("gpu5", "10.0.0.5", 2222, "/srv/models")]
     assert found[0].known_hosts == "/k" and found[1].strict_host_key_checking == "accept-new"
@@ -146,9 +146,9 @@ def test_rsync_progress_lines_are_read(monkeypatch, tmp_path):
                       "\\n'\n")
     script.chmod(0o755)
     lines = []
-    monkeypatch.setattr(model_copy, "PROGRESS_EVERY", 0)
+    monkeypatch.setattr(model_copy_rsync, "PROGRESS_EVERY", 0)
     monkeypatch.setattr(model_copy.logger, "info", lines.append)
-    ok, err = model_copy.rsync([str(script)], "[gpu2] ", "model copy")
+    ok, err = model_copy_rsync.rsync([str(script)], "[gpu2] ", "model copy")
     assert ok and err == ""
     assert lines and lines[-1].startswith("[gpu2] model copy: 10,240 bytes (100%) at 2.00MB/s")
 
@@ -189,14 +189,14 @@ def test_a_mirror_of_another_commit_is_not_copied(tmp_path):
 
 
 def test_the_copy_into_the_host_uses_the_deploys_own_login_as_pyinfra_builds_it():
-    rsh, target, remote = model_copy.login_rsh("gpu2", {
+    rsh, target, remote = model_peers.login_rsh("gpu2", {
         "ssh_hostname": "10.0.0.2", "ssh_user": "gpuops", "_sudo": True, "ssh_port": 2222,
         "ssh_key": "/keys/id", "ssh_known_hosts_file": "/keys/known",
         "ssh_strict_host_key_checking": "yes"})
     assert rsh == ("ssh -o BatchMode=yes -o UserKnownHostsFile=/keys/known "
                    "-o StrictHostKeyChecking=yes -p 2222 -i /keys/id")
     assert (target, remote) == ("gpuops@10.0.0.2", "sudo rsync")
-    assert model_copy.login_rsh("gpu3", {})[1:] == ("gpu3", "rsync")
+    assert model_peers.login_rsh("gpu3", {})[1:] == ("gpu3", "rsync")
 
 
 def _weights_commands(monkeypatch, **kwargs):
@@ -211,7 +211,7 @@ def _weights_commands(monkeypatch, **kwargs):
 
 
 def test_with_a_mirror_the_peers_are_still_tried_where_the_mirror_has_no_copy(monkeypatch):
-    peer = model_copy.Peer("gpu1", "10.0.0.1", 22, None, "yes", "/opt/gpuhost/models")
+    peer = model_peers.Peer("gpu1", "10.0.0.1", 22, None, "yes", "/opt/gpuhost/models")
     copy, fetch, _ = _weights_commands(monkeypatch, peers=[peer], mirror="/mnt/models")
     assert copy.function is model_copy.copy and copy.kwargs == {"mirror": "/mnt/models"}
     fetch = str(fetch)
@@ -225,7 +225,7 @@ def test_the_stamp_names_the_peer_the_files_came_from_not_every_candidate(monkey
     read on the host from what the copy recorded, the one peer it copied from."""
     import subprocess
 
-    peers = [model_copy.Peer(n, "10.0.0.1", 22, None, "yes", "/m") for n in ("gpu1", "gpu3")]
+    peers = [model_peers.Peer(n, "10.0.0.1", 22, None, "yes", "/m") for n in ("gpu1", "gpu3")]
     record = tmp_path / "copied-from"
     monkeypatch.setattr(model_copy, "COPIED_FROM", str(record))
     _, fetch, _ = _weights_commands(monkeypatch, peers=peers)
@@ -253,7 +253,7 @@ def test_no_peer_with_the_model_is_one_plain_line(monkeypatch):
     def shell(host, command, **kw):  # the disk preflight gives the revision's files
         commands.append(str(command))
         return True, types.SimpleNamespace(
-            stdout_lines=[model_copy.MANIFEST + json.dumps(manifest)], stderr_lines=[])
+            stdout_lines=[model_peers.MANIFEST + json.dumps(manifest)], stderr_lines=[])
 
     monkeypatch.setattr(model_copy.remote, "shell", shell)
     monkeypatch.setattr(model_copy, "rsync", lambda argv, prefix, what: (
@@ -262,7 +262,7 @@ def test_no_peer_with_the_model_is_one_plain_line(monkeypatch):
     monkeypatch.setattr(model_copy.shutil, "which", lambda name: "/usr/bin/rsync")
     monkeypatch.setattr(model_copy.logger, "info", said.append)
     monkeypatch.setattr(model_copy.logger, "warning", said.append)
-    peers = [model_copy.Peer(n, "10.0.0.1", 22, None, "yes", "/m") for n in ("gpu1", "gpu3")]
+    peers = [model_peers.Peer(n, "10.0.0.1", 22, None, "yes", "/m") for n in ("gpu1", "gpu3")]
     assert model_copy.copy(None, _Host(), peers, "org/m", "main", "/d", None, "room check")
     assert said == ["[gpu2] model copy: no peer has the model yet: from the Hub"]
     assert commands[0] == f"rm -f {model_copy.COPIED_FROM}"  # no peer recorded from before
@@ -291,7 +291,7 @@ def test_the_copy_is_left_to_a_mirror_that_holds_the_revision(monkeypatch):
         if str(command) == "room check":
             manifest = {"sha": "b" * 40, "files": {}}
             return True, types.SimpleNamespace(
-                stdout_lines=[model_copy.MANIFEST + json.dumps(manifest)], stderr_lines=[])
+                stdout_lines=[model_peers.MANIFEST + json.dumps(manifest)], stderr_lines=[])
         path = str(command).split()[-1]
         text = json.dumps(stamps[path]) if path in stamps else ""
         return bool(text), types.SimpleNamespace(stdout_lines=[text] if text else [],
@@ -300,7 +300,7 @@ def test_the_copy_is_left_to_a_mirror_that_holds_the_revision(monkeypatch):
     monkeypatch.setattr(model_copy.remote, "shell", shell)
     monkeypatch.setattr(model_copy, "_peer_stamp", lambda peer, repo, prefix: asked.append(peer))
     monkeypatch.setattr(model_copy.logger, "info", lines.append)
-    peer = model_copy.Peer("gpu1", "10.0.0.1", 22, None, "yes", "/opt/gpuhost/models")
+    peer = model_peers.Peer("gpu1", "10.0.0.1", 22, None, "yes", "/opt/gpuhost/models")
     assert model_copy.copy(None, _Host(), [peer], "org/m", "main", "/d", None, "room check",
                            mirror="/mnt/models")
     assert asked == [] and any("the mirror /mnt/models holds org/m@main" in line
@@ -319,7 +319,7 @@ def test_a_failed_rsync_names_its_cause_not_only_its_exit(tmp_path):
                       "far) [Receiver]' >&2\necho 'rsync error: unexplained error (code 255) at "
                       "io.c(232) [Receiver=3.2.7]' >&2\nexit 255\n")
     script.chmod(0o755)
-    ok, err = model_copy.rsync([str(script)], "[gpu2] ", "stamp")
+    ok, err = model_copy_rsync.rsync([str(script)], "[gpu2] ", "stamp")
     assert not ok
     assert err == ("gpuhost-models@10.0.0.1: Permission denied (publickey). (rsync error: "
                    "unexplained error (code 255) at io.c(232) [Receiver=3.2.7])")
@@ -333,7 +333,7 @@ def test_a_peer_whose_model_folder_the_copy_user_cannot_reach_is_said_as_such(mo
         False, "Restricted directory does not exist! (rsync error: error in rsync protocol "
                "data stream (code 12) at io.c(232) [Receiver=3.2.7])"))
     monkeypatch.setattr(model_copy.logger, "info", said.append)
-    peer = model_copy.Peer("gpu3", "10.0.0.3", 22, None, "yes", "/opt/gpuhost/models")
+    peer = model_peers.Peer("gpu3", "10.0.0.3", 22, None, "yes", "/opt/gpuhost/models")
     assert model_copy._peer_stamp(peer, "org/m", "[gpu2] ") is None
     (line,) = said
     assert "no complete copy" not in line
@@ -407,7 +407,7 @@ def test_the_peer_check_says_which_files_hash_as_the_hub_says(tmp_path):
         "model-2.safetensors": [len(GOOD), hashlib.sha256(GOOD).hexdigest(), True],
         "tokenizer.json": [2, _blob_id(b"{}"), False]}}
     (root / "config.json").write_bytes(CONFIG)
-    done = subprocess.run([sys.executable, "-c", model_copy.PEER_CHECK, str(root)],
+    done = subprocess.run([sys.executable, "-c", model_peers.PEER_CHECK, str(root)],
                           input=json.dumps(manifest), capture_output=True, text=True, check=True)
     assert json.loads(done.stdout) == {
         "good": ["config.json", "model-1.safetensors"], "wrong": ["model-2.safetensors"],

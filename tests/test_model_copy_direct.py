@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from operations import model_copy, model_copy_direct
+from operations import model_copy, model_copy_direct, model_copy_rsync, model_peers
 
-PEER = model_copy.Peer("gpu1", "10.213.1.2", 22, "/keys/known", "yes", "/opt/gpuhost/models",
+PEER = model_peers.Peer("gpu1", "10.213.1.2", 22, "/keys/known", "yes", "/opt/gpuhost/models",
                        "10.213.0.1")
 STAMP = {"repo": "org/m", "revision": "main", "sha": "b" * 40}
 
@@ -56,7 +56,7 @@ def copying(monkeypatch, tmp_path):
     monkeypatch.setattr(model_copy.shutil, "which", lambda name: "/usr/bin/rsync")
     monkeypatch.setattr(model_copy.remote, "shell", lambda host, command, **kw: (
         world.room[0], _Output(world.room[1], ["org/m@...: 2 files",
-                                               model_copy.MANIFEST + json.dumps(MANIFEST)])))
+                                               model_peers.MANIFEST + json.dumps(MANIFEST)])))
     monkeypatch.setattr(model_copy, "_peer_stamp", lambda peer, repo, prefix: STAMP)
 
     def check_peer(peer, repo, files, prefix):
@@ -80,6 +80,7 @@ def copying(monkeypatch, tmp_path):
         return 0, ""
 
     monkeypatch.setattr(model_copy, "run_rsync", run_rsync)
+    monkeypatch.setattr(model_copy_rsync, "run_rsync", run_rsync)  # the relay's rsync legs
     monkeypatch.setattr(model_copy.logger, "info", world.lines.append)
     monkeypatch.setattr(model_copy.logger, "warning", world.lines.append)
     return world
@@ -203,8 +204,8 @@ def test_the_room_check_only_checks(tmp_path, size, code):
         assert "0.00 GiB still to fetch" in result.stdout
         # the copy's list: each file with its size and the hash the Hub gives it
         manifest = result.stdout.splitlines()[-1]
-        assert manifest.startswith(model_copy.MANIFEST)
-        assert json.loads(manifest[len(model_copy.MANIFEST):]) == {
+        assert manifest.startswith(model_peers.MANIFEST)
+        assert json.loads(manifest[len(model_peers.MANIFEST):]) == {
             "sha": "a" * 40, "files": {"model.safetensors": [4096, "c" * 64, True]}}
 
 
@@ -252,7 +253,7 @@ def test_a_peer_whose_copy_is_not_the_hubs_is_said_and_only_its_verified_files_c
 
     monkeypatch.setattr(model_copy.subprocess, "run", run)
     peer = dataclasses.replace(PEER, login=("ssh -o BatchMode=yes", "gpuops@10.213.1.2", True))
-    assert model_copy.check_peer(peer, "org/m", MANIFEST["files"], "[gpu2] ") == ["config.json"]
+    assert model_peers.check_peer(peer, "org/m", MANIFEST["files"], "[gpu2] ") == ["config.json"]
     [(argv, stdin)] = sent
     assert argv[:3] == ["ssh", "-o", "BatchMode=yes"] and "gpuops@10.213.1.2" in argv
     assert argv[-1].startswith("sudo -n python3 -c ") and argv[-1].endswith(
@@ -271,6 +272,6 @@ def test_a_peer_whose_copy_cannot_be_checked_is_no_source(monkeypatch):
                         types.SimpleNamespace(returncode=1, stdout="",
                                               stderr="sudo: a password is required\n"))
     peer = dataclasses.replace(PEER, login=("ssh", "gpuops@10.213.1.2", True))
-    assert model_copy.check_peer(peer, "org/m", MANIFEST["files"], "[gpu2] ") == []
+    assert model_peers.check_peer(peer, "org/m", MANIFEST["files"], "[gpu2] ") == []
     assert lines == ["[gpu2] model copy: gpu1's copy of org/m could not be checked by its "
                      "hashes (sudo: a password is required): not copied from there"]

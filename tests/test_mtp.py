@@ -10,7 +10,7 @@ import pytest
 from operations import settings as settings_module
 from operations import settings_checks
 from operations.files.model_config import WEIGHT_INDEX, missing_mtp, mtp_layer
-from operations.server import server_env
+from operations.server_unit import server_env
 from operations.settings import SettingsError, from_host_data
 from operations.sglang import ArgSpec, load_parser_spec, server_args
 from sandbox import hub

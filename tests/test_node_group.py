@@ -11,7 +11,7 @@ from pyinfra.facts.hardware import NetworkDevices
 from operations.node_group import (GroupError, NodeRole, env_file, networks, node_env, role_of,
                                    shared_network)
 from operations.nodes import RdmaDevices
-from operations.server import server_inputs, unit_context
+from operations.server_unit import server_inputs, unit_context
 from operations.settings import SettingsError, for_inventory, from_host_data
 from operations.sglang import check_server_args, load_parser_spec, server_args
 

@@ -12,7 +12,7 @@ from pyinfra_testing.util import FakeState, create_host
 from operations import REPO_ROOT
 from operations.host import FileText
 from operations.plan import fact
-from operations.server import ServiceState
+from operations.server_state import ServiceState
 
 
 def counting_host(state, name):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import StringCommand
 
-from operations import plan, server
+from operations import plan, server_refusals
 from operations.files import secret_file
 from tests.secret_guard import GUARD
 
@@ -51,7 +51,7 @@ def refusals_for(key: str, path: Path) -> list[str]:
     plan._refusals.clear()
     try:
         with ctx_state.use(state), ctx_host.use(host):
-            ok = server._check_secret_file(key, str(path))
+            ok = server_refusals._check_secret_file(key, str(path))
         refusals = [r for rs in plan._refusals.values() for r in rs]
     finally:
         plan._refusals.clear()

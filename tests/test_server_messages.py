@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from operations import REPO_ROOT, server
-from operations.server import UnitState
+from operations import REPO_ROOT, server_state, server_unit
+from operations.server_state import UnitState
 
 _spec = importlib.util.spec_from_file_location(
     "unit_inputs", REPO_ROOT / "operations" / "files" / "unit_inputs.py")
@@ -39,48 +39,48 @@ def test_unit_inputs_changed_prints_nothing_without_a_record(tmp_path, capsys):
 
 
 def test_service_state_reads_what_changed_and_systemds_result():
-    state = server.ServiceState().process([
+    state = server_state.ServiceState().process([
         "ActiveState=active", "InvocationID=ab", "NeedDaemonReload=no", "Result=success",
         "started_with=aa", "now=bb", "changed=/etc/gpuhost/server.env|/etc/gpuhost/p2p.env"])
     assert state.changed == ("/etc/gpuhost/server.env", "/etc/gpuhost/p2p.env")
     assert state.result == "success"
-    assert server.ServiceState().process(["ActiveState=failed", "Result=start-limit-hit",
+    assert server_state.ServiceState().process(["ActiveState=failed", "Result=start-limit-hit",
                                           "changed="]).changed == ()
 
 
 def test_a_stale_unit_is_told_by_what_changed_not_by_a_guess_at_history():
     state = UnitState(active="active", started_with="aa", now="bb",
                       changed=("/etc/gpuhost/server.env",))
-    message = server.stale_message(server.UNIT, state)
+    message = server_state.stale_message(server_unit.UNIT, state)
     assert message == ("sglang.service runs with other inputs than the files now: "
                        "/etc/gpuhost/server.env changed since it started: restarting it")
-    assert "earlier run" not in server.stale_message(
-        server.UNIT, UnitState(active="active", started_with="aa", now="bb"))
-    assert "recorded no inputs" in server.stale_message(
-        server.UNIT, UnitState(active="active", started_with="", now="bb"))
+    assert "earlier run" not in server_state.stale_message(
+        server_unit.UNIT, UnitState(active="active", started_with="aa", now="bb"))
+    assert "recorded no inputs" in server_state.stale_message(
+        server_unit.UNIT, UnitState(active="active", started_with="", now="bb"))
 
 
 def test_unverified_names_the_unit_started_since_the_gate_passed():
-    units = (server.UNIT, server.GATE_UNIT)
+    units = (server_unit.UNIT, server_unit.GATE_UNIT)
     states = (UnitState(active="active", invocation="s1"),
               UnitState(active="active", invocation="g2"))
-    message = server.unverified_message(units, states, ["s1", "g1"])
+    message = server_state.unverified_message(units, states, ["s1", "g1"])
     assert message == ("not verified as it runs now: sglang-gate.service started since the "
                        "health gate last passed (its InvocationID differs from the one "
                        "recorded then): the health gate runs")
-    switched = server.unverified_message(units[:1], states[:1], ["s1", "g1"])
+    switched = server_state.unverified_message(units[:1], states[:1], ["s1", "g1"])
     assert "last passed for sglang.service and sglang-gate.service" in switched
     assert "bind address changed" in switched
-    assert "no passed health gate is recorded" in server.unverified_message(
+    assert "no passed health gate is recorded" in server_state.unverified_message(
         units[:1], states[:1], [])
 
 
 def test_a_failed_unit_is_named_with_systemds_result_and_its_journal():
-    journal = server.UnitJournal().process([
+    journal = server_state.UnitJournal().process([
         "-- Boot 1 --", "2026-12-01T14:00:00+0000 gpu1 systemd[1]: sglang.service: Start "
         "request repeated too quickly."])
-    message = server.failed_message(
-        server.UNIT, UnitState(active="failed", result="start-limit-hit"), journal)
+    message = server_state.failed_message(
+        server_unit.UNIT, UnitState(active="failed", result="start-limit-hit"), journal)
     assert message.startswith("sglang.service had failed (systemd's Result: start-limit-hit): "
                               "starting it again. The last lines of its journal:\n    2026")
     assert "Start request repeated too quickly." in message and "-- Boot" not in message

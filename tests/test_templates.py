@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api.util import get_template
 
-from operations.server import env_context, gate_context, systemd_quote, unit_context
+from operations.server_unit import env_context, gate_context, unit_context
+from operations.systemd_units import systemd_quote
 from operations.settings import from_host_data
 from operations.venvs import stack_venv
 

@@ -171,10 +171,10 @@ def test_only_hosts_with_a_public_endpoint_need_a_certificate():
 
 
 def test_tls_reaches_the_gate_the_router_and_the_workers_urls():
-    from operations import fleet, gate, observability, router, server
+    from operations import fleet, gate, observability, router, server_health, server_unit
     s = fleet_host(gpuhost_router_host="10.0.0.11", gpuhost_router_api_key_file="/root/r",
                    gpuhost_fleet_key_file="/root/f")
-    conf = gate.conf_context(server.worker_gate(s))
+    conf = gate.conf_context(server_unit.worker_gate(s))
     assert conf["tls_cert"] == conf["tls_key"] == tls.HOST_PEM
     from jinja2 import Environment, FileSystemLoader
     rendered = Environment(loader=FileSystemLoader("templates")).get_template(
@@ -184,17 +184,17 @@ def test_tls_reaches_the_gate_the_router_and_the_workers_urls():
     assert "ssl_protocols TLSv1.2 TLSv1.3;" in rendered and "error_page 497 @plain_http;" in rendered
     assert router.router_gate(s).tls_cert == tls.HOST_PEM
     assert router.unit_context(s)["ca_args"] == f" --ca-cert-paths {tls.CA_PATH}"
-    assert server.public_url(s) == "https://127.0.0.1:8000"
-    assert "--ca-file" in server.settings_gate_argv(s)
+    assert server_unit.public_url(s) == "https://127.0.0.1:8000"
+    assert "--ca-file" in server_health.settings_gate_argv(s)
     # the path unit reloads the gate when the certificate changes
-    assert f"{tls.HOST_PEM}" in gate.path_context(server.worker_gate(s), str)["key_files"]
+    assert f"{tls.HOST_PEM}" in gate.path_context(server_unit.worker_gate(s), str)["key_files"]
     url, problem = fleet.worker_url("gpu2", s, "gpu9")
     assert (url, problem) == ("https://10.0.0.11:8000", None)
     plain = fleet_host(gpuhost_tls_ca_cert_file=None, gpuhost_tls_ca_key_file=None)
     assert fleet.worker_url("gpu2", plain, "gpu9")[0] == "http://10.0.0.11:8000"
     assert "ssl" not in gate.Gate.__dataclass_fields__ and \
         " ssl;" not in Environment(loader=FileSystemLoader("templates")).get_template(
-            "gate-nginx.conf.j2").render(**gate.conf_context(server.worker_gate(plain)))
+            "gate-nginx.conf.j2").render(**gate.conf_context(server_unit.worker_gate(plain)))
     assert observability.prometheus_context("gpu1", s)["ca_file"] == tls.CA_PATH
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from operations import gate, loopback_guard, observability, router, server
+from operations import gate, loopback_guard, observability, router, server_unit, systemd_units
 from operations.service_users import GATE_USER, SERVER_USER
 from operations.settings import from_host_data
 from operations.unit_sandbox import BASE, Sandbox
@@ -38,21 +38,21 @@ def units(tmp_path) -> dict[str, tuple[str, float]]:
     s = from_host_data("gpu1", {"gpuhost_lock": str(lock), "gpuhost_server_host": "0.0.0.0",
                                 "gpuhost_api_key_file": "/root/key",
                                 "gpuhost_router_api_key_file": "/root/router.key"})
-    worker, front = server.worker_gate(s), router.router_gate(s)
+    worker, front = server_unit.worker_gate(s), router.router_gate(s)
     metrics = observability.gpu_metrics_context(15, 8)
     return {
-        "sglang.service": (render("sglang.service.j2", server.unit_context(s)), SERVER_TARGET),
+        "sglang.service": (render("sglang.service.j2", server_unit.unit_context(s)), SERVER_TARGET),
         "sglang-router.service": (render("sglang-router.service.j2", router.unit_context(s)),
                                   SERVER_TARGET),
-        "sglang-gate.service": (render("gate.service.j2", server.gate_context(s)),
+        "sglang-gate.service": (render("gate.service.j2", server_unit.gate_context(s)),
                                 OTHER_TARGET),
         "sglang-router-gate.service": (render("gate.service.j2", router.gate_context(s)),
                                        OTHER_TARGET),
         "sglang-gate-keys.service": (
-            render("gate-keys.service.j2", gate.path_context(worker, server.systemd_quote)),
+            render("gate-keys.service.j2", gate.path_context(worker, systemd_units.systemd_quote)),
             OTHER_TARGET),
         "sglang-router-gate-keys.service": (
-            render("gate-keys.service.j2", gate.path_context(front, server.systemd_quote)),
+            render("gate-keys.service.j2", gate.path_context(front, systemd_units.systemd_quote)),
             OTHER_TARGET),
         "gpuhost-loopback-guard.service": (loopback_guard.unit(), OTHER_TARGET),
         "gpuhost-metrics-guard.service": (loopback_guard.metrics_unit(), OTHER_TARGET),
@@ -107,13 +107,13 @@ def test_only_the_gates_the_guards_and_the_gpu_readings_keep_capabilities(units)
 def test_the_gates_workers_run_as_their_own_user_with_their_temporary_files_apart():
     s = from_host_data("gpu1", {"gpuhost_server_host": "0.0.0.0",
                                 "gpuhost_api_key_file": "/root/key"})
-    g = server.worker_gate(s)
+    g = server_unit.worker_gate(s)
     conf = render("gate-nginx.conf.j2", gate.conf_context(g))
     assert f"user {GATE_USER} {GATE_USER};" in conf.splitlines()
     assert "user root;" not in conf
     for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
         assert f"    {kind}_temp_path /var/cache/{g.runtime_dir}/{kind};" in conf.splitlines()
-    unit = service_lines(render("gate.service.j2", server.gate_context(s)))
+    unit = service_lines(render("gate.service.j2", server_unit.gate_context(s)))
     assert f"CacheDirectory={g.runtime_dir}" in unit
     assert "CacheDirectoryMode=0711" in unit  # the workers pass it to their own folders
     assert "RuntimeDirectoryMode=0700" in unit  # what the start read stays root's

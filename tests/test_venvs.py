@@ -388,7 +388,7 @@ def test_both_folders_protected_and_broken_is_refused():
 
 def test_the_unit_and_the_record_name_their_venvs():
     from operations.mlenv import SERVER_UNIT_PATH
-    from operations.server import UNIT_PATH
+    from operations.server_unit import UNIT_PATH
     from operations.venvs import digest_of_venv, recorded_venv, unit_venv
     assert SERVER_UNIT_PATH == UNIT_PATH
     assert unit_venv(f"[Service]\nExecStart={B}/bin/python -m sglang.launch_server\n") == B

@@ -125,6 +125,38 @@ def progress_line(level: int, done: int, total: int, running_s: float, after: li
 
 
 def main() -> int:
+    args = _arguments()
+    env = _bench_env(args)
+    if env is None:
+        return 1
+    os.makedirs(args.out, exist_ok=True)
+
+    def out(name: str) -> str:
+        return os.path.join(args.out, name)
+
+    samplers = _samplers(out)
+    versions, summaries = _versions(args.python)
+    meta = {"utc_offset_s": time.localtime().tm_gmtoff, "started": _now(),
+            "versions": versions, "summaries": summaries, "levels": [],
+            "input_len": args.input_len, "output_len": args.output_len,
+            "prompts": args.prompts, "backend": args.backend}
+    failed = False
+    try:
+        time.sleep(2)  # idle samples before the first level
+        levels = [int(n) for n in args.levels.split(",")]
+        for number, level in enumerate(levels):
+            meta["levels"].append(_run_level(args, env, out, level, levels[number + 1:]))
+            if not _level_passed(out, meta["levels"][-1]):
+                failed = True
+                break
+            time.sleep(1)
+    finally:
+        time.sleep(1)
+        _finish(args, out, samplers, meta, failed)
+    return 1 if failed else 0
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name in ("--python", "--url", "--model", "--tokenizer", "--out"):
         parser.add_argument(name, required=True)
@@ -136,7 +168,12 @@ def main() -> int:
     parser.add_argument("--ca-file", help="the CA an https:// --url is verified with")
     parser.add_argument("--gpu-metrics", help="the GPU metrics script's textfile, copied at the "
                         "end as gpu-health.prom")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def _bench_env(args: argparse.Namespace) -> dict[str, str] | None:
+    """bench_serving's environment: the CA it verifies an https:// URL with, the API key;
+    None where the key file is not a secret file (said)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.ca_file:
         # bench_serving's aiohttp verifies with ssl.create_default_context(), whose default
@@ -150,16 +187,17 @@ def main() -> int:
             env["OPENAI_API_KEY"] = read_secret(args.api_key_file, "key file")
         except SecretFileError as exc:
             print(f"bench failed: {exc}", flush=True)
-            return 1
-    os.makedirs(args.out, exist_ok=True)
+            return None
+    return env
 
-    def out(name: str) -> str:
-        return os.path.join(args.out, name)
 
+def _samplers(out) -> list[subprocess.Popen]:
+    """links.csv written, and the telemetry and dmon samplers started (telemetry.csv,
+    dmon.csv)."""
     with open(out("links.csv"), "w") as links:
         subprocess.run(["nvidia-smi", f"--query-gpu={LINK_FIELDS}",
                         "--format=csv,noheader,nounits"], stdout=links, check=False)
-    samplers = [
+    return [
         subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY_FIELDS}",
                           "--format=csv,noheader,nounits", "-lms", "500"],
                          stdout=open(out("telemetry.csv"), "w"), stderr=subprocess.STDOUT),
@@ -167,75 +205,77 @@ def main() -> int:
                           "--format", "csv"],
                          stdout=open(out("dmon.csv"), "w"), stderr=subprocess.STDOUT),
     ]
-    versions, summaries = _versions(args.python)
-    meta = {"utc_offset_s": time.localtime().tm_gmtoff, "started": _now(),
-            "versions": versions, "summaries": summaries, "levels": [],
-            "input_len": args.input_len, "output_len": args.output_len,
-            "prompts": args.prompts, "backend": args.backend}
-    failed = False
-    try:
-        time.sleep(2)  # idle samples before the first level
-        levels = [int(n) for n in args.levels.split(",")]
-        for number, level in enumerate(levels):
-            output = out(f"level-{level}.json")
-            command = bench_command(args, level, output)
-            print(f"level {level}: {args.prompts} prompts, {level} at a time", flush=True)
-            end = None
-            start = _now()
-            main_run, shown, bar = None, 0.0, None
-            with open(out(f"level-{level}.log"), "w") as log:
-                # text mode reads tqdm's carriage-return redraws as lines of their own
-                proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, cwd=args.out, text=True)
-                for line in proc.stdout:
-                    drawn = TQDM.match(line)
-                    if drawn:
-                        bar = line
-                        now = time.monotonic()
-                        done, total = int(drawn.group(1)), int(drawn.group(2))
-                        if now - shown >= PROGRESS_EVERY or done == total:
-                            shown = now
-                            print(progress_line(level, done, total, now - (main_run or now),
-                                                levels[number + 1:]), flush=True)
-                        continue
-                    if bar is not None:
-                        log.write(bar.rstrip("\n") + "\n")
-                        bar = None
-                    log.write(line)
-                    # The level's window starts with the measured run, after the tokenizer's
-                    # load and the warm-up (bench_serving's own words).
-                    if line.startswith("Warmup completed"):
-                        start, main_run = _now(), time.monotonic()
-                    # ... and ends when the last request is done, before the tool's report.
-                    if line.startswith("=" * 12):
-                        end = end or _now()
-                rc = proc.wait()
-            end = end or _now()
-            meta["levels"].append({"concurrency": level, "start": start, "end": end,
-                                   "rc": rc, "command": command})
-            with open(out(f"level-{level}.log")) as log:
-                tail = log.read().splitlines()[-25:]
-            if rc != 0 or not os.path.exists(output):
-                failed = True
-                print(f"level {level}: bench_serving exited {rc}:", flush=True)
-                for line in tail:
-                    print(f"  {line}", flush=True)
-                break
-            print(f"level {level}: done in {time.time() - _epoch(start):.0f} s", flush=True)
-            time.sleep(1)
-    finally:
-        time.sleep(1)
-        for sampler in samplers:
-            sampler.terminate()
-            sampler.wait()
-        meta["ended"] = _now()
-        if args.gpu_metrics and os.path.isfile(args.gpu_metrics):
-            shutil.copyfile(args.gpu_metrics, out("gpu-health.prom"))
-        with open(out("meta.json"), "w") as handle:
-            json.dump(meta, handle, indent=1)
-        with open(out("done"), "w") as handle:
-            handle.write("failed\n" if failed else "ok\n")
-    return 1 if failed else 0
+
+
+def _run_level(args: argparse.Namespace, env: dict[str, str], out, level: int,
+               after: list[int]) -> dict:
+    """Run bench_serving at one concurrency ``level`` (``after``: the levels still to run);
+    its entry of meta.json's levels: the measured window, the exit status, the command."""
+    output = out(f"level-{level}.json")
+    command = bench_command(args, level, output)
+    print(f"level {level}: {args.prompts} prompts, {level} at a time", flush=True)
+    end = None
+    start = _now()
+    main_run, shown, bar = None, 0.0, None
+    with open(out(f"level-{level}.log"), "w") as log:
+        # text mode reads tqdm's carriage-return redraws as lines of their own
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, cwd=args.out, text=True)
+        for line in proc.stdout:
+            drawn = TQDM.match(line)
+            if drawn:
+                bar = line
+                now = time.monotonic()
+                done, total = int(drawn.group(1)), int(drawn.group(2))
+                if now - shown >= PROGRESS_EVERY or done == total:
+                    shown = now
+                    print(progress_line(level, done, total, now - (main_run or now), after),
+                          flush=True)
+                continue
+            if bar is not None:
+                log.write(bar.rstrip("\n") + "\n")
+                bar = None
+            log.write(line)
+            # The level's window starts with the measured run, after the tokenizer's
+            # load and the warm-up (bench_serving's own words).
+            if line.startswith("Warmup completed"):
+                start, main_run = _now(), time.monotonic()
+            # ... and ends when the last request is done, before the tool's report.
+            if line.startswith("=" * 12):
+                end = end or _now()
+        rc = proc.wait()
+    end = end or _now()
+    return {"concurrency": level, "start": start, "end": end, "rc": rc, "command": command}
+
+
+def _level_passed(out, entry: dict) -> bool:
+    """Whether the level of ``entry`` wrote its result; said either way (a failed level: its
+    exit status and its log's last lines)."""
+    level = entry["concurrency"]
+    with open(out(f"level-{level}.log")) as log:
+        tail = log.read().splitlines()[-25:]
+    if entry["rc"] != 0 or not os.path.exists(out(f"level-{level}.json")):
+        print(f"level {level}: bench_serving exited {entry['rc']}:", flush=True)
+        for line in tail:
+            print(f"  {line}", flush=True)
+        return False
+    print(f"level {level}: done in {time.time() - _epoch(entry['start']):.0f} s", flush=True)
+    return True
+
+
+def _finish(args: argparse.Namespace, out, samplers: list[subprocess.Popen], meta: dict,
+            failed: bool) -> None:
+    """The samplers stopped; gpu-health.prom, meta.json and the ``done`` mark written."""
+    for sampler in samplers:
+        sampler.terminate()
+        sampler.wait()
+    meta["ended"] = _now()
+    if args.gpu_metrics and os.path.isfile(args.gpu_metrics):
+        shutil.copyfile(args.gpu_metrics, out("gpu-health.prom"))
+    with open(out("meta.json"), "w") as handle:
+        json.dump(meta, handle, indent=1)
+    with open(out("done"), "w") as handle:
+        handle.write("failed\n" if failed else "ok\n")
 
 
 def _epoch(stamp: str) -> float:

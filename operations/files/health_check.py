@@ -226,7 +226,48 @@ def main() -> int:
 
 
 def _main() -> int:
-    global _SECRET_LOADED, _KEEP_UNIT, _TLS
+    global _KEEP_UNIT, _TLS
+    parser = _parser()
+    args = parser.parse_args()
+    _KEEP_UNIT = args.keep_unit
+    if args.ca_file:
+        _TLS = ssl.create_default_context(cafile=args.ca_file)
+    if args.health_only:
+        return health_only(args.url, args.timeout, args.main_pid)
+    if not args.model or not args.unit:
+        parser.error("--model and --unit are needed unless --health-only")
+
+    loaded, key = _key(args)
+    if not loaded:
+        return 1
+    start = time.monotonic() - args.elapsed_offset
+    began = time.monotonic()
+    last_report = began
+    while True:
+        elapsed = time.monotonic() - start
+        if elapsed > args.timeout:
+            return _fail(args.unit, f"no good answer after {args.timeout:.0f} s", key)
+        active, failed = _units_failed(args, elapsed, key)
+        if failed is not None:
+            return failed
+        # Ready needs systemd's word too: "active" once the unit's ExecStartPost saw /health
+        # (until then the unit is "activating", and a deploy that ended would leave it so).
+        if active == "active" and _request(f"{args.url}/health")[0] == 200:
+            verdict = _answers(args, elapsed, key)
+            if verdict is not None:
+                return verdict
+        if time.monotonic() - last_report >= 10:
+            last_report = time.monotonic()
+            line = (_journal(args.unit, 1).splitlines() or [""])[-1]
+            if key:
+                line = line.replace(key, "<api key>")
+            print(f"waiting {elapsed:.0f} s: {line[:200]}", flush=True)
+        if args.poll_for is not None and time.monotonic() - began >= args.poll_for:
+            return WAITING
+        time.sleep(WATCH_EVERY_S)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="the server's own base URL (loopback)")
     parser.add_argument("--health-only", action="store_true")
@@ -242,74 +283,69 @@ def _main() -> int:
     parser.add_argument("--ca-file", help="the CA certificate an https:// URL is verified with")
     parser.add_argument("--keep-unit", action="store_true",
                         help="on failure, leave the unit running (bench.py's gate)")
-    args = parser.parse_args()
-    _KEEP_UNIT = args.keep_unit
-    if args.ca_file:
-        _TLS = ssl.create_default_context(cafile=args.ca_file)
-    if args.health_only:
-        return health_only(args.url, args.timeout, args.main_pid)
-    if not args.model or not args.unit:
-        parser.error("--model and --unit are needed unless --health-only")
+    return parser
 
-    key = None
-    if args.api_key_file:
-        try:
-            key = read_secret(args.api_key_file, "key file")
-        except SecretFileError as exc:
-            print(f"server not ready: cannot check the API key gate: {exc}", flush=True)
-            return 1
-        _SECRET_LOADED = True
-    start = time.monotonic() - args.elapsed_offset
-    began = time.monotonic()
-    last_report = began
-    while True:
-        elapsed = time.monotonic() - start
-        if elapsed > args.timeout:
-            return _fail(args.unit, f"no good answer after {args.timeout:.0f} s", key)
-        active, sub, main_pid = _unit_state(args.unit)
-        if active == "failed" or sub == "auto-restart" or (active == "inactive" and elapsed > 5) \
-                or (sub == "start-post" and main_pid == "0"):
-            return _fail(args.unit, f"the unit is {active} ({sub}): the server exited", key)
-        if args.gate_unit and args.public_url:
-            gate_active, gate_sub, _ = _unit_state(args.gate_unit)
-            if gate_active == "failed" or gate_sub == "auto-restart":
-                return _fail(args.unit, f"{args.gate_unit} is {gate_active} ({gate_sub}): the "
-                             "API key gate exited", key, journal_of=args.gate_unit)
-        # Ready needs systemd's word too: "active" once the unit's ExecStartPost saw /health
-        # (until then the unit is "activating", and a deploy that ended would leave it so).
-        if active == "active" and _request(f"{args.url}/health")[0] == 200:
-            status, body = _request(f"{args.url}/v1/models")
-            try:
-                names = [m.get("id") for m in json.loads(body).get("data", [])]
-            except (ValueError, AttributeError):
-                names = []
-            if status == 200 and args.model in names:
-                answer, problem = completion(args.url, args.model, None)
-                if answer is not None and not answer:
-                    return _fail(args.unit, "the greedy completion is empty", key)
-                if answer is not None:
-                    why = degenerate(answer)
-                    if why:
-                        return _fail(args.unit, f"the greedy completion is degenerate: {why}: "
-                                                f"{answer[:80]!r}", key)
-                    if args.public_url and key:
-                        why = check_gate(args.public_url, key)
-                        if why:
-                            return _fail(args.unit, why, key, journal_of=args.gate_unit)
-                    print(f"ready after {elapsed:.0f} s: {args.model} answers {answer[:60]!r}",
-                          flush=True)
-                    return 0
-                if problem and _request(f"{args.url}/health")[0] == 200:
-                    return _fail(args.unit, problem, key)
-        if time.monotonic() - last_report >= 10:
-            last_report = time.monotonic()
-            line = (_journal(args.unit, 1).splitlines() or [""])[-1]
-            if key:
-                line = line.replace(key, "<api key>")
-            print(f"waiting {elapsed:.0f} s: {line[:200]}", flush=True)
-        if args.poll_for is not None and time.monotonic() - began >= args.poll_for:
-            return WAITING
-        time.sleep(WATCH_EVERY_S)
+
+def _key(args: argparse.Namespace) -> tuple[bool, str | None]:
+    """(whether the API key could be read, the key or None without --api-key-file); a key
+    file that is not a secret file is said."""
+    global _SECRET_LOADED
+    if not args.api_key_file:
+        return True, None
+    try:
+        key = read_secret(args.api_key_file, "key file")
+    except SecretFileError as exc:
+        print(f"server not ready: cannot check the API key gate: {exc}", flush=True)
+        return False, None
+    _SECRET_LOADED = True
+    return True, key
+
+
+def _units_failed(args: argparse.Namespace, elapsed: float, key: str | None
+                  ) -> tuple[str, int | None]:
+    """(the unit's ActiveState, :func:`_fail`'s exit status where the server or its gate
+    exited, else None)."""
+    active, sub, main_pid = _unit_state(args.unit)
+    if active == "failed" or sub == "auto-restart" or (active == "inactive" and elapsed > 5) \
+            or (sub == "start-post" and main_pid == "0"):
+        return active, _fail(args.unit, f"the unit is {active} ({sub}): the server exited", key)
+    if args.gate_unit and args.public_url:
+        gate_active, gate_sub, _ = _unit_state(args.gate_unit)
+        if gate_active == "failed" or gate_sub == "auto-restart":
+            return active, _fail(args.unit, f"{args.gate_unit} is {gate_active} ({gate_sub}): "
+                                 "the API key gate exited", key, journal_of=args.gate_unit)
+    return active, None
+
+
+def _answers(args: argparse.Namespace, elapsed: float, key: str | None) -> int | None:
+    """The server that answers /health asked for the model and a greedy completion (and the
+    gate checked): 0 where it is ready (said), :func:`_fail`'s status where its answer is
+    bad, None where it is not there yet."""
+    status, body = _request(f"{args.url}/v1/models")
+    try:
+        names = [m.get("id") for m in json.loads(body).get("data", [])]
+    except (ValueError, AttributeError):
+        names = []
+    if status != 200 or args.model not in names:
+        return None
+    answer, problem = completion(args.url, args.model, None)
+    if answer is not None and not answer:
+        return _fail(args.unit, "the greedy completion is empty", key)
+    if answer is not None:
+        why = degenerate(answer)
+        if why:
+            return _fail(args.unit, f"the greedy completion is degenerate: {why}: "
+                                    f"{answer[:80]!r}", key)
+        if args.public_url and key:
+            why = check_gate(args.public_url, key)
+            if why:
+                return _fail(args.unit, why, key, journal_of=args.gate_unit)
+        print(f"ready after {elapsed:.0f} s: {args.model} answers {answer[:60]!r}",
+              flush=True)
+        return 0
+    if problem and _request(f"{args.url}/health")[0] == 200:
+        return _fail(args.unit, problem, key)
+    return None
 
 
 if __name__ == "__main__":

@@ -272,7 +272,6 @@ def arguments() -> argparse.Namespace:
 
 
 def _main() -> int:
-    global _SECRET_LOADED
     args = arguments()
     _AT.update(repo=f"{args.repo}@{args.revision}", dest=str(args.dest), endpoint=args.endpoint)
 
@@ -282,62 +281,21 @@ def _main() -> int:
     from huggingface_hub import HfApi, snapshot_download  # after HF_ENDPOINT is set
     from huggingface_hub.utils import HfHubHTTPError
 
-    token = None
-    if args.token_file:
-        try:
-            token = read_secret(args.token_file, "token file")
-        except SecretFileError as exc:
-            print(f"cannot download {args.repo}: {exc}", file=sys.stderr)
-            return 1
-        _SECRET_LOADED = True
-    api = HfApi(endpoint=args.endpoint, token=token)
-    try:
-        info = api.model_info(args.repo, revision=args.commit or args.revision,
-                              files_metadata=True)
-    except HfHubHTTPError as exc:
-        print(f"cannot read {args.repo}@{args.revision} from {args.endpoint}: "
-              f"{str(exc).splitlines()[0]} ({route(args.endpoint)}; is the token in "
-              f"{args.token_file} allowed to read it?)", file=sys.stderr)
+    loaded, token = _token(args)
+    if not loaded:
+        return 1
+    info = _revision_info(args, token, HfApi, HfHubHTTPError)
+    if info is None:
         return 1
     sha = info.sha
     files = {s.rfilename: s.size for s in info.siblings or []}
     if not files or any(size is None for size in files.values()):
         print(f"{args.repo}@{sha}: the Hub gave no file list with sizes", file=sys.stderr)
         return 1
-
-    def missing_bytes() -> dict[str, int]:
-        out = {}
-        for name, size in files.items():
-            local = args.dest / name
-            have = local.stat().st_size if local.is_file() else 0
-            if have != size:
-                out[name] = size
-        return out
-
     if args.check_room:
-        refused = no_room(args, sha, sum(missing_bytes().values()))
-        if refused:
-            print(refused, file=sys.stderr)
-            return 2
-        print(f"{args.repo}@{sha}: {len(files)} files, {sum(files.values()) / GIB:.2f} GiB, "
-              f"{sum(missing_bytes().values()) / GIB:.2f} GiB still to fetch, "
-              f"{_free_bytes(args.dest) / GIB:.1f} GiB free in {args.dest}", flush=True)
-        # what a copy from a peer may bring, each file with its hash (operations/model_copy.py)
-        print(MANIFEST + json.dumps({"sha": sha, "files": revision_files(info.siblings)},
-                                    separators=(",", ":")), flush=True)
-        return 0
-    if args.mirror is not None and copy_from_mirror(args.mirror / args.repo, args.dest, sha):
-        args.copied_from = f"the mirror {args.mirror}"
-    copied: list[str] = []
-    tidy(args.dest, files)
-    if args.copied_from and args.dest.is_dir():
-        hashes = {name: (want, lfs) for name, (_, want, lfs) in
-                  revision_files(info.siblings).items()}
-        copied, bad = verify_copy(args.dest, files, hashes)
-        for name in bad:
-            print(f"{name} from {args.copied_from} does not match the Hub's metadata "
-                  f"(size or hash): removed, downloading it from the Hub", flush=True)
-    todo = missing_bytes()
+        return _room_checked(args, info, files)
+    copied = _copies_kept(args, info, files)
+    todo = _missing_bytes(args.dest, files)
     need = sum(todo.values())
     _AT.update(repo=f"{args.repo}@{sha}", total=sum(files.values()), need=need)
     free = _free_bytes(args.dest)
@@ -348,6 +306,106 @@ def _main() -> int:
     print(f"{args.repo}@{args.revision} is commit {sha}: {len(files)} files, "
           f"{sum(files.values()) / GIB:.2f} GiB, {need / GIB:.2f} GiB to download "
           f"({free / GIB:.1f} GiB free)", flush=True)
+    source = _downloaded(args, sha, files, todo, copied, token, snapshot_download)
+    wrong = _missing_bytes(args.dest, files)
+    if wrong:
+        print(f"incomplete download of {args.repo}@{sha}: "
+              + ", ".join(f"{name} (want {size} bytes)" for name, size in sorted(wrong.items())),
+              file=sys.stderr)
+        return 1
+    stamp = {"repo": args.repo, "revision": args.revision, "sha": sha, "files": files,
+             "source": source}
+    tmp = args.dest / (STAMP + ".tmp")
+    tmp.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
+    tmp.replace(args.dest / STAMP)
+    print(f"{args.repo}@{sha} complete in {args.dest}", flush=True)
+    return _served_as_configured(args)
+
+
+def _token(args: argparse.Namespace) -> tuple[bool, str | None]:
+    """(whether the token could be read, the token or None where no token file is given);
+    a token file that is not a secret file is said on stderr."""
+    global _SECRET_LOADED
+    if not args.token_file:
+        return True, None
+    try:
+        token = read_secret(args.token_file, "token file")
+    except SecretFileError as exc:
+        print(f"cannot download {args.repo}: {exc}", file=sys.stderr)
+        return False, None
+    _SECRET_LOADED = True
+    return True, token
+
+
+def _revision_info(args: argparse.Namespace, token: str | None, HfApi, HfHubHTTPError):
+    """The Hub's model_info of the revision with its files' metadata (``HfApi``,
+    ``HfHubHTTPError``: huggingface_hub's, imported once HF_ENDPOINT is set); None where the
+    Hub refuses it (said on stderr)."""
+    api = HfApi(endpoint=args.endpoint, token=token)
+    try:
+        return api.model_info(args.repo, revision=args.commit or args.revision,
+                              files_metadata=True)
+    except HfHubHTTPError as exc:
+        print(f"cannot read {args.repo}@{args.revision} from {args.endpoint}: "
+              f"{str(exc).splitlines()[0]} ({route(args.endpoint)}; is the token in "
+              f"{args.token_file} allowed to read it?)", file=sys.stderr)
+        return None
+
+
+def _missing_bytes(dest: Path, files: dict[str, int]) -> dict[str, int]:
+    """The files whose size in ``dest`` is not the revision's: name -> the size wanted."""
+    out = {}
+    for name, size in files.items():
+        local = dest / name
+        have = local.stat().st_size if local.is_file() else 0
+        if have != size:
+            out[name] = size
+    return out
+
+
+def _room_checked(args: argparse.Namespace, info, files: dict[str, int]) -> int:
+    """--check-room: 2 where the disk has no room for what is missing (said), else 0 after
+    the line of sizes and the revision's files with their hashes (MANIFEST)."""
+    sha = info.sha
+    refused = no_room(args, sha, sum(_missing_bytes(args.dest, files).values()))
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
+    print(f"{args.repo}@{sha}: {len(files)} files, {sum(files.values()) / GIB:.2f} GiB, "
+          f"{sum(_missing_bytes(args.dest, files).values()) / GIB:.2f} GiB still to fetch, "
+          f"{_free_bytes(args.dest) / GIB:.1f} GiB free in {args.dest}", flush=True)
+    # what a copy from a peer may bring, each file with its hash (operations/model_peers.py)
+    print(MANIFEST + json.dumps({"sha": sha, "files": revision_files(info.siblings)},
+                                separators=(",", ":")), flush=True)
+    return 0
+
+
+def _copies_kept(args: argparse.Namespace, info, files: dict[str, int]) -> list[str]:
+    """The mirror's copy brought in where it holds the commit, the files the revision does
+    not list removed, and the copied files verified against the Hub's metadata (a file that
+    does not match removed, said); the names of those kept."""
+    if args.mirror is not None and copy_from_mirror(args.mirror / args.repo, args.dest,
+                                                    info.sha):
+        args.copied_from = f"the mirror {args.mirror}"
+    copied: list[str] = []
+    tidy(args.dest, files)
+    if args.copied_from and args.dest.is_dir():
+        hashes = {name: (want, lfs) for name, (_, want, lfs) in
+                  revision_files(info.siblings).items()}
+        copied, bad = verify_copy(args.dest, files, hashes)
+        for name in bad:
+            print(f"{name} from {args.copied_from} does not match the Hub's metadata "
+                  f"(size or hash): removed, downloading it from the Hub", flush=True)
+    return copied
+
+
+def _downloaded(args: argparse.Namespace, sha: str, files: dict[str, int],
+                todo: dict[str, int], copied: list[str], token: str | None,
+                snapshot_download) -> dict:
+    """Download from the Hub what ``todo`` lists (the whole snapshot, huggingface_hub's
+    ``snapshot_download``, where nothing was copied), saying where the files came from; the
+    stamp's ``source``."""
+    need = sum(todo.values())
     args.dest.mkdir(parents=True, exist_ok=True)
     if copied:
         from huggingface_hub import hf_hub_download
@@ -367,18 +425,12 @@ def _main() -> int:
     else:
         print(f"source: the Hub ({args.endpoint}): {len(todo)} files "
               f"({need / GIB:.3f} GiB)", flush=True)
-    wrong = missing_bytes()
-    if wrong:
-        print(f"incomplete download of {args.repo}@{sha}: "
-              + ", ".join(f"{name} (want {size} bytes)" for name, size in sorted(wrong.items())),
-              file=sys.stderr)
-        return 1
-    stamp = {"repo": args.repo, "revision": args.revision, "sha": sha, "files": files,
-             "source": source}
-    tmp = args.dest / (STAMP + ".tmp")
-    tmp.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
-    tmp.replace(args.dest / STAMP)
-    print(f"{args.repo}@{sha} complete in {args.dest}", flush=True)
+    return source
+
+
+def _served_as_configured(args: argparse.Namespace) -> int:
+    """3 where the model is not what host data says it serves (said): another architecture,
+    or no MTP layer with a speculative algorithm set; else 0."""
     if args.architecture:
         config = args.dest / "config.json"
         wrong_arch = (mismatch(config.read_text(errors="replace"), str(config),

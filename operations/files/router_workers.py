@@ -224,6 +224,54 @@ def prune(path: str, listed: dict[str, bool]) -> None:
 
 
 def main() -> int:
+    args = _arguments()
+    names = {url: name for name, _, url in (n.partition("=") for n in args.name)}
+    try:
+        Keys.control = read_secret(args.control_key_file, "control-plane key file")
+        if args.worker_key_file:
+            Keys.worker = read_secret(args.worker_key_file, "fleet key file")
+    except SecretFileError as exc:
+        print(f"router: {exc}", file=sys.stderr)
+        return 1
+    if args.start:
+        return start(args.router, args.members, args.timeout)
+    if args.timeout == 0:
+        print(json.dumps(look(args.router, args.urls, args.keep)))
+        return 0
+    entries = _roll_entries(args)
+    back = [u for u in args.keep if entries.get(u, {}).get("state") == "drained"]
+    for line in returned(args.router, back, entries, names):
+        print(f"router: {line}", flush=True)
+    deadline = time.monotonic() + args.timeout
+    said = ""
+    removed: set[str] = set()
+    while True:
+        seen = _seen(args, removed)
+        line = describe(seen, args.urls, args.keep, names, entries)
+        if line != said:
+            print(f"router: {line}", flush=True)
+            said = line
+        done = not seen["error"] and not seen["missing"] and not seen["unhealthy"] \
+            and not seen["others"]
+        waiting = [u for u in back if not seen["listed"].get(u)]
+        if done and waiting and time.monotonic() < deadline:
+            for url in [u for u in waiting if u not in seen["listed"]]:
+                register(args.router, url)
+            time.sleep(args.interval)
+            continue
+        if done:
+            _verified(args, seen)
+            return 0
+        if args.register and not seen["error"]:
+            for url in seen["missing"]:
+                print(f"router: {register(args.router, url)}", flush=True)
+        if time.monotonic() >= deadline:
+            print(f"router: after {args.timeout:.0f} s, {line}", file=sys.stderr, flush=True)
+            return 1
+        time.sleep(args.interval)
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--router", required=True, help="the router's own URL, on the loopback")
     parser.add_argument("--timeout", type=float, default=300, help="seconds; 0 looks once")
@@ -246,70 +294,46 @@ def main() -> int:
     parser.add_argument("--name", action="append", default=[], metavar="NAME=URL",
                         help="a worker's host name, for messages")
     parser.add_argument("urls", nargs="*")
-    args = parser.parse_args()
-    names = {url: name for name, _, url in (n.partition("=") for n in args.name)}
+    return parser.parse_args()
+
+
+def _roll_entries(args: argparse.Namespace) -> dict:
+    """The roll state's entries by worker URL ({} without --roll-state, or where it cannot be
+    read: said)."""
     try:
-        Keys.control = read_secret(args.control_key_file, "control-plane key file")
-        if args.worker_key_file:
-            Keys.worker = read_secret(args.worker_key_file, "fleet key file")
-    except SecretFileError as exc:
-        print(f"router: {exc}", file=sys.stderr)
-        return 1
-    if args.start:
-        return start(args.router, args.members, args.timeout)
-    if args.timeout == 0:
-        print(json.dumps(look(args.router, args.urls, args.keep)))
-        return 0
-    try:
-        entries = roll_state.read(args.roll_state) if args.roll_state else {}
+        return roll_state.read(args.roll_state) if args.roll_state else {}
     except roll_state.StateError as exc:
         print(f"router: {exc}", file=sys.stderr)
-        entries = {}
-    back = [u for u in args.keep if entries.get(u, {}).get("state") == "drained"]
-    for line in returned(args.router, back, entries, names):
-        print(f"router: {line}", flush=True)
-    deadline = time.monotonic() + args.timeout
-    said = ""
-    removed: set[str] = set()
-    while True:
-        seen = look(args.router, args.urls, args.keep)
-        if args.remove_others and not seen["error"] and set(seen["others"]) - removed:
-            for url in [u for u in seen["others"] if u not in removed]:
-                print(f"router: {remove(args.router, url)}", flush=True)
-                removed.add(url)
-            seen = look(args.router, args.urls, args.keep)  # what is true after the removal
-        if args.remove_others:
-            seen["removing"] = [u for u in seen["others"] if u in removed]
-            seen["others"] = [u for u in seen["others"] if u not in removed]
-        line = describe(seen, args.urls, args.keep, names, entries)
-        if line != said:
-            print(f"router: {line}", flush=True)
-            said = line
-        done = not seen["error"] and not seen["missing"] and not seen["unhealthy"] \
-            and not seen["others"]
-        waiting = [u for u in back if not seen["listed"].get(u)]
-        if done and waiting and time.monotonic() < deadline:
-            for url in [u for u in waiting if u not in seen["listed"]]:
-                register(args.router, url)
-            time.sleep(args.interval)
-            continue
-        if done:
-            if args.save:
-                save(args.save, sorted(u for u in seen["listed"]
-                                       if u in args.urls or kept(u, args.keep)))
-            if args.roll_state:
-                try:
-                    prune(args.roll_state, seen["listed"])
-                except roll_state.StateError as exc:
-                    print(f"router: {exc}", file=sys.stderr)
-            return 0
-        if args.register and not seen["error"]:
-            for url in seen["missing"]:
-                print(f"router: {register(args.router, url)}", flush=True)
-        if time.monotonic() >= deadline:
-            print(f"router: after {args.timeout:.0f} s, {line}", file=sys.stderr, flush=True)
-            return 1
-        time.sleep(args.interval)
+        return {}
+
+
+def _seen(args: argparse.Namespace, removed: set[str]) -> dict:
+    """What the router lists now (:func:`look`); with --remove-others, each listed worker
+    neither expected nor kept removed first (once; ``removed`` records them), those still
+    listed as "removing"."""
+    seen = look(args.router, args.urls, args.keep)
+    if args.remove_others and not seen["error"] and set(seen["others"]) - removed:
+        for url in [u for u in seen["others"] if u not in removed]:
+            print(f"router: {remove(args.router, url)}", flush=True)
+            removed.add(url)
+        seen = look(args.router, args.urls, args.keep)  # what is true after the removal
+    if args.remove_others:
+        seen["removing"] = [u for u in seen["others"] if u in removed]
+        seen["others"] = [u for u in seen["others"] if u not in removed]
+    return seen
+
+
+def _verified(args: argparse.Namespace, seen: dict) -> None:
+    """The verified list saved (--save), and the workers that serve again out of the roll
+    state (--roll-state)."""
+    if args.save:
+        save(args.save, sorted(u for u in seen["listed"]
+                               if u in args.urls or kept(u, args.keep)))
+    if args.roll_state:
+        try:
+            prune(args.roll_state, seen["listed"])
+        except roll_state.StateError as exc:
+            print(f"router: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":
