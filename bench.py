@@ -6,7 +6,7 @@ a diagnosis per level, results on the controller; or a sweep of one server setti
     pyinfra -y inventory/lab.py bench.py --data gpuhost_bench_sweep='{"moe_runner_backend":
         ["flashinfer_cutlass", "cutlass"]}'           # each value served, benched, compared
     pyinfra -y inventory/lab.py bench.py --data gpuhost_bench_target=router  # the fleet, through
-                                                      # the router (operations/bench_fleet.py)
+                                                      # the router (operations/stages/bench_fleet.py)
 
 Host data is validated as for deploy.py (gpuhost_bench_* keys included) before any host is
 touched; each host is benched under its deploy lock, and refused, before any load, when its
@@ -15,12 +15,12 @@ server does not pass the deploy's health gate. Results: bench-results/<host>/<UT
 
 from pyinfra import host, inventory
 
-from operations import bench_fleet, deploy_lock
-from operations.bench import RESULTS_ROOT, bench_run, prepare, say
-from operations.plan import stop_if_refused
-from operations.remote import use_run_env
-from operations.settings import for_run
-from operations.sweep import leftover_restored, sweep_run
+from operations.runtime.remote import use_run_env
+from operations.plans.plan import stop_if_refused
+from operations.plans.settings import for_run
+from operations.stages import bench_fleet, deploy_lock
+from operations.stages.bench import RESULTS_ROOT, bench_run, prepare, say
+from operations.stages.sweep import leftover_restored, sweep_run
 
 everyone = for_run(inventory)
 settings = everyone[host.name]

@@ -4,41 +4,49 @@
     pyinfra inventory/lab.py deploy.py --dry    # show, per host, what would change
 
 Every host's data is validated before any host is touched. The hosts of the gpuhost_router
-group also run the router in front of every serving host (operations/fleet.py); a router host
+group also run the router in front of every serving host (operations/stages/fleet.py); a router host
 with gpuhost_serving=False (a CPU-only VM) runs only the router, after a preflight of its own.
-Servers that restart then roll, out of the router one position at a time (operations/roll.py).
-A branch or tag of the model is one commit per fleet, decided once a run
-(operations/model_revision.py).
+Servers that restart then roll, out of the router one position at a time
+(operations/stages/roll.py). A branch or tag of the model is one commit per fleet, decided once a
+run (operations/plans/model_revision.py).
 The router's worker list is checked after every host's server stage; then come each GPU host's
-node exporter and GPU readings, and Prometheus on a router host (operations/observability.py).
-Loopback ports behind the gates, and a server on the loopback, admit root's processes only
-(operations/loopback_guard.py; gpuhost_server_local_users may name more for the latter). With
-a fleet CA in host data, the public gates serve TLS with certificates it signs (operations/tls.py). Each
-host is deployed by one run at a time (its deploy lock). A stage that must not run on a host is
-refused while planning: --dry shows why; a real run takes that host out before any change; both
-exit non-zero. With gpuhost_rollback=true a host is only rolled back to its last known good; a
-rollback an earlier run did not finish is finished, and nothing else done on that host (the run
-fails saying so; the next run applies host data).
+node exporter and GPU readings, and Prometheus on a router host
+(operations/stages/observability.py). Loopback ports behind the gates, and a server on the loopback,
+admit root's processes only (operations/stages/loopback_guard.py; gpuhost_server_local_users may
+name more for the latter). With a fleet CA in host data, the public gates serve TLS with
+certificates it signs (operations/stages/tls.py). Each host is deployed by one run at a time (its
+deploy lock). A stage that must not run on a host is refused while planning: --dry shows why; a real
+run takes that host out before any change; both exit non-zero. With gpuhost_rollback=true a host is
+only rolled back to its last known good; a rollback an earlier run did not finish is finished, and
+nothing else done on that host (the run fails saying so; the next run applies host data).
 """
 
 from pyinfra import host, inventory, state
 
-from operations import (call_order, deploy_lock, fact_cache, fleet, global_arguments, link,
-                        model_revision, planned_facts, proxy, roll, rollback, shipped_files, tls)
-from operations.driver_rollback import fail_if_rolled_back
-from operations.loopback_guard import loopback_guard
-from operations.mlenv import mlenv
-from operations.nodes import node_role, nodes_env
-from operations.nvidia import nvidia
-from operations.observability import observability
-from operations.p2p import p2p
-from operations.plan import stop_if_refused
-from operations.preflight import preflight
-from operations.remote import use_run_env
-from operations.router import own_url, router, router_check
-from operations.server import sglang_server
-from operations.settings import for_run
-from operations.stack_check import known_behaviour
+from operations.runtime import (
+    call_order,
+    fact_cache,
+    global_arguments,
+    link,
+    planned_facts,
+    shipped_files,
+)
+from operations.runtime.remote import use_run_env
+from operations.plans import model_revision, proxy
+from operations.plans.plan import stop_if_refused
+from operations.plans.settings import for_run
+from operations.plans.stack_check import known_behaviour
+from operations.stages import deploy_lock, fleet, roll, rollback, tls
+from operations.stages.driver_rollback import fail_if_rolled_back
+from operations.stages.loopback_guard import loopback_guard
+from operations.stages.mlenv import mlenv
+from operations.stages.nodes import node_role, nodes_env
+from operations.stages.nvidia import nvidia
+from operations.stages.observability import observability
+from operations.stages.p2p import p2p
+from operations.stages.preflight import preflight
+from operations.stages.router import own_url, router, router_check
+from operations.stages.server import sglang_server
 
 the_fleet, fleet_settings = fleet.for_run(inventory, for_run(inventory))
 settings = fleet_settings[host.name]

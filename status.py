@@ -6,7 +6,7 @@ nothing on any host (only the Prometheus host is asked, through its HTTP API on 
 Per host: serving or not, the server's sglang version and uptime, requests and output tokens
 per second over the last 5 minutes, requests running and queued, the GPUs' power against their
 limit, the clock event reasons holding them back, the last bench's figures (bench-results/ on
-the controller; operations/status.py says where each figure comes from); for a host without
+the controller; operations/reports/status.py says where each figure comes from); for a host without
 a server, what it runs instead (the router, Prometheus); and a picture of the last hour per
 host, status-results/fleet-<UTC time>.png.
 """
@@ -16,12 +16,9 @@ from pathlib import Path
 
 from pyinfra import host, inventory
 
-from operations import fleet
-from operations.bench import RESULTS_ROOT
-from operations.observability import NODE_EXPORTER_USER, PROMETHEUS_PASSWORD, prometheus_hosts
-from operations.run_exit import end_answered, end_run
-from operations.settings import for_run
-from operations.status import (
+from operations.runtime.run_exit import end_answered, end_run
+from operations.plans.settings import for_run
+from operations.reports.status import (
     PrometheusAnswers,
     PrometheusHour,
     duties,
@@ -29,6 +26,13 @@ from operations.status import (
     host_line,
     last_bench,
     plot,
+)
+from operations.stages import fleet
+from operations.stages.bench import RESULTS_ROOT
+from operations.stages.observability import (
+    NODE_EXPORTER_USER,
+    PROMETHEUS_PASSWORD,
+    prometheus_hosts,
 )
 
 #: Where the pictures go, on the controller (beside bench.py's bench-results/).
@@ -46,7 +50,7 @@ if not on:
 if on[0] not in {h.name for h in inventory.get_active_hosts()}:
     end_run(f"gpuhost: status.py asks the Prometheus on {on[0]}: leave {on[0]} in --limit")
 if host.name == on[0]:
-    # its API admits the metrics password only (operations/observability.py)
+    # its API admits the metrics password only (operations/stages/observability.py)
     asked = {"port": everyone[host.name].prometheus_port, "user": NODE_EXPORTER_USER,
              "password_file": PROMETHEUS_PASSWORD}
     answers = host.get_fact(PrometheusAnswers, **asked)

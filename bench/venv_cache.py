@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PYINFRA = str(ROOT / ".venv" / "bin" / "pyinfra")
 VENV = "/opt/gpuhost/venv"
-#: the venvs themselves (VENV is the link to the serving one: operations/venvs.py)
+#: the venvs themselves (VENV is the link to the serving one: operations/stages/venvs.py)
 VENVS = "/opt/gpuhost/venvs"
 BUILD_LOG = "/opt/gpuhost/build/flash-attn/build.log"
 

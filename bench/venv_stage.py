@@ -5,9 +5,9 @@
 
 from pyinfra import host, inventory
 
-from operations.mlenv import mlenv
-from operations.plan import stop_if_refused
-from operations.settings import for_inventory
+from operations.plans.plan import stop_if_refused
+from operations.plans.settings import for_inventory
+from operations.stages.mlenv import mlenv
 
 settings = for_inventory((h.name, h.data.dict()) for h in inventory)[host.name]
 

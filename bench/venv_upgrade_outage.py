@@ -5,7 +5,7 @@
 Boots nothing: run ``python -m sandbox up`` first (GPUHOST_SANDBOX_LAB picks the lab). Converges
 the lab's first host once (unless --no-converge), then deploys it with a new lock: the sandbox's
 lock with one more hash on its first pin, so another lock digest and a new venv beside the
-serving one (operations/venvs.py), the same distributions. Meanwhile a probe on the host asks
+serving one (operations/stages/venvs.py), the same distributions. Meanwhile a probe on the host asks
 the server's /health every 0.1 s (from the host: the server binds its loopback) and records the
 times it did not answer. Prints the longest window without an answer, their count and the
 deploy's wall time; asserts nothing. Goal: no longer than one restart (the stand-in server

@@ -1,16 +1,16 @@
 """Defaults for every host of every inventory.
 
 Each key is one row of the README's host data table; the values not set here take the
-defaults in operations/settings.py, the server's from the launch profile
-(operations/launch_profiles.py; gpuhost_launch_profile = "reference-lab" is the reference lab's
-own launch, ../shared/reference-lab.md).
+defaults in operations/plans/settings.py, the server's from the launch profile
+(operations/plans/launch_profiles.py; gpuhost_launch_profile = "reference-lab" is the reference
+lab's own launch, ../shared/reference-lab.md).
 Set a key here to change it for the whole fleet, in an inventory's host data for one host.
 
 pyinfra executes this file while it builds the inventory, before it connects to any host: the
 inventory check runs here (a host given twice with different data, a --limit matching no host).
 """
 
-from operations import inventory_check
+from operations.runtime import inventory_check
 
 inventory_check.check()
 

@@ -20,10 +20,10 @@ _hosts = json.loads(_status.stdout)
 if not _hosts:
     raise SystemExit("inventory/sandbox.py: no sandbox hosts: run python -m sandbox up")
 
-#: The bench's sizes on the sandbox (a real lab keeps operations/settings.py's 1, 16, 64 levels of
-#: 128 prompts, 1024 in / 256 out): the stand-in server paces its answers at the reference lab's
-#: rates (11 output tok/s for one stream), so those take the better part of an hour here; these
-#: take about a minute (tests/test_bench.py checks the estimate). --data overrides them.
+#: The bench's sizes on the sandbox (a real lab keeps operations/plans/settings.py's 1, 16, 64
+#: levels of 128 prompts, 1024 in / 256 out): the stand-in server paces its answers at the reference
+#: lab's rates (11 output tok/s for one stream), so those take the better part of an hour here;
+#: these take about a minute (tests/test_bench.py checks the estimate). --data overrides them.
 SANDBOX_BENCH = {
     "gpuhost_bench_levels": [1, 4, 16],
     "gpuhost_bench_prompts": 16,

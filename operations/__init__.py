@@ -1,4 +1,17 @@
-"""gpuhost's pyinfra operations and facts: one module per concern."""
+"""gpuhost's pyinfra operations and facts, one module per concern, in layers that import only
+downwards (each folder's README.md says what lives there and what it may import):
+
+- runtime/: the seam with pyinfra (every patch of its internals, checked first)
+- facts/: what a host is (pyinfra facts and the tools' parsers)
+- plans/: what the run decides (settings, pure decisions, refusals)
+- reports/: what the controller says of the figures (bench report, status)
+- stages/: what the run changes (the operations deploy.py and bench.py call)
+- files/: programs that run on the hosts (the standard library and what is shipped beside them)
+"""
+
+#: The layers, lowest first: a module may import its own layer's and those before it
+#: (tests/test_import_circles.py holds every import to it).
+LAYERS = ("runtime", "facts", "plans", "reports", "stages")
 
 import os
 import sys
@@ -6,7 +19,7 @@ from pathlib import Path
 
 #: The repository's root: templates/, locks/ and the files shipped to hosts are found from it.
 REPO_ROOT = Path(__file__).resolve().parent.parent
-#: Where the scripts gpuhost ships to a host live there (operations/p2p.py ships the folder).
+#: Where the scripts gpuhost ships to a host live there (operations/stages/p2p.py ships the folder).
 LIB_DIR = "/opt/gpuhost/lib"
 
 
@@ -43,16 +56,17 @@ def _bytecode_in_the_cache() -> None:
 _bytecode_in_the_cache()
 
 # the installed pyinfra checked against what gpuhost patches, before the first patch: one line
-# naming each symbol that no longer fits, before any host is touched (operations/pyinfra_seam.py)
-from operations import pyinfra_seam  # noqa: E402
+# naming each symbol that no longer fits, before any host is touched
+# (operations/runtime/pyinfra_seam.py)
+from operations.runtime import pyinfra_seam  # noqa: E402
 
 if pyinfra_seam.read_before_patching():
-    from operations.run_exit import end_run
+    from operations.runtime.run_exit import end_run
 
     end_run("gpuhost: " + "; ".join(pyinfra_seam.SEEN))
 
 # before any fact class of gpuhost's is defined: pyinfra's FactBase.__init_subclass__ lists the
-# global arguments at each (operations/global_arguments.py)
-from operations import global_arguments  # noqa: E402
+# global arguments at each (operations/runtime/global_arguments.py)
+from operations.runtime import global_arguments  # noqa: E402
 
 global_arguments.install()

@@ -11,7 +11,7 @@ import subprocess
 from sandbox.lab import LabError, ssh_command, status
 from sandbox.layout import host_from_name
 
-#: Where a node of a group keeps its rank (operations/node_group.py env_file: its first line,
+#: Where a node of a group keeps its rank (operations/plans/node_group.py env_file: its first line,
 #: "# Written by gpuhost: node rank 1 of 2 (gpu1, gpu2), rendezvous ...").
 NODES_ENV = "/etc/gpuhost/nodes.env"
 

@@ -39,7 +39,8 @@ ARCHIVE = "http://deb.debian.org/debian"
 SUITE = "bookworm"
 COMPONENTS = ("non-free", "non-free-firmware")
 SOURCE = "nvidia-graphics-drivers"
-#: What the product's driver install asks for (operations/driver_names.py DRIVER_PACKAGES, Debian).
+#: What the product's driver install asks for (operations/plans/driver_names.py DRIVER_PACKAGES,
+#: Debian).
 ROOTS = ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libcuda1")
 #: Virtual packages of the open kernel module (Debian's nvidia-open-kernel-dkms provides
 #: nvidia-open-kernel-V from trixie on; NVIDIA's repository names the package

@@ -41,8 +41,8 @@ Python: the real locks are resolved for CPython 3.12 (their headers' --python-ve
 sandbox's hosts run Debian 12's python3, 3.11 (sandbox/rootfs.py: bookworm). Each stand-in lock
 is therefore resolved for 3.11: its real binary wheels are PyPI's CPython 3.11 (or abi3, or
 py3) builds of the same versions, and its header says ``--python-version 3.11``, so that the
-product's own check (operations/mlenv.py python_problem) passes on the sandbox's hosts for the
-same reason it passes on a real lab's. manylinux_2_34 (sglang 0.5.17's tag, cuda13.0.in) needs
+product's own check (operations/stages/mlenv.py python_problem) passes on the sandbox's hosts for
+the same reason it passes on a real lab's. manylinux_2_34 (sglang 0.5.17's tag, cuda13.0.in) needs
 glibc >= 2.34; Debian 12 has 2.36, so the tag would install there too; the stand-ins themselves
 are py3-none-any.
 """

@@ -19,7 +19,7 @@ REQUIRED: dict[str, str] = {
     "ssh-keygen": "openssh-client",
     "ip": "iproute2",
     "tar": "tar",
-    # The controller relays model copies from peer to host (operations/model_copy.py).
+    # The controller relays model copies from peer to host (operations/stages/model_copy.py).
     "rsync": "rsync",
 }
 

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from operations.apt_simulation import pin_text
+from operations.stages.apt_simulation import pin_text
 from sandbox import debian_control, nvidia_repo
 from tests.apt_resolver import Apt, needs_apt
 

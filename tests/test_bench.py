@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from operations import bench_report, sweep_report, telemetry
-from operations.bench import context_length
-from operations.settings import SettingsError, from_host_data
+from operations.facts import telemetry
+from operations.plans.settings import SettingsError, from_host_data
+from operations.reports import bench_report, sweep_report
+from operations.stages.bench import context_length
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "h200-device" / "telemetry"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operations" / "files"))
@@ -146,8 +147,8 @@ def test_report_missing_file_named(tmp_path):
 
 
 def test_sweep_dropin_changes_one_flag_only():
-    from operations.server_unit import unit_context
-    from operations.sweep import dropin_text
+    from operations.stages.server_unit import unit_context
+    from operations.stages.sweep import dropin_text
 
     s = from_host_data("gpu1", {})
     text = dropin_text(s, "moe_runner_backend", "cutlass")
@@ -257,7 +258,7 @@ def test_stand_ins_said_in_the_summary(tmp_path):
 
 
 def test_model_context_length_fact():
-    from operations.bench import ModelContextLength
+    from operations.stages.bench import ModelContextLength
 
     fact = ModelContextLength()
     assert fact.process(['{"max_position_embeddings": 202752,', '"vocab_size": 154880}']) \
@@ -268,7 +269,7 @@ def test_model_context_length_fact():
 
 
 def test_public_server_benched_through_the_gate_key_file_only():
-    from operations.bench import _gate_argv, _run_argv
+    from operations.stages.bench import _gate_argv, _run_argv
 
     s = from_host_data("gpu1", {"gpuhost_server_host": "0.0.0.0",
                                 "gpuhost_api_key_file": "/root/api_key"})
@@ -525,10 +526,10 @@ def test_the_bench_gives_the_hosts_gpu_verdict(tmp_path):
 def test_an_mtp_sweep_value_adds_its_flags_and_spec_v2_and_off_is_a_value():
     """gpuhost_bench_sweep over speculative_algorithm (issue 39's sweep with MTP on and off):
     NEXTN's drop-in carries the speculative flags and SGLANG_ENABLE_SPEC_V2=True (without it
-    sglang 0.5.9 turns NEXTN into EAGLE: operations/server.py server_env), None the configured
-    launch; None is a value for this key alone."""
-    from operations.settings import SettingsError
-    from operations.sweep import dropin_text
+    sglang 0.5.9 turns NEXTN into EAGLE: operations/stages/server.py server_env), None the
+    configured launch; None is a value for this key alone."""
+    from operations.plans.settings import SettingsError
+    from operations.stages.sweep import dropin_text
 
     s = from_host_data("gpu1", {"gpuhost_bench_sweep": {"speculative_algorithm": [None, "NEXTN"]}})
     on = dropin_text(s, "speculative_algorithm", "NEXTN").splitlines()
@@ -549,7 +550,7 @@ def test_a_sweeps_nextn_is_held_to_the_host_datas_step_counts_and_cuda_13_takes_
     """A sweep's NEXTN gets the checks host data's NEXTN gets (the step counts: sglang asserts
     them at start, after the sweep changed the host); sglang 0.5.17's parser takes any
     --speculative-algorithm text (choices null in its args.json), so NEXTN is allowed there."""
-    from operations.settings import SettingsError
+    from operations.plans.settings import SettingsError
 
     sweep = {"gpuhost_bench_sweep": {"speculative_algorithm": [None, "NEXTN"]}}
     with pytest.raises(SettingsError, match=r"gpuhost_bench_sweep = .* is not allowed: values "

@@ -1,7 +1,7 @@
-"""The field's figures per level (operations/bench_figures.py: decode throughput at steady state,
-TTFT and ITL apart), the published figures and their matching (operations/published.py), the
-report's use of both, and the stand-in bench_serving's peaks and accept length as the real
-tool computes them."""
+"""The field's figures per level (operations/reports/bench_figures.py: decode throughput at steady
+state, TTFT and ITL apart), the published figures and their matching
+(operations/reports/published.py), the report's use of both, and the stand-in bench_serving's peaks
+and accept length as the real tool computes them."""
 
 import importlib.util
 import json
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from operations import bench_figures, bench_report, published
-from operations.published import Served
+from operations.reports import bench_figures, bench_report, published
+from operations.reports.published import Served
 from tests.test_bench import _texts, raw_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The fleet bench's planning (operations/bench_fleet.py): which host loads the router's
+"""The fleet bench's planning (operations/stages/bench_fleet.py): which host loads the router's
 endpoint and how, which hosts send no load of their own, what is refused; its command line and
 its report's words."""
 
@@ -11,9 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from operations import bench_fleet, bench_report, fleet
-from operations.bench import _run_argv
-from operations.settings import from_host_data
+from operations.plans.settings import from_host_data
+from operations.reports import bench_report
+from operations.stages import bench_fleet, fleet
+from operations.stages.bench import _run_argv
 from tests.test_bench import raw_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operations" / "files"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import bench_figures, bench_report
+from operations.reports import bench_figures, bench_report
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = json.loads((ROOT / "locks" / "sglang-0.5.9.bench_serving.json").read_text())

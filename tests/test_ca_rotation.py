@@ -1,5 +1,5 @@
-"""A fleet CA rotation with overlap (issue 40 finding 5; operations/ca_rotation.py): a trust
-bundle in ``gpuhost_tls_ca_cert_file`` (operations/fleet_ca.py), what the hosts get of it, and
+"""A fleet CA rotation with overlap (issue 40 finding 5; operations/plans/ca_rotation.py): a trust
+bundle in ``gpuhost_tls_ca_cert_file`` (operations/plans/fleet_ca.py), what the hosts get of it, and
 the warning's decision for a CA changed in one step. CAs are made with the openssl command
 docs/security.md gives (tests/test_tls.py make_ca); certificates are checked with openssl's own
 ``verify`` and Python's ``ssl``."""
@@ -18,7 +18,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from operations import ca_rotation, tls
+from operations.plans import ca_rotation
+from operations.stages import tls
 from tests.test_tls import MAKE_CA, fleet_host
 
 NOW = datetime.datetime.now(datetime.timezone.utc)
@@ -214,7 +215,7 @@ def test_a_hosts_own_certificate_of_either_ca_of_the_bundle_is_taken(cas):
 
 
 def test_the_routers_unit_names_every_trusted_ca_so_a_bundle_change_restarts_smg(cas):
-    from operations import router
+    from operations.stages import router
     folder, old, new = cas
     s = fleet_host()
     single = router.unit_context(s, tls.load_ca(*old))["ca_note"]

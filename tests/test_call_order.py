@@ -1,4 +1,5 @@
-"""operations/call_order.py: pyinfra's operation order, the same list without inspect.stack()."""
+"""operations/runtime/call_order.py: pyinfra's operation order, the same list without
+inspect.stack()."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pyinfra
 import pytest
 from pyinfra.api import util as pyinfra_util
 
-from operations import call_order
+from operations.runtime import call_order
 
 pyinfra_operation = call_order.pyinfra_operation
 

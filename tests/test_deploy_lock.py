@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import deploy_lock
+from operations.stages import deploy_lock
 
 SCRIPT = Path(deploy_lock.SCRIPT)
 

@@ -3,8 +3,9 @@
 
 import pytest
 
-from operations import diagnosis, telemetry
-from operations.diagnosis import LevelFigures
+from operations.facts import telemetry
+from operations.reports import diagnosis
+from operations.reports.diagnosis import LevelFigures
 from tests.test_telemetry import DIR, phases
 
 
@@ -114,7 +115,7 @@ def fixture_loads() -> dict[int, dict]:
     by the product's own report."""
     from pathlib import Path
 
-    from operations import bench_report
+    from operations.reports import bench_report
     raw = Path(__file__).parent / "fixtures" / LOADS
     return {lv["concurrency"]: lv for lv in bench_report.build(raw, "h200")["levels"]}
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from operations import settings as settings_module
+from operations.plans import settings as settings_module
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -36,7 +36,7 @@ def test_every_key_has_help_and_no_help_without_a_key():
 
 
 def test_reference_page_is_the_settings():
-    """docs/reference.md is what tools/docs_gen.py makes from operations/settings.py now: run
+    """docs/reference.md is what tools/docs_gen.py makes from operations/plans/settings.py now: run
     `.venv/bin/python tools/docs_gen.py` after changing a key."""
     assert (DOCS / "reference.md").read_text(encoding="utf-8") == gen.reference_page()
 

@@ -9,7 +9,7 @@ A command is a line of a code block (four spaces in, as every page writes them; 
   (``pyinfra_cli/cli.py``'s click command, read from the installed pyinfra), the inventory and
   the deploy file exist, and each ``--data key=value`` is a key gpuhost knows whose value, as
   pyinfra parses it (``pyinfra_cli/util.py`` ``parse_cli_arg``), is allowed
-  (``operations/settings.py``: the same check a deploy makes before any host is touched);
+  (``operations/plans/settings.py``: the same check a deploy makes before any host is touched);
 - ``.venv/bin/python -m sandbox SUB ...`` and ``.venv/bin/python FILE.py ...``: the subcommand
   or file exists and every option is in its own ``--help`` (a file that parses no arguments is
   never run: given ``--help`` it would do its work; it may be given no option);
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import settings
+from operations.plans import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from operations import p2p, p2p_policy, server_state, server_unit
-from operations.settings import SettingsError, from_host_data
+from operations.plans import p2p_policy
+from operations.plans.settings import SettingsError, from_host_data
+from operations.stages import p2p, server_state, server_unit
 
 
 def test_p2p_env_is_rendered_from_the_records_decision_as_the_check_writes_it():

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from operations import apt_simulation as sim_
-from operations import driver_rollback as dr
-from operations.apt_simulation import PackageChange, Simulation
+from operations.stages import apt_simulation as sim_
+from operations.stages import driver_rollback as dr
+from operations.stages.apt_simulation import PackageChange, Simulation
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "apt-get-s"
 
@@ -128,7 +128,7 @@ def test_the_sandbox_driver_change_as_apt_simulates_it():
 
 
 def test_the_summary_names_the_version_apt_would_install_for_a_branch():
-    from operations.driver_plan import DriverPlan
+    from operations.plans.driver_plan import DriverPlan
 
     plan_ = DriverPlan(installed=("580.95.05-1",), target="590.*", install=True, change=True,
                        toolkit_installed="12.8.1-1", toolkit_target="12.8 (cuda-toolkit-12-8)")
@@ -145,7 +145,7 @@ def test_the_simulation_leaves_nvidias_pinning_files_out(tmp_path):
     packages' files (dpkg-query -L) are left out of its copy of preferences.d, others stay."""
     import subprocess
 
-    from operations.driver_lock import drop_pinning_files
+    from operations.stages.driver_lock import drop_pinning_files
 
     bin_ = tmp_path / "bin"
     bin_.mkdir()

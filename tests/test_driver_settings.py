@@ -3,8 +3,8 @@ locked torch needs, refused at plan time naming the key, the value and what is a
 
 import pytest
 
-from operations.lock import read_lock
-from operations.settings import CUDA_MIN_DRIVER, SettingsError, from_host_data, torch_cuda
+from operations.plans.lock import read_lock
+from operations.plans.settings import CUDA_MIN_DRIVER, SettingsError, from_host_data, torch_cuda
 
 SGLANG = "sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n"
 
@@ -100,7 +100,7 @@ def test_bad_driver_data(tmp_path, data, message):
 
 
 def test_every_toolkit_has_a_minimum_driver():
-    from operations.settings import CUDA_TOOLKITS
+    from operations.plans.settings import CUDA_TOOLKITS
     assert set(CUDA_TOOLKITS) <= set(CUDA_MIN_DRIVER)
 
 
@@ -108,7 +108,7 @@ def test_the_cuda_toolkit_picks_its_stacks_lock_unless_gpuhost_lock_is_set():
     from pathlib import Path
 
     from operations import REPO_ROOT
-    from operations.settings import CUDA_TOOLKITS
+    from operations.plans.settings import CUDA_TOOLKITS
     assert set(CUDA_TOOLKITS) == {"12.8", "13.0"}
     assert from_host_data("gpu1", {}).lock == "locks/cuda12.8.txt"
     thirteen = from_host_data("gpu1", {"gpuhost_cuda_toolkit": 13.0})  # as --data gives it

@@ -1,6 +1,6 @@
-"""operations/fact_batch.py and the announced facts of operations/fact_cache.py and
-operations/shipped_files.py: announced facts are read in one command, each as pyinfra reads it
-alone. pyinfra's own State, Host and @local connector; each command is counted."""
+"""operations/runtime/fact_batch.py and the announced facts of operations/runtime/fact_cache.py and
+operations/runtime/shipped_files.py: announced facts are read in one command, each as pyinfra reads
+it alone. pyinfra's own State, Host and @local connector; each command is counted."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pyinfra.facts.server import Command
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files
 
-from operations import fact_batch, fact_cache, shipped_files
+from operations.runtime import fact_batch, fact_cache, shipped_files
 
 
 @pytest.fixture

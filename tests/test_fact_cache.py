@@ -1,5 +1,5 @@
-"""operations/fact_cache.py: a fact is read once per host until the host runs a command or gets
-a file. pyinfra's own State, Host and @local connector: each fact read runs a real command
+"""operations/runtime/fact_cache.py: a fact is read once per host until the host runs a command or
+gets a file. pyinfra's own State, Host and @local connector: each fact read runs a real command
 here, which appends to a file, so the file's lines count the readings."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.server import Command
 
-from operations import fact_cache
+from operations.runtime import fact_cache
 
 
 @pytest.fixture

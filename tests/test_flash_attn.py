@@ -10,8 +10,9 @@ import time
 import pytest
 from pyinfra.api.exceptions import OperationError
 
-from operations.cuda_compat import driver_problem, min_driver_for, venv_cuda
-from operations.flash_attn import (
+from operations.plans.cuda_compat import driver_problem, min_driver_for, venv_cuda
+from operations.plans.settings import SettingsError, from_host_data
+from operations.stages.flash_attn import (
     BuildKey,
     BuildPlan,
     WheelCache,
@@ -21,9 +22,8 @@ from operations.flash_attn import (
     read_stamp,
     stale_reasons,
 )
-from operations.mlenv import build_memory_max
-from operations.venv_install import describe_drift, unlocked
-from operations.settings import SettingsError, from_host_data
+from operations.stages.mlenv import build_memory_max
+from operations.stages.venv_install import describe_drift, unlocked
 
 KEY = BuildKey("2.8.3.post2", "2.9.1+cu128", "12.8", "3.12", "120")
 STAMP = {**KEY.__dict__, "source": "built on gpu1"}
@@ -156,10 +156,10 @@ def test_cuda_the_venv_needs():
 
 
 def test_driver_against_the_venv(monkeypatch):
-    import operations.cuda_compat
+    import operations.plans.cuda_compat
 
-    # NVIDIA's table as operations/settings.py had it when these cases were written
-    monkeypatch.setattr(operations.cuda_compat, "CUDA_MIN_DRIVER",
+    # NVIDIA's table as operations/plans/settings.py had it when these cases were written
+    monkeypatch.setattr(operations.plans.cuda_compat, "CUDA_MIN_DRIVER",
                         {"12.8": "570.26", "13.0": "580.65.06"})
     assert min_driver_for("12.8") == "570.26"
     assert min_driver_for("12.9") == "570.26"  # nearest known of the same major
@@ -196,9 +196,9 @@ def _refusals_for(installed, torch_cuda, driver_state, lock_text, tmp_path, **da
     from pyinfra.context import ctx_host, ctx_state
     from pyinfra_testing.util import FakeState, create_host
 
-    from operations import plan
-    from operations.lock import read_lock
-    from operations.mlenv import check_driver_for_venv
+    from operations.plans import plan
+    from operations.plans.lock import read_lock
+    from operations.stages.mlenv import check_driver_for_venv
 
     lock = tmp_path / "lock.txt"
     lock.write_text(lock_text)
@@ -220,7 +220,7 @@ SGLANG = "sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n"
 
 
 def test_driver_refused_for_the_venvs_cuda(tmp_path):
-    from operations.nvsmi import DriverState
+    from operations.facts.nvsmi import DriverState
 
     refusals = _refusals_for({"torch": "2.11.0+cu130"}, "13.0",
                              DriverState(status="ok", driver_version="570.124.06"),
@@ -270,7 +270,7 @@ def started(host: ScriptedHost) -> bool:
 
 
 def test_a_build_that_finished_meanwhile_is_taken_not_rebuilt(monkeypatch):
-    from operations import flash_attn
+    from operations.stages import flash_attn
 
     for props in (EXITED, GONE):  # still loaded, or unloaded since (a reboot, a stop)
         host = ScriptedHost([(props, KEY, True)])
@@ -280,7 +280,7 @@ def test_a_build_that_finished_meanwhile_is_taken_not_rebuilt(monkeypatch):
 
 
 def test_a_running_build_for_the_same_key_is_followed(monkeypatch):
-    from operations import flash_attn
+    from operations.stages import flash_attn
 
     monkeypatch.setattr(flash_attn.time, "sleep", lambda s: None)
     host = ScriptedHost([(RUNNING, KEY, False), (RUNNING, KEY, False), (EXITED, KEY, True)])
@@ -289,7 +289,7 @@ def test_a_running_build_for_the_same_key_is_followed(monkeypatch):
 
 
 def test_a_build_for_another_key_is_replaced(monkeypatch):
-    from operations import flash_attn
+    from operations.stages import flash_attn
 
     monkeypatch.setattr(flash_attn.time, "sleep", lambda s: None)
     other = BuildKey("2.8.3.post2", "2.9.2+cu128", "12.8", "3.12", "120")
@@ -302,7 +302,7 @@ def test_a_build_for_another_key_is_replaced(monkeypatch):
 
 
 def test_an_ended_build_without_its_marker_failed(monkeypatch):
-    from operations import flash_attn
+    from operations.stages import flash_attn
 
     monkeypatch.setattr(flash_attn.time, "sleep", lambda s: None)
     failed = {**EXITED, "Result": "exit-code", "ExecMainStatus": "1"}
@@ -317,7 +317,7 @@ def test_the_build_marks_its_own_success():
 
 
 def test_the_controller_does_not_sleep_between_polls_the_host_watches(monkeypatch):
-    from operations import flash_attn
+    from operations.stages import flash_attn
 
     def no_sleep(seconds):
         raise AssertionError(f"the controller slept {seconds} s between polls")
@@ -336,7 +336,7 @@ def test_the_controller_does_not_sleep_between_polls_the_host_watches(monkeypatc
 def test_the_watch_ends_within_a_second_of_the_build(tmp_path):
     """watch_command run by sh, with a systemctl on PATH that answers 'running' twice, then
     'exited' (as systemd does for the RemainAfterExit unit once its build ended)."""
-    from operations import flash_attn
+    from operations.stages import flash_attn
 
     count = tmp_path / "count"
     fake = tmp_path / "systemctl"

@@ -1,5 +1,6 @@
-"""The fleet's planning (operations/fleet.py), the router's unit and gate (operations/router.py,
-templates/sglang-router*.service.j2), and the API key gate's trusted peers."""
+"""The fleet's planning (operations/stages/fleet.py), the router's unit and gate
+(operations/stages/router.py, templates/sglang-router*.service.j2), and the API key gate's trusted
+peers."""
 
 from __future__ import annotations
 
@@ -12,17 +13,17 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from operations import fleet, router
-from operations import gate as gate_ops
-from operations.lock import read_lock
-from operations.settings import SettingsError, from_host_data
+from operations.plans.lock import read_lock
+from operations.plans.settings import SettingsError, from_host_data
+from operations.stages import fleet, router
+from operations.stages import gate as gate_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def settings(name: str, **data):
     """A host's settings; every host holds the fleet key and a client key file unless told
-    (a fleet needs both: operations/fleet.py)."""
+    (a fleet needs both: operations/stages/fleet.py)."""
     data = {"fleet_key_file": "/root/fleet.key", "router_api_key_file": "/root/router.key",
             **data}
     return from_host_data(name, {f"gpuhost_{k}": v for k, v in data.items()})
@@ -232,7 +233,7 @@ def test_default_policy_is_cache_aware_and_policies_are_smgs():
     assert settings("h").router_policy == "cache_aware"
     help_choices = {"random", "round_robin", "passthrough", "cache_aware", "power_of_two",
                     "least_load", "manual", "consistent_hashing", "prefix_hash"}
-    from operations.settings import ROUTER_POLICIES
+    from operations.plans.settings import ROUTER_POLICIES
 
     assert set(ROUTER_POLICIES) == help_choices  # smg 1.13.0 launch --help's --policy
 
@@ -305,7 +306,7 @@ def test_public_router_binds_the_loopback_behind_its_gate_and_the_key_stays_in_i
 
 
 def test_a_workers_gate_admits_the_fleet_key_beside_its_own():
-    from operations.server_unit import gate_context, worker_gate
+    from operations.stages.server_unit import gate_context, worker_gate
 
     start = render("gate.service.j2", gate_context(gated("10.0.0.2")))
     assert ("gate_keys.py --out /etc/gpuhost/nginx/sglang-gate.keys --key-file /root/key "
@@ -317,9 +318,9 @@ def test_a_workers_gate_admits_the_fleet_key_beside_its_own():
 
 
 def test_server_gate_unit_trusts_the_router_peers():
-    from operations.server_unit import gate_context
+    from operations.stages.server_unit import gate_context
 
-    from operations.server_unit import worker_gate
+    from operations.stages.server_unit import worker_gate
 
     s = dataclasses.replace(gated("10.0.0.2"), api_gate_trusted_peers=("10.0.0.1",))
     conf = render("gate-nginx.conf.j2", gate_ops.conf_context(worker_gate(s)))
@@ -345,7 +346,7 @@ def test_the_router_check_does_not_wait_for_workers_whose_host_failed(monkeypatc
     not waited for, the others are."""
     from types import SimpleNamespace
 
-    from operations import remote
+    from operations.runtime import remote
 
     ran = []
 
@@ -450,7 +451,7 @@ def test_the_router_is_looked_at_again_after_the_runs_restarts(monkeypatch, look
     import json
     from types import SimpleNamespace
 
-    from operations import remote
+    from operations.runtime import remote
 
     workers = (("gpu1", "http://127.0.0.1:30000"), ("gpu2", "http://10.0.0.2:8000"))
     well = {"listed": dict.fromkeys([u for _, u in workers], True), "missing": [],
@@ -580,7 +581,7 @@ def test_a_fleet_key_that_starts_with_a_dash_reaches_smg_as_its_api_key(monkeypa
     import importlib
 
     # on the host, router_launch.py's folder holds secret_file.py beside it
-    monkeypatch.syspath_prepend(str(Path(router.__file__).parent / "files"))
+    monkeypatch.syspath_prepend(str(Path(router.__file__).parent.parent / "files"))
     router_launch = importlib.import_module("router_launch")
     parser = argparse.ArgumentParser()
     parser.add_argument("--api-key", type=str, default=None)

@@ -1,5 +1,5 @@
-"""The API gates' nginx configuration (templates/gate-nginx.conf.j2, operations/gate.py) and the
-keys' include gate_keys.py writes on the host (operations/files/gate_keys.py).
+"""The API gates' nginx configuration (templates/gate-nginx.conf.j2, operations/stages/gate.py) and
+the keys' include gate_keys.py writes on the host (operations/files/gate_keys.py).
 
 Patterns are checked with Python's re, whose ``\\xHH`` escapes, character classes and anchors
 read as PCRE2's do (nginx's regular expressions)."""
@@ -15,8 +15,8 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from operations import gate
-from operations.settings import from_host_data
+from operations.plans.settings import from_host_data
+from operations.stages import gate
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ROOT / "operations" / "files"
@@ -30,7 +30,7 @@ def render(g: gate.Gate) -> str:
 
 
 def worker(**extra) -> gate.Gate:
-    from operations.server_unit import worker_gate
+    from operations.stages.server_unit import worker_gate
 
     data = {"gpuhost_server_host": "0.0.0.0", "gpuhost_api_key_file": "/root/key", **extra}
     return worker_gate(from_host_data("gpu1", data))
@@ -106,7 +106,7 @@ def test_the_path_allow_list_matches_the_path_as_sent_only():
 
 
 def test_the_router_gate_allows_the_inference_paths_only():
-    from operations import router
+    from operations.stages import router
 
     s = from_host_data("r", {"gpuhost_router_api_key_file": "/root/router.key",
                              "gpuhost_serving": False})

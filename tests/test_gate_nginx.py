@@ -2,7 +2,7 @@
 (bin/setup puts its program in .venv/bin) on this machine's loopback, in front of a backend that
 records every request line it gets: what a stranger's query string, key and health flood do,
 decided by nginx itself. The keys' include is gate_keys.py's; the certificate the fleet CA's
-(operations/tls.py issue)."""
+(operations/stages/tls.py issue)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from operations import gate, tls
-from operations.server_unit import worker_gate
-from operations.settings import from_host_data
+from operations.plans.settings import from_host_data
+from operations.stages import gate, tls
+from operations.stages.server_unit import worker_gate
 
 ROOT = Path(__file__).resolve().parent.parent
 NGINX = ROOT / ".venv" / "bin" / "nginx"
@@ -163,7 +163,7 @@ def test_health_generate_needs_the_key_and_a_keyless_health_flood_is_cut(gate_ur
 
 
 def test_while_the_gpus_failed_health_answers_503_and_the_rest_is_served(gate_url):
-    """The GPU readings unit's file (operations/gpu_verdict.py FAILED_FILE): while it exists,
+    """The GPU readings unit's file (operations/plans/gpu_verdict.py FAILED_FILE): while it exists,
     /health (the router's health check, with the key or without) is 503 and never reaches the
     server; the inference paths are served; once it is gone, /health passes again."""
     failed = gate_url[3] / "gpus-failed"

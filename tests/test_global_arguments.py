@@ -1,4 +1,4 @@
-"""operations/global_arguments.py: pyinfra's global arguments listed once, the same list."""
+"""operations/runtime/global_arguments.py: pyinfra's global arguments listed once, the same list."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-from operations import global_arguments
+from operations.runtime import global_arguments
 
 arguments = importlib.import_module("pyinfra.api.arguments")
 facts = importlib.import_module("pyinfra.api.facts")

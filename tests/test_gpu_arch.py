@@ -8,11 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from operations import flash_attn
-from operations.flash_attn import BuildKey, WheelCache
-from operations.gpu_arch import (ArchitectureError, WheelCode, check_compute_capability,
-                                 check_wheel_code, parse_compute_caps, parse_list_elf,
-                                 parse_wheel_check, wheel_check_command)
+from operations.plans.gpu_arch import (
+    ArchitectureError,
+    WheelCode,
+    check_compute_capability,
+    check_wheel_code,
+    parse_compute_caps,
+    parse_list_elf,
+    parse_wheel_check,
+    wheel_check_command,
+)
+from operations.stages import flash_attn
+from operations.stages.flash_attn import BuildKey, WheelCache
 from tests.test_flash_attn import plan
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h200-device"
@@ -165,7 +172,7 @@ class RebuildingHost(BuildingHost):
     """A host given a cached wheel with sm_90 only, whose own build has sm_120."""
 
     def run(self, command, what, timeout=0):
-        command = str(command)  # the install is a StringCommand (operations/disk.py)
+        command = str(command)  # the install is a StringCommand (operations/stages/disk.py)
         self.commands.append(command)
         if "--list-elf" in command:
             arch = "sm_120" if "/b/wheels/" in command else "sm_90"

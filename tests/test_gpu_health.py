@@ -15,7 +15,7 @@ from tests.conftest import promtool_check_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTURE = ROOT / "tests" / "fixtures" / "h100-device" / "health"
-sys.path.insert(0, str(ROOT / "operations"))
+sys.path.insert(0, str(ROOT / "operations" / "facts"))
 sys.path.insert(0, str(ROOT / "operations" / "files"))
 import gpu_health  # noqa: E402
 import gpu_metrics  # noqa: E402

@@ -18,7 +18,7 @@ from tests.conftest import promtool_check_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTURE = ROOT / "tests" / "fixtures" / "h200-device" / "telemetry"
-sys.path.insert(0, str(ROOT / "operations"))  # the script imports telemetry as on the host
+sys.path.insert(0, str(ROOT / "operations" / "facts"))  # the script imports telemetry as on the host
 sys.path.insert(0, str(ROOT / "operations" / "files"))
 import gpu_metrics  # noqa: E402
 
@@ -81,7 +81,7 @@ def standin(tmp_path):
     env = dict(os.environ, GPUHOST_SANDBOX_HARDWARE=str(tmp_path / "hardware.json"),
                GPUHOST_SANDBOX_LOADED=str(tmp_path / "loaded"),
                GPUHOST_SANDBOX_LOAD=str(tmp_path / "load.json"),
-               PYTHONPATH=os.pathsep.join([str(ROOT / "operations"),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "operations" / "facts"),
                                            str(ROOT / "operations" / "files")]))
     return script, env
 

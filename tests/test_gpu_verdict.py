@@ -1,10 +1,10 @@
-"""operations/gpu_verdict.py: the server stage's refusal on failed GPUs, from the host's GPU
+"""operations/plans/gpu_verdict.py: the server stage's refusal on failed GPUs, from the host's GPU
 textfile as gpu_metrics.py writes it (the nvidia-smi outputs of a real H100, the capture in
 tests/fixtures/h100-device/health/, with the faults a healthy GPU never shows)."""
 
 from __future__ import annotations
 
-from operations import gpu_verdict
+from operations.plans import gpu_verdict
 from operations.files import gpu_health
 from tests.test_gpu_health import LABELS, XID_79, health_line
 
@@ -43,9 +43,9 @@ def test_a_missing_gpu_and_an_uncorrectable_ecc_error_refuse_a_start():
 
 
 def test_the_paths_the_units_share():
-    from operations import observability
-    from operations.server_unit import worker_gate
-    from operations.settings import from_host_data
+    from operations.plans.settings import from_host_data
+    from operations.stages import observability
+    from operations.stages.server_unit import worker_gate
 
     context = observability.gpu_metrics_context(5, 8)
     assert context["failed_file"] == gpu_verdict.FAILED_FILE == \

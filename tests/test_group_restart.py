@@ -1,5 +1,5 @@
-"""A rank >= 1 after rank 0's health gate (operations/group_restart.py, step 7): the group goes
-down on every node, and each rank shows its own journal."""
+"""A rank >= 1 after rank 0's health gate (operations/stages/group_restart.py, step 7): the group
+goes down on every node, and each rank shows its own journal."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from operations import group_restart
+from operations.stages import group_restart
 
 
 def _output(*lines):
@@ -74,7 +74,7 @@ def test_a_running_rank_of_a_serving_group_is_left_alone(monkeypatch):
 def test_the_rank_that_stopped_first_is_named(monkeypatch):
     """Rank 1 was stopped; rank 0 failed after it (its peer left the collectives). The reason
     used to name rank 0 only ("gpu1: sglang.service is not running (failed)")."""
-    from operations.server_state import ServiceState
+    from operations.stages.server_state import ServiceState
 
     nodes = ("gpu1", "gpu2")
     rank0 = ServiceState().process(["ActiveState=failed", "Result=exit-code",

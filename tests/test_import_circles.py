@@ -29,7 +29,7 @@ def imports(source: str, module: str, known: set[str]) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([base] if base else [])])
-            # `from operations import remote` imports operations.remote.
+            # `from operations import remote` imports operations.runtime.remote.
             names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
         else:
             continue
@@ -99,3 +99,52 @@ def test_every_kind_of_import_counts(source: str, expected: set[str]) -> None:
 def test_a_circle_is_found() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) == 3 else None
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    """Each import of a module from a layer above its own (operations.LAYERS, lowest first),
+    and each import of gpuhost by a program of operations/files/ (run on hosts that have no
+    gpuhost package), as "importer -> imported"."""
+    from operations import LAYERS
+
+    rank = {layer: n for n, layer in enumerate(LAYERS)}
+    found = []
+    for module, imported in sorted(edges.items()):
+        layer = _layer(module)
+        for other in sorted(imported):
+            if other == "operations":
+                if layer == "files":
+                    found.append(f"{module} -> {other}")
+                continue
+            if layer == "files" and _layer(other) != "files":
+                found.append(f"{module} -> {other}")
+            elif layer in rank and rank.get(_layer(other), -1) > rank[layer]:
+                found.append(f"{module} -> {other}")
+    return found
+
+
+def test_every_module_lives_in_a_layer():
+    """operations/ holds only its package's __init__.py and the layers' folders."""
+    from operations import LAYERS
+
+    loose = sorted(p.name for p in OPERATIONS.glob("*.py") if p.name != "__init__.py")
+    folders = sorted(p.name for p in OPERATIONS.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert loose == [] and folders == sorted([*LAYERS, "files"])
+    for layer in [*LAYERS, "files"]:
+        assert (OPERATIONS / layer / "README.md").is_file(), layer
+
+
+def test_imports_flow_down_the_layers():
+    assert upward_imports(graph()) == []
+
+
+def test_an_upward_import_is_found():
+    edges = {"operations.facts.a": {"operations.stages.b"}, "operations.stages.b": {"operations.facts.a"},
+             "operations.files.c": {"operations.facts.a"}}
+    assert upward_imports(edges) == ["operations.facts.a -> operations.stages.b",
+                                     "operations.files.c -> operations.facts.a"]

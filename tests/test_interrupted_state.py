@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from pyinfra.api.util import get_template
 
-from operations import host as host_ops
-from operations import package_runs
-from operations import server_state, server_unit
+from operations.facts import host as host_ops
+from operations.facts.model_facts import STAMP as MODEL_STAMP
+from operations.plans.settings import from_host_data
+from operations.stages import package_runs
+from operations.stages import server_state, server_unit
+from operations.stages.flash_attn import STAMP_NAME
 from operations.files import unit_inputs
-from operations.flash_attn import STAMP_NAME
-from operations.model_facts import STAMP as MODEL_STAMP
-from operations.settings import from_host_data
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "operations" / "files" / "unit_inputs.py"

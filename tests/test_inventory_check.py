@@ -1,11 +1,11 @@
-"""The inventory check (operations/inventory_check.py): a host given twice with different data
-and a --limit that matches no host stop pyinfra while it loads the inventory, before it
+"""The inventory check (operations/runtime/inventory_check.py): a host given twice with different
+data and a --limit that matches no host stop pyinfra while it loads the inventory, before it
 connects to any host. Through pyinfra's command line, against a sandbox host that records every
 command it gets, both are in tests/e2e/test_bad_input.py (counted by bench/reliability.py)."""
 
 from __future__ import annotations
 
-from operations.inventory_check import command_line, duplicate_hosts, unmatched_limits
+from operations.runtime.inventory_check import command_line, duplicate_hosts, unmatched_limits
 
 
 def test_command_line_is_parsed_as_pyinfra_parses_it():

@@ -7,11 +7,16 @@ from pathlib import Path
 import pytest
 from pyinfra.api.util import get_template
 
-from operations.kernel_cache import (KERNEL_CACHE_ROOT, KernelCacheFolders, cache_env, cache_key,
-                                     superseded)
-from operations.lock import read_lock
-from operations.server_unit import unit_context
-from operations.settings import SettingsError, from_host_data
+from operations.plans.lock import read_lock
+from operations.plans.settings import SettingsError, from_host_data
+from operations.stages.kernel_cache import (
+    KERNEL_CACHE_ROOT,
+    KernelCacheFolders,
+    cache_env,
+    cache_key,
+    superseded,
+)
+from operations.stages.server_unit import unit_context
 
 ROOT = Path(__file__).resolve().parent.parent
 SLUG = "flashinfer0.6.3-torch2.9.1-cuda12.8-sm120"

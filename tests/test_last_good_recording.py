@@ -1,4 +1,4 @@
-"""The last known good recorded after the health gate (operations/server.py): a write that
+"""The last known good recorded after the health gate (operations/stages/server.py): a write that
 fails (ENOSPC) never fails the gate (the host serves and goes back in the router); the
 record is then written again at the end of the stage, which says why not in one line."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from operations import server_health, server_last_good
+from operations.stages import server_health, server_last_good
 
 FULL = ("could not write the last known good (/var/lib/gpuhost/last-known-good.json."
         "gpuhost-tmp): No space left on device: the record /var/lib/gpuhost/last-known-good"

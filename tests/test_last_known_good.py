@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.last_known_good import record_command
+from operations.stages.last_known_good import record_command
 
 SCRIPT = Path(__file__).resolve().parents[1] / "operations/files/last_known_good.py"
 

@@ -1,4 +1,4 @@
-"""Launch profiles (operations/launch_profiles.py): the default is the best profile the locked
+"""Launch profiles (operations/plans/launch_profiles.py): the default is the best profile the locked
 sglang's parser accepts, a named one must fit the host, the user's keys win, and the plan names
 the profile, its source and every value it set."""
 
@@ -6,10 +6,10 @@ from dataclasses import fields
 
 import pytest
 
-from operations import launch_profiles
-from operations.launch_profiles import PROFILE_SETTINGS, PROFILES, named, report
-from operations.settings import Settings, SettingsError, from_host_data, profile_choice
-from operations.sglang import check_server_args, load_parser_spec, server_args
+from operations.plans import launch_profiles
+from operations.plans.launch_profiles import PROFILE_SETTINGS, PROFILES, named, report
+from operations.plans.settings import Settings, SettingsError, from_host_data, profile_choice
+from operations.plans.sglang import check_server_args, load_parser_spec, server_args
 
 LOCK_059 = "sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n"
 LOCK_0510 = "sglang==0.5.10 --hash=sha256:" + "0" * 64 + "\n"

@@ -1,5 +1,6 @@
-"""The SSH link to each host (operations/link.py): bounded by TCP keepalive and TCP_USER_TIMEOUT;
-a host that failed because its link went is said so, once, and its connection closed."""
+"""The SSH link to each host (operations/runtime/link.py): bounded by TCP keepalive and
+TCP_USER_TIMEOUT; a host that failed because its link went is said so, once, and its connection
+closed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from operations import link
+from operations.runtime import link
 
 
 class Transport:

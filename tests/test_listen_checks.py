@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from operations import router, server_refusals, server_state
-from operations.host import HostAddresses, address_problem
-from operations.settings import from_host_data
+from operations.facts.host import HostAddresses, address_problem
+from operations.plans.settings import from_host_data
+from operations.stages import router, server_refusals, server_state
 
 IP_O = [
     "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever",

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api import FunctionCommand
 
-from operations import locked_wheels
-from operations.model import model_room_problem
+from operations.stages import locked_wheels
+from operations.stages.model import model_room_problem
 
 A = b"A" * 1000
 B = b"B" * 2000
@@ -104,8 +104,8 @@ def test_a_fresh_venvs_room_counts_the_cached_files_here_and_asks_the_index_for_
     the lock's other names go to LockSizes (the index, read from the host)."""
     import zipfile
 
-    from operations.lock import Pin
-    from operations.venvs import PIP_CACHE, VENVS_DIR, WHEEL_DIR
+    from operations.plans.lock import Pin
+    from operations.stages.venvs import PIP_CACHE, VENVS_DIR, WHEEL_DIR
 
     wheel = tmp_path / "demo-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
@@ -164,9 +164,9 @@ def test_the_venv_and_the_models_download_on_one_file_system_are_counted_togethe
     fresh venv (or one beside a serving venv) and the model's download to come in the same run
     each fit alone and not together; the venv's room check counts both, naming each. Before,
     each check passed, and the download failed at run time, after the driver and the venv."""
-    from operations.lock import Pin
-    from operations.settings import Settings
-    from operations.venvs import PIP_CACHE, VENVS_DIR, WHEEL_DIR
+    from operations.plans.lock import Pin
+    from operations.plans.settings import Settings
+    from operations.stages.venvs import PIP_CACHE, VENVS_DIR, WHEEL_DIR
 
     gib = 2**20  # KiB
     lock = types.SimpleNamespace(pins=(Pin("torch", "2.9.1", ("sha256:" + "e" * 64,), "t"),))
@@ -206,8 +206,8 @@ def test_the_venv_and_the_models_download_on_one_file_system_are_counted_togethe
 def test_names_without_a_size_are_said_by_their_error_in_one_short_line(tmp_path, monkeypatch):
     """An unreachable index gives every name of the lock the same error: said once, with the
     first five names and how many more, not the lock's 174 names each with its error."""
-    from operations.lock import Pin
-    from operations.venvs import PIP_CACHE, VENVS_DIR, WHEEL_DIR
+    from operations.plans.lock import Pin
+    from operations.stages.venvs import PIP_CACHE, VENVS_DIR, WHEEL_DIR
 
     pins = tuple(Pin(f"n{i}", "1.0", ("sha256:" + f"{i:064x}",), f"n{i}") for i in range(8))
     settings = types.SimpleNamespace(venv_path="/v", pip_index_url="http://i/s",

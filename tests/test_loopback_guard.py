@@ -1,8 +1,8 @@
-"""The loopback guard (operations/loopback_guard.py): its nft table and unit."""
+"""The loopback guard (operations/stages/loopback_guard.py): its nft table and unit."""
 
 from __future__ import annotations
 
-from operations import loopback_guard
+from operations.stages import loopback_guard
 
 
 def test_the_table_refuses_the_ports_to_every_socket_but_roots_and_replaces_itself():

@@ -1,8 +1,9 @@
-"""The served model against the GPUs' memory, decided while planning (operations/memory_fit.py):
-the weights over the ranks inside mem_fraction_static with room left for a KV cache, the MTP
-draft outside it, refused in one line naming the keys; unknown sizes said, never refused. The
-figures read for it: the Hub's listing (ModelRoom), the copy's stamp (ModelSnapshot) and the
-MTP layer's safetensors headers (MtpLayerBytes), as the Stack stage gathers them."""
+"""The served model against the GPUs' memory, decided while planning
+(operations/plans/memory_fit.py): the weights over the ranks inside mem_fraction_static with room
+left for a KV cache, the MTP draft outside it, refused in one line naming the keys; unknown sizes
+said, never refused. The figures read for it: the Hub's listing (ModelRoom), the copy's stamp
+(ModelSnapshot) and the MTP layer's safetensors headers (MtpLayerBytes), as the Stack stage gathers
+them."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import subprocess
 
 import pytest
 
-from operations import stack_check
+from operations.facts.model_facts import MtpLayerBytes, ModelSnapshot
+from operations.plans import stack_check
+from operations.plans.memory_fit import GIB, Weights
+from operations.plans.memory_fit import model_fit as check
+from operations.plans.settings import Settings
 from operations.files.model_config import WEIGHT_INDEX
-from operations.memory_fit import GIB, Weights
-from operations.memory_fit import model_fit as check
-from operations.model_facts import MtpLayerBytes, ModelSnapshot
-from operations.settings import Settings
 from sandbox import hub
 
 #: The reference lab's GPUs: nvidia-smi's memory.total of an RTX PRO 6000 (reference-lab.md).

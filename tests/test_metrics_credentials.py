@@ -1,6 +1,7 @@
 """operations/files/metrics_credentials.py, run as the hosts run it (``python3 -c``, through
-operations/metrics_auth.py's command line) on files in a temporary folder: what it writes, that a
-check tells a current file from a stale one, and that no key or password reaches its output."""
+operations/stages/metrics_auth.py's command line) on files in a temporary folder: what it writes,
+that a check tells a current file from a stale one, and that no key or password reaches its
+output."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 import bcrypt
 import pytest
 
-from operations import metrics_auth
+from operations.stages import metrics_auth
 from operations.files import metrics_credentials as mc
 
 KEY = "sk-" + "f" * 48

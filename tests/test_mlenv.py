@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from operations.lock import read_lock
-from operations.mlenv import BuildError, build_parallelism, python_problem
-from operations.pip_index import pip_index_args
-from operations.venv_facts import VenvPackages
-from operations.venv_install import drift
+from operations.facts.venv_facts import VenvPackages
+from operations.plans.lock import read_lock
+from operations.stages.mlenv import BuildError, build_parallelism, python_problem
+from operations.stages.pip_index import pip_index_args
+from operations.stages.venv_install import drift
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 from operations import REPO_ROOT
+from operations.plans.stack_check import model_architecture
 from operations.files.model_config import architecture, mismatch
-from operations.stack_check import model_architecture
 
 FILES = REPO_ROOT / "operations" / "files"
 CONFIG = "/opt/gpuhost/models/org/model/config.json"

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from operations import model_copy, model_copy_rsync, model_peers
-from operations.settings import for_inventory
+from operations.plans.settings import for_inventory
+from operations.stages import model_copy, model_copy_rsync, model_peers
 
 FILES = Path(__file__).resolve().parents[1] / "operations" / "files"
 
@@ -203,7 +203,7 @@ def _weights_commands(monkeypatch, **kwargs):
     """model.weights' commands for a host with no copy yet (its ModelSnapshot fact empty)."""
     import types
 
-    from operations import model
+    from operations.stages import model
     monkeypatch.setattr(model, "host", types.SimpleNamespace(get_fact=lambda *a, **k: {}))
     return list(model.weights._inner(
         repo="org/m", revision="main", dest="/opt/gpuhost/models/org/m",
@@ -418,7 +418,7 @@ def test_a_model_folder_holding_what_the_revision_does_not_list_is_not_complete(
     """ModelSnapshot: a file planted beside the revision's, or a link (even one named as a file
     of the revision), makes the copy incomplete, so the next converge cleans it up; the Hub
     client's .cache folder and the stamp do not count."""
-    from operations.model_facts import _SNAPSHOT_SCRIPT
+    from operations.facts.model_facts import _SNAPSHOT_SCRIPT
 
     def snapshot() -> dict:
         return json.loads(subprocess.run([sys.executable, "-c", _SNAPSHOT_SCRIPT, str(dest)],

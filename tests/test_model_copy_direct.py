@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import model_copy, model_copy_direct, model_copy_rsync, model_peers
+from operations.stages import model_copy, model_copy_direct, model_copy_rsync, model_peers
 
 PEER = model_peers.Peer("gpu1", "10.213.1.2", 22, "/keys/known", "yes", "/opt/gpuhost/models",
                        "10.213.0.1")

@@ -1,4 +1,4 @@
-"""One model commit per fleet (issue 40, finding 6): operations/model_revision.py's decision,
+"""One model commit per fleet (issue 40, finding 6): operations/plans/model_revision.py's decision,
 from what the fleet's hosts hold and what the Hub names now; the stand-in hub's moving main;
 model_room.py's commit-only answer; the weights' copy being current only at the fleet's
 commit."""
@@ -12,8 +12,8 @@ import threading
 from http.server import ThreadingHTTPServer
 
 from operations import REPO_ROOT
-from operations.model_facts import is_current
-from operations.model_revision import decide, pinned
+from operations.facts.model_facts import is_current
+from operations.plans.model_revision import decide, pinned
 from sandbox import hub
 
 REPO = "org/model"
@@ -125,8 +125,8 @@ def test_the_stand_in_hubs_main_moves_and_the_old_commit_stays(tmp_path):
 def test_the_fleets_commit_is_decided_once_a_run_and_a_refusal_reaches_every_host(monkeypatch):
     from types import SimpleNamespace
 
-    from operations import model_revision as mr
-    from operations.settings import Settings
+    from operations.plans import model_revision as mr
+    from operations.plans.settings import Settings
 
     run = SimpleNamespace(failed_hosts=set())
     current = SimpleNamespace(name="gpu1", print_prefix="[gpu1] ")
@@ -163,8 +163,8 @@ def test_hosts_that_reach_the_hub_at_other_endpoints_are_one_fleet(monkeypatch):
     hosts different mirrors: one repository and revision is one fleet all the same."""
     from types import SimpleNamespace
 
-    from operations import model_revision as mr
-    from operations.settings import Settings
+    from operations.plans import model_revision as mr
+    from operations.plans.settings import Settings
 
     current = SimpleNamespace(name="gpu3", print_prefix="[gpu3] ")
     stamps = {"gpu1": {"repo": REPO, "revision": "main", "sha": OLD, "complete": True},

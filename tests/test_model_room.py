@@ -1,4 +1,4 @@
-"""Room for the model's download, read while planning (operations/model_facts.py ModelRoom,
+"""Room for the model's download, read while planning (operations/facts/model_facts.py ModelRoom,
 operations/files/model_room.py): the revision's files not there yet, from the Hub's file
 listing as huggingface_hub's model_info asks for it, against the free room of the model
 folder's file system."""
@@ -10,9 +10,9 @@ import json
 import subprocess
 import threading
 
-from operations.model import model_room_problem
-from operations.model_facts import ROOM_HEADROOM_GIB, ModelRoom
-from operations.settings import Settings
+from operations.facts.model_facts import ROOM_HEADROOM_GIB, ModelRoom
+from operations.plans.settings import Settings
+from operations.stages.model import model_room_problem
 
 GIB = 2**30
 
@@ -174,7 +174,7 @@ def test_a_listing_with_files_of_no_size_or_no_name_is_said_not_a_traceback(tmp_
     assert runs["nameless"] == {"error": "the Hub's file listing has a sibling without rfilename"}
     said = []
     facts = {"ModelSnapshot": {}, "ModelRoom": {**runs["unsized"], "free": 5 * GIB}}
-    monkeypatch.setattr("operations.model.logger.warning", said.append)
+    monkeypatch.setattr("operations.stages.model.logger.warning", said.append)
     assert model_room_problem(lambda cls, **kw: facts[cls.__name__], Settings(model="org/m")) \
         is None
     assert said and said[0].endswith("the model's room check counts nothing for 4 file(s) the "

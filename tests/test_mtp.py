@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from operations import settings as settings_module
-from operations import settings_checks
+from operations.plans import settings as settings_module
+from operations.plans import settings_checks
+from operations.plans.settings import SettingsError, from_host_data
+from operations.plans.sglang import ArgSpec, load_parser_spec, server_args
+from operations.stages.server_unit import server_env
 from operations.files.model_config import WEIGHT_INDEX, missing_mtp, mtp_layer
-from operations.server_unit import server_env
-from operations.settings import SettingsError, from_host_data
-from operations.sglang import ArgSpec, load_parser_spec, server_args
 from sandbox import hub
 
 LOCK = "sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from operations.facts.venv_facts import VenvAt, VenvPython, VenvRuns
 from operations.files import no_space
-from operations.venv_facts import VenvAt, VenvPython, VenvRuns
 
 FILES = Path(__file__).resolve().parents[1] / "operations" / "files"
 PIP_ERROR = ("ERROR: Could not install packages due to an OSError: [Errno 28] No space left on "

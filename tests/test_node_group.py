@@ -8,12 +8,19 @@ import pytest
 from pyinfra.api.util import get_template
 from pyinfra.facts.hardware import NetworkDevices
 
-from operations.node_group import (GroupError, NodeRole, env_file, networks, node_env, role_of,
-                                   shared_network)
-from operations.nodes import RdmaDevices
-from operations.server_unit import server_inputs, unit_context
-from operations.settings import SettingsError, for_inventory, from_host_data
-from operations.sglang import check_server_args, load_parser_spec, server_args
+from operations.plans.node_group import (
+    GroupError,
+    NodeRole,
+    env_file,
+    networks,
+    node_env,
+    role_of,
+    shared_network,
+)
+from operations.plans.settings import SettingsError, for_inventory, from_host_data
+from operations.plans.sglang import check_server_args, load_parser_spec, server_args
+from operations.stages.nodes import RdmaDevices
+from operations.stages.server_unit import server_inputs, unit_context
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = "sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n"
@@ -254,7 +261,7 @@ def test_a_sweep_on_a_node_is_refused(lock):
 
 
 def test_reach_is_read_from_the_hosts_answers():
-    from operations.nodes import NodeReach, reach_targets, unreached
+    from operations.stages.nodes import NodeReach, reach_targets, unreached
     network = {"gpu1": ("eth1", "10.0.0.1"), "gpu2": ("eth1", "10.0.0.2")}
     assert reach_targets("gpu1", ("gpu1", "gpu2"), network, 25000) == (
         "10.0.0.1:25000", "10.0.0.2:25000")
@@ -274,7 +281,7 @@ def test_the_reach_script_tells_refused_from_unreachable(tmp_path):
     import subprocess
     import sys
 
-    from operations.nodes import NodeReach
+    from operations.stages.nodes import NodeReach
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))
     listening.listen()
@@ -305,7 +312,7 @@ class Op:
 
 
 def test_a_change_on_any_node_restarts_the_group(monkeypatch):
-    from operations import group_restart
+    from operations.stages import group_restart
     nodes = ("gpu1", "gpu2")
     monkeypatch.setattr(group_restart, "GROUPS", {nodes: {
         "gpu1": group_restart.NodePlan([Op(False)], None),
@@ -357,8 +364,8 @@ def test_each_rank_writes_nodes_env_in_a_row_of_its_own(monkeypatch):
     from pyinfra.api.operation import solve_operation_consistency
     from pyinfra.context import ctx_host, ctx_state
 
-    from operations import nodes
-    from operations.node_group import NodeRole
+    from operations.plans.node_group import NodeRole
+    from operations.stages import nodes
 
     inventory = Inventory((["gpu1", "gpu2"], {}))
     state = State(inventory, Config())

@@ -1,12 +1,12 @@
-"""A group refused while planning (operations/nodes.py ``node_role``): a node pyinfra could not
-connect to is refused for its group in gpuhost's words, and no fact of any node is read (the
+"""A group refused while planning (operations/stages/nodes.py ``node_role``): a node pyinfra could
+not connect to is refused for its group in gpuhost's words, and no fact of any node is read (the
 unconnected node's get_fact would end the whole run with pyinfra's own error)."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from operations import nodes
+from operations.stages import nodes
 
 
 class Host:

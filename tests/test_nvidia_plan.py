@@ -1,17 +1,17 @@
-"""The nvidia stage's decisions (operations.driver_plan.plan_driver), one case per branch: fresh
-install, converged, driver change refused or allowed, mismatch, module not loaded, nouveau,
+"""The nvidia stage's decisions (operations.plans.driver_plan.plan_driver), one case per branch:
+fresh install, converged, driver change refused or allowed, mismatch, module not loaded, nouveau,
 unpackaged drivers, missing kernel headers, duplicate repository entries."""
 
 from pathlib import Path
 
 import pytest
 
-from operations.cuda_repo import KEYRING, AptSource, parse_sources, repo_folder
-from operations.driver_facts import DriverFiles, Headers, PciGpu, parse_lspci, parse_madison
-from operations.driver_plan import plan_driver
-from operations.nvsmi import DriverState, Gpu
-from operations.plan import PlanError
-from operations.settings import from_host_data
+from operations.facts.driver_facts import DriverFiles, Headers, PciGpu, parse_lspci, parse_madison
+from operations.facts.nvsmi import DriverState, Gpu
+from operations.plans.cuda_repo import KEYRING, AptSource, parse_sources, repo_folder
+from operations.plans.driver_plan import plan_driver
+from operations.plans.plan import PlanError
+from operations.plans.settings import from_host_data
 
 REPO = "http://10.214.1.1:8080/compute/cuda/repos/debian12/x86_64/"
 SOURCE = "/etc/apt/sources.list.d/cuda-debian12-x86_64.list"
@@ -325,7 +325,7 @@ def test_pin_and_unattended_exclusions_cover_the_same_packages():
       (["nvidia-driver-580", "nvidia-utils-580", "libnvidia-compute-580"], "nvidia-dkms-580"))],
 )
 def test_driver_package_names(folder, flavour, names):
-    from operations.driver_names import driver_package_names
+    from operations.plans.driver_names import driver_package_names
     assert driver_package_names(folder, flavour, "580") == names
 
 
@@ -458,7 +458,7 @@ def test_a_missing_compute_package_installs_without_a_reboot():
 
 
 def test_debian_names_the_compute_packages_and_ubuntu_drops_the_branch_from_590():
-    from operations.driver_names import MODULE_PACKAGE_NAMES, driver_package_names
+    from operations.plans.driver_names import MODULE_PACKAGE_NAMES, driver_package_names
 
     assert driver_package_names("debian12/x86_64", "open", "580") == (
         ["nvidia-open", "nvidia-smi", "libcuda1"], "nvidia-kernel-open-dkms")
@@ -473,7 +473,7 @@ def test_debian_names_the_compute_packages_and_ubuntu_drops_the_branch_from_590(
 
 
 def test_ubuntus_rename_removes_the_branch_named_packages_in_the_same_transaction():
-    from operations.driver_names import renamed_packages
+    from operations.plans.driver_names import renamed_packages
 
     debs = {"nvidia-open": ["580.95.05-0ubuntu1"], "nvidia-utils-580": ["580.95.05-0ubuntu1"],
             "libnvidia-compute-580": ["580.95.05-0ubuntu1"],
@@ -491,7 +491,7 @@ def test_a_rollback_checks_the_driver_against_the_module_package_it_reinstalls()
     """Across Ubuntu's 590 rename the kept driver's kernel-module package has another name than
     the new one's: the rollback record names the kept one (a check against the new name would
     find it removed, and call the restored driver broken)."""
-    from operations.driver_names import installed_module_package
+    from operations.plans.driver_names import installed_module_package
 
     ubuntu = {"nvidia-open": ["580.95.05-0ubuntu1"], "nvidia-utils-580": ["580.95.05-0ubuntu1"],
               "nvidia-dkms-580-open": ["580.95.05-0ubuntu1"]}

@@ -3,8 +3,8 @@ format for 2 and 8 GPUs."""
 
 import pytest
 
-from operations import nvsmi
-from operations.gpu import NvidiaDriver
+from operations.facts import nvsmi
+from operations.facts.gpu import NvidiaDriver
 from tests.conftest import command_output
 
 ESC_U, ESC_0 = "\x1b[4m", "\x1b[0m"

@@ -1,5 +1,5 @@
-"""operations/observability.py: which host runs Prometheus, its targets from the inventory, the
-node exporter's and Prometheus' command lines, their settings; the configuration and alert rules
+"""operations/stages/observability.py: which host runs Prometheus, its targets from the inventory,
+the node exporter's and Prometheus' command lines, their settings; the configuration and alert rules
 through the real promtool (check config, check rules, test rules with input series)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import jinja2
 import pytest
 import yaml
 
-from operations import fleet, observability
-from operations.settings import SettingsError, from_host_data
+from operations.plans.settings import SettingsError, from_host_data
+from operations.stages import fleet, observability
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.p2p import check_sha256, policy_sha256, record_is_current
+from operations.stages.p2p import check_sha256, policy_sha256, record_is_current
 from sandbox import nvidia_repo, scenarios
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,8 +1,8 @@
-"""The P2P decision table (operations/p2p_policy.py)."""
+"""The P2P decision table (operations/plans/p2p_policy.py)."""
 
 import pytest
 
-from operations.p2p_policy import NO_P2P_ENV, P2P_DISABLED_ENV, decide, env_file
+from operations.plans.p2p_policy import NO_P2P_ENV, P2P_DISABLED_ENV, decide, env_file
 
 
 def m(n, code):
@@ -96,7 +96,7 @@ def test_manual_table_mirrors_the_policy():
     it must say what decide() does."""
     from pathlib import Path
 
-    from operations.p2p_policy import BASE_ENV, NO_P2P_FLAGS
+    from operations.plans.p2p_policy import BASE_ENV, NO_P2P_FLAGS
 
     readme = (Path(__file__).resolve().parents[1] / "docs" / "first-deploy.md").read_text()
     table = readme.split("## P2P decision table", 1)[1].split("\n\n", 3)[2]

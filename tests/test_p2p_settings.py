@@ -2,7 +2,7 @@
 
 import pytest
 
-from operations.settings import SettingsError, from_host_data
+from operations.plans.settings import SettingsError, from_host_data
 
 LOCK = "sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n"
 

@@ -1,4 +1,4 @@
-"""operations/plan.py: facts read once per host while planning, every time while executing; a
+"""operations/plans/plan.py: facts read once per host while planning, every time while executing; a
 run whose every host is refused."""
 
 import subprocess
@@ -10,9 +10,9 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
 from operations import REPO_ROOT
-from operations.host import FileText
-from operations.plan import fact
-from operations.server_state import ServiceState
+from operations.facts.host import FileText
+from operations.plans.plan import fact
+from operations.stages.server_state import ServiceState
 
 
 def counting_host(state, name):
@@ -59,7 +59,7 @@ def test_a_run_whose_every_host_is_refused_ends_with_the_refusal_not_a_pyinfra_e
     deploy = tmp_path / "refusing.py"
     deploy.write_text(
         f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n"
-        "from operations.plan import refuse, stop_if_refused\n"
+        "from operations.plans.plan import refuse, stop_if_refused\n"
         "refuse('Stage', 'a reason the test gives')\nstop_if_refused()\n")
     pyinfra = Path(sys.executable).with_name("pyinfra")
     run = subprocess.run([str(pyinfra), "-y", "@local", str(deploy)], cwd=tmp_path,
@@ -78,7 +78,7 @@ def test_a_refused_hosts_planned_changes_are_said_not_to_happen(tmp_path):
     deploy.write_text(
         f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n"
         "from pyinfra.operations import files\n"
-        "from operations.plan import refuse, stop_if_refused\n"
+        "from operations.plans.plan import refuse, stop_if_refused\n"
         f"files.file(name='A file', path={str(tmp_path / 'made')!r})\n"
         f"files.directory(name='A folder', path={str(tmp_path / 'folder')!r})\n"
         "refuse('Stage', 'a reason the test gives')\nstop_if_refused()\n")

@@ -1,5 +1,5 @@
-"""operations/planned_facts.py: the facts one run's planning read are read in one command at the
-next run's first planning reading, then served from the fact cache; their answers are the
+"""operations/runtime/planned_facts.py: the facts one run's planning read are read in one command at
+the next run's first planning reading, then served from the fact cache; their answers are the
 host's own in that run. pyinfra's own State, Host and @local connector; each fact command
 appends to a file, so the file's lines count the readings, and the connector's calls count
 the round trips."""
@@ -20,11 +20,11 @@ from pyinfra.connectors.local import LocalConnector
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.server import Command
 
-from operations import fact_cache, planned_facts
+from operations.runtime import fact_cache, planned_facts
 
 
 class Ports(Command):
-    """A fact with a tuple argument (as operations.server.PortListeners)."""
+    """A fact with a tuple argument (as operations.stages.server.PortListeners)."""
 
     def command(self, ports):  # type: ignore[override]
         return "echo " + " ".join(str(p) for p in ports)
@@ -208,7 +208,7 @@ def test_one_read_with_other_connector_arguments_is_not_recorded(runs, tmp_path)
 
 
 class FileLines(Command):
-    """A fact whose command takes a path, as operations.host.FileText's."""
+    """A fact whose command takes a path, as operations.facts.host.FileText's."""
 
     def command(self, path):  # type: ignore[override]
         return "cat " + path.replace("'", "")

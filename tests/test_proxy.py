@@ -1,5 +1,5 @@
-"""The host's proxy (operations/proxy.py): /etc/environment read as pam_env reads it, host data
-over it, what stays local, and how a failed download names its URL and proxy."""
+"""The host's proxy (operations/plans/proxy.py): /etc/environment read as pam_env reads it, host
+data over it, what stays local, and how a failed download names its URL and proxy."""
 
 import subprocess
 import sys
@@ -12,8 +12,9 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.server import Command
 
-from operations import fact_cache, proxy
-from operations.settings import Settings
+from operations.runtime import fact_cache
+from operations.plans import proxy
+from operations.plans.settings import Settings
 
 ETC_ENVIRONMENT = """\
 PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
@@ -81,7 +82,7 @@ def test_model_fetch_names_the_hub_and_its_proxy(tmp_path):
     took (a dead one), not only the exception's type."""
     env = {"PATH": "/usr/bin:/bin", "HTTPS_PROXY": "http://127.0.0.1:9", "no_proxy": "localhost",
            "HF_HUB_DISABLE_TELEMETRY": "1"}
-    files = proxy.__file__.rsplit("/", 1)[0] + "/files"
+    files = proxy.__file__.rsplit("/", 2)[0] + "/files"
     run = subprocess.run(
         [sys.executable, f"{files}/model_fetch.py", "--repo", "org/model", "--revision", "main",
          "--dest", str(tmp_path / "m"), "--endpoint", "https://hub.example"],

@@ -1,4 +1,4 @@
-"""operations/pyinfra_seam.py: the installed pyinfra has every symbol gpuhost patches, each
+"""operations/runtime/pyinfra_seam.py: the installed pyinfra has every symbol gpuhost patches, each
 with the parameters the patch passes or reads; a pyinfra outside the pin, or a symbol gone or
 changed, is one line naming it (issue 43)."""
 
@@ -12,7 +12,8 @@ import types
 
 import pytest
 
-from operations import REPO_ROOT, pyinfra_seam
+from operations import REPO_ROOT
+from operations.runtime import pyinfra_seam
 
 
 def test_the_pin_is_pyprojects():
@@ -23,7 +24,7 @@ def test_the_pin_is_pyprojects():
 def test_the_installed_pyinfra_fits_every_patch_in_a_fresh_interpreter():
     """Read before any patch (the operations package's import does it first)."""
     run = subprocess.run([sys.executable, "-c",
-                          "from operations import pyinfra_seam; print(pyinfra_seam.SEEN)"],
+                          "from operations.runtime import pyinfra_seam; print(pyinfra_seam.SEEN)"],
                          cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
@@ -39,7 +40,7 @@ def test_every_patching_module_is_in_the_table():
     ``setattr(files, ...)``) names its symbol in PATCHED."""
     patchers = {by.strip().removeprefix("operations/").split(" ")[0]
                 for p in pyinfra_seam.PATCHED for by in p.by.split(",")}
-    for module in sorted((REPO_ROOT / "operations").glob("*.py")):
+    for module in sorted((REPO_ROOT / "operations").glob("*/*.py")):
         tree = ast.parse(module.read_text())
         for node in ast.walk(tree):
             targets = node.targets if isinstance(node, ast.Assign) else []
@@ -50,7 +51,7 @@ def test_every_patching_module_is_in_the_table():
                     and isinstance(node.args[0], ast.Name) and node.args[0].id in {"Host", "files"}:
                 patches.append(node)
             if patches:
-                assert module.name in patchers, (module.name, ast.unparse(patches[0]))
+                assert module.relative_to(REPO_ROOT / "operations").as_posix() in patchers, (module.name, ast.unparse(patches[0]))
 
 
 def test_a_pyinfra_outside_the_pin_is_named():
@@ -69,15 +70,15 @@ def test_a_symbol_gone_or_changed_is_named(monkeypatch):
 
     fake.get_fact = get_fact
     monkeypatch.setitem(sys.modules, "fake_pyinfra_host", fake)
-    changed = pyinfra_seam.Patched("fake_pyinfra_host", "get_fact", "operations/fact_cache.py",
+    changed = pyinfra_seam.Patched("fake_pyinfra_host", "get_fact", "operations/runtime/fact_cache.py",
                                    ("state", "host", "cls", "args", "kwargs"))
     assert pyinfra_seam.symbol_problem(changed) == (
         "fake_pyinfra_host.get_fact has no parameter args, kwargs in the installed pyinfra "
-        "(patched by operations/fact_cache.py, which passes or reads it)")
-    gone = pyinfra_seam.Patched("fake_pyinfra_host", "Host.put_file", "operations/link.py")
+        "(patched by operations/runtime/fact_cache.py, which passes or reads it)")
+    gone = pyinfra_seam.Patched("fake_pyinfra_host", "Host.put_file", "operations/runtime/link.py")
     assert pyinfra_seam.symbol_problem(gone) == (
         "fake_pyinfra_host.Host.put_file is gone from the installed pyinfra "
-        "(patched by operations/link.py)")
+        "(patched by operations/runtime/link.py)")
 
 
 def test_a_run_with_a_pyinfra_that_does_not_fit_ends_in_one_line(tmp_path):

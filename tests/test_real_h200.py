@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 from pyinfra.facts.server import LinuxDistribution
 
-from operations.gpu import NvidiaDriver
-from operations.host import AptListsPresent, HeldPackages, HostResources
-from operations.mlenv import build_parallelism
-from operations.nvsmi import parse_p2p_matrix, parse_topology
-from operations.preflight import InitSystem, Virtualization
-from operations.secureboot import SecureBoot
+from operations.facts.gpu import NvidiaDriver
+from operations.facts.host import AptListsPresent, HeldPackages, HostResources
+from operations.facts.nvsmi import parse_p2p_matrix, parse_topology
+from operations.stages.mlenv import build_parallelism
+from operations.stages.preflight import InitSystem, Virtualization
+from operations.stages.secureboot import SecureBoot
 
 REAL = Path(__file__).parent / "fixtures" / "h200-device"
 

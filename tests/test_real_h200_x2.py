@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from operations.gpu import NvidiaDriver
-from operations.host import HostResources
-from operations.mlenv import build_parallelism
-from operations.nvsmi import parse_p2p_matrix, parse_topology
-from operations.p2p_policy import BASE_ENV, NO_P2P_ENV, P2P_DISABLED_ENV, decide, env_file
+from operations.facts.gpu import NvidiaDriver
+from operations.facts.host import HostResources
+from operations.facts.nvsmi import parse_p2p_matrix, parse_topology
+from operations.plans.p2p_policy import BASE_ENV, NO_P2P_ENV, P2P_DISABLED_ENV, decide, env_file
+from operations.stages.mlenv import build_parallelism
 
 REAL = Path(__file__).parent / "fixtures" / "h200-x2-device"
 

@@ -1,5 +1,5 @@
-"""Commands of the deploy's own callbacks (operations/remote.py): a lost connection in one line,
-the run's environment."""
+"""Commands of the deploy's own callbacks (operations/runtime/remote.py): a lost connection in one
+line, the run's environment."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pyinfra.context import ctx_config
 
 import pytest
 
-from operations import remote
+from operations.runtime import remote
 
 
 class FakeHost:
@@ -112,7 +112,7 @@ def test_a_failed_callback_ends_with_what_it_did_not_executed_0_commands(tmp_pat
     deploy.write_text(
         f"import sys\nsys.path.insert(0, {str(root)!r})\n"
         "from pyinfra.api import FunctionCommand, operation\n"
-        "from operations import remote\n"
+        "from operations.runtime import remote\n"
         "def undo(state, host):\n"
         "    remote.ending(host, 'the change was rolled back: it serves the last known good')\n"
         "    return False\n"
@@ -132,7 +132,7 @@ def test_a_failed_callback_ends_with_what_it_did_not_executed_0_commands(tmp_pat
 def test_a_rollback_says_what_it_did_at_the_operations_end(monkeypatch):
     from pyinfra.connectors.util import CommandOutput, OutputLine
 
-    from operations import last_known_good
+    from operations.stages import last_known_good
 
     def shell(host, command, **_):
         return True, CommandOutput([OutputLine("stdout", "rolled back to the unit of 09:12")])
@@ -209,7 +209,7 @@ def test_a_file_fetched_through_sudo_is_read_from_a_copy_of_mode_0644(monkeypatc
 
 
 def test_a_command_ended_by_a_closed_link_is_a_lost_connection(monkeypatch):
-    """The link watch (operations/link.py) may close the transport under a running command,
+    """The link watch (operations/runtime/link.py) may close the transport under a running command,
     which then ends not ok and without a word: that is a lost connection, not a failed command
     (seen under load: "watching the build failed:" with nothing after it)."""
     from pyinfra.connectors.util import CommandOutput

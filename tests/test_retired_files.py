@@ -1,4 +1,4 @@
-"""operations/shipped_files.py ``retired``: the library files gpuhost no longer ships are
+"""operations/runtime/shipped_files.py ``retired``: the library files gpuhost no longer ships are
 removed from a host an older gpuhost left them on, and a second run changes nothing. pyinfra's
 own CLI on @local, run twice, as the end-to-end tests run it on a host."""
 
@@ -6,14 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from operations import REPO_ROOT, shipped_files
+from operations import REPO_ROOT
+from operations.runtime import shipped_files
 
 
 def _deploy(tmp_path: Path, lib: Path) -> str:
     deploy = tmp_path / "retire.py"
     deploy.write_text(
         f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n"
-        "from operations import shipped_files\n"
+        "from operations.runtime import shipped_files\n"
         "shipped_files.install()\n"
         f"shipped_files.retired({str(lib)!r})\n")
     pyinfra = Path(sys.executable).with_name("pyinfra")
@@ -42,7 +43,7 @@ def test_a_retired_name_is_shipped_by_no_stage():
     """A script both shipped and retired would be sent and removed at every run."""
     shipped = {p.name for p in (REPO_ROOT / "operations" / "files").iterdir()}
     assert shipped_files.RETIRED and not shipped & set(shipped_files.RETIRED)
-    for module in (REPO_ROOT / "operations").glob("*.py"):
+    for module in (REPO_ROOT / "operations").glob("*/*.py"):
         text = module.read_text()
         for name in shipped_files.RETIRED:
             assert f'"{name}"' not in text or module.name == "shipped_files.py", module

@@ -1,4 +1,4 @@
-"""Rolling restarts (operations/roll.py): who restarts at which position, in what words; the
+"""Rolling restarts (operations/stages/roll.py): who restarts at which position, in what words; the
 router's worker API as router_membership.py uses it, against a fake of smg 1.13.0's answers (as
 the real router gave them: operations/files/router_membership.py's docstring)."""
 
@@ -12,14 +12,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from operations import fleet, roll
+from operations.plans.settings import from_host_data
+from operations.stages import fleet, roll
 from operations.files import router_membership
-from operations.settings import from_host_data
 
 
 def settings(name: str, **data):
     """A host's settings; every host holds the fleet key and a client key file unless told
-    (a fleet needs both: operations/fleet.py)."""
+    (a fleet needs both: operations/stages/fleet.py)."""
     data = {"fleet_key_file": "/root/fleet.key", "router_api_key_file": "/root/router.key",
             **data}
     return from_host_data(name, {f"gpuhost_{k}": v for k, v in data.items()})

@@ -1,4 +1,4 @@
-"""A rollback on a node of a server across hosts (operations/rollback.py): one an earlier run
+"""A rollback on a node of a server across hosts (operations/stages/rollback.py): one an earlier run
 began while the host served alone is refused, not finished by restarting one rank alone."""
 
 from types import SimpleNamespace
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
-from operations import rollback
+from operations.stages import rollback
 
 
 def _plan(monkeypatch, nodes):

@@ -1,11 +1,11 @@
-"""operations/run_exit.py: a refused run ends with its message once, whatever the number of
+"""operations/runtime/run_exit.py: a refused run ends with its message once, whatever the number of
 hosts pyinfra loads the deploy file for (one greenlet each)."""
 
 import gevent
 import pytest
 from gevent import GreenletExit
 
-from operations import run_exit
+from operations.runtime import run_exit
 
 
 @pytest.fixture(autouse=True)

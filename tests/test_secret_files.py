@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api import StringCommand
 
-from operations import plan, server_refusals
+from operations.plans import plan
+from operations.stages import server_refusals
 from operations.files import secret_file
 from tests.secret_guard import GUARD
 

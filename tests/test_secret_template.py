@@ -1,5 +1,5 @@
-"""A secret file's --diff (operations/secret_template.py): keys, never values; the file written
-as files.template writes it."""
+"""A secret file's --diff (operations/stages/secret_template.py): keys, never values; the file
+written as files.template writes it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pyinfra.api import FileUploadCommand
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
-from operations import secret_template as mod
+from operations.stages import secret_template as mod
 
 OLD = ["# Managed by gpuhost from host data; edit the inventory, not this file.", "",
        "HF_HUB_OFFLINE=1", "OMP_NUM_THREADS=8", "WANDB_API_KEY=old-secret-value-1234"]

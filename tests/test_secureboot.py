@@ -1,6 +1,6 @@
-"""Secure Boot: the MOK keys of host data (operations.settings), the NVIDIA stage's decision
-(operations.secureboot.plan_signing), one case per branch, and DKMS's signing configuration as
-DKMS reads it (a shell file sourced by bash: read_framework_conf in dkms)."""
+"""Secure Boot: the MOK keys of host data (operations.plans.settings), the NVIDIA stage's decision
+(operations.stages.secureboot.plan_signing), one case per branch, and DKMS's signing configuration
+as DKMS reads it (a shell file sourced by bash: read_framework_conf in dkms)."""
 
 import subprocess
 from pathlib import Path
@@ -8,8 +8,8 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from operations.secureboot import Enrolment, SecureBootState, parse_sb_state, plan_signing
-from operations.settings import SettingsError, from_host_data
+from operations.plans.settings import SettingsError, from_host_data
+from operations.stages.secureboot import Enrolment, SecureBootState, parse_sb_state, plan_signing
 
 LOCK = Path(__file__).parents[1] / "locks" / "cuda12.8.txt"
 TEMPLATE = Path(__file__).parents[1] / "templates" / "dkms-mok-signing.conf.j2"

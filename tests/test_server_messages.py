@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from operations import REPO_ROOT, server_state, server_unit
-from operations.server_state import UnitState
+from operations import REPO_ROOT
+from operations.stages import server_state, server_unit
+from operations.stages.server_state import UnitState
 
 _spec = importlib.util.spec_from_file_location(
     "unit_inputs", REPO_ROOT / "operations" / "files" / "unit_inputs.py")

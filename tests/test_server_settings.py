@@ -3,7 +3,7 @@ and what is allowed."""
 
 import pytest
 
-from operations.settings import SettingsError, from_host_data
+from operations.plans.settings import SettingsError, from_host_data
 from sandbox.pypi_index import REAL_WHEELS
 
 LOCK = "sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n"

@@ -3,7 +3,7 @@ allowed."""
 
 import pytest
 
-from operations.settings import Settings, SettingsError, for_inventory, from_host_data
+from operations.plans.settings import Settings, SettingsError, for_inventory, from_host_data
 
 LOCK = "sglang==0.5.9 --hash=sha256:" + "0" * 64 + "\n"
 
@@ -21,7 +21,7 @@ def settings(lock, **data):
 
 def test_defaults_are_the_field_profile_for_sglang_059(lock):
     # The default is the best launch profile the locked sglang 0.5.9 accepts
-    # (operations/launch_profiles.py): the field's GLM-5 launch on SM120 with 0.5.9's own FP4
+    # (operations/plans/launch_profiles.py): the field's GLM-5 launch on SM120 with 0.5.9's own FP4
     # GEMM backend (0.5.9 has no --fp4-gemm-backend cutlass).
     s = settings(lock)
     assert s.launch_profile == "field-glm5-sm120-sglang0.5.9"
@@ -222,7 +222,7 @@ def test_reference_has_a_section_for_every_key():
     """docs/reference.md, generated from the settings (tests/test_docs.py checks it whole)."""
     from pathlib import Path
 
-    from operations.settings import RULES
+    from operations.plans.settings import RULES
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "reference.md").read_text()
     missing = [key for key in RULES if f"### `gpuhost_{key}`" not in page]
@@ -236,7 +236,7 @@ def test_every_host_is_validated_once_a_run(monkeypatch):
 
     import pyinfra
 
-    from operations import settings as module
+    from operations.plans import settings as module
 
     validated = []
 

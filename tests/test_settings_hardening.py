@@ -4,7 +4,7 @@ spellings of keys and addresses that would otherwise slip by (found by trying to
 
 import pytest
 
-from operations.settings import SettingsError, for_inventory, from_host_data
+from operations.plans.settings import SettingsError, for_inventory, from_host_data
 
 LOCK = "locks/cuda12.8.txt"
 
@@ -98,7 +98,7 @@ def test_the_index_url_and_the_venv_are_quoted_for_the_shell():
     from pyinfra.context import ctx_host, ctx_state
     from pyinfra_testing.util import FakeState, create_host
 
-    from operations.venv_install import locked_packages
+    from operations.stages.venv_install import locked_packages
 
     state = FakeState()
     host = create_host(state, name="gpu1", facts={"venv_facts.VenvPackages": {"venv=/opt/v": {}}})
@@ -203,9 +203,14 @@ def test_extra_args_cannot_name_a_flag_a_key_owns_even_when_the_key_is_unset(
 
 
 def test_every_flag_gpuhost_renders_is_owned_by_a_key():
-    from operations.sglang import (ALWAYS_FLAGS, OWNED_FLAGS, flags_named, load_parser_spec,
-                                   server_args)
-    from operations.settings import Settings
+    from operations.plans.settings import Settings
+    from operations.plans.sglang import (
+        ALWAYS_FLAGS,
+        OWNED_FLAGS,
+        flags_named,
+        load_parser_spec,
+        server_args,
+    )
 
     spec = load_parser_spec("0.5.9")
     every = Settings(quantization="modelopt_fp4", attention_backend="flashinfer",

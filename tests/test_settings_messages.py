@@ -11,7 +11,7 @@ import pytest
 from pyinfra.api import Inventory
 
 from operations import REPO_ROOT
-from operations.settings import (
+from operations.plans.settings import (
     SettingsError,
     data_sources,
     for_inventory,

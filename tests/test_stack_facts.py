@@ -1,18 +1,18 @@
-"""The stack's known behaviour (operations/stack_facts.py): each row applies at its boundaries
+"""The stack's known behaviour (operations/plans/stack_facts.py): each row applies at its boundaries
 and not beyond them; what sglang 0.5.9 chooses for a backend left to it
-(operations/sglang_choices.py); expert parallelism read from the extra server flags."""
+(operations/plans/sglang_choices.py); expert parallelism read from the extra server flags."""
 
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from operations import launch_profiles
-from operations.settings import Settings
-from operations.sglang import load_parser_spec
-from operations.sglang_choices import BACKEND_SETTINGS, choice, left_to_sglang
-from operations.stack_check import expert_parallel, model_architecture
-from operations.stack_facts import FACTS, Target, applicable, applies, describe
+from operations.plans import launch_profiles
+from operations.plans.settings import Settings
+from operations.plans.sglang import load_parser_spec
+from operations.plans.sglang_choices import BACKEND_SETTINGS, choice, left_to_sglang
+from operations.plans.stack_check import expert_parallel, model_architecture
+from operations.plans.stack_facts import FACTS, Target, applicable, applies, describe
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCKED = {"sglang": "0.5.9", "flashinfer-python": "0.6.3", "torch": "2.9.1"}
@@ -250,7 +250,7 @@ def test_model_architecture_from_config_json():
 def test_a_real_run_warns_in_one_short_line():
     """Every run, a no-op too, printed each warning row whole (about 900 characters, twice on
     the reference lab's defaults): a real run now gets one short line each, --dry the row."""
-    from operations.stack_facts import BRIEF_CHARS, brief
+    from operations.plans.stack_facts import BRIEF_CHARS, brief
 
     t = target()
     for row in applicable(t):
@@ -311,9 +311,9 @@ def test_rows_from_the_field_page_say_the_cuda_they_were_seen_on():
 
 
 def test_the_stack_line_names_the_cuda_and_the_lock():
-    from operations.lock import read_lock
-    from operations.settings import from_host_data
-    from operations.stack_check import stack_line
+    from operations.plans.lock import read_lock
+    from operations.plans.settings import from_host_data
+    from operations.plans.stack_check import stack_line
     s = from_host_data("gpu1", {"gpuhost_cuda_toolkit": "13.0"})
     versions = read_lock(s.lock_path).versions()
     assert stack_line(s, versions, {"gpuhost_cuda_toolkit": "13.0"}) == (

@@ -1,4 +1,4 @@
-"""operations/status.py: the lines status.py prints, from Prometheus' answers; the fact's
+"""operations/reports/status.py: the lines status.py prints, from Prometheus' answers; the fact's
 command is the query script, run here against a stand-in of Prometheus' /api/v1/query."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from operations import status
+from operations.reports import status
 
 ANSWERS = {
     "up": {"gpu1": 1.0, "gpu2": 0.0},

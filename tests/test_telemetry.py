@@ -6,7 +6,7 @@ from datetime import datetime
 
 import pytest
 
-from operations import telemetry
+from operations.facts import telemetry
 
 DIR = "h200-device/telemetry"
 

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 from pyinfra.api.util import get_template
 
-from operations.server_unit import env_context, gate_context, unit_context
-from operations.systemd_units import systemd_quote
-from operations.settings import from_host_data
-from operations.venvs import stack_venv
+from operations.plans.settings import from_host_data
+from operations.stages.server_unit import env_context, gate_context, unit_context
+from operations.stages.systemd_units import systemd_quote
+from operations.stages.venvs import stack_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = """python3 -m sglang.launch_server --model lukealonso/GLM-5-NVFP4 --served-model-name glm-5
@@ -70,7 +70,7 @@ def test_unit_is_the_reference_launch(settings):
         gpuhost_launch_profile="reference-lab")))
     (exec_start,) = [line for line in unit_lines(text) if line.startswith("ExecStart=")]
     words = shlex.split(exec_start.removeprefix("ExecStart="))
-    # the lock's own venv, not the link at gpuhost_venv_path (operations/venvs.py)
+    # the lock's own venv, not the link at gpuhost_venv_path (operations/stages/venvs.py)
     assert words[0] == f"{stack_venv(settings().lock_path)}/bin/python"
     assert words[-1] == "$GPUHOST_P2P_SERVER_ARGS"
     reference = shlex.split(REFERENCE)[1:]
@@ -95,7 +95,7 @@ def test_unit_is_the_reference_launch(settings):
 
 
 #: sglang 0.5.9's launch_server flags whose automatic choice depends on the GPU
-#: (operations/sglang_choices.py, from the wheel's server_args.py).
+#: (operations/plans/sglang_choices.py, from the wheel's server_args.py).
 BACKEND_FLAGS = ("--attention-backend", "--kv-cache-dtype", "--nsa-prefill-backend",
                  "--nsa-decode-backend", "--moe-runner-backend", "--fp8-gemm-backend",
                  "--fp4-gemm-backend")

@@ -1,4 +1,4 @@
-"""The fleet CA and the hosts' certificates (operations/tls.py), and where TLS reaches: the
+"""The fleet CA and the hosts' certificates (operations/stages/tls.py), and where TLS reaches: the
 gates' nginx configuration, smg's unit, the fleet's worker URLs, Prometheus' targets. The CA is
 made with the openssl command docs/security.md gives; certificates are checked with openssl's
 own ``verify``."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from operations import tls
-from operations.settings import for_inventory
+from operations.plans.settings import for_inventory
+from operations.stages import tls
 
 MAKE_CA = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
            "-noenc", "-days", "3650", "-subj", "/CN=gpuhost fleet CA",
@@ -171,7 +171,7 @@ def test_only_hosts_with_a_public_endpoint_need_a_certificate():
 
 
 def test_tls_reaches_the_gate_the_router_and_the_workers_urls():
-    from operations import fleet, gate, observability, router, server_health, server_unit
+    from operations.stages import fleet, gate, observability, router, server_health, server_unit
     s = fleet_host(gpuhost_router_host="10.0.0.11", gpuhost_router_api_key_file="/root/r",
                    gpuhost_fleet_key_file="/root/f")
     conf = gate.conf_context(server_unit.worker_gate(s))
@@ -199,7 +199,7 @@ def test_tls_reaches_the_gate_the_router_and_the_workers_urls():
 
 
 def test_a_router_and_its_workers_name_one_ca():
-    from operations import fleet
+    from operations.stages import fleet
     router = fleet_host(gpuhost_serving=False, gpuhost_router_host="10.0.0.10",
                         gpuhost_fleet_address="10.0.0.10", gpuhost_router_api_key_file="/r",
                         gpuhost_fleet_key_file="/f")
@@ -230,7 +230,7 @@ def test_a_router_and_its_workers_name_one_ca():
      "gpuhost_tls_ca_cert_file = 'ca.crt' is not allowed: an absolute path on the controller"),
 ])
 def test_tls_host_data_is_refused_naming_key_and_value(data, words):
-    from operations.settings import SettingsError
+    from operations.plans.settings import SettingsError
     with pytest.raises(SettingsError) as caught:
         for_inventory([("gpu1", data)])
     assert any(words in p for p in caught.value.problems), caught.value.problems
@@ -441,10 +441,10 @@ def test_a_new_fleet_ca_changes_the_routers_unit(ca_files, tmp_path):
     """smg reads --ca-cert-paths once, at its start: after the CA changed (the workers' new
     certificates the new CA's), it refused every worker with "UnknownIssuer" and the converge
     waited for healthy workers in vain. The unit names the CA's fingerprint: a new CA changes
-    the unit, and the router restarts (operations/router.py restarts on a changed unit)."""
+    the unit, and the router restarts (operations/stages/router.py restarts on a changed unit)."""
     from jinja2 import Environment, FileSystemLoader
 
-    from operations import router
+    from operations.stages import router
     s = fleet_host(gpuhost_router_host="10.0.0.11", gpuhost_router_api_key_file="/root/r",
                    gpuhost_fleet_key_file="/root/f")
     template = Environment(loader=FileSystemLoader("templates")).get_template(

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from operations.folders import TOP_FOLDERS, folders_down_to
+from operations.stages.folders import TOP_FOLDERS, folders_down_to
 
 ROOT = Path(__file__).resolve().parents[1]
 

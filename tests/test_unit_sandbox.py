@@ -1,5 +1,5 @@
-"""systemd's sandboxing of every unit the deploy installs (operations/unit_sandbox.py, issue 41):
-the rendered units, and their exposure as systemd-analyze scores them offline (where this
+"""systemd's sandboxing of every unit the deploy installs (operations/plans/unit_sandbox.py, issue
+41): the rendered units, and their exposure as systemd-analyze scores them offline (where this
 machine's systemd-analyze has --offline, systemd 250 and later); the e2e twin reads the
 sandbox hosts' own scores (tests/e2e/test_tls.py)."""
 
@@ -13,10 +13,17 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from operations import gate, loopback_guard, observability, router, server_unit, systemd_units
-from operations.service_users import GATE_USER, SERVER_USER
-from operations.settings import from_host_data
-from operations.unit_sandbox import BASE, Sandbox
+from operations.plans.settings import from_host_data
+from operations.plans.unit_sandbox import BASE, Sandbox
+from operations.stages import (
+    gate,
+    loopback_guard,
+    observability,
+    router,
+    server_unit,
+    systemd_units,
+)
+from operations.stages.service_users import GATE_USER, SERVER_USER
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "templates"))

@@ -1,5 +1,5 @@
 """Where the ML venv may go: host data that puts it on, in or around what gpuhost manages or a
-system folder (operations/settings.py), and what is at the path on the host (the VenvRuns fact
+system folder (operations/plans/settings.py), and what is at the path on the host (the VenvRuns fact
 run here on real folders, files and symlinks; operations/venv_path.venv_path_problem; the ML
 venv stage's refusal while planning)."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from operations import mlenv
-from operations.venv_facts import VenvAt, VenvRuns
-from operations.settings import GPUHOST_DIRS, SettingsError, from_host_data
-from operations.venv_path import venv_path_problem
-from operations.venvs import link_problem
+from operations.facts.venv_facts import VenvAt, VenvRuns
+from operations.facts.venv_path import venv_path_problem
+from operations.plans.settings import GPUHOST_DIRS, SettingsError, from_host_data
+from operations.stages import mlenv
+from operations.stages.venvs import link_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = "locks/cuda12.8.txt"
@@ -83,12 +83,12 @@ def test_every_gpuhost_folder_in_operations_is_known():
     /var/cache/gpuhost or /run/gpuhost lies in one of settings.GPUHOST_DIRS (or is the venv's
     or the model dir's default, which are settings of their own)."""
     found = set()
-    for path in [*ROOT.glob("operations/*.py"), *ROOT.glob("operations/files/*.py")]:
+    for path in [*ROOT.glob("operations/*/*.py"), *ROOT.glob("operations/files/*.py")]:
         for match in re.finditer(r"[\"'](/(?:opt|var/lib|etc|var/cache|run)/gpuhost[^\"'\s]*)",
                                  path.read_text()):
             found.add(match.group(1))
     assert "/opt/gpuhost/lib" in found and "/var/cache/gpuhost/kernels" in found
-    # /opt/gpuhost: the folder above them, made 0755 first (operations/folders.py)
+    # /opt/gpuhost: the folder above them, made 0755 first (operations/stages/folders.py)
     unknown = {p for p in found - {"/opt/gpuhost/venv", "/opt/gpuhost/models", "/opt/gpuhost"}
                if not any(p == d or p.startswith(d + "/") for d in GPUHOST_DIRS)}
     assert unknown == set()
@@ -240,8 +240,8 @@ def _plan_stage(monkeypatch, packages: dict, states: dict) -> tuple[list, list, 
     """Plan the ML venv stage (no host) where the unit and the record name the lock's first
     folder: ``packages`` what each folder holds (VenvPackages), ``states`` each folder's
     VenvRuns state; returns (venvs made, venvs installed into, refusals)."""
-    from operations.lock import read_lock
-    from operations.venvs import slots, stack_venv
+    from operations.plans.lock import read_lock
+    from operations.stages.venvs import slots, stack_venv
 
     s = settings()
     first, second = slots(stack_venv(s.lock_path))
@@ -312,8 +312,8 @@ def test_a_serving_venv_changed_by_hand_is_never_installed_into(monkeypatch):
     """Issue 30: sglang changed by hand in the venv the server runs from: the stage builds the
     lock's other folder beside it (the unit then names it), and plans nothing into the serving
     one."""
-    from operations.lock import read_lock
-    from operations.venvs import slots, stack_venv
+    from operations.plans.lock import read_lock
+    from operations.stages.venvs import slots, stack_venv
 
     s = settings()
     first, second = slots(stack_venv(s.lock_path))
@@ -333,8 +333,8 @@ def test_a_serving_venv_changed_by_hand_is_never_installed_into(monkeypatch):
 def test_a_half_installed_venv_that_serves_nothing_is_cleared_and_built_again(monkeypatch):
     """A run cut off in pip left the replacement half-installed (pip's temporary files in
     it): the next run clears it and installs from empty, never repairs it."""
-    from operations.lock import read_lock
-    from operations.venvs import slots, stack_venv
+    from operations.plans.lock import read_lock
+    from operations.stages.venvs import slots, stack_venv
 
     s = settings()
     first, second = slots(stack_venv(s.lock_path))

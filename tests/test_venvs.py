@@ -1,5 +1,5 @@
 """The venvs side by side: a lock's digest names its venv, and what may stand at
-gpuhost_venv_path where the link to the serving venv goes (operations/venvs.py)."""
+gpuhost_venv_path where the link to the serving venv goes (operations/stages/venvs.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from operations.lock import read_lock
-from operations.venvs import VENVS_DIR, link_problem, lock_digest, stack_venv
+from operations.plans.lock import read_lock
+from operations.stages.venvs import VENVS_DIR, link_problem, lock_digest, stack_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 PIN = ("sglang==0.5.9 --hash=sha256:" + "a" * 64 + "\n"
@@ -75,7 +75,7 @@ def test_what_is_not_a_venv_is_never_replaced_by_the_link():
 
 
 def test_a_new_venv_needs_room_for_one_more_the_serving_ones_size():
-    from operations.venvs import room_problem
+    from operations.stages.venvs import room_problem
 
     gib = 2**20
     assert room_problem({"serving_kib": 9 * gib, "free_kib": 10 * gib, "mount": "/"},
@@ -90,7 +90,7 @@ def test_a_new_venv_needs_room_for_one_more_the_serving_ones_size():
 def test_a_fresh_venv_needs_room_for_the_locks_files_on_each_file_system():
     """No serving venv (a fresh host): the lock's files' sizes (LockSizes) against each
     folder's file system, summed where folders share one, with the headroom on each."""
-    from operations.venvs import PIP_CACHE, VENVS_DIR, WHEEL_DIR, room_problem
+    from operations.stages.venvs import PIP_CACHE, VENVS_DIR, WHEEL_DIR, room_problem
 
     mib = 1024
     sizes = {"torch": {"file": "t.whl", "download": 300 * 2**20, "installed": 900 * 2**20},
@@ -132,7 +132,7 @@ def test_the_locks_file_sizes_are_read_off_an_index(tmp_path, ranges):
     import zipfile
     from functools import partial
 
-    from operations.venvs import LockSizes
+    from operations.stages.venvs import LockSizes
 
     project = tmp_path / "simple" / "demo-pkg"
     project.mkdir(parents=True)
@@ -187,7 +187,7 @@ def test_an_index_url_with_credentials_is_read_as_pip_reads_it(tmp_path):
     import zipfile
     from functools import partial
 
-    from operations.venvs import LockSizes
+    from operations.stages.venvs import LockSizes
 
     secret = "s3cr3t-Index-Token"
     project = tmp_path / "simple" / "demo-pkg"
@@ -274,7 +274,7 @@ def test_an_index_that_does_not_answer_is_asked_once_per_worker_not_once_per_nam
 def test_the_room_is_read_off_the_host(tmp_path):
     import subprocess
 
-    from operations.venvs import VenvRoom
+    from operations.stages.venvs import VenvRoom
 
     venv = tmp_path / "venv"
     (venv / "lib").mkdir(parents=True)
@@ -297,7 +297,7 @@ def test_the_room_is_read_off_the_host(tmp_path):
 def test_the_upgrade_keys_are_checked_before_any_host_is_touched():
     import pytest
 
-    from operations.settings import SettingsError, from_host_data
+    from operations.plans.settings import SettingsError, from_host_data
 
     data = {"gpuhost_lock": str(ROOT / "locks/cuda12.8.txt")}
     assert from_host_data("gpu1", data).venvs_kept == 1
@@ -309,7 +309,7 @@ def test_the_upgrade_keys_are_checked_before_any_host_is_touched():
 
 
 def test_the_distributions_a_new_venv_changes_are_named_from_what_to_what():
-    from operations.venvs import stack_changes
+    from operations.stages.venvs import stack_changes
 
     serving = {"torch": "2.9.1+cu128", "sglang": "0.5.9", "old-dep": "1.0", "pip": "24.0"}
     locked = {"torch": "2.9.1", "sglang": "0.5.10", "new-dep": "2.0"}
@@ -325,7 +325,7 @@ def _check(tmp_path, gpus_seen: int, gpu_count: int, missing: str = ""):
     import subprocess
     import sys
 
-    from operations.venvs import venv_checked
+    from operations.stages.venvs import venv_checked
 
     venv, mods = tmp_path / "venv", tmp_path / "mods"
     (venv / "bin").mkdir(parents=True)
@@ -361,7 +361,7 @@ B = A + "-b"
 
 
 def test_a_serving_venv_that_does_not_run_gets_a_replacement_beside_it():
-    from operations.venvs import choose_venv
+    from operations.stages.venvs import choose_venv
     choice = choose_venv(A, A, A, {A: "broken", B: "absent"})
     assert (choice.venv, choice.replaces, choice.problem) == (B, A, None)
     # the last known good alone is protected too (the unit names another lock's venv)
@@ -369,7 +369,7 @@ def test_a_serving_venv_that_does_not_run_gets_a_replacement_beside_it():
 
 
 def test_a_venv_that_serves_nothing_is_cleared_in_place_and_a_running_one_kept():
-    from operations.venvs import choose_venv
+    from operations.stages.venvs import choose_venv
     assert choose_venv(A, None, None, {A: "broken", B: "absent"}) == \
         choose_venv(A, None, None, {A: "absent", B: "absent"})
     assert choose_venv(A, None, None, {A: "broken", B: "absent"}).venv == A
@@ -381,15 +381,15 @@ def test_a_venv_that_serves_nothing_is_cleared_in_place_and_a_running_one_kept()
 
 
 def test_both_folders_protected_and_broken_is_refused():
-    from operations.venvs import choose_venv
+    from operations.stages.venvs import choose_venv
     choice = choose_venv(A, B, A, {A: "broken", B: "broken"})
     assert choice.problem and "both do not run" in choice.problem
 
 
 def test_the_unit_and_the_record_name_their_venvs():
-    from operations.mlenv import SERVER_UNIT_PATH
-    from operations.server_unit import UNIT_PATH
-    from operations.venvs import digest_of_venv, recorded_venv, unit_venv
+    from operations.stages.mlenv import SERVER_UNIT_PATH
+    from operations.stages.server_unit import UNIT_PATH
+    from operations.stages.venvs import digest_of_venv, recorded_venv, unit_venv
     assert SERVER_UNIT_PATH == UNIT_PATH
     assert unit_venv(f"[Service]\nExecStart={B}/bin/python -m sglang.launch_server\n") == B
     assert unit_venv("[Service]\n") is None and unit_venv(None) is None
@@ -400,13 +400,13 @@ def test_the_unit_and_the_record_name_their_venvs():
 
 
 def test_an_empty_venvs_folder_is_no_venv_not_none():
-    from operations.venvs import VenvFolders
+    from operations.stages.venvs import VenvFolders
     assert VenvFolders().default() == []
     assert VenvFolders().process([f"{A}", f"{B}", "/opt/gpuhost/venvs/other"]) == [A, B]
 
 
 def test_a_serving_venv_that_differs_from_its_lock_or_is_gone_gets_a_replacement():
-    from operations.venvs import choose_venv
+    from operations.stages.venvs import choose_venv
     # changed by hand while it serves: never installed into, the other folder is built
     assert choose_venv(A, A, A, {A: "drifted", B: "absent"}) == \
         choose_venv(A, A, A, {A: "broken", B: "absent"})
@@ -425,7 +425,7 @@ def test_a_serving_venv_that_differs_from_its_lock_or_is_gone_gets_a_replacement
 
 
 def test_kept_drift_names_every_difference_from_the_lock(tmp_path):
-    from operations.venvs import kept_drift
+    from operations.stages.venvs import kept_drift
     lock = read_lock(_lock(tmp_path, "k.txt", PIN + "flash-attn==2.8.3 --hash=sha256:"
                            + "c" * 64 + "\n"))
     same = {"torch": "2.9.1+cu128", "sglang": "0.5.9", "flash-attn": "2.8.3", "pip": "25.0"}

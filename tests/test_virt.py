@@ -1,4 +1,4 @@
-"""Platform facts (operations/virt.py) on outputs of real machines and of the sandbox's
+"""Platform facts (operations/facts/virt.py) on outputs of real machines and of the sandbox's
 stand-ins (sandbox/standins/virt), which must answer in the real tools' formats."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.virt import Platform, parse_virt
+from operations.facts.virt import Platform, parse_virt
 from sandbox import scenarios
 
 STANDINS = Path(__file__).resolve().parents[1] / "sandbox" / "standins" / "virt"

@@ -1,5 +1,5 @@
-"""Files written whole (operations/whole_file.py, operations/files/write_whole.py): the upload
-goes to /dev/shm, the file is put in place by a rename in its own folder, and a full disk is
+"""Files written whole (operations/stages/whole_file.py, operations/files/write_whole.py): the
+upload goes to /dev/shm, the file is put in place by a rename in its own folder, and a full disk is
 one line with the old file left as it was (issue 40 finding 4)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from io import StringIO
 
 from pyinfra.api import FileUploadCommand, StringCommand
 
-from operations import whole_file
+from operations.stages import whole_file
 from operations.files import write_whole
 
 

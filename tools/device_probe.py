@@ -23,11 +23,11 @@ sys.path.insert(0, str(ROOT))
 from pyinfra.facts.deb import DebPackages  # noqa: E402
 from pyinfra.facts.server import Arch, LinuxDistribution, OsVersion  # noqa: E402
 
-from operations.gpu import NvidiaDriver  # noqa: E402
-from operations.host import AptListsPresent, HeldPackages, HostResources  # noqa: E402
-from operations.mlenv import build_parallelism  # noqa: E402
-from operations.preflight import InitSystem, Virtualization  # noqa: E402
-from operations.secureboot import SecureBoot  # noqa: E402
+from operations.facts.gpu import NvidiaDriver  # noqa: E402
+from operations.facts.host import AptListsPresent, HeldPackages, HostResources  # noqa: E402
+from operations.stages.mlenv import build_parallelism  # noqa: E402
+from operations.stages.preflight import InitSystem, Virtualization  # noqa: E402
+from operations.stages.secureboot import SecureBoot  # noqa: E402
 
 FACTS = [LinuxDistribution, OsVersion, Arch, DebPackages, HeldPackages, AptListsPresent,
          HostResources, Virtualization, InitSystem, SecureBoot, NvidiaDriver]

@@ -16,7 +16,7 @@ python3 tools/device_probe.py "$out/probe"
 
 echo "== P2P check, in this machine's python (torch $(python3 -c 'import torch; print(torch.__version__)' 2>&1))"
 lib=$(mktemp -d)
-cp operations/nvsmi.py operations/p2p_policy.py operations/files/p2p_check.py "$lib/"
+cp operations/facts/nvsmi.py operations/plans/p2p_policy.py operations/files/p2p_check.py "$lib/"
 python3 "$lib/p2p_check.py" --env-file "$out/p2p.env" --record "$out/p2p.json"
 echo "p2p_check exit status: $?"
 

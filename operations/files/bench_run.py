@@ -40,7 +40,7 @@ import sys
 import time
 from datetime import datetime
 
-#: The telemetry sampled (operations/telemetry.py QUERY_FIELDS; kept equal by a unit test).
+#: The telemetry sampled (operations/facts/telemetry.py QUERY_FIELDS; kept equal by a unit test).
 QUERY_FIELDS = (
     "timestamp,index,power.draw,enforced.power.limit,clocks.sm,clocks.max.sm,clocks.mem,"
     "utilization.gpu,utilization.memory,temperature.gpu,clocks_event_reasons.active,"

@@ -1,6 +1,6 @@
 """The API gate's keys as an nginx include file: read from their root-only key files
 (secret_file.py's rules) and written, root-only, where the gate's nginx configuration includes
-it (operations/gate.py, templates/gate-nginx.conf.j2).
+it (operations/stages/gate.py, templates/gate-nginx.conf.j2).
 
     python3 gate_keys.py --out FILE --key-file KEY [--key-file KEY...] [--backend-key-file KEY]
 

@@ -402,8 +402,9 @@ def readings(text: str) -> dict[str, object]:
 def gpu_faults(text: str) -> Verdict:
     """The verdict of a host's own GPU metrics textfile (:func:`readings`) on its GPUs alone:
     what takes the host out of the router (the worker's gate fails the router's health checks,
-    operations/gate.py) and stops a deploy's restart of its server (operations/gpu_verdict.py).
-    A reading that failed alone does not count (a driver/library mismatch after an upgrade,
-    which the NVIDIA stage's reboot ends, while the server runs on): the kernel log's Xids are
-    read without nvidia-smi, so a GPU fallen off the bus still fails the host."""
+    operations/stages/gate.py) and stops a deploy's restart of its server
+    (operations/plans/gpu_verdict.py). A reading that failed alone does not count (a driver/library
+    mismatch after an upgrade, which the NVIDIA stage's reboot ends, while the server runs on): the
+    kernel log's Xids are read without nvidia-smi, so a GPU fallen off the bus still fails the
+    host."""
     return verdict(**{**readings(text), "reading_ok": None})

@@ -41,7 +41,7 @@ to look. The health series (framebuffer, ECC, remapped rows, the PCIe link and r
 the GPU count) are gpu_health.py's. After each reading, the host's own verdict on its GPUs
 (gpu_health.gpu_faults) is the ``gpuhost_gpu_failed`` series (its reasons in a label) and, with
 ``--failed-file``, a file that exists while it is failed (the worker's gate reads it:
-operations/gpu_verdict.py).
+operations/plans/gpu_verdict.py).
 
 Runs on the GPU host with the system python3 (standard library only, Python 3.10 and newer),
 from gpuhost-gpu-metrics.service (a oneshot, started by its timer).
@@ -222,7 +222,7 @@ def write_whole(path: str, text: str) -> None:
 def with_verdict(text: str, failed_file: str | None) -> str:
     """``text`` and its :data:`FAILED` series; where ``failed_file`` is given, that file holds
     the verdict's words while the host's GPUs failed and is removed otherwise (the worker's gate
-    answers the router's health checks 503 while it exists: operations/gate.py)."""
+    answers the router's health checks 503 while it exists: operations/stages/gate.py)."""
     faults = gpu_faults(text)
     failed = faults.state == "failed"
     if failed_file:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
+sys.path[:0] = [str(HERE), str(HERE.parent / "facts"), str(HERE.parent / "plans")]
 
 from p2p_check import DEFAULT_BYTES, _run_children  # noqa: E402
 

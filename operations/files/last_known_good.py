@@ -36,7 +36,7 @@ or whose shape is not the one described (``"venvs": 5``), is set aside
 ``finish`` removes rollback.json once the restored server passed the health gate: a rollback
 interrupted before that is found by the next deploy, which restores and verifies again.
 
-The record's format is operations/last_known_good.py's docstring. Standard library only: runs
+The record's format is operations/stages/last_known_good.py's docstring. Standard library only: runs
 with the host's python3.
 """
 
@@ -58,11 +58,12 @@ RECORD = f"{ROOT}/last-known-good.json"
 COPIES = f"{ROOT}/last-known-good"
 MARKER = f"{ROOT}/rollback.json"
 FORMAT = 1
-#: A venv's folder name under the venvs folder: its lock's digest (operations/venvs.py).
+#: A venv's folder name under the venvs folder: its lock's digest (operations/stages/venvs.py).
 DIGEST = re.compile(r"[0-9a-f]{16}(-b)?")
-#: The units whose InvocationIDs the health gate records once it passed (operations/server.py).
+#: The units whose InvocationIDs the health gate records once it passed
+#: (operations/stages/server.py).
 VERIFIED = f"{ROOT}/sglang.verified"
-#: What a venv must import to serve (operations/venvs.py SERVING_IMPORTS).
+#: What a venv must import to serve (operations/stages/venvs.py SERVING_IMPORTS).
 SERVING_IMPORTS = ("torch", "sglang", "flashinfer")
 #: The exit status of a write that failed (ENOSPC, EIO...): said in one line.
 WRITE_FAILED = 7
@@ -116,7 +117,7 @@ def _load() -> dict:
     server = record.get("server") if isinstance(record, dict) else None
     if not isinstance(record, dict) or (server is not None and not _well_formed(server)):
         raise RecordError(f"the last known good record {RECORD} does not parse (not the "
-                          "format operations/last_known_good.py describes)")
+                          "format operations/stages/last_known_good.py describes)")
     return record
 
 

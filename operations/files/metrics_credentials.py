@@ -30,7 +30,7 @@ exporter uses, ignored the rest before 2023), and a fleet key may be up to 4096 
 user can) gives no way through the workers' gates.
 
 Standard library only but for bcrypt; Python 3.10 and newer. Sent as ``python3 -c``
-(operations/metrics_auth.py), so nothing needs shipping first.
+(operations/stages/metrics_auth.py), so nothing needs shipping first.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def password(key: str) -> str:
 
 def web_config(user: str, hashed: str) -> str:
     """exporter-toolkit's web configuration with one user (YAML; the hash single-quoted)."""
-    return ("# Managed by gpuhost (operations/metrics_auth.py): the node exporter credential.\n"
+    return ("# Managed by gpuhost (operations/stages/metrics_auth.py): the node exporter credential.\n"
             f"basic_auth_users:\n  {user}: '{hashed}'\n")
 
 

@@ -3,7 +3,7 @@
 sglang 0.5.9 takes the model's architecture from ``hf_config.architectures[0]``
 (sglang/srt/server_args.py), the list transformers writes under ``"architectures"``
 (PretrainedConfig.to_dict; GLM-5's config.json: ``"architectures": ["GlmMoeDsaForCausalLM"]``).
-Used by the Stack stage on the controller (operations/stack_check.py) and shipped beside
+Used by the Stack stage on the controller (operations/plans/stack_check.py) and shipped beside
 model_fetch.py, which checks a download against ``gpuhost_model_architecture`` before the
 server stage writes the unit.
 """

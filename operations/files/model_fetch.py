@@ -5,28 +5,28 @@ Runs on the GPU host with the ML venv's python (huggingface_hub comes with the l
 
 1. the repository's metadata at the revision (HfApi.model_info with files_metadata=True: the
    commit sha, every file with its size), with the token read from --token-file (root-only);
-   with --commit (the fleet's commit of the revision, operations/model_revision.py), at that
+   with --commit (the fleet's commit of the revision, operations/plans/model_revision.py), at that
    commit, the stamp still naming --revision;
 2. a disk-space preflight: the bytes still missing plus --headroom-gib must fit in the free
    space of the destination's file system, else exit 2 before downloading anything (a disk
    that fills up all the same, ENOSPC on any write, exits 2 with one line: what was being
    written, the space free there, what the snapshot needs; no_space.py, shipped beside). With
    --check-room the script stops here (exit 0 when it fits): the deploy runs it before a copy
-   from a peer (operations/model_copy.py), so a disk too small is refused before any byte moves;
-   its last line (``manifest {"sha": ..., "files": {path: [size, hash, is LFS]}}``) tells the
+   from a peer (operations/stages/model_copy.py), so a disk too small is refused before any byte
+   moves; its last line (``manifest {"sha": ..., "files": {path: [size, hash, is LFS]}}``) tells the
    copy which files to take from the peer and what each must hash to;
 3. every symbolic link in --dest and every file the revision does not list is removed (a peer's,
    a mirror's or a hand's: with --trust-remote-code sglang would run a ``modeling_*.py`` it
    finds; the Hub client's ``.cache`` folder and the stamp stay); then
    snapshot_download of that commit into --dest (resumes what is partly there). With
-   --copied-from (the deploy copied the folder from a peer first: operations/model_copy.py),
+   --copied-from (the deploy copied the folder from a peer first: operations/stages/model_copy.py),
    every file already there is verified first against the metadata's hash, the sha256 of an
    LFS file or the git blob id of another (huggingface_hub 0.36.2, hf_api.py RepoSibling:
    ``blob_id``, ``lfs.sha256``); a file that does not match is removed, and only the missing
    ones are downloaded (hf_hub_download, file by file). The source of the files is printed:
    how many (and how many bytes) verified from the copy, how many from the Hub. With
    --mirror (``gpuhost_model_mirror``: a lab's mirror folder on the host, an NFS mount say),
-   ``<mirror>/<repo>/`` is copied in first with rsync (resumable, as operations/model_copy.py
+   ``<mirror>/<repo>/`` is copied in first with rsync (resumable, as operations/stages/model_copy.py
    copies from a peer) where its stamp names the same commit, then verified the same way;
 4. completeness: every file of the metadata present with its size, else exit 1 naming them;
 5. the stamp ``<dest>/.gpuhost-model.json``: {"repo", "revision", "sha", "files": {path: size},
@@ -267,7 +267,7 @@ def arguments() -> argparse.Namespace:
                         "(the bytes still missing + --headroom-gib against the free space), "
                         "before a copy from a peer")
     parser.add_argument("--commit", help="the commit of --revision to fetch (the fleet's: "
-                        "operations/model_revision.py); the stamp records --revision")
+                        "operations/plans/model_revision.py); the stamp records --revision")
     return parser.parse_args()
 
 
@@ -374,7 +374,7 @@ def _room_checked(args: argparse.Namespace, info, files: dict[str, int]) -> int:
     print(f"{args.repo}@{sha}: {len(files)} files, {sum(files.values()) / GIB:.2f} GiB, "
           f"{sum(_missing_bytes(args.dest, files).values()) / GIB:.2f} GiB still to fetch, "
           f"{_free_bytes(args.dest) / GIB:.1f} GiB free in {args.dest}", flush=True)
-    # what a copy from a peer may bring, each file with its hash (operations/model_peers.py)
+    # what a copy from a peer may bring, each file with its hash (operations/stages/model_peers.py)
     print(MANIFEST + json.dumps({"sha": sha, "files": revision_files(info.siblings)},
                                 separators=(",", ":")), flush=True)
     return 0

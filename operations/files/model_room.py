@@ -5,7 +5,7 @@ as ``python3 -c``: it runs before the venv that holds huggingface_hub exists). P
 line, ``{"need": 1577149, "free": 2147483648, "mount": "/opt", "folder": "/opt", "unsized":
 0, "weights": 1572864, "weights_unsized": 0}`` (``unsized``: the files the listing gives no
 size of, counted nothing; ``weights``: the bytes of every ``*.safetensors`` file it lists,
-there or not, for the GPU memory check, operations/memory_fit.py; ``weights_unsized``: those
+there or not, for the GPU memory check, operations/plans/memory_fit.py; ``weights_unsized``: those
 without a size), or ``{"error": "..."}``.
 
 The file listing is the one model_fetch.py reads for the download: huggingface_hub 0.36.2's
@@ -18,7 +18,7 @@ model_fetch.py's shutil.disk_usage and df(1) count them.
     python3 -c "$(cat model_room.py)" ENDPOINT REPO REVISION DEST TOKEN_FILE_OR_EMPTY
 
 With DEST empty, only the commit REVISION names there now, the answer's ``sha`` (huggingface_hub's
-``ModelInfo.sha``), ``{"sha": "<40 hex digits>"}`` (operations/model_revision.py HubCommit).
+``ModelInfo.sha``), ``{"sha": "<40 hex digits>"}`` (operations/plans/model_revision.py HubCommit).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def main(argv: list[str]) -> int:
             weights += size if sized else 0
             weights_unsized += 0 if sized else 1
         if not sized:
-            unsized += 1  # counted nothing, and said (operations/model.py)
+            unsized += 1  # counted nothing, and said (operations/stages/model.py)
         elif not os.path.isfile(local) or os.path.getsize(local) != size:
             need += size
     folder = dest

@@ -3,7 +3,8 @@ file system and what is free there (as df counts it), in one line instead of a t
 
 Used two ways, always on the host, with the host's python3 (standard library only):
 
-- as a wrapper (operations/venv_install.py: the venv's creation, pip's install and uninstall)::
+- as a wrapper (operations/stages/venv_install.py: the venv's creation, pip's install and
+uninstall)::
 
       python3 /opt/gpuhost/lib/no_space.py --what "pip install into /opt/gpuhost/venv" \\
           --path /opt/gpuhost/venv -- /opt/gpuhost/venv/bin/python -m pip install ...

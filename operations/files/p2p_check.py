@@ -45,7 +45,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]  # shipped side by side; in a checkout, operations/
+# shipped side by side; in a checkout, operations/facts and operations/plans hold them
+sys.path[:0] = [str(HERE), str(HERE.parent / "facts"), str(HERE.parent / "plans")]
 
 import nvsmi
 import p2p_policy

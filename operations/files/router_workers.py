@@ -12,8 +12,8 @@ root-only file. A worker is added with ``{"url": URL, "api_key": KEY}``, KEY fro
 ``Authorization: Bearer`` on its own calls to that worker but its first health probes (seen:
 the first ``/health`` without it, then ``/v1/models``, ``/server_info``, ``/model_info``, the
 health checks and ``/v1/loads`` with it; a forwarded request keeps the Authorization it came
-with, which the router's gate sets to the same key, operations/router.py); the workers' gates
-admit the router by that key (operations/fleet.py).
+with, which the router's gate sets to the same key, operations/stages/router.py); the workers' gates
+admit the router by that key (operations/stages/fleet.py).
 
 ``--remove-others``: each listed worker whose URL is neither expected nor on a host of
 ``--keep`` (a host that failed or was refused in this run keeps its entry, whatever its port)

@@ -31,7 +31,7 @@ import sys
 
 #: Characters at most: "Authorization: Bearer " and the secret stay well inside the 8 KiB a
 #: header line may have at common servers (nginx large_client_header_buffers 4 8k, Apache
-#: LimitRequestFieldSize 8190), the gates' nginx among them (operations/gate.py).
+#: LimitRequestFieldSize 8190), the gates' nginx among them (operations/stages/gate.py).
 MAX_CHARS = 4096
 #: What a secret file may hold, for messages.
 ALLOWED = (f"one line of 1 to {MAX_CHARS} visible ASCII characters (RFC 9110 VCHAR, 0x21-0x7E: "

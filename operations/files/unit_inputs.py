@@ -5,7 +5,7 @@
 
 Prints the digest (64 hex digits). The server's unit runs it as ExecStartPre with --write, so
 the file under /run says what the running process read (and FILE.parts, one line per input,
-what each was); the deploy runs it without --write and compares (operations/server.py,
+what each was); the deploy runs it without --write and compares (operations/stages/server.py,
 ServiceState). A file changed since the service started (by an earlier run stopped before the
 restart, by hand, by a host-data change that names other inputs) leaves the two different: the
 next deploy restarts it. With --changed, prints instead which inputs differ from FILE.parts,
@@ -27,7 +27,7 @@ import hashlib
 import os
 import sys
 
-#: flash-attn's build stamp in the venv (operations/flash_attn.py, STAMP_NAME).
+#: flash-attn's build stamp in the venv (operations/stages/flash_attn.py, STAMP_NAME).
 FLASH_ATTN_STAMP = "gpuhost-flash-attn.json"
 
 

@@ -177,7 +177,7 @@ def installed_size(url: str, filename: str, size: int) -> int:
 
 def local_installed_size(path) -> int:
     """What a wheel or sdist on this machine unpacks to, counted as :func:`installed_size`
-    counts one of the index (the controller's cache: operations/locked_wheels.py)."""
+    counts one of the index (the controller's cache: operations/stages/locked_wheels.py)."""
     if str(path).endswith(".whl"):
         with zipfile.ZipFile(path) as wheel:
             return unpacked([(i.filename, i.file_size) for i in wheel.infolist()])

@@ -7,9 +7,9 @@ synced; a full disk (ENOSPC) said in one line, and the old file left as it was, 
 SRC: the uploaded content (a file under /dev/shm, removed here whatever happens); DEST: the file
 put in place, owned by the caller (root) with MODE (octal). rename(2) replaces DEST atomically
 within its file system: a reader (nginx reading host.pem at its start) sees the old file or the
-new one, never a part. Sent as ``python3 -c`` (operations/whole_file.py): it runs where nothing
-of gpuhost's is shipped yet. Standard library only. Exit 0, or 28 for a full disk, 1 otherwise,
-with one line on stderr.
+new one, never a part. Sent as ``python3 -c`` (operations/stages/whole_file.py): it runs where
+nothing of gpuhost's is shipped yet. Standard library only. Exit 0, or 28 for a full disk, 1
+otherwise, with one line on stderr.
 """
 
 from __future__ import annotations

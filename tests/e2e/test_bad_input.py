@@ -189,7 +189,7 @@ def test_the_audit_sees_a_real_run(audited_host, tmp_path):
     assert run.returncode == 0, run.output[-3000:]
     assert any("nvidia-smi" in c for c in audit.commands(audited_host))
     # The default launch profile: the known behaviours that apply are printed, each with its
-    # source, and none refuses (operations/stack_facts.py).
+    # source, and none refuses (operations/plans/stack_facts.py).
     for row, source in (("modelopt-fp4-moe-one-kernel", "modelopt_quant.py"),
                         ("deepgemm-paged-mqa-logits-sm120", "sgl-project/sglang/issues/26087"),
                         ("flashinfer-cutlass-fp4-gemm-pdl-race",

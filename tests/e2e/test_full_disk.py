@@ -16,12 +16,13 @@ import shlex
 
 import pytest
 
-from operations.venvs import REPLACEMENT_SUFFIX, VENVS_DIR
+from operations.stages.venvs import REPLACEMENT_SUFFIX, VENVS_DIR
 from tests.e2e import lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-#: the link to the serving venv; the lock's venv itself is under VENVS_DIR (operations/venvs.py)
+#: the link to the serving venv; the lock's venv itself is under VENVS_DIR
+#: (operations/stages/venvs.py)
 VENV = "/opt/gpuhost/venv"
 #: the fresh host's small file system: everything gpuhost puts under /opt (issue 42: /opt on a
 #: file system of its own)
@@ -85,7 +86,7 @@ def test_a_fresh_host_without_room_for_the_venv_is_refused_before_any_change(fre
 
 
 def _kib(part: str) -> int:
-    """KiB of a room line's "<what> 32.0 MiB" (operations/venvs.py size_text)."""
+    """KiB of a room line's "<what> 32.0 MiB" (operations/stages/venvs.py size_text)."""
     number, unit = part.split()[-2:]
     return int(float(number) * {"MiB": 1024, "GiB": 2**20}[unit])
 
@@ -107,14 +108,14 @@ def served_venv(host: lab.Host) -> str:
 
 def other_slot(venv: str) -> str:
     """The lock's other venv folder (<digest> or <digest>-b): where a replacement of ``venv``
-    is built (operations/venvs.py)."""
+    is built (operations/stages/venvs.py)."""
     return (venv.removesuffix(REPLACEMENT_SUFFIX) if venv.endswith(REPLACEMENT_SUFFIX)
             else venv + REPLACEMENT_SUFFIX)
 
 
 def assert_recreated(host: lab.Host, why: str) -> None:
     """The serving venv that does not run is kept as it is: its replacement is built in the
-    lock's other folder (<digest> or <digest>-b, operations/venvs.py) and served."""
+    lock's other folder (<digest> or <digest>-b, operations/stages/venvs.py) and served."""
     pid, served = host.main_pid(), served_venv(host)
     other = other_slot(served)
     run = lab.deploy()
@@ -145,7 +146,7 @@ def test_a_venv_whose_pip_does_not_run_is_recreated(host):
 
 
 #: the tmpfs's size: room for the lock's venv as the plan counts it (the stand-in lock's files
-#: unpack to about 32 MiB; 1 GiB kept free: operations/venvs.py), so that the plan passes
+#: unpack to about 32 MiB; 1 GiB kept free: operations/stages/venvs.py), so that the plan passes
 TMPFS_MIB = 1200
 
 

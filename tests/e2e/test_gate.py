@@ -1,5 +1,5 @@
-"""The API key gate (the distribution's nginx, operations/gate.py) end to end on one sandbox host
-serving on 0.0.0.0: its unit's limits as systemd holds them, its refusals as a client on this
+"""The API key gate (the distribution's nginx, operations/stages/gate.py) end to end on one sandbox
+host serving on 0.0.0.0: its unit's limits as systemd holds them, its refusals as a client on this
 machine sees them, its journal as journalctl shows it, a key file's change reloading it, and a
 restart or a reload of the gate alone verified by the run that made it.
 

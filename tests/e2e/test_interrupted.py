@@ -41,7 +41,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 UNIT = "sglang.service"
 BUILD_UNIT = "gpuhost-flash-attn-build.service"
 VENV = "/opt/gpuhost/venv"
-#: the venvs themselves, one per lock digest (VENV links to the serving one: operations/venvs.py)
+#: the venvs themselves, one per lock digest (VENV links to the serving one:
+#: operations/stages/venvs.py)
 VENVS = "/opt/gpuhost/venvs"
 KILL_AT = "/run/gpuhost-test-kill-at"
 #: The test instrument (module docstring): when KILL_AT names this call's verb, the deploy's

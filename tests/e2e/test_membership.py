@@ -111,7 +111,7 @@ def router_workers(router: lab.Host) -> list[str]:
 
 def expected(names: tuple[str, ...]) -> list[str]:
     """The router's worker URLs for ``names``: its own host's server on the loopback, behind
-    the gate (operations/fleet.py worker_url), the others at their switch address."""
+    the gate (operations/stages/fleet.py worker_url), the others at their switch address."""
     addresses = switch()
     return sorted("http://127.0.0.1:30000" if n == ROUTER_HOST
                   else f"http://{addresses[n]}:8000" for n in names)
@@ -200,7 +200,7 @@ def killed_rolls(hosts: dict, work: Path) -> None:
     assert back and -1 < back.start() < gpu2_out, again.output[-8000:]
 
 
-#: The stamp model_fetch.py writes in the model folder (operations/model_facts.py STAMP).
+#: The stamp model_fetch.py writes in the model folder (operations/facts/model_facts.py STAMP).
 STAMP = "/opt/gpuhost/models/gpuhost-sandbox/tiny-glm-5/.gpuhost-model.json"
 
 

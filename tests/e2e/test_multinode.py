@@ -19,8 +19,8 @@ from tests.e2e.test_deploy import changed_operations
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-#: Seconds a run may go on after a node's link dropped: operations/link.py's 60 s, and the rest
-#: of the run on the other node.
+#: Seconds a run may go on after a node's link dropped: operations/runtime/link.py's 60 s, and the
+#: rest of the run on the other node.
 BOUND_S = 150
 
 
@@ -174,10 +174,10 @@ def test_a_node_whose_link_drops_mid_run_fails_with_its_group_in_bounded_time(pa
     output = "".join(lines)
     lab.GUARD.observe(f"pyinfra -y {changed} deploy.py", output)
     assert dropped is not None, output[-4000:]
-    # operations/link.py LINK_TIMEOUT_S (60 s), not pyinfra's unbounded wait
+    # operations/runtime/link.py LINK_TIMEOUT_S (60 s), not pyinfra's unbounded wait
     assert time.monotonic() - dropped < BOUND_S, output[-4000:]
     assert run.returncode != 0
-    # operations/link.py's words where the dead link fails an operation; where pyinfra first
+    # operations/runtime/link.py's words where the dead link fails an operation; where pyinfra first
     # tried to connect again (seen once in CI, under load), its own "[gpu2] Could not connect"
     gone = listed[1]["name"]
     about_gone = "".join(line for line in lines if f"[{gone}]" in line or gone in line)
@@ -202,7 +202,7 @@ def test_a_rank_that_dies_in_a_group_restart_shows_its_own_journal(pair, tmp_pat
     run = lab.deploy(inventory=crashing)
     assert run.returncode != 0
     # the link is back: the group restarts (after the last test's dropped run; a deploy lock
-    # its holder on gpu2 kept is taken from it: operations/deploy_lock.py gone_runs)
+    # its holder on gpu2 kept is taken from it: operations/stages/deploy_lock.py gone_runs)
     said_here = "".join(line + "\n" for line in run.output.splitlines()
                         if "Error" in line or "deploy lock" in line or "Nodes:" in line)
     assert "Nodes: the group restarts (" in run.output, said_here[-6000:]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.venvs import REPLACEMENT_SUFFIX, VENVS_DIR, stack_venv
+from operations.stages.venvs import REPLACEMENT_SUFFIX, VENVS_DIR, stack_venv
 from tests.e2e import lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.venvs import VENVS_DIR, stack_venv
+from operations.stages.venvs import VENVS_DIR, stack_venv
 from tests.e2e import lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -86,7 +86,7 @@ def test_first_deploy_serves_the_downloaded_model(host):
     args = host.process_args(pid)
     assert args[args.index("--model") + 1] == model
     assert host.process_env(pid)["HF_HUB_OFFLINE"] == "1"
-    # the launch profile's flags and environment (operations/launch_profiles.py)
+    # the launch profile's flags and environment (operations/plans/launch_profiles.py)
     for flag, value in (("--kv-cache-dtype", "bf16"), ("--moe-runner-backend", "cutlass"),
                         ("--mem-fraction-static", "0.85"), ("--chunked-prefill-size", "16384")):
         assert args[args.index(flag) + 1] == value, flag
@@ -116,7 +116,7 @@ def test_crash_fails_with_the_journal(host, deploy, mode):
     assert "last 50 lines of the journal" in run.output
     assert f"{mode} mode" in run.output  # the journal's own line
     assert f"{UNIT} stopped" in run.output
-    # then rolled back to what last passed the gate (operations/last_known_good.py)
+    # then rolled back to what last passed the gate (operations/stages/last_known_good.py)
     assert "rolled back to the last known good" in run.output, run.output[-3000:]
     assert "it serves again, verified by the health gate" in run.output
     assert state(host) == "active"
@@ -309,7 +309,7 @@ def test_mtp_refused_without_the_layer_and_served_with_it(host, deploy, tmp_path
     assert starts(host, since) == 1
     # the draft's weights (the MTP layer's tensors, read from the copy's safetensors headers)
     # outside a static fraction that leaves them no room: refused while planning, nothing
-    # changed (operations/memory_fit.py)
+    # changed (operations/plans/memory_fit.py)
     tight = deploy(gpuhost_mem_fraction_static=0.9999999, **mtp)
     assert tight.returncode != 0
     assert ("Stack: refused: gpuhost_speculative_algorithm = 'NEXTN' with "
@@ -318,7 +318,7 @@ def test_mtp_refused_without_the_layer_and_served_with_it(host, deploy, tmp_path
     assert "fits with gpuhost_mem_fraction_static 0.999 or less" in tight.output
     assert host.main_pid() == new_pid and starts(host, since) == 1
 
-    # the sweep with MTP off and on (bench.py, operations/sweep.py) on a server deployed with
+    # the sweep with MTP off and on (bench.py, operations/stages/sweep.py) on a server deployed with
     # MTP off: NEXTN served through the sweep's drop-in, its flags and SGLANG_ENABLE_SPEC_V2
     # there alone (the stand-in, as sglang, runs out of memory without it), then the server
     # as the deploy left it

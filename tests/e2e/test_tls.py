@@ -42,7 +42,7 @@ ROLL_REQUESTS = 3000
 #: Clients sending at once during the roll, each pausing PAUSE_S between two requests: enough
 #: that 3000 fall within it (4 clients pausing 0.03 s sent 3252 in a 40 s roll), and at most
 #: 6 / 0.035 = 171 a second, within what the router's gate admits from one client address
-#: (operations/gate.py RATE, 200 a second; 8 clients without a pause got 429s from it)
+#: (operations/stages/gate.py RATE, 200 a second; 8 clients without a pause got 429s from it)
 CLIENT_THREADS = 6
 PAUSE_S = 0.035
 #: What the roll (the module's last test) changes, and the fleet keeps after it
@@ -324,10 +324,10 @@ def test_a_strangers_health_flood_is_cut_at_the_gate(fleet):
     stranger's flood of it reaches no server (counted in every server's journal, sglang's
     request lines). ``/health`` (the same generation in sglang 0.5.9) stays open for smg's first
     keyless probe: a stranger's flood of it is cut at the gate to the per-address burst and rate
-    (operations/gate.py HEALTH_BURST, HEALTH_RATE): its 200s are the requests sglang answered
+    (operations/stages/gate.py HEALTH_BURST, HEALTH_RATE): its 200s are the requests sglang answered
     (the gate answers none itself), its 429s the gate's. The gate's own lines for the stranger
     are printed beside them (syslog datagrams: journald may miss some in a flood)."""
-    from operations import gate
+    from operations.stages import gate
     hosts, _, _, _ = fleet
     client, addresses = hosts[CLIENT_HOST], switch()
     router, worker = f"https://{addresses[ROUTER_HOST]}:8100", f"https://{addresses['gpu2']}:8000"
@@ -446,7 +446,7 @@ def test_an_expiring_certificate_is_issued_again_and_the_gate_reloads(fleet):
     """gpu2's certificate, from the fleet CA but expiring in 10 days, put by hand: the next
     converge issues it again, the gate serves the new one, and neither the server nor the gate
     restarted (a reload)."""
-    from operations import tls
+    from operations.stages import tls
     hosts, _, ca_files, inventory = fleet
     gpu2, client, addresses = hosts["gpu2"], hosts[CLIENT_HOST], switch()
     ca = tls.load_ca(*ca_files)
@@ -482,7 +482,7 @@ def test_an_expiring_certificate_is_issued_again_and_the_gate_reloads(fleet):
 
 
 def lab_settings(name: str, ca_files: tuple[str, str]):
-    from operations.settings import for_inventory
+    from operations.plans.settings import for_inventory
     (h,) = [h for h in json.loads(lab.sandbox("status", "--json").stdout) if h["name"] == name]
     data = lab.fleet_data(h, router=name == ROUTER_HOST)
     data.update(gpuhost_tls_ca_cert_file=ca_files[0], gpuhost_tls_ca_key_file=ca_files[1])
@@ -529,7 +529,7 @@ def test_a_hosts_own_certificate_is_served_and_a_readable_key_refused(fleet, tmp
     gpu3.ssh("chmod 600 /etc/ssl/gpuhost/gpu3.key")
     run = lab.deploy(inventory=inventory)
     assert run.returncode == 0, run.output[-6000:]
-    from operations import tls
+    from operations.stages import tls
     wanted = tls.fingerprint(cert.read_text()).replace(":", "").lower()
     deadline = time.monotonic() + 30
     while served_fingerprint(client, addresses["gpu3"], 8000) != wanted:

@@ -73,7 +73,7 @@ def test_a_given_key_of_another_certificate_is_refused_and_a_symlinked_one_serve
     "Job for sglang-gate.service failed", the configuration left naming the pair. Then the
     right key, behind a symlink as certbot's live/privkey.pem is (refused before as "there is
     none"): served."""
-    from operations import tls
+    from operations.stages import tls
     hosts, work, (_, second) = fleet
     gpu2, addresses = hosts["gpu2"], switch()
     ca = tls.load_ca(*second)

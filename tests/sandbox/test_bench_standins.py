@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import telemetry
+from operations.facts import telemetry
 from sandbox import nvidia_repo, scenarios
 
 CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "h200-device" / "telemetry"
@@ -141,7 +141,7 @@ def test_diagnosis_rules_on_scenario_telemetry(smi, tmp_path, load, verdict):
     """Each rule on what the nvidia-smi stand-in reports for a scenario's serving load."""
     from datetime import datetime, timedelta
 
-    from operations import diagnosis
+    from operations.reports import diagnosis
 
     hw = json.loads((tmp_path / "hardware.json").read_text())
     for level in hw["serving"]["load"].values():

@@ -4,7 +4,7 @@ the driver the boot-time stand-ins bound (nouveau unless blacklisted, then nvidi
 import json
 import subprocess
 
-from operations.driver_facts import PciGpu, parse_lspci
+from operations.facts.driver_facts import PciGpu, parse_lspci
 from sandbox import pci, scenarios
 
 

@@ -1,6 +1,6 @@
 """The sandbox's Secure Boot: the scenario's host.secure_boot and host.enrolled_mok, and the
 mokutil stand-in answering from them in mokutil 0.6.0's words and exit statuses, as the
-product's facts read them (operations.secureboot)."""
+product's facts read them (operations.stages.secureboot)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.secureboot import parse_sb_state, parse_test_key
+from operations.stages.secureboot import parse_sb_state, parse_test_key
 from sandbox import rootfs, scenarios
 
 MOKUTIL = rootfs.SECUREBOOT_STANDIN

@@ -497,7 +497,7 @@ def test_index_hashes_match_the_files(index):
 
 
 def test_router_wheels_are_served_at_the_router_locks_pins_and_left_out_of_the_ml_lock(index):
-    from operations.lock import read_lock
+    from operations.plans.lock import read_lock
 
     router = read_lock(Path(__file__).resolve().parents[2] / "locks" / "router.txt")
     for wheel in pypi_index.ROUTER_WHEELS:
@@ -1178,7 +1178,7 @@ def _args_flags(version: str) -> set[str]:
 def test_cuda13_stack_is_locks_cuda13_at_its_versions_and_pypis_files():
     """Every distribution of the CUDA 13.0 stand-in lock is pinned at locks/cuda13.0.txt's
     version; each real wheel is a file that lock lists (its sha256 among the pin's hashes)."""
-    from operations.lock import read_lock
+    from operations.plans.lock import read_lock
 
     real = read_lock(ROOT / "locks" / "cuda13.0.txt")
     stack = pypi_index.stacks()["13.0"]
@@ -1210,8 +1210,8 @@ def test_cuda13_real_wheels_close_over_the_hubs_requirements():
 
 
 def test_cuda13_lock_pins_its_stack_for_the_hosts_python(index):
-    from operations.lock import read_lock
-    from operations.settings import torch_cuda
+    from operations.plans.lock import read_lock
+    from operations.plans.settings import torch_cuda
 
     path = index / "lock-cuda13.0.txt"
     text = path.read_text()

@@ -28,7 +28,7 @@ running (serving.output_tokens_per_s: all streams' output tokens per second, log
 its levels); the number running is kept in /dev/shm/gpuhost-sandbox-serving-load.json for the
 nvidia-smi stand-in (readable by every user: where a real GPU's load is the driver's, which no
 sandboxing of the server's unit hides, /dev/shm is what its ProtectSystem=strict leaves
-writable, operations/unit_sandbox.py).
+writable, operations/plans/unit_sandbox.py).
 
 On a scenario whose P2P corrupts data (peer_transfers "wrong-data"), the answers are degenerate
 as well when the tensor parallel group's all-reduce would go peer-to-peer: NCCL's, as the torch
@@ -261,7 +261,7 @@ def read_model(model):
 
 #: The kernel caches the server's JIT compilers write at start (flashinfer's JIT and cubins,
 #: Triton's kernels, torch inductor's and extensions' builds), by the variables that place
-#: them (operations/kernel_cache.py CACHE_VARIABLES); each falls back to the home or /tmp.
+#: them (operations/stages/kernel_cache.py CACHE_VARIABLES); each falls back to the home or /tmp.
 KERNEL_CACHE_VARIABLES = ("FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR",
                           "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR")
 
