@@ -43,6 +43,30 @@ print(json.dumps(s))
 """.replace("STAMP_NAME", STAMP)
 
 
+class JsonObjectFact(FactBase[dict]):
+    """A fact read by a ``python3 -c`` program that prints one JSON object on its last line: that
+    object, else ``{"error": "<said_by> said ..."}`` with the program's last two lines (a subclass
+    names the program in ``said_by`` and gives ``command``)."""
+
+    said_by = "the program"
+
+    @override
+    def requires_command(self, **kwargs) -> str:
+        return "python3"
+
+    @override
+    def default(self) -> dict:
+        return {"error": "python3 is missing"}
+
+    @override
+    def process(self, output) -> dict:
+        try:
+            found = json.loads(output[-1])
+        except (IndexError, ValueError):
+            return {"error": f"{self.said_by} said {list(output)[-2:]!r}"}
+        return found if isinstance(found, dict) else {"error": f"{self.said_by} said no object"}
+
+
 class Snapshot(TypedDict, total=False):
     repo: str
     revision: str
@@ -109,7 +133,7 @@ ROOM_HEADROOM_GIB: Final = 1.0
 _ROOM_SCRIPT: Final = (REPO_ROOT / "operations" / "files" / "model_room.py").read_text()
 
 
-class ModelRoom(FactBase[dict]):
+class ModelRoom(JsonObjectFact):
     """What a download of ``repo`` at ``revision`` into ``dest`` still needs and the room there
     (operations/files/model_room.py, which says where each figure comes from), in bytes:
 
@@ -123,27 +147,13 @@ class ModelRoom(FactBase[dict]):
 
     #: the Hub, from the host: through the host's proxy (operations/plans/proxy.py)
     reaches_outside = True
-
-    @override
-    def requires_command(self, **kwargs) -> str:
-        return "python3"
+    said_by = "model_room.py"
 
     @override
     def command(self, endpoint: str, repo: str, revision: str, dest: str,
                 token_file: str | None) -> str:
         return " ".join(shlex.quote(a) for a in ("python3", "-c", _ROOM_SCRIPT, endpoint, repo,
                                                   revision, dest, token_file or ""))
-
-    @override
-    def default(self) -> dict:
-        return {"error": "python3 is missing"}
-
-    @override
-    def process(self, output) -> dict:
-        try:
-            return json.loads(output[-1])
-        except (IndexError, ValueError):
-            return {"error": f"model_room.py said {list(output)[-2:]!r}"}
 
 
 #: The most a safetensors header may hold (safetensors' MAX_HEADER_SIZE, 100 MB: lib.rs).
@@ -171,7 +181,7 @@ print(json.dumps({"layer": layer, "draft": draft}))
 """.replace("HEADER_MAX", str(_HEADER_MAX))
 
 
-class MtpLayerBytes(FactBase[dict]):
+class MtpLayerBytes(JsonObjectFact):
     """The bytes of the MTP layer's tensors in a local checkpoint, from the safetensors headers
     of the ``shards`` its weight index maps them to (the format: an 8-byte little-endian header
     length, then a JSON header whose ``data_offsets`` bound each tensor's bytes; huggingface/
@@ -186,24 +196,11 @@ class MtpLayerBytes(FactBase[dict]):
     ``{"error": "..."}`` where a shard cannot be read (said; nothing refused on it).
     """
 
-    @override
-    def requires_command(self, **kwargs) -> str:
-        return "python3"
+    said_by = "the header reading"
 
     @override
     def command(self, path: str, prefix: str, shards: tuple[str, ...]) -> str:
         return shlex.join(["python3", "-c", _LAYER_SCRIPT, path, prefix, *shards])
-
-    @override
-    def default(self) -> dict:
-        return {"error": "python3 is missing"}
-
-    @override
-    def process(self, output) -> dict:
-        try:
-            return json.loads(output[-1])
-        except (IndexError, ValueError):
-            return {"error": f"the header reading said {list(output)[-2:]!r}"}
 
 
 def model_download(fact, settings, commit: str | None = None) -> dict | None:

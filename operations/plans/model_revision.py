@@ -30,7 +30,6 @@ model_room.py without a destination. The token stays on the host; nothing here p
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -38,12 +37,11 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from pyinfra import host, logger, state
-from pyinfra.api import FactBase
 from pyinfra.api.exceptions import PyinfraError
 from typing_extensions import override
 
 from operations import REPO_ROOT
-from operations.facts.model_facts import ModelSnapshot, is_current
+from operations.facts.model_facts import JsonObjectFact, ModelSnapshot, is_current
 from operations.plans.plan import fact, fact_of, refuse
 from operations.plans.settings import PREFIX, Settings
 
@@ -60,7 +58,7 @@ def pinned(revision: str) -> bool:
     return COMMIT.fullmatch(revision) is not None
 
 
-class HubCommit(FactBase[dict]):
+class HubCommit(JsonObjectFact):
     """The commit ``revision`` of ``repo`` names on the Hub now, asked from the host (module
     docstring):
 
@@ -73,27 +71,12 @@ class HubCommit(FactBase[dict]):
 
     #: the Hub, from the host: through the host's proxy (operations/plans/proxy.py)
     reaches_outside = True
-
-    @override
-    def requires_command(self, **kwargs) -> str:
-        return "python3"
+    said_by = "model_room.py"
 
     @override
     def command(self, endpoint: str, repo: str, revision: str, token_file: str | None) -> str:
         return shlex.join(["python3", "-c", _ROOM_SCRIPT, endpoint, repo, revision, "",
                            token_file or ""])
-
-    @override
-    def default(self) -> dict:
-        return {"error": "python3 is missing"}
-
-    @override
-    def process(self, output) -> dict:
-        try:
-            found = json.loads(output[-1])
-        except (IndexError, ValueError):
-            return {"error": f"model_room.py said {list(output)[-2:]!r}"}
-        return found if isinstance(found, dict) else {"error": "model_room.py said no object"}
 
 
 @dataclass(frozen=True)
