@@ -86,7 +86,7 @@ def gpu_memory_mib() -> int | None:
 
 
 def tp_choices(settings: Settings) -> tuple[int, ...]:
-    """The tensor parallel sizes host data allows (settings.py, _check_tensor_parallel): on
+    """The tensor parallel sizes host data allows (settings_checks.py, _check_tensor_parallel): on
     one host the divisors of the GPUs a pipeline stage has; across nodes the one it has."""
     if settings.nodes:
         return (settings.tensor_parallel_size,)
